@@ -1,0 +1,9 @@
+#pragma once
+#include <chrono>
+
+namespace sat {
+inline double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace sat
