@@ -1,2 +1,274 @@
+// The `saturate` command: train and info. User mistakes print one clear line and
+// exit with status 2; nothing is written over until a run has succeeded.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
-int main() { std::puts("saturate: under construction"); return 0; }
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/blas.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/timer.h"
+#include "data/dataset.h"
+#include "nn/engine.h"
+#include "nn/models.h"
+#include "nn/safetensors.h"
+#include "train/trainer.h"
+
+namespace {
+
+using nlohmann::ordered_json;
+
+struct TrainArgs {
+  std::string model = "mlp", data = "fashion-mnist", optimizer = "sgd", schedule = "constant", shuffle = "on";
+  int64_t batch = 64, accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
+  double lr = -1, momentum = 0, weight_decay = -1, gamma = 0.1;
+  bool nesterov = false;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::string init_weights, save_weights, out, normalize, eval = "on";
+};
+
+void write_json_atomic(const std::string& path, const ordered_json& j) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    SAT_CHECK(f, "--out: cannot write ", tmp);
+    f << j.dump(2) << "\n";
+    SAT_CHECK(f.good(), "--out: writing ", tmp, " failed");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+sat::ModelConfig model_for(const TrainArgs& a) {
+  sat::ModelConfig mc = sat::model_config(a.model);
+  if (a.vocab > 0) {
+    SAT_CHECK(mc.tokens, "--vocab applies to the GPT models only, not --model ", a.model);
+    mc.vocab = mc.classes = a.vocab;
+  }
+  return mc;
+}
+
+ordered_json plan_json(const sat::MemoryPlan& p) {
+  ordered_json j;
+  for (int k = 0; k < int(sat::MemKind::kCount); ++k) j[sat::mem_kind_name(sat::MemKind(k))] = p.by_kind[size_t(k)];
+  j["persistent"] = p.persistent;
+  j["transient_arena"] = p.transient;
+  j["inputs"] = p.inputs;
+  j["total"] = p.total();
+  return j;
+}
+
+int run_train(const TrainArgs& a) {
+  const double t0 = sat::now_seconds();
+  sat::cpu::set_num_threads(a.threads);
+  sat::ModelConfig mc = model_for(a);
+  SAT_CHECK(a.shuffle == "on" || a.shuffle == "off", "--shuffle: expected on or off, got '", a.shuffle, "'");
+  SAT_CHECK(a.eval == "on" || a.eval == "off", "--eval: expected on or off, got '", a.eval, "'");
+  if (!a.init_weights.empty())
+    SAT_CHECK(std::filesystem::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
+  if (!a.save_weights.empty()) {
+    auto dir = std::filesystem::path(a.save_weights).parent_path();
+    SAT_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--save-weights: directory ", dir.string(), " does not exist");
+  }
+
+  sat::DataOptions dopt;
+  dopt.model_takes_tokens = mc.tokens;
+  dopt.image_shape = mc.image;
+  dopt.num_classes = mc.classes;
+  dopt.seq_len = mc.seq_len;
+  dopt.vocab = mc.vocab;
+  dopt.seed = a.seed;
+  if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
+  sat::DataSplit data = sat::open_dataset(a.data, dopt);
+  // Image data of another shape (synthetic:CxHxW, CIFAR for mlp...) sets the model's input.
+  if (!mc.tokens) mc.image = data.train->sample_shape();
+
+  sat::TrainConfig cfg;
+  cfg.batch = a.batch;
+  cfg.accum = a.accum;
+  cfg.epochs = a.epochs;
+  cfg.steps = a.steps;
+  cfg.optim.name = a.optimizer;
+  cfg.optim.lr = float(a.lr > 0 ? a.lr : (a.optimizer == "adamw" ? 1e-3 : 0.01));
+  if (a.lr == 0) sat::fail("--lr: expected a positive number, got 0");
+  cfg.optim.momentum = float(a.momentum);
+  cfg.optim.nesterov = a.nesterov;
+  cfg.optim.weight_decay = float(a.weight_decay);
+  cfg.schedule.name = a.schedule;
+  cfg.schedule.warmup = a.warmup;
+  cfg.schedule.step_size = a.step_size;
+  cfg.schedule.gamma = float(a.gamma);
+  cfg.seed = a.seed;
+  cfg.shuffle = a.shuffle == "on";
+  cfg.evaluate = a.eval == "on";
+  cfg.out_dir = a.out;
+
+  std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
+  sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
+  if (!a.init_weights.empty()) sat::load_safetensors(a.init_weights, trainer.params());
+  const auto& plan = trainer.memory_plan();
+  std::fprintf(stderr, "%lld parameters, micro-batch %lld x %lld accumulation, %d threads, predicted memory %s\n",
+               (long long)trainer.params().param_count(), (long long)a.batch, (long long)a.accum,
+               sat::cpu::num_threads(), sat::format_bytes(double(plan.total())).c_str());
+  sat::TrainResult r = trainer.run();
+  if (!a.save_weights.empty()) {
+    sat::save_safetensors(a.save_weights, trainer.params(), mc.name);
+    std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
+  }
+
+  const int64_t gb = a.batch * a.accum;
+  std::printf("final train loss %.4f", r.final_train_loss);
+  if (r.test) {
+    std::printf(", test loss %.4f", r.test->loss);
+    if (r.test->accuracy >= 0) std::printf(", test accuracy %.2f%% (%lld samples)", 100 * r.test->accuracy, (long long)r.test->samples);
+  }
+  std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s\n", r.samples_per_second,
+              (long long)r.warmup_excluded, sat::format_bytes(double(r.predicted_memory_bytes)).c_str(),
+              sat::format_bytes(double(r.peak_memory_bytes)).c_str());
+
+  if (!a.out.empty()) {
+    ordered_json s;
+    s["model"] = mc.name;
+    s["parameters"] = trainer.params().param_count();
+    s["data"] = data.description;
+    s["device"] = "cpu";
+    s["threads"] = sat::cpu::num_threads();
+    s["batch"] = a.batch;
+    s["accum"] = a.accum;
+    s["global_batch"] = gb;
+    s["steps"] = r.steps;
+    s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
+                      {"nesterov", cfg.optim.nesterov}, {"weight_decay", sat::resolve_optim(cfg.optim).weight_decay}};
+    s["schedule"] = {{"name", a.schedule}, {"warmup", a.warmup}};
+    s["seed"] = a.seed;
+    s["final_train_loss"] = r.final_train_loss;
+    if (r.test) {
+      s["test_loss"] = r.test->loss;
+      if (r.test->accuracy >= 0) s["test_accuracy"] = r.test->accuracy;
+      s["test_samples"] = r.test->samples;
+    }
+    s["samples_per_second"] = r.samples_per_second;
+    s["samples_per_second_note"] = "excludes the first " + std::to_string(r.warmup_excluded) + " steps (warm-up)";
+    s["warmup_steps_excluded"] = r.warmup_excluded;
+    if (mc.tokens) s["tokens_per_second"] = r.samples_per_second * double(mc.seq_len);
+    s["flops_per_sample"] = sat::train_flops_per_sample(trainer.model(), a.batch);
+    s["predicted_memory_bytes"] = r.predicted_memory_bytes;
+    s["peak_memory_bytes"] = r.peak_memory_bytes;
+    s["memory_plan"] = plan_json(plan);
+    s["train_seconds"] = r.train_seconds;
+    s["wall_seconds"] = sat::now_seconds() - t0;
+    write_json_atomic(a.out + "/summary.json", s);
+    std::fprintf(stderr, "wrote %s/summary.json and %s/metrics.jsonl\n", a.out.c_str(), a.out.c_str());
+  }
+  return 0;
+}
+
+int run_info(const std::string& model, int64_t batch, const std::string& optimizer, double momentum, int64_t vocab) {
+  TrainArgs a;
+  a.model = model;
+  a.vocab = vocab;
+  sat::ModelConfig mc = model_for(a);
+  sat::BuiltModel m = sat::build_model(mc, batch, true);
+  sat::OptimConfig oc;
+  oc.name = optimizer;
+  oc.momentum = float(momentum);
+  int slots = sat::optimizer_slots(sat::resolve_optim(oc));
+  // Input buffers: the loader's ring of 2 batches (x and labels).
+  size_t x_bytes = size_t(m.x_shape.numel()) * sat::dtype_size(m.x_dtype);
+  size_t y_bytes = size_t(m.y_shape.numel()) * 4;
+  sat::MemoryPlan p = sat::Engine::plan_memory(*m.graph, slots, 2 * (x_bytes + y_bytes));
+  const auto& g = *m.graph;
+  std::printf("model       %s\n", mc.name.c_str());
+  std::printf("input       %s %s per micro-batch of %lld\n", m.x_shape.str().c_str(), sat::dtype_name(m.x_dtype), (long long)batch);
+  std::printf("parameters  %lld (%zu tensors)\n", (long long)g.param_count(), g.params().size());
+  std::printf("layers      %zu\n", g.nodes().size());
+  std::printf("FLOPs       %.4g per sample forward, %.4g per sample training step (forward + backward)\n",
+              g.flops_forward() / double(batch), sat::train_flops_per_sample(m, batch));
+  std::printf("memory plan (micro-batch %lld, optimizer %s%s):\n", (long long)batch, optimizer.c_str(),
+              slots ? (" with " + std::to_string(slots) + " state slot(s)").c_str() : "");
+  for (int k = 0; k < int(sat::MemKind::kCount); ++k)
+    if (p.by_kind[size_t(k)])
+      std::printf("  %-30s %12zu  %s\n", sat::mem_kind_name(sat::MemKind(k)), p.by_kind[size_t(k)],
+                  sat::format_bytes(double(p.by_kind[size_t(k)])).c_str());
+  std::printf("  %-30s %12zu  %s  (transient kinds above share it by lifetime)\n", "step arena", p.transient,
+              sat::format_bytes(double(p.transient)).c_str());
+  std::printf("  %-30s %12zu  %s\n", "total", p.total(), sat::format_bytes(double(p.total())).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"saturate: a training engine that keeps every accelerator busy"};
+  app.set_version_flag("--version", "saturate 0.1");
+  app.require_subcommand(1);
+  TrainArgs a;
+  auto* train = app.add_subcommand("train", "train a model");
+  train->add_option("--model", a.model, "mlp | convnet | resnet18 | gpt-mini | gpt2-124m")->capture_default_str();
+  train->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] | synthetic[:CxHxW]")->capture_default_str();
+  train->add_option("--batch", a.batch, "micro-batch size")->capture_default_str();
+  train->add_option("--accum", a.accum, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
+  auto* epochs = train->add_option("--epochs", a.epochs, "epochs to train")->capture_default_str();
+  auto* steps = train->add_option("--steps", a.steps, "optimizer steps to train (instead of --epochs)");
+  epochs->excludes(steps);
+  train->add_option("--lr", a.lr, "learning rate (default 0.01 for sgd, 0.001 for adamw)");
+  train->add_option("--optimizer", a.optimizer, "sgd | adamw")->capture_default_str();
+  train->add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  train->add_flag("--nesterov", a.nesterov, "Nesterov momentum (SGD)");
+  train->add_option("--weight-decay", a.weight_decay, "weight decay (default: PyTorch's, 0 for sgd, 0.01 for adamw)");
+  train->add_option("--schedule", a.schedule, "constant | step | cosine")->capture_default_str();
+  train->add_option("--warmup", a.warmup, "linear learning-rate warm-up steps")->capture_default_str();
+  train->add_option("--step-size", a.step_size, "step schedule: decay every N steps (default: a third of the run)");
+  train->add_option("--gamma", a.gamma, "step schedule: decay factor")->capture_default_str();
+  train->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
+  train->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  train->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();
+  train->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255");
+  train->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
+  train->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
+  train->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
+  train->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
+  train->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
+
+  std::string imodel = "mlp", iopt = "sgd";
+  int64_t ibatch = 64, ivocab = 0;
+  double imom = 0;
+  auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model");
+  info->add_option("--model", imodel, "model")->capture_default_str();
+  info->add_option("--batch", ibatch, "micro-batch size")->capture_default_str();
+  info->add_option("--optimizer", iopt, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
+  info->add_option("--momentum", imom, "SGD momentum (0: no momentum buffer)")->capture_default_str();
+  info->add_option("--vocab", ivocab, "GPT models: vocabulary size");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
+                 train->parsed() ? "train " : info->parsed() ? "info " : "");
+    return 2;
+  }
+  try {
+    if (train->parsed()) return run_train(a);
+    if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab);
+  } catch (const sat::Error& e) {
+    std::fprintf(stderr, "saturate: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "saturate: error: out of host memory\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "saturate: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -3,6 +3,7 @@
 // and data (splitmix64: https://prng.di.unimi.it/splitmix64.c).
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 namespace sat {
@@ -13,6 +14,18 @@ inline uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+
+// FNV-1a, 64 bit: stable names -> seeds (parameter names, data streams).
+inline uint64_t fnv1a64(const char* s, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) { h ^= uint8_t(s[i]); h *= 0x100000001b3ull; }
+  return h;
+}
+template <class S> inline uint64_t fnv1a64(const S& s) { return fnv1a64(s.data(), s.size()); }
+
+// unit(h, k): a float in [0,1) with 24 random bits, from a (stream, index) pair.
+// bench/peer/common.py computes the same numbers for PyTorch.
+inline float hash_unit(uint64_t h, uint64_t k) { return float(splitmix64(h + k) >> 40) * (1.0f / 16777216.0f); }
 
 // Hash of (seed, stream) pairs for deriving independent generators.
 inline uint64_t mix_seed(uint64_t a, uint64_t b) { return splitmix64(a ^ splitmix64(b + 0x632BE59BD9B4E019ull)); }

@@ -1,0 +1,61 @@
+#include "core/plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace sat {
+
+const char* mem_kind_name(MemKind k) {
+  switch (k) {
+    case MemKind::parameters: return "parameters";
+    case MemKind::gradients: return "gradients";
+    case MemKind::optimizer_state: return "optimizer state";
+    case MemKind::model_state: return "model state (running stats)";
+    case MemKind::inputs: return "input batches (prefetch)";
+    case MemKind::activations: return "activations";
+    case MemKind::saved: return "saved for backward";
+    case MemKind::activation_grads: return "activation gradients";
+    case MemKind::scratch: return "scratch";
+    case MemKind::kCount: break;
+  }
+  return "?";
+}
+
+int ArenaPlanner::add(std::string what, MemKind kind, size_t bytes, int t_begin, int t_end) {
+  SAT_ASSERT(t_begin <= t_end);
+  bufs_.push_back({std::move(what), kind, bytes, t_begin, t_end, 0});
+  return int(bufs_.size()) - 1;
+}
+
+size_t ArenaPlanner::solve() {
+  auto rounded = [](size_t b) { return (b + kAlign - 1) / kAlign * kAlign; };
+  std::vector<int> order(bufs_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return bufs_[size_t(a)].bytes > bufs_[size_t(b)].bytes; });
+  std::vector<int> placed;
+  arena_ = 0;
+  for (int i : order) {
+    PlanBuffer& b = bufs_[size_t(i)];
+    // Placed buffers alive at the same time, by offset.
+    std::vector<const PlanBuffer*> live;
+    for (int j : placed) {
+      const PlanBuffer& o = bufs_[size_t(j)];
+      if (o.t_begin <= b.t_end && b.t_begin <= o.t_end) live.push_back(&o);
+    }
+    std::sort(live.begin(), live.end(), [](auto* x, auto* y) { return x->offset < y->offset; });
+    size_t need = rounded(b.bytes), off = 0;
+    for (auto* o : live) {
+      if (o->offset >= off + need) break;  // fits in the gap before o
+      off = std::max(off, o->offset + rounded(o->bytes));
+    }
+    b.offset = off;
+    arena_ = std::max(arena_, off + need);
+    placed.push_back(i);
+  }
+  return arena_;
+}
+
+}  // namespace sat

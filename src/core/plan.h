@@ -1,0 +1,43 @@
+// The arena planner: buffers with known sizes and lifetimes (in step-timeline units)
+// get offsets in one arena so that buffers alive at the same time never overlap and
+// buffers with disjoint lifetimes share memory. Greedy by size, first fit in address
+// order (as TFLite's and ggml's planners do); deterministic.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace sat {
+
+// What a byte of the step is for: the breakdown `saturate info` prints.
+enum class MemKind : int {
+  parameters, gradients, optimizer_state, model_state, inputs,
+  activations, saved, activation_grads, scratch, kCount
+};
+const char* mem_kind_name(MemKind k);
+
+struct PlanBuffer {
+  std::string what;
+  MemKind kind;
+  size_t bytes;
+  int t_begin, t_end;  // inclusive lifetime
+  size_t offset = 0;
+};
+
+class ArenaPlanner {
+ public:
+  static constexpr size_t kAlign = 64;
+  int add(std::string what, MemKind kind, size_t bytes, int t_begin, int t_end);
+  // Assigns offsets; returns the arena size in bytes.
+  size_t solve();
+  const PlanBuffer& operator[](int i) const { return bufs_[size_t(i)]; }
+  size_t size() const { return bufs_.size(); }
+  size_t arena_bytes() const { return arena_; }
+
+ private:
+  std::vector<PlanBuffer> bufs_;
+  size_t arena_ = 0;
+};
+
+}  // namespace sat

@@ -1,0 +1,173 @@
+#include "nn/models.h"
+
+#include <cmath>
+
+#include "nn/layers/activation.h"
+#include "nn/layers/attention.h"
+#include "nn/layers/batchnorm.h"
+#include "nn/layers/conv2d.h"
+#include "nn/layers/cross_entropy.h"
+#include "nn/layers/elementwise.h"
+#include "nn/layers/embedding.h"
+#include "nn/layers/layernorm.h"
+#include "nn/layers/linear.h"
+#include "nn/layers/pool.h"
+
+namespace sat {
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names{"mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"};
+  return names;
+}
+
+ModelConfig model_config(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  if (name == "mlp" || name == "convnet") return c;
+  if (name == "resnet18") { c.image = Shape{3, 32, 32}; return c; }
+  if (name == "gpt-mini" || name == "gpt2-124m") {
+    c.tokens = true;
+    bool mini = name == "gpt-mini";
+    c.n_layer = mini ? 4 : 12;
+    c.n_head = mini ? 4 : 12;
+    c.n_embd = mini ? 256 : 768;
+    c.seq_len = mini ? 128 : 1024;
+    c.vocab = mini ? 4096 : 50257;
+    c.classes = c.vocab;
+    return c;
+  }
+  std::string list;
+  for (auto& n : model_names()) list += (list.empty() ? "" : ", ") + n;
+  fail("--model: unknown model '", name, "' (expected one of: ", list, ")");
+}
+
+namespace {
+
+int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int64_t cin, int64_t cout,
+            int64_t k, int64_t stride, int64_t pad, ParamInit w) {
+  x = g.add<Conv2d>(conv, {x}, cin, cout, k, stride, pad, false, w);
+  return g.add<BatchNorm2d>(bn, {x}, cout);
+}
+
+// torchvision's ResNet init: kaiming_normal_(mode="fan_out", nonlinearity="relu").
+ParamInit kaiming_fan_out(int64_t cout, int64_t k) { return ParamInit::normal(std::sqrt(2.0f / float(cout * k * k))); }
+
+void build_mlp(BuiltModel& m, Graph& g, int64_t B) {
+  const auto& c = m.config;
+  int64_t in = c.image.numel();
+  int x = g.add<Flatten>("flatten", {m.x});
+  x = g.add<Linear>("fc1", {x}, in, 1024);
+  x = g.add<ReLU>("relu1", {x});
+  x = g.add<Linear>("fc2", {x}, 1024, 1024);
+  x = g.add<ReLU>("relu2", {x});
+  m.logits = g.add<Linear>("fc3", {x}, 1024, c.classes);
+  (void)B;
+}
+
+void build_convnet(BuiltModel& m, Graph& g) {
+  const auto& c = m.config;
+  int64_t C = c.image[0], H = c.image[1], W = c.image[2];
+  SAT_CHECK(H >= 4 && W >= 4, "--model convnet needs images of at least 4x4, got ", c.image.str());
+  int x = g.add<Conv2d>("conv1", {m.x}, C, 32, 3, 1, 1, false);
+  x = g.add<BatchNorm2d>("bn1", {x}, 32);
+  x = g.add<ReLU>("relu1", {x});
+  x = g.add<MaxPool2d>("pool1", {x}, 2);
+  x = g.add<Conv2d>("conv2", {x}, 32, 64, 3, 1, 1, false);
+  x = g.add<BatchNorm2d>("bn2", {x}, 64);
+  x = g.add<ReLU>("relu2", {x});
+  x = g.add<MaxPool2d>("pool2", {x}, 2);
+  x = g.add<Flatten>("flatten", {x});
+  x = g.add<Linear>("fc1", {x}, 64 * (H / 4) * (W / 4), 128);
+  x = g.add<ReLU>("relu3", {x});
+  m.logits = g.add<Linear>("fc2", {x}, 128, c.classes);
+}
+
+void build_resnet18(BuiltModel& m, Graph& g) {
+  const auto& c = m.config;
+  int64_t C = c.image[0];
+  int x = conv_bn(g, "conv1", "bn1", m.x, C, 64, 3, 1, 1, kaiming_fan_out(64, 3));
+  x = g.add<ReLU>("relu", {x});
+  int64_t cin = 64;
+  const int64_t widths[4] = {64, 128, 256, 512};
+  for (int l = 0; l < 4; ++l) {
+    for (int b = 0; b < 2; ++b) {
+      std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b) + ".";
+      int64_t w = widths[l], stride = (l > 0 && b == 0) ? 2 : 1;
+      int h = conv_bn(g, p + "conv1", p + "bn1", x, cin, w, 3, stride, 1, kaiming_fan_out(w, 3));
+      h = g.add<ReLU>(p + "relu1", {h});
+      h = conv_bn(g, p + "conv2", p + "bn2", h, w, w, 3, 1, 1, kaiming_fan_out(w, 3));
+      int shortcut = x;
+      if (stride != 1 || cin != w)
+        shortcut = conv_bn(g, p + "downsample.0", p + "downsample.1", x, cin, w, 1, stride, 0, kaiming_fan_out(w, 1));
+      x = g.add<Add>(p + "add", {h, shortcut});
+      x = g.add<ReLU>(p + "relu2", {x});
+      cin = w;
+    }
+  }
+  x = g.add<AdaptiveAvgPool2d>("avgpool", {x}, 1, 1);
+  x = g.add<Flatten>("flatten", {x});
+  m.logits = g.add<Linear>("fc", {x}, 512, c.classes);
+}
+
+// nanoGPT's GPT-2: pre-LayerNorm blocks, learned positions, tied lm_head, N(0, 0.02)
+// init with the residual projections scaled by 1/sqrt(2 * n_layer).
+void build_gpt(BuiltModel& m, Graph& g) {
+  const auto& c = m.config;
+  const int64_t C = c.n_embd;
+  ParamInit w02 = ParamInit::normal(0.02f), zero = ParamInit::zeros();
+  ParamInit wproj = ParamInit::normal(0.02f / std::sqrt(2.0f * float(c.n_layer)));
+  int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f);
+  if (c.dropout > 0) x = g.add<Dropout>("transformer.drop", {x}, c.dropout);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    std::string p = "transformer.h." + std::to_string(l) + ".";
+    int h = g.add<LayerNorm>(p + "ln_1", {x}, C);
+    h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero);
+    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head);
+    h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero);
+    if (c.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, c.dropout);
+    x = g.add<Add>(p + "add1", {x, h});
+    h = g.add<LayerNorm>(p + "ln_2", {x}, C);
+    h = g.add<Linear>(p + "mlp.c_fc", {h}, C, 4 * C, true, w02, zero);
+    h = g.add<GELU>(p + "mlp.gelu", {h});
+    h = g.add<Linear>(p + "mlp.c_proj", {h}, 4 * C, C, true, wproj, zero);
+    if (c.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, c.dropout);
+    x = g.add<Add>(p + "add2", {x, h});
+  }
+  x = g.add<LayerNorm>("transformer.ln_f", {x}, C);
+  m.logits = g.add<Linear>("lm_head", {x}, C, c.vocab, false, w02, zero, "transformer.wte.weight");
+}
+
+}  // namespace
+
+BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training) {
+  SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
+  BuiltModel m;
+  m.config = cfg;
+  m.graph = std::make_unique<Graph>(training);
+  Graph& g = *m.graph;
+  if (cfg.tokens) {
+    m.x_shape = Shape{B, cfg.seq_len};
+    m.y_shape = Shape{B, cfg.seq_len};
+    m.x_dtype = DType::i32;
+  } else {
+    m.x_shape = Shape{B, cfg.image[0], cfg.image[1], cfg.image[2]};
+    m.y_shape = Shape{B};
+  }
+  m.x = g.input("x", m.x_shape, m.x_dtype);
+  m.y = g.input("y", m.y_shape, DType::i32);
+  if (cfg.name == "mlp") build_mlp(m, g, B);
+  else if (cfg.name == "convnet") build_convnet(m, g);
+  else if (cfg.name == "resnet18") build_resnet18(m, g);
+  else if (cfg.tokens) build_gpt(m, g);
+  else model_config(cfg.name);  // throws the unknown-model error
+  m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y});
+  g.set_logits(m.logits);
+  g.set_loss(m.loss);
+  return m;
+}
+
+double train_flops_per_sample(const BuiltModel& m, int64_t batch) {
+  return (m.graph->flops_forward() + m.graph->flops_backward()) / double(batch);
+}
+
+}  // namespace sat

@@ -1,0 +1,38 @@
+// The model families of `--model`. Each builder makes the static graph for one
+// micro-batch size; parameter names are those of the equivalent PyTorch modules in
+// bench/peer/models.py, so safetensors files are interchangeable.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/graph.h"
+
+namespace sat {
+
+struct ModelConfig {
+  std::string name;
+  bool tokens = false;        // GPT family: int32 token input [B,T], targets [B,T]
+  Shape image{1, 28, 28};     // image models: C,H,W
+  int64_t classes = 10;
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;  // GPT family
+  float dropout = 0.0f;
+};
+
+const std::vector<std::string>& model_names();
+ModelConfig model_config(const std::string& name);  // defaults; sat::Error on an unknown name
+
+struct BuiltModel {
+  ModelConfig config;
+  std::unique_ptr<Graph> graph;
+  int x = -1, y = -1, logits = -1, loss = -1;  // value ids
+  Shape x_shape, y_shape;                      // per micro-batch
+  DType x_dtype = DType::f32;
+};
+
+BuiltModel build_model(const ModelConfig& cfg, int64_t batch, bool training = true);
+
+// FLOPs of one training step per sample (forward + backward), from the layers.
+double train_flops_per_sample(const BuiltModel& m, int64_t batch);
+
+}  // namespace sat

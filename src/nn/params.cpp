@@ -1,0 +1,128 @@
+#include "nn/params.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/rng.h"
+
+namespace sat {
+namespace {
+int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
+size_t pad64(size_t n) { return (n + 63) / 64 * 64; }
+
+void layout(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, std::vector<int64_t>* offs,
+            int64_t* flat, std::vector<size_t>* soffs, size_t* sbytes) {
+  int64_t f = 0;
+  for (auto& p : params) {
+    if (offs) offs->push_back(f);
+    f += pad16(p.spec.shape.numel());
+  }
+  *flat = f;
+  size_t b = 0;
+  for (auto& s : states) {
+    if (soffs) soffs->push_back(b);
+    b += pad64(s.spec.bytes());
+  }
+  *sbytes = b;
+}
+}  // namespace
+
+ParamStore::Sizes ParamStore::predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states,
+                                      int slots) {
+  int64_t flat;
+  size_t sb;
+  layout(params, states, nullptr, &flat, nullptr, &sb);
+  Sizes s;
+  s.params = size_t(flat) * 4;
+  s.grads = size_t(flat) * 4;
+  s.optimizer = size_t(flat) * 4 * size_t(slots);
+  s.states = sb;
+  return s;
+}
+
+ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int slots)
+    : decls_(params), state_decls_(states), slots_(slots) {
+  layout(params, states, &offsets_, &flat_, &state_offsets_, &state_bytes_);
+  params_ = Buffer(size_t(flat_) * 4, "parameters");
+  grads_ = Buffer(size_t(flat_) * 4, "gradients");
+  optim_ = Buffer(size_t(flat_) * 4 * size_t(slots), "optimizer state");
+  states_ = Buffer(state_bytes_, "model state");
+  std::memset(params_.data(), 0, params_.bytes());
+  std::memset(grads_.data(), 0, grads_.bytes());
+  if (optim_.bytes()) std::memset(optim_.data(), 0, optim_.bytes());
+  if (states_.bytes()) std::memset(states_.data(), 0, states_.bytes());
+}
+
+int64_t ParamStore::param_count() const {
+  int64_t n = 0;
+  for (auto& d : decls_) n += d.spec.shape.numel();
+  return n;
+}
+
+int ParamStore::find_param(const std::string& name) const {
+  for (size_t i = 0; i < decls_.size(); ++i)
+    if (decls_[i].name == name) return int(i);
+  return -1;
+}
+
+int ParamStore::find_state(const std::string& name) const {
+  for (size_t i = 0; i < state_decls_.size(); ++i)
+    if (state_decls_[i].name == name) return int(i);
+  return -1;
+}
+
+static void init_states(const ParamStore& ps) {
+  for (size_t i = 0; i < ps.num_states(); ++i) {
+    Tensor t = ps.state(i);
+    std::memset(t.ptr, 0, t.bytes());
+    const ParamInit& in = ps.state_decl(i).init;
+    if (t.dtype != DType::f32) continue;
+    float v = in.kind == ParamInit::Kind::ones ? 1.0f : in.kind == ParamInit::Kind::constant ? in.scale : 0.0f;
+    for (int64_t k = 0; k < t.numel(); ++k) t.f32()[k] = v;
+  }
+}
+
+void ParamStore::init(uint64_t seed) {
+  for (size_t i = 0; i < decls_.size(); ++i) {
+    Tensor t = param(i);
+    const ParamInit& in = decls_[i].init;
+    Rng rng(mix_seed(seed, fnv1a64(decls_[i].name)));
+    float* p = t.f32();
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      switch (in.kind) {
+        case ParamInit::Kind::zeros: p[k] = 0; break;
+        case ParamInit::Kind::ones: p[k] = 1; break;
+        case ParamInit::Kind::constant: p[k] = in.scale; break;
+        case ParamInit::Kind::uniform: p[k] = rng.uniform(-in.scale, in.scale); break;
+        case ParamInit::Kind::normal: p[k] = in.scale * rng.normal(); break;
+      }
+    }
+  }
+  init_states(*this);
+  zero_optimizer_state();
+}
+
+// Norm weights (init ones): 1 + 0.1 v; other 1-D: 0.1 v; >= 2-D: v / sqrt(fan_in),
+// v = 2 unit(fnv1a64(name), k) - 1 in double, stored as float.
+void ParamStore::init_parity() {
+  for (size_t i = 0; i < decls_.size(); ++i) {
+    Tensor t = param(i);
+    const ParamDecl& d = decls_[i];
+    uint64_t h = fnv1a64(d.name);
+    int64_t n = t.numel();
+    double fan_in = d.spec.shape.nd >= 2 ? double(n / d.spec.shape[0]) : 1.0;
+    double base = (d.spec.shape.nd == 1 && d.init.kind == ParamInit::Kind::ones) ? 1.0 : 0.0;
+    for (int64_t k = 0; k < n; ++k) {
+      double v = 2.0 * double(hash_unit(h, uint64_t(k))) - 1.0;
+      t.f32()[k] = float(d.spec.shape.nd >= 2 ? v / std::sqrt(fan_in) : base + 0.1 * v);
+    }
+  }
+  init_states(*this);
+  zero_optimizer_state();
+}
+
+void ParamStore::zero_optimizer_state() {
+  if (optim_.bytes()) std::memset(optim_.data(), 0, optim_.bytes());
+}
+
+}  // namespace sat

@@ -1,0 +1,126 @@
+#include "nn/safetensors.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace sat {
+namespace {
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+  }
+  return "?";
+}
+
+struct Entry { std::string name; Tensor t; };
+
+std::vector<Entry> entries(const ParamStore& ps) {
+  std::vector<Entry> e;
+  for (size_t i = 0; i < ps.num_params(); ++i)
+    if (!ps.decl(i).shared) e.push_back({ps.decl(i).name, ps.param(i)});
+  for (size_t i = 0; i < ps.num_states(); ++i) e.push_back({ps.state_decl(i).name, ps.state(i)});
+  return e;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name) {
+  auto es = entries(ps);
+  nlohmann::ordered_json h;
+  h["__metadata__"] = {{"format", "pt"}, {"producer", "saturate"}, {"model", model_name}};
+  size_t off = 0;
+  for (auto& e : es) {
+    h[e.name] = {{"dtype", st_dtype(e.t.dtype)}, {"shape", e.t.shape.vec()}, {"data_offsets", {off, off + e.t.bytes()}}};
+    off += e.t.bytes();
+  }
+  std::string header = h.dump();
+  while ((header.size() + 8) % 8) header += ' ';
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    SAT_CHECK(f, "--save-weights: cannot write ", tmp, ": ", std::strerror(errno));
+    uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(header.data(), std::streamsize(header.size()));
+    for (auto& e : es) f.write(static_cast<const char*>(e.t.ptr), std::streamsize(e.t.bytes()));
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      fail("--save-weights: writing ", tmp, " failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  SAT_CHECK(!ec, "--save-weights: cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
+void load_safetensors(const std::string& path, ParamStore& ps) {
+  std::ifstream f(path, std::ios::binary);
+  SAT_CHECK(f, path, ": cannot open safetensors file: ", std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(f.tellg());
+  f.seekg(0);
+  uint64_t hlen = 0;
+  SAT_CHECK(size >= 8 && f.read(reinterpret_cast<char*>(&hlen), 8), path, ": not a safetensors file (shorter than 8 bytes)");
+  SAT_CHECK(hlen >= 2 && hlen <= size - 8 && hlen < (100u << 20), path, ": not a safetensors file (header length ", hlen,
+            " does not fit a file of ", size, " bytes)");
+  std::string header(hlen, '\0');
+  f.read(header.data(), std::streamsize(hlen));
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(header);
+  } catch (const std::exception& e) {
+    fail(path, ": safetensors header is not valid JSON (", e.what(), ")");
+  }
+  SAT_CHECK(h.is_object(), path, ": safetensors header is not a JSON object");
+  const uint64_t data_size = size - 8 - hlen;
+  std::map<std::string, Tensor> want;
+  for (auto& e : entries(ps)) want[e.name] = e.t;
+  std::set<std::string> seen;
+  for (auto& [name, info] : h.items()) {
+    if (name == "__metadata__") continue;
+    auto it = want.find(name);
+    if (it == want.end()) {
+      // PyTorch state_dicts of tied models carry lm_head.weight as a second name of wte.
+      if (name == "lm_head.weight" && want.count("transformer.wte.weight")) continue;
+      fail(path, ": unexpected tensor '", name, "' (this model has no parameter of that name)");
+    }
+    const Tensor& t = it->second;
+    try {
+      std::string dt = info.at("dtype");
+      std::vector<int64_t> shape = info.at("shape");
+      std::vector<uint64_t> offs = info.at("data_offsets");
+      SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size, path, ": tensor '", name,
+                "' has data offsets outside the file (truncated file?)");
+      bool i64_counter = t.dtype == DType::i64;
+      if (Shape(shape) != t.shape && !(i64_counter && Shape(shape).numel() == 1))
+        fail(path, ": tensor '", name, "' has shape ", Shape(shape).str(), ", expected ", t.shape.str());
+      SAT_CHECK(dt == st_dtype(t.dtype), path, ": tensor '", name, "' has dtype ", dt, ", expected ", st_dtype(t.dtype));
+      SAT_CHECK(offs[1] - offs[0] == t.bytes(), path, ": tensor '", name, "' has ", offs[1] - offs[0], " bytes of data, expected ",
+                t.bytes());
+      f.seekg(std::streamoff(8 + hlen + offs[0]));
+      f.read(static_cast<char*>(t.ptr), std::streamsize(t.bytes()));
+      SAT_CHECK(f, path, ": reading tensor '", name, "' failed (truncated file?)");
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, ": tensor '", name, "' has a malformed header entry (", e.what(), ")");
+    }
+    seen.insert(name);
+  }
+  for (auto& [name, t] : want)
+    SAT_CHECK(seen.count(name), path, ": tensor '", name, "' ", t.shape.str(), " is missing");
+}
+
+}  // namespace sat

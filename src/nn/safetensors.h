@@ -1,0 +1,18 @@
+// Parameters and model state (BatchNorm running statistics) as safetensors files,
+// with PyTorch's names and layouts (a state_dict without the tied lm_head.weight).
+// Format: u64 little-endian header length, JSON header, raw little-endian data.
+#pragma once
+#include <string>
+
+#include "nn/params.h"
+
+namespace sat {
+
+// Writes atomically (to FILE.tmp, then renamed), so an existing file is never lost
+// to a failed write.
+void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name);
+// Loads every parameter and state tensor; a missing tensor, a wrong shape or dtype,
+// an unknown tensor name or a corrupt file is a sat::Error naming the file.
+void load_safetensors(const std::string& path, ParamStore& ps);
+
+}  // namespace sat

@@ -1,0 +1,95 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sat {
+
+OptimConfig resolve_optim(OptimConfig c) {
+  SAT_CHECK(c.name == "sgd" || c.name == "adamw", "--optimizer: expected sgd or adamw, got '", c.name, "'");
+  SAT_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr: expected a positive number, got ", c.lr);
+  SAT_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum: expected a value in [0, 1), got ", c.momentum);
+  SAT_CHECK(!c.nesterov || c.momentum > 0, "--nesterov needs --momentum > 0 (as in PyTorch)");
+  if (c.weight_decay < 0) c.weight_decay = c.name == "adamw" ? 0.01f : 0.0f;
+  SAT_CHECK(std::isfinite(c.weight_decay), "--weight-decay: expected a number >= 0");
+  SAT_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "--betas: expected values in [0, 1)");
+  return c;
+}
+
+int optimizer_slots(const OptimConfig& c) {
+  if (c.name == "adamw") return 2;
+  return c.momentum > 0 ? 1 : 0;
+}
+
+void Optimizer::step(ParamStore& ps, float lr) {
+  ++t_;
+  const int64_t n = ps.flat_size();
+  float* p = ps.flat_params();
+  const float* g = ps.flat_grads();
+  const float wd = c_.weight_decay;
+  if (c_.name == "sgd") {
+    // torch.optim.SGD: d = g + wd p; buf = momentum buf + d (buf = d on the first step);
+    // d = nesterov ? d + momentum buf : buf; p -= lr d.
+    const float mu = c_.momentum;
+    if (mu == 0) {
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+      return;
+    }
+    float* buf = ps.flat_slot(0);
+    const bool first = t_ == 1, nest = c_.nesterov;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float d = g[i] + wd * p[i];
+      float b = first ? d : mu * buf[i] + d;
+      buf[i] = b;
+      p[i] -= lr * (nest ? d + mu * b : b);
+    }
+    return;
+  }
+  // torch.optim.AdamW (1.13, single-tensor path):
+  //   p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+  float* m = ps.flat_slot(0);
+  float* v = ps.flat_slot(1);
+  const float b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
+  const double bc1 = 1.0 - std::pow(double(b1), double(t_));
+  const double bc2 = 1.0 - std::pow(double(b2), double(t_));
+  const float step_size = float(lr / bc1);
+  const float bc2_sqrt = float(std::sqrt(bc2));
+  const float decay = 1.0f - lr * wd;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i];
+    float pi = p[i] * decay;
+    float mi = b1 * m[i] + (1.0f - b1) * gi;
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+  }
+}
+
+ScheduleConfig resolve_schedule(ScheduleConfig s) {
+  SAT_CHECK(s.name == "constant" || s.name == "step" || s.name == "cosine",
+            "--schedule: expected constant, step or cosine, got '", s.name, "'");
+  SAT_CHECK(s.warmup >= 0, "--warmup: expected a number of steps >= 0");
+  return s;
+}
+
+float schedule_lr(const ScheduleConfig& s, float base, int64_t step, int64_t total) {
+  if (s.warmup > 0 && step < s.warmup) return base * float(step + 1) / float(s.warmup);
+  if (s.name == "constant") return base;
+  if (s.name == "step") {
+    int64_t size = s.step_size > 0 ? s.step_size : std::max<int64_t>(1, total / 3);
+    return base * std::pow(s.gamma, float((step - s.warmup) / size));
+  }
+  // cosine from base (after warm-up) to min_lr_ratio * base at the last step
+  int64_t span = std::max<int64_t>(1, total - s.warmup - 1);
+  double progress = std::min(1.0, double(step - s.warmup) / double(span));
+  double minlr = double(base) * s.min_lr_ratio;
+  return float(minlr + 0.5 * (double(base) - minlr) * (1.0 + std::cos(M_PI * progress)));
+}
+
+}  // namespace sat

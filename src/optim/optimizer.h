@@ -1,0 +1,47 @@
+// SGD (momentum, Nesterov, weight decay) and AdamW with PyTorch's exact update rules
+// and defaults, each one fused pass over the flat parameter/gradient/state arrays.
+#pragma once
+#include <string>
+
+#include "nn/params.h"
+
+namespace sat {
+
+struct OptimConfig {
+  std::string name = "sgd";  // sgd | adamw
+  float lr = 0.01f;
+  float momentum = 0.0f;     // sgd
+  bool nesterov = false;     // sgd
+  float weight_decay = -1;   // < 0: PyTorch's default (sgd 0, adamw 0.01)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
+};
+
+// Validates the config (sat::Error naming the flag) and fills defaults.
+OptimConfig resolve_optim(OptimConfig c);
+int optimizer_slots(const OptimConfig& c);  // float arrays of state per parameter
+
+class Optimizer {
+ public:
+  explicit Optimizer(const OptimConfig& c) : c_(resolve_optim(c)) {}
+  // One update of every parameter with learning rate lr (the schedule's value).
+  void step(ParamStore& ps, float lr);
+  int64_t steps() const { return t_; }
+  const OptimConfig& config() const { return c_; }
+
+ private:
+  OptimConfig c_;
+  int64_t t_ = 0;
+};
+
+struct ScheduleConfig {
+  std::string name = "constant";  // constant | step | cosine
+  int64_t warmup = 0;             // linear warm-up steps (all schedules)
+  int64_t step_size = 0;          // step: decay every step_size steps (0: a third of the run)
+  float gamma = 0.1f;             // step: factor per decay
+  float min_lr_ratio = 0.0f;      // cosine: final lr / base lr
+};
+ScheduleConfig resolve_schedule(ScheduleConfig s);
+// Learning rate of optimizer step `step` (0-based) out of `total`.
+float schedule_lr(const ScheduleConfig& s, float base_lr, int64_t step, int64_t total);
+
+}  // namespace sat

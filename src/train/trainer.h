@@ -1,0 +1,91 @@
+// The single-process trainer: micro-batches with gradient accumulation, the optimizer
+// and schedule, evaluation on the test split, per-step metrics and the run summary.
+// Nothing here knows about the command line: the CLI fills a TrainConfig.
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "nn/engine.h"
+#include "nn/models.h"
+#include "nn/params.h"
+#include "optim/optimizer.h"
+
+namespace sat {
+
+struct TrainConfig {
+  int64_t batch = 64;        // micro-batch
+  int64_t accum = 1;         // micro-batches per optimizer step
+  int64_t epochs = 1;        // used when steps == 0
+  int64_t steps = 0;         // optimizer steps (0: run `epochs` epochs)
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool evaluate = true;      // evaluate on the test split at the end (if there is one)
+  int64_t warmup_excluded = -1;  // steps left out of samples_per_second (-1: automatic)
+  std::string out_dir;       // metrics.jsonl and summary.json ("" = none)
+  int progress = -1;         // -1: a bar on a terminal, plain lines otherwise; 0: quiet; 1: lines
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = -1;  // classification only
+  int64_t samples = 0;
+};
+
+struct StepMetrics {
+  int64_t step;      // 1-based optimizer step
+  double loss;       // mean training loss over the step's accum*batch samples (before the update)
+  double lr;
+  double seconds;
+  double samples_per_second;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_train_loss = 0;
+  std::optional<EvalResult> test;
+  double samples_per_second = 0;  // excluding the first warmup_excluded steps
+  int64_t warmup_excluded = 0;
+  double train_seconds = 0;
+  double wall_seconds = 0;
+  size_t predicted_memory_bytes = 0;
+  size_t peak_memory_bytes = 0;
+  std::vector<double> losses;
+};
+
+class Trainer {
+ public:
+  // `train` and `test` must outlive the trainer; test may be null.
+  Trainer(const ModelConfig& model, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
+  ~Trainer();
+
+  // Memory the run needs, computed from the plan before anything is allocated.
+  static MemoryPlan plan(const ModelConfig& model, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
+
+  ParamStore& params() { return *params_; }
+  const BuiltModel& model() const { return model_; }
+  const MemoryPlan& memory_plan() const { return plan_; }
+
+  TrainResult run(const std::function<void(const StepMetrics&)>& on_step = {});
+  EvalResult evaluate();
+
+ private:
+  ModelConfig mc_;
+  TrainConfig cfg_;
+  const Dataset& train_;
+  const Dataset* test_;
+  BuiltModel model_;
+  MemoryPlan plan_;
+  size_t mem_base_ = 0;
+  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<BatchLoader> train_loader_, test_loader_;
+};
+
+}  // namespace sat
