@@ -1,0 +1,106 @@
+// Datasets: in-memory sources of (sample, label) pairs, opened from a `--data` spec.
+//
+// A Dataset is read-only after construction and get() is const and thread-safe: the
+// BatchLoader (loader.h) calls it from its prefetch thread.
+//
+//   kind      sample                    label                    num_classes()
+//   images    {C,H,W} f32               {}  int32 class index    classes (10)
+//   tokens    {T} i32 (token ids)       {T} int32 next tokens    model vocabulary
+//
+// Real images are stored as uint8 (Fashion-MNIST train is 47 MB so) and converted on
+// get(): x = pixel/255 in float32, exactly PyTorch's ToTensor(); with --normalize,
+// x = (pixel/255 - mean[c]) / std[c] in float32, exactly ToTensor() then Normalize().
+// Synthetic data is generated on the fly from (seed, index): nothing is stored.
+//
+// Host memory of a dataset is NOT allocated through sat::Buffer: the budget in
+// core/alloc.h stands for the accelerator's memory and the data never lives there
+// (only the loader's batch ring does, see loader.h). storage_bytes() reports it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace sat {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Shape sample_shape() const = 0;   // images {C,H,W}; tokens {T}
+  virtual DType sample_dtype() const = 0;   // f32 for images, i32 for tokens
+  virtual Shape label_shape() const = 0;    // {} for a class index; {T} for next tokens
+  virtual int64_t num_classes() const = 0;  // classes, or vocabulary size for tokens
+  // Writes sample i (sample_shape, sample_dtype, contiguous) to x and its label
+  // (label_shape, int32) to y. 0 <= i < size(). Thread-safe.
+  virtual void get(int64_t i, void* x, int32_t* y) const = 0;
+  virtual std::string name() const = 0;          // "fashion-mnist train", for messages
+  virtual size_t storage_bytes() const { return 0; }  // host bytes held (0 = generated)
+
+  bool is_tokens() const { return sample_dtype() == DType::i32; }
+  size_t sample_bytes() const { return size_t(sample_shape().numel()) * dtype_size(sample_dtype()); }
+  int64_t label_numel() const { return label_shape().numel(); }
+};
+
+// What open_dataset needs to know about the model and the run.
+struct DataOptions {
+  // The model's input. Images: shape and classes used by `synthetic`; tokens: the
+  // sequence length T (samples are T tokens, labels the T next tokens) and the
+  // vocabulary every token must fall in.
+  bool model_takes_tokens = false;
+  Shape image_shape{1, 28, 28};
+  int64_t num_classes = 10;
+  int64_t seq_len = 0;  // T; required when model_takes_tokens
+  int64_t vocab = 0;    // required when model_takes_tokens
+
+  // --normalize: empty = pixel/255. Otherwise one value for all channels or one per
+  // channel (mean and std must have the same length, 1 or C). See parse_normalize.
+  std::vector<float> mean, std;
+
+  uint64_t seed = 0;  // synthetic data depends on this only
+};
+
+struct DataSplit {
+  std::unique_ptr<Dataset> train;
+  std::unique_ptr<Dataset> test;  // null when the format has no test split
+  std::string description;        // one line for the log: source, sizes, shapes, scaling
+};
+
+// Opens a --data spec. Accepted forms:
+//   fashion-mnist[:DIR]        IDX files (default DIR /usr/share/datasets/fashion-mnist,
+//                              Debian package dataset-fashion-mnist)
+//   mnist:DIR                  IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte,
+//                              t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each
+//                              optionally .gz (gzip or plain, both read through zlib)
+//   cifar10:DIR                CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin
+//                              (DIR or DIR/cifar-10-batches-bin); records of 1 label
+//                              byte + 3072 pixel bytes, CHW
+//   tokens:FILE[:VAL_FILE]     llm.c token shards (256 int32 header: magic 20240520,
+//                              version 1, token count; then uint16 tokens). Samples
+//                              are non-overlapping windows: x = tok[iT, iT+T),
+//                              y = tok[iT+1, iT+T+1). No VAL_FILE = no test split.
+//   synthetic                  learnable generated data shaped like the model's input
+//   synthetic:CxHxW            synthetic images of another shape (image models only)
+// Throws sat::Error naming the file (or --data) and what was expected.
+DataSplit open_dataset(const std::string& spec, const DataOptions& opt);
+
+// Parses --normalize: "MEAN,STD" (one value for all channels) or
+// "M1,..,Mc,S1,..,Sc" (2C numbers: C means then C stds, e.g. for CIFAR-10
+// "0.4914,0.4822,0.4465,0.2470,0.2435,0.2616"). Fills opt.mean/opt.std.
+void parse_normalize(const std::string& text, DataOptions& opt);
+
+// Deterministic in-memory datasets (tests, parity runs). N = labels.size() /
+// label_shape.numel(); samples.size() must be N * sample_shape.numel().
+// Float samples: an image-like dataset (values returned as given, no scaling);
+// int32 samples: a token dataset (every token and label must be < num_classes,
+// labels may be -1 = ignored by the loss).
+std::unique_ptr<Dataset> make_tensor_dataset(Shape sample_shape, std::vector<float> samples,
+                                             std::vector<int32_t> labels, Shape label_shape,
+                                             int64_t num_classes, std::string name = "memory");
+std::unique_ptr<Dataset> make_tensor_dataset(Shape sample_shape, std::vector<int32_t> samples,
+                                             std::vector<int32_t> labels, Shape label_shape,
+                                             int64_t num_classes, std::string name = "memory");
+
+}  // namespace sat

@@ -1,0 +1,156 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "core/rng.h"
+
+namespace sat {
+
+namespace {
+size_t slot_count(int prefetch) { return size_t(std::max(prefetch, 1)); }
+}  // namespace
+
+size_t BatchLoader::buffer_bytes(const Dataset& ds, int64_t batch, int prefetch) {
+  const size_t per_slot = size_t(batch) * (ds.sample_bytes() + size_t(ds.label_numel()) * sizeof(int32_t));
+  return slot_count(prefetch) * per_slot;
+}
+
+std::vector<int64_t> BatchLoader::epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> p(size_t(std::max<int64_t>(n, 0)));
+  std::iota(p.begin(), p.end(), int64_t(0));
+  if (shuffle && n > 1) {
+    Rng rng(mix_seed(seed, uint64_t(epoch)));
+    for (int64_t i = n - 1; i >= 1; --i) {
+      int64_t j = int64_t(rng.below(uint64_t(i + 1)));
+      std::swap(p[size_t(i)], p[size_t(j)]);
+    }
+  }
+  return p;
+}
+
+BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool drop_last,
+                         int prefetch)
+    : ds_(ds), batch_(batch), shuffle_(shuffle), drop_last_(drop_last), seed_(seed), prefetch_(prefetch) {
+  SAT_CHECK(batch > 0, "batch size ", batch, " for ", ds.name(), ": expected a positive batch size");
+  SAT_CHECK(prefetch >= 0, "prefetch depth ", prefetch, ": expected >= 0");
+  const int64_t n = ds.size();
+  SAT_CHECK(n > 0, ds.name(), " has no samples");
+  batches_ = drop_last ? n / batch : (n + batch - 1) / batch;
+  SAT_CHECK(batches_ > 0, "batch size ", batch, " is larger than ", ds.name(), " (", n,
+            " samples): dropping the partial batch would leave no batch; expected a batch size <= ", n);
+  x_row_bytes_ = ds.sample_bytes();
+  y_row_ = ds.label_numel();
+  std::vector<int64_t> xs{batch}, ys{batch};
+  for (int64_t d : ds.sample_shape().vec()) xs.push_back(d);
+  for (int64_t d : ds.label_shape().vec()) ys.push_back(d);
+  x_shape_ = Shape(xs);
+  y_shape_ = Shape(ys);
+  for (size_t i = 0; i < slot_count(prefetch); ++i)
+    slots_.push_back({Buffer(size_t(batch) * x_row_bytes_, "data loader batch (x)"),
+                      Buffer(size_t(batch * y_row_) * sizeof(int32_t), "data loader batch (y)")});
+  if (prefetch_ > 0) thread_ = std::thread(&BatchLoader::worker, this);
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BatchLoader::start_epoch(int64_t epoch) {
+  std::vector<int64_t> order = epoch_order(ds_.size(), shuffle_, seed_, epoch);
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    // The worker reads order_ and writes a slot outside the lock: let it finish first.
+    ready_cv_.wait(lk, [&] { return !busy_; });
+    order_.swap(order);
+    epoch_ = epoch;
+    started_ = true;
+    filled_ = given_ = released_ = 0;
+  }
+  work_cv_.notify_one();
+}
+
+void BatchLoader::fill(int64_t b, Slot& slot) const {
+  const int64_t n = ds_.size();
+  uint8_t* x = slot.x.as<uint8_t>();
+  int32_t* y = slot.y.as<int32_t>();
+  for (int64_t r = 0; r < batch_; ++r) {
+    const int64_t k = b * batch_ + r;
+    uint8_t* xr = x + size_t(r) * x_row_bytes_;
+    int32_t* yr = y + r * y_row_;
+    if (k < n) {
+      ds_.get(order_[size_t(k)], xr, yr);
+    } else {  // padding of the final evaluation batch
+      std::memset(xr, 0, x_row_bytes_);
+      std::fill(yr, yr + y_row_, -1);
+    }
+  }
+}
+
+Batch BatchLoader::make_batch(int64_t b, Slot& slot) const {
+  Batch out;
+  out.x = Tensor(slot.x.data(), x_shape_, ds_.sample_dtype());
+  out.y = Tensor(slot.y.data(), y_shape_, DType::i32);
+  out.valid = std::min(batch_, ds_.size() - b * batch_);
+  out.epoch = epoch_;
+  out.index = b;
+  return out;
+}
+
+void BatchLoader::worker() {
+  std::unique_lock<std::mutex> lk(mu_);
+  const int64_t nslots = int64_t(slots_.size());
+  for (;;) {
+    work_cv_.wait(lk, [&] {
+      return stop_ || (started_ && !error_ && filled_ < batches_ && filled_ < released_ + nslots);
+    });
+    if (stop_) return;
+    const int64_t b = filled_;
+    busy_ = true;
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+      fill(b, slots_[size_t(b % nslots)]);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lk.lock();
+    busy_ = false;
+    if (err)
+      error_ = err;
+    else
+      filled_ = b + 1;  // start_epoch waits for !busy_, so b still belongs to this epoch
+    ready_cv_.notify_all();
+  }
+}
+
+bool BatchLoader::next(Batch& out) {
+  if (!started_) start_epoch(0);
+  if (prefetch_ == 0) {  // synchronous: read the batch here
+    if (given_ >= batches_) return false;
+    fill(given_, slots_[0]);
+    out = make_batch(given_, slots_[0]);
+    ++given_;
+    return true;
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  // The batch handed out last time is no longer in use: its slot may be refilled.
+  if (released_ != given_) {
+    released_ = given_;
+    work_cv_.notify_one();
+  }
+  if (given_ >= batches_) return false;
+  ready_cv_.wait(lk, [&] { return filled_ > given_ || error_; });
+  if (filled_ <= given_) std::rethrow_exception(error_);
+  const int64_t b = given_++;
+  out = make_batch(b, slots_[size_t(b % int64_t(slots_.size()))]);
+  return true;
+}
+
+}  // namespace sat

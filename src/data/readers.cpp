@@ -1,0 +1,331 @@
+// File formats: IDX (MNIST / Fashion-MNIST, gzip or plain), CIFAR-10 binary batches,
+// llm.c token shards. Every file is read through zlib's gz* calls, which read gzip and
+// plain files alike. Every failure is a sat::Error naming the file and what was expected.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "data/sources.h"
+
+namespace sat::data_detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A file opened for reading through zlib (gzip or plain).
+class GzFile {
+ public:
+  explicit GzFile(std::string path) : path_(std::move(path)) {
+    errno = 0;
+    f_ = gzopen(path_.c_str(), "rb");
+    if (!f_) fail(path_, ": cannot open (", errno ? std::strerror(errno) : "out of memory", ")");
+    gzbuffer(f_, 1 << 18);
+  }
+  ~GzFile() { gzclose(f_); }
+  GzFile(const GzFile&) = delete;
+  GzFile& operator=(const GzFile&) = delete;
+  const std::string& path() const { return path_; }
+
+  // zlib's message, without the "path: " prefix it adds.
+  std::string zlib_error(int* errnum) {
+    std::string msg = gzerror(f_, errnum);
+    if (msg.rfind(path_ + ": ", 0) == 0) msg.erase(0, path_.size() + 2);
+    return msg;
+  }
+  // Reads up to n bytes; fewer only at the end of the data. Throws on a read error.
+  size_t read(void* dst, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      unsigned chunk = unsigned(std::min<size_t>(n - got, size_t(1) << 30));
+      int r = gzread(f_, static_cast<char*>(dst) + got, chunk);
+      if (r < 0) {
+        int errnum = 0;
+        std::string msg = zlib_error(&errnum);
+        fail(path_, ": read error after ", got_total_ + got, " bytes: ", msg,
+             errnum == Z_BUF_ERROR ? " (the gzip stream is truncated)" : " (corrupt gzip data?)");
+      }
+      if (r == 0) break;
+      got += size_t(r);
+    }
+    // zlib reports a gzip stream cut short as Z_BUF_ERROR after returning what it had.
+    if (got < n) {
+      int errnum = 0;
+      std::string msg = zlib_error(&errnum);
+      if (errnum != Z_OK)
+        fail(path_, ": read error after ", got_total_ + got, " bytes: ", msg,
+             errnum == Z_BUF_ERROR ? " (the gzip stream is truncated)" : " (corrupt gzip data?)");
+    }
+    got_total_ += got;
+    return got;
+  }
+  void read_exact(void* dst, size_t n, const std::string& what) {
+    size_t got = read(dst, n);
+    if (got != n)
+      fail(path_, ": truncated: expected ", n, " bytes of ", what, " but the file ends after ", got,
+           " of them (", got_total_, " bytes in all)");
+  }
+  // Reads n elements into a vector grown as data arrives, so a corrupt header claiming
+  // a huge size fails as "truncated" instead of allocating it all up front.
+  template <typename T>
+  std::vector<T> read_vector(size_t n, const std::string& what) {
+    std::vector<T> v;
+    v.reserve(std::min<size_t>(n, (size_t(64) << 20) / sizeof(T)));
+    while (v.size() < n) {
+      size_t old = v.size(), want = std::min<size_t>(n - old, std::max<size_t>(old, size_t(1) << 20));
+      v.resize(old + want);
+      size_t got = read(v.data() + old, want * sizeof(T));
+      if (got < want * sizeof(T))
+        fail(path_, ": truncated: expected ", n * sizeof(T), " bytes of ", what, " but the file ends after ",
+             old * sizeof(T) + got, " of them");
+    }
+    return v;
+  }
+  std::vector<uint8_t> read_all() {
+    std::vector<uint8_t> v;
+    for (;;) {
+      size_t old = v.size(), want = std::max<size_t>(old, size_t(1) << 20);
+      v.resize(old + want);
+      size_t got = read(v.data() + old, want);
+      v.resize(old + got);
+      if (got < want) return v;
+    }
+  }
+  bool at_end() {
+    uint8_t b;
+    return read(&b, 1) == 0;
+  }
+
+ private:
+  std::string path_;
+  gzFile f_ = nullptr;
+  size_t got_total_ = 0;
+};
+
+uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
+
+bool is_file(const std::string& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+// ---------------------------------------------------------------- IDX
+
+struct Idx {
+  std::vector<uint32_t> dims;
+  std::vector<uint8_t> data;
+};
+
+// magic 2049 = 0x00000801 (unsigned bytes, 1 dim: labels), 2051 = 0x00000803 (3 dims: images).
+Idx read_idx(const std::string& path, uint32_t magic) {
+  const char* kind = magic == 2049 ? "an idx1-ubyte label file" : "an idx3-ubyte image file";
+  GzFile f(path);
+  uint8_t hdr[4];
+  f.read_exact(hdr, 4, "IDX header");
+  uint32_t m = be32(hdr);
+  if (m != magic) {
+    std::string hint;
+    if (m == 2049) hint = " (this is a label file)";
+    if (m == 2051) hint = " (this is an image file)";
+    fail(path, ": IDX magic number is ", m, hint, "; expected ", magic, " (", kind, ")");
+  }
+  Idx idx;
+  const int nd = int(magic & 0xff);
+  std::vector<uint8_t> dims(size_t(nd) * 4);
+  f.read_exact(dims.data(), dims.size(), "IDX dimensions");
+  uint64_t total = 1;
+  for (int i = 0; i < nd; ++i) {
+    idx.dims.push_back(be32(&dims[size_t(i) * 4]));
+    total *= idx.dims.back();
+    SAT_CHECK(total < (uint64_t(1) << 36), path, ": IDX dimensions are implausibly large; corrupt header?");
+  }
+  SAT_CHECK(total > 0, path, ": IDX file has a zero dimension; expected at least one ", nd == 1 ? "label" : "image");
+  idx.data = f.read_vector<uint8_t>(size_t(total), nd == 1 ? "labels" : "pixels");
+  SAT_CHECK(f.at_end(), path, ": holds more data than its IDX header says (", total,
+            " bytes); expected exactly that many");
+  return idx;
+}
+
+struct IdxFiles {
+  std::string images, labels;
+};
+
+std::string find_idx_file(const std::string& tag, const std::string& dir, bool is_default,
+                          const std::string& stem, const char* kind) {
+  // Standard names (train-images-idx3-ubyte), and the dotted variant (train-images.idx3-ubyte)
+  // some mirrors use; each gzipped or plain.
+  const std::string base = stem + "-" + kind, dotted = stem + "." + kind;
+  for (const auto& name : {base + ".gz", base, dotted + ".gz", dotted}) {
+    std::string p = (fs::path(dir) / name).string();
+    if (is_file(p)) return p;
+  }
+  std::string p = (fs::path(dir) / (base + ".gz")).string();
+  if (tag == "fashion-mnist")
+    fail(p, ": not found (nor ", base, " without .gz); Fashion-MNIST comes from Debian's dataset-fashion-mnist "
+         "package (apt-get install dataset-fashion-mnist)",
+         is_default ? "; or give --data fashion-mnist:DIR or mnist:DIR with the IDX files" : "");
+  fail(p, ": not found (nor ", base, ", ", dotted, ".gz, ", dotted, "); --data ", tag, ":", dir,
+       " expects the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+       "t10k-labels-idx1-ubyte (gzip or plain)");
+}
+
+std::unique_ptr<Dataset> load_idx_split(const std::string& name, const std::string& img_path,
+                                        const std::string& lbl_path, const DataOptions& opt) {
+  Idx img = read_idx(img_path, 2051);
+  Idx lbl = read_idx(lbl_path, 2049);
+  SAT_CHECK(img.dims[0] == lbl.dims[0], img_path, " holds ", img.dims[0], " images but ", lbl_path, " holds ",
+            lbl.dims[0], " labels; expected the same number");
+  for (size_t i = 0; i < lbl.data.size(); ++i)
+    SAT_CHECK(lbl.data[i] < 10, lbl_path, ": label ", int(lbl.data[i]), " at index ", i, "; expected 0..9");
+  Shape chw{1, int64_t(img.dims[1]), int64_t(img.dims[2])};
+  return std::make_unique<U8ImageDataset>(name, chw, 10, std::move(img.data), std::move(lbl.data),
+                                          pixel_lut(1, opt));
+}
+
+// ---------------------------------------------------------------- CIFAR-10
+
+constexpr size_t kCifarRecord = 1 + 3072;
+
+void read_cifar_file(const std::string& path, std::vector<uint8_t>& px, std::vector<uint8_t>& labels) {
+  GzFile f(path);
+  std::vector<uint8_t> raw = f.read_all();
+  SAT_CHECK(!raw.empty() && raw.size() % kCifarRecord == 0, path, ": ", raw.size(),
+            " bytes is not a whole number of CIFAR-10 records; expected a multiple of 3073 "
+            "(1 label byte + 3072 pixel bytes, CHW 3x32x32), e.g. 30730000 for 10000 images");
+  const size_t n = raw.size() / kCifarRecord;
+  px.reserve(px.size() + n * 3072);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* r = raw.data() + i * kCifarRecord;
+    SAT_CHECK(r[0] < 10, path, ": label ", int(r[0]), " in record ", i,
+              "; expected 0..9 (is this CIFAR-100? only CIFAR-10 is supported)");
+    labels.push_back(r[0]);
+    px.insert(px.end(), r + 1, r + kCifarRecord);
+  }
+}
+
+// ---------------------------------------------------------------- token shards
+
+constexpr int32_t kShardMagic = 20240520;
+
+// Samples are non-overlapping windows of T+1 tokens: x = tok[iT, iT+T), y = tok[iT+1, iT+T+1).
+class TokenDataset : public Dataset {
+ public:
+  TokenDataset(std::string name, std::vector<uint16_t> tokens, int64_t T, int64_t vocab)
+      : name_(std::move(name)), tokens_(std::move(tokens)), T_(T), vocab_(vocab) {}
+  int64_t size() const override { return (int64_t(tokens_.size()) - 1) / T_; }
+  Shape sample_shape() const override { return Shape{T_}; }
+  DType sample_dtype() const override { return DType::i32; }
+  Shape label_shape() const override { return Shape{T_}; }
+  int64_t num_classes() const override { return vocab_; }
+  void get(int64_t i, void* x, int32_t* y) const override {
+    const uint16_t* t = tokens_.data() + i * T_;
+    int32_t* xi = static_cast<int32_t*>(x);
+    for (int64_t j = 0; j < T_; ++j) {
+      xi[j] = t[j];
+      y[j] = t[j + 1];
+    }
+  }
+  std::string name() const override { return name_; }
+  size_t storage_bytes() const override { return tokens_.size() * 2; }
+  int64_t tokens() const { return int64_t(tokens_.size()); }
+
+ private:
+  std::string name_;
+  std::vector<uint16_t> tokens_;
+  int64_t T_, vocab_;
+};
+
+std::unique_ptr<TokenDataset> read_token_shard(const std::string& path, const std::string& name,
+                                               const DataOptions& opt) {
+  SAT_CHECK(is_file(path), path, ": token file not found; expected an llm.c token shard (--data tokens:FILE)");
+  GzFile f(path);
+  int32_t hdr[256];
+  f.read_exact(hdr, sizeof(hdr), "token-shard header (256 int32)");
+  SAT_CHECK(hdr[0] == kShardMagic, path, ": token-shard magic number is ", hdr[0], "; expected ", kShardMagic,
+            " (llm.c's .bin format: 256 int32 header, then uint16 tokens)");
+  SAT_CHECK(hdr[1] == 1, path, ": token-shard version is ", hdr[1],
+            "; expected 1 (uint16 tokens; version 2, uint32 tokens, is not supported)");
+  const uint64_t count = uint32_t(hdr[2]);
+  std::vector<uint16_t> tok = f.read_vector<uint16_t>(count, str_cat(count, " tokens (the header's count)"));
+  SAT_CHECK(f.at_end(), path, ": holds more than the ", count, " tokens its header says (", 1024 + count * 2,
+            " bytes); expected exactly that many");
+  SAT_CHECK(int64_t(count) >= opt.seq_len + 1, path, ": holds ", count,
+            " tokens; one sample needs the model's sequence length + 1 = ", opt.seq_len + 1, " tokens");
+  uint16_t max_tok = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < tok.size(); ++i)
+    if (tok[i] > max_tok) max_tok = tok[i], at = i;
+  SAT_CHECK(int64_t(max_tok) < opt.vocab, path, ": holds token ", max_tok, " (the largest, at position ", at,
+            ") but the model's vocabulary has ", opt.vocab, " tokens (0..", opt.vocab - 1,
+            "); expected every token < ", opt.vocab);
+  return std::make_unique<TokenDataset>(name, std::move(tok), opt.seq_len, opt.vocab);
+}
+
+}  // namespace
+
+DataSplit open_idx(const std::string& tag, const std::string& dir, bool is_default, const DataOptions& opt) {
+  std::string tr_img = find_idx_file(tag, dir, is_default, "train-images", "idx3-ubyte");
+  std::string tr_lbl = find_idx_file(tag, dir, is_default, "train-labels", "idx1-ubyte");
+  std::string te_img = find_idx_file(tag, dir, is_default, "t10k-images", "idx3-ubyte");
+  std::string te_lbl = find_idx_file(tag, dir, is_default, "t10k-labels", "idx1-ubyte");
+  DataSplit s;
+  s.train = load_idx_split(tag + " train", tr_img, tr_lbl, opt);
+  s.test = load_idx_split(tag + " test", te_img, te_lbl, opt);
+  SAT_CHECK(s.train->sample_shape() == s.test->sample_shape(), te_img, ": images are ",
+            s.test->sample_shape().str(), " but the training images are ", s.train->sample_shape().str(),
+            "; expected the same shape");
+  s.description = str_cat(tag, " (", dir, "): ", s.train->size(), " train / ", s.test->size(), " test images ",
+                          s.train->sample_shape().str(), ", 10 classes, ", scaling_text(opt));
+  return s;
+}
+
+DataSplit open_cifar10(const std::string& dir_in, const DataOptions& opt) {
+  std::string dir = dir_in;
+  if (!is_file((fs::path(dir) / "data_batch_1.bin").string()) &&
+      is_file((fs::path(dir) / "cifar-10-batches-bin" / "data_batch_1.bin").string()))
+    dir = (fs::path(dir) / "cifar-10-batches-bin").string();  // the tarball's own folder
+  auto need = [&](const std::string& name) {
+    std::string p = (fs::path(dir) / name).string();
+    SAT_CHECK(is_file(p), p, ": not found; --data cifar10:DIR expects the CIFAR-10 binary version "
+              "(data_batch_1.bin .. data_batch_5.bin, test_batch.bin) in DIR");
+    return p;
+  };
+  std::vector<std::string> train_files;
+  for (int b = 1; b <= 5; ++b) train_files.push_back(need(str_cat("data_batch_", b, ".bin")));
+  std::string test_file = need("test_batch.bin");
+  std::vector<uint8_t> px, labels;
+  for (auto& p : train_files) read_cifar_file(p, px, labels);
+  DataSplit s;
+  Shape chw{3, 32, 32};
+  s.train = std::make_unique<U8ImageDataset>("cifar10 train", chw, 10, std::move(px), std::move(labels),
+                                             pixel_lut(3, opt));
+  px.clear();
+  labels.clear();
+  read_cifar_file(test_file, px, labels);
+  s.test = std::make_unique<U8ImageDataset>("cifar10 test", chw, 10, std::move(px), std::move(labels),
+                                            pixel_lut(3, opt));
+  s.description = str_cat("cifar10 (", dir, "): ", s.train->size(), " train / ", s.test->size(),
+                          " test images [3, 32, 32], 10 classes, ", scaling_text(opt));
+  return s;
+}
+
+DataSplit open_tokens(const std::string& train_file, const std::string& val_file, const DataOptions& opt) {
+  DataSplit s;
+  auto tr = read_token_shard(train_file, "tokens train", opt);
+  s.description = str_cat("tokens (", train_file, "): ", tr->tokens(), " tokens = ", tr->size(),
+                          " train sequences of ", opt.seq_len, "; ");
+  s.train = std::move(tr);
+  if (!val_file.empty()) {
+    auto va = read_token_shard(val_file, "tokens val", opt);
+    s.description += str_cat("val (", val_file, "): ", va->tokens(), " tokens = ", va->size(), " sequences; ");
+    s.test = std::move(va);
+  } else {
+    s.description += "no test split; ";
+  }
+  s.description += str_cat("vocabulary ", opt.vocab);
+  return s;
+}
+
+}  // namespace sat::data_detail

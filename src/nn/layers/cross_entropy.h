@@ -1,0 +1,31 @@
+// Softmax cross-entropy loss with PyTorch's ignore_index semantics (reduction = 'mean').
+//   inputs  logits f32 [..., C] (rows = numel / C), labels i32 [...] (the same leading shape)
+//   output  loss f32 [1] = mean over rows with label >= 0 of (logsumexp(logits[r]) - logits[r, label])
+//           (labels < 0 are ignored; when every label is ignored the loss and gradient are 0,
+//           where PyTorch gives NaN); a label >= C throws sat::Error naming it.
+//   backward din[0] [rows, C] = dout[0] * (softmax(logits[r]) - onehot(label)) / count_valid,
+//           zero rows for ignored labels; labels get no gradient (din[1] is null).
+//   saved   lse [rows]: the per-row log-sum-exp, so backward needs one exp per logit and no
+//           second reduction. scratch_fwd: per-row losses [rows], summed serially in double so
+//           that the loss does not depend on the thread count.
+// Built for GPT's [B, T, V] logits with V up to 50257: one pass for the row max, one for the
+// sum of exps (a vectorised exp), rows split over threads.
+#pragma once
+#include "nn/layer.h"
+
+namespace sat {
+
+class CrossEntropy : public Layer {
+ public:
+  CrossEntropy() = default;
+  const char* kind() const override { return "CrossEntropy"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+
+ private:
+  int64_t classes_ = 0;
+  std::string name_;
+};
+
+}  // namespace sat

@@ -1,0 +1,123 @@
+#include "nn/layers/elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string_view>
+
+#include "core/rng.h"
+
+namespace sat {
+
+namespace {
+constexpr int64_t kParallelMin = 1 << 15;
+
+// dst[0, n) = src[0, n), split over threads for large buffers (memory bound either way).
+void parallel_copy(float* dst, const float* src, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 2)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t b = k * kChunk;
+    std::memcpy(dst + b, src + b, size_t(std::min(kChunk, n - b)) * sizeof(float));
+  }
+}
+
+void check_f32(const LayerSetup& s, const char* kind, size_t n_inputs) {
+  SAT_CHECK(s.inputs.size() == n_inputs, kind, " ", s.name, ": expected ", n_inputs, " input(s), got ",
+            s.inputs.size());
+  for (size_t i = 0; i < n_inputs; ++i)
+    SAT_CHECK(s.inputs[i].dtype == DType::f32, kind, " ", s.name, ": input ", i, " must be f32, got ",
+              dtype_name(s.inputs[i].dtype));
+}
+}  // namespace
+
+// ---- Add ----
+
+void Add::setup(LayerSetup& s) {
+  check_f32(s, "Add", 2);
+  SAT_CHECK(s.in_shape(0) == s.in_shape(1), "Add ", s.name, ": inputs must have one shape, got ",
+            s.in_shape(0).str(), " and ", s.in_shape(1).str());
+  s.set_output(s.in_shape(0));
+  s.flops_fwd = double(s.in_shape(0).numel());
+  s.flops_bwd = 0;
+}
+
+void Add::forward(LayerCtx& c) {
+  const int64_t n = c.out.numel();
+  const float* a = c.in[0].f32();
+  const float* b = c.in[1].f32();
+  float* y = c.out.f32();
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void Add::backward(LayerCtx& c) {
+  for (int i = 0; i < 2; ++i)
+    if (c.din[size_t(i)].defined()) parallel_copy(c.din[size_t(i)].f32(), c.dout.f32(), c.dout.numel());
+}
+
+// ---- Flatten ----
+
+void Flatten::setup(LayerSetup& s) {
+  check_f32(s, "Flatten", 1);
+  const Shape& x = s.in_shape(0);
+  SAT_CHECK(x.nd >= 1, "Flatten ", s.name, ": expected an input [B, ...], got a scalar");
+  s.set_output({x[0], x[0] == 0 ? 0 : x.numel() / x[0]});
+}
+
+void Flatten::forward(LayerCtx& c) { parallel_copy(c.out.f32(), c.in[0].f32(), c.out.numel()); }
+
+void Flatten::backward(LayerCtx& c) {
+  if (c.din[0].defined()) parallel_copy(c.din[0].f32(), c.dout.f32(), c.dout.numel());
+}
+
+// ---- Dropout ----
+
+Dropout::Dropout(float p) : p_(p) {
+  SAT_CHECK(p >= 0.0f && p <= 1.0f, "Dropout: p must be in [0, 1], got ", p);
+}
+
+void Dropout::setup(LayerSetup& s) {
+  check_f32(s, "Dropout", 1);
+  s.set_output(s.in_shape(0));
+  // FNV-1a of the layer name, mixed into the mask seed.
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : std::string_view(s.name)) h = (h ^ uint8_t(ch)) * 1099511628211ull;
+  name_hash_ = h;
+  const double n = double(s.in_shape(0).numel());
+  s.flops_fwd = n;
+  s.flops_bwd = n;
+}
+
+void Dropout::apply(const LayerCtx& c, const float* src, float* dst, int64_t n) const {
+  if (!c.training || p_ == 0.0f) {
+    parallel_copy(dst, src, n);
+    return;
+  }
+  if (p_ >= 1.0f) {  // everything dropped (the 1/(1-p) scale would be infinite)
+    std::memset(dst, 0, size_t(n) * sizeof(float));
+    return;
+  }
+  const uint64_t seed = mix_seed(c.seed, name_hash_);
+  const uint32_t threshold = uint32_t(std::min(4294967295.0, std::ldexp(double(p_), 32)));
+  const float scale = 1.0f / (1.0f - p_);
+  // One splitmix64 hash gives the 32-bit draws of two neighbouring elements (i = 2k, 2k+1); an
+  // element is kept when its draw >= threshold = p * 2^32 (probability 1 - p, to 2^-32).
+  const int64_t pairs = (n + 1) / 2;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t k = 0; k < pairs; ++k) {
+    const uint64_t h = splitmix64(seed + uint64_t(k) * 0x9E3779B97F4A7C15ull);
+    const int64_t i = 2 * k;
+    dst[i] = uint32_t(h) >= threshold ? src[i] * scale : 0.0f;
+    if (i + 1 < n) dst[i + 1] = uint32_t(h >> 32) >= threshold ? src[i + 1] * scale : 0.0f;
+  }
+}
+
+void Dropout::forward(LayerCtx& c) { apply(c, c.in[0].f32(), c.out.f32(), c.out.numel()); }
+
+void Dropout::backward(LayerCtx& c) {
+  if (c.din[0].defined()) apply(c, c.dout.f32(), c.din[0].f32(), c.dout.numel());
+}
+
+}  // namespace sat

@@ -1,0 +1,50 @@
+// Simple element-wise layers (f32).
+//   Add:     inputs a, b of one shape (a residual connection) -> a + b, same shape;
+//            backward gives dout to both inputs.
+//   Flatten: [B, d1, d2, ...] -> [B, d1*d2*...] (a copy: every layer owns its output buffer).
+//   Dropout: same shape. Training with 0 < p: each element kept with probability 1 - p and
+//            scaled by 1 / (1 - p), else zeroed. The mask is not stored: it is a hash of
+//            (ctx.seed, the layer's name, element index), so forward and backward agree and a
+//            re-run of the same step reproduces it. Eval mode or p == 0: identity.
+#pragma once
+#include <cstdint>
+
+#include "nn/layer.h"
+
+namespace sat {
+
+class Add : public Layer {
+ public:
+  Add() = default;
+  const char* kind() const override { return "Add"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+};
+
+class Flatten : public Layer {
+ public:
+  Flatten() = default;
+  const char* kind() const override { return "Flatten"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+};
+
+class Dropout : public Layer {
+ public:
+  explicit Dropout(float p);
+  const char* kind() const override { return "Dropout"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  float p() const { return p_; }
+
+ private:
+  // out[i] = in[i] * (kept ? scale : 0); both forward (x -> y) and backward (dy -> dx).
+  void apply(const LayerCtx& c, const float* src, float* dst, int64_t n) const;
+  float p_;
+  uint64_t name_hash_ = 0;  // so that two Dropout layers of one step draw different masks
+};
+
+}  // namespace sat

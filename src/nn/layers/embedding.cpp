@@ -1,0 +1,153 @@
+#include "nn/layers/embedding.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace sat {
+
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements
+
+// Throws if some idx[i] is outside [0, num). Serial and before any parallel region: an
+// exception must not cross an OpenMP region.
+void check_indices(const int32_t* idx, int64_t n, int64_t num, const char* kind, const std::string& name) {
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || int64_t(idx[i]) >= num)
+      fail(kind, " ", name, ": index ", idx[i], " (at position ", i, ") is out of range for a vocabulary of size ",
+           num);
+}
+
+// g[0, n) = 0, split over threads for large buffers (a 50257 x 768 gradient is 154 MB).
+void parallel_zero(float* g, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 2)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t b = k * kChunk;
+    std::memset(g + b, 0, size_t(std::min(kChunk, n - b)) * sizeof(float));
+  }
+}
+
+// dW[idx[i], :] += dy[i, :] for i < n; dy [n, D], dW [num, D]. Repeated indices would race if
+// threads split the rows, so they split the D columns instead (in 16-float = 64-byte pieces, so
+// no two threads share a cache line): every thread walks all n indices in order (deterministic).
+void scatter_add_rows(const int32_t* idx, const float* dy, int64_t n, int64_t D, float* dw) {
+#pragma omp parallel if (n * D > kParallelMin)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t blocks = (D + 15) / 16;
+    const int64_t c0 = std::min(D, blocks * t / nt * 16), c1 = std::min(D, blocks * (t + 1) / nt * 16);
+    if (c1 > c0)
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = dw + int64_t(idx[i]) * D;
+        const float* src = dy + i * D;
+#pragma omp simd
+        for (int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+      }
+  }
+}
+}  // namespace
+
+// ---- Embedding ----
+
+Embedding::Embedding(int64_t num, int64_t dim, ParamInit init) : num_(num), dim_(dim), init_(init) {
+  SAT_CHECK(num > 0 && dim > 0, "Embedding: num and dim must be positive, got num=", num, " dim=", dim);
+}
+
+void Embedding::setup(LayerSetup& s) {
+  name_ = s.name;
+  SAT_CHECK(s.inputs.size() == 1, "Embedding ", s.name, ": expected 1 input, got ", s.inputs.size());
+  const TensorSpec& x = s.inputs[0];
+  SAT_CHECK(x.dtype == DType::i32, "Embedding ", s.name, ": expected i32 indices, got ", dtype_name(x.dtype));
+  SAT_CHECK(x.shape.nd < Shape::kMaxDims, "Embedding ", s.name, ": input ", x.shape.str(), " has too many dims");
+  Shape y = x.shape;
+  y.d[size_t(y.nd++)] = dim_;
+  s.set_output(y);
+  s.param("weight", {num_, dim_}, init_);  // slot 0
+  s.flops_fwd = 0;
+  s.flops_bwd = double(y.numel());
+}
+
+void Embedding::forward(LayerCtx& c) {
+  const int64_t n = c.in[0].numel(), D = dim_;
+  const int32_t* idx = c.in[0].i32();  // [n]
+  const float* w = c.params[0].f32();  // [num, D]
+  float* y = c.out.f32();              // [n, D]
+  check_indices(idx, n, num_, "Embedding", name_);
+#pragma omp parallel for schedule(static) if (n * D > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * D, w + int64_t(idx[i]) * D, size_t(D) * sizeof(float));
+}
+
+void Embedding::backward(LayerCtx& c) {
+  float* dw = c.grads[0].f32();  // [num, D]
+  if (!c.accumulate[0]) parallel_zero(dw, c.grads[0].numel());
+  scatter_add_rows(c.in[0].i32(), c.dout.f32(), c.in[0].numel(), dim_, dw);
+}
+
+// ---- GPTEmbedding ----
+
+GPTEmbedding::GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std)
+    : vocab_(vocab), max_t_(max_t), dim_(dim), std_(std) {
+  SAT_CHECK(vocab > 0 && max_t > 0 && dim > 0, "GPTEmbedding: vocab, max_t and dim must be positive, got ", vocab,
+            ", ", max_t, ", ", dim);
+}
+
+void GPTEmbedding::setup(LayerSetup& s) {
+  name_ = s.name;
+  SAT_CHECK(s.inputs.size() == 1, "GPTEmbedding ", s.name, ": expected 1 input, got ", s.inputs.size());
+  const TensorSpec& x = s.inputs[0];
+  SAT_CHECK(x.dtype == DType::i32 && x.shape.nd == 2, "GPTEmbedding ", s.name,
+            ": expected i32 tokens [B, T], got ", dtype_name(x.dtype), " ", x.shape.str());
+  SAT_CHECK(x.shape[1] <= max_t_, "GPTEmbedding ", s.name, ": sequence length ", x.shape[1],
+            " exceeds the model's block size ", max_t_);
+  s.set_output({x.shape[0], x.shape[1], dim_});
+  s.param("wte.weight", {vocab_, dim_}, ParamInit::normal(std_));  // slot 0
+  s.param("wpe.weight", {max_t_, dim_}, ParamInit::normal(std_));  // slot 1
+  const double n = double(x.shape.numel() * dim_);
+  s.flops_fwd = n;
+  s.flops_bwd = 2.0 * n;
+}
+
+void GPTEmbedding::forward(LayerCtx& c) {
+  const int64_t B = c.in[0].shape[0], T = c.in[0].shape[1], D = dim_;
+  const int32_t* tok = c.in[0].i32();    // [B, T]
+  const float* wte = c.params[0].f32();  // [vocab, D]
+  const float* wpe = c.params[1].f32();  // [max_t, D]
+  float* y = c.out.f32();                // [B, T, D]
+  check_indices(tok, B * T, vocab_, "GPTEmbedding", name_);
+#pragma omp parallel for schedule(static) if (B * T * D > kParallelMin)
+  for (int64_t i = 0; i < B * T; ++i) {
+    const float* e = wte + int64_t(tok[i]) * D;
+    const float* p = wpe + (i % T) * D;
+    float* yr = y + i * D;
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) yr[j] = e[j] + p[j];
+  }
+}
+
+void GPTEmbedding::backward(LayerCtx& c) {
+  const int64_t B = c.in[0].shape[0], T = c.in[0].shape[1], D = dim_;
+  const float* dy = c.dout.f32();  // [B, T, D]
+  // wte: scatter-add over all B*T tokens.
+  float* dwte = c.grads[0].f32();  // [vocab, D]
+  if (!c.accumulate[0]) parallel_zero(dwte, c.grads[0].numel());
+  scatter_add_rows(c.in[0].i32(), dy, B * T, D, dwte);
+  // wpe: position t gets sum_b dy[b, t]; rows t >= T get nothing (zero unless accumulating).
+  float* dwpe = c.grads[1].f32();  // [max_t, D]
+  const bool acc = c.accumulate[1];
+#pragma omp parallel for schedule(static) if (B * T * D > kParallelMin)
+  for (int64_t t = 0; t < max_t_; ++t) {
+    float* g = dwpe + t * D;
+    if (!acc) std::memset(g, 0, size_t(D) * sizeof(float));
+    if (t >= T) continue;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* src = dy + (b * T + t) * D;
+#pragma omp simd
+      for (int64_t j = 0; j < D; ++j) g[j] += src[j];
+    }
+  }
+}
+
+}  // namespace sat

@@ -1,0 +1,43 @@
+// Embedding lookups (i32 indices in, f32 vectors out).
+//   Embedding(num, dim): input idx i32 [...] -> output [..., dim], out[i] = weight[idx[i]];
+//     param "weight" [num, dim], init N(0, 1) like PyTorch. Backward scatter-adds dout rows into
+//     the weight gradient (repeated indices add up); indices get no gradient.
+//   GPTEmbedding(vocab, max_t, dim, std): input tokens i32 [B, T] (T <= max_t) -> [B, T, dim],
+//     out[b, t] = wte[tok[b, t]] + wpe[t]; params "wte.weight" [vocab, dim], "wpe.weight"
+//     [max_t, dim], init N(0, std^2). Named "transformer" by the GPT builder, so the full names
+//     are transformer.wte.weight (tied to lm_head) and transformer.wpe.weight.
+// An index outside [0, num) throws sat::Error naming it and the vocabulary size.
+#pragma once
+#include "nn/layer.h"
+
+namespace sat {
+
+class Embedding : public Layer {
+ public:
+  Embedding(int64_t num, int64_t dim, ParamInit init = ParamInit::normal(1.0f));
+  const char* kind() const override { return "Embedding"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+
+ private:
+  int64_t num_, dim_;
+  ParamInit init_;
+  std::string name_;
+};
+
+class GPTEmbedding : public Layer {
+ public:
+  GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std = 0.02f);
+  const char* kind() const override { return "GPTEmbedding"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+
+ private:
+  int64_t vocab_, max_t_, dim_;
+  float std_;
+  std::string name_;
+};
+
+}  // namespace sat

@@ -1,0 +1,128 @@
+#include "nn/layers/layernorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sat {
+
+namespace {
+constexpr int64_t kParallelMin = 1 << 14;  // elements
+}
+
+LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
+  SAT_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
+  SAT_CHECK(eps >= 0.0f, "LayerNorm: eps must be >= 0, got ", eps);
+}
+
+void LayerNorm::setup(LayerSetup& s) {
+  SAT_CHECK(s.inputs.size() == 1, "LayerNorm ", s.name, ": expected 1 input, got ", s.inputs.size());
+  const TensorSpec& x = s.inputs[0];
+  SAT_CHECK(x.dtype == DType::f32 && x.shape.nd >= 1 && x.shape[-1] == dim_, "LayerNorm ", s.name,
+            ": expected an f32 input [..., ", dim_, "], got ", dtype_name(x.dtype), " ", x.shape.str());
+  s.set_output(x.shape);
+  s.param("weight", {dim_}, ParamInit::ones());  // slot 0
+  s.param("bias", {dim_}, ParamInit::zeros());   // slot 1
+  const int64_t rows = x.shape.numel() / dim_;
+  s.save({rows});  // saved 0: mean [rows]
+  s.save({rows});  // saved 1: rstd [rows]
+  const double n = double(x.shape.numel());
+  s.flops_fwd = 7.0 * n;
+  s.flops_bwd = 12.0 * n;
+}
+
+void LayerNorm::forward(LayerCtx& c) {
+  const int64_t D = dim_, rows = c.in[0].numel() / D;
+  const float* x = c.in[0].f32();      // [rows, D]
+  const float* w = c.params[0].f32();  // [D]
+  const float* b = c.params[1].f32();  // [D]
+  float* y = c.out.f32();              // [rows, D]
+  float* mean = c.saved[0].f32();      // [rows]
+  float* rstd = c.saved[1].f32();      // [rows]
+  const float eps = eps_;
+#pragma omp parallel for schedule(static) if (rows * D > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * D;
+    float* yr = y + r * D;
+    // Two passes (mean, then the mean of squared deviations): no cancellation for rows with a
+    // large mean and a small spread.
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < D; ++j) sum += xr[j];
+    const float m = sum / float(D);
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t j = 0; j < D; ++j) {
+      const float d = xr[j] - m;
+      sq += d * d;
+    }
+    const float rs = 1.0f / std::sqrt(sq / float(D) + eps);
+    mean[r] = m;
+    rstd[r] = rs;
+#pragma omp simd
+    for (int64_t j = 0; j < D; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+  }
+}
+
+// With xhat = (x - mean) rstd and g = dy * weight (per row, means over the D features):
+//   dx = rstd (g - mean(g) - xhat mean(g xhat))
+//   dweight = sum_rows dy xhat,  dbias = sum_rows dy
+void LayerNorm::backward(LayerCtx& c) {
+  const int64_t D = dim_, rows = c.in[0].numel() / D;
+  const float* x = c.in[0].f32();         // [rows, D]
+  const float* w = c.params[0].f32();     // [D]
+  const float* dy = c.dout.f32();         // [rows, D]
+  const float* mean = c.saved[0].f32();   // [rows]
+  const float* rstd = c.saved[1].f32();   // [rows]
+
+  if (c.din[0].defined()) {
+    float* dx = c.din[0].f32();  // [rows, D]
+#pragma omp parallel for schedule(static) if (rows * D > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * D;
+      const float* dyr = dy + r * D;
+      float* dxr = dx + r * D;
+      const float m = mean[r], rs = rstd[r];
+      float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : sg, sgx)
+      for (int64_t j = 0; j < D; ++j) {
+        const float g = dyr[j] * w[j];
+        sg += g;
+        sgx += g * (xr[j] - m) * rs;
+      }
+      const float mg = sg / float(D), mgx = sgx / float(D);
+#pragma omp simd
+      for (int64_t j = 0; j < D; ++j) {
+        const float xh = (xr[j] - m) * rs;
+        dxr[j] = rs * (dyr[j] * w[j] - mg - xh * mgx);
+      }
+    }
+  }
+
+  // Parameter gradients: sums over rows. Parallel over blocks of features so each thread owns
+  // its outputs (no race, fixed order); double accumulators.
+  float* dw = c.grads[0].f32();  // [D]
+  float* db = c.grads[1].f32();  // [D]
+  const bool acc_w = c.accumulate[0], acc_b = c.accumulate[1];
+  constexpr int64_t kBlock = 64;
+  const int64_t nblocks = (D + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (rows * D > kParallelMin && nblocks > 1)
+  for (int64_t bi = 0; bi < nblocks; ++bi) {
+    const int64_t c0 = bi * kBlock, n = std::min(kBlock, D - c0);
+    double sw[kBlock] = {}, sb[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * D + c0;
+      const float* dyr = dy + r * D + c0;
+      const float m = mean[r], rs = rstd[r];
+      for (int64_t j = 0; j < n; ++j) {
+        sw[j] += double(dyr[j] * ((xr[j] - m) * rs));
+        sb[j] += double(dyr[j]);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      dw[c0 + j] = float((acc_w ? double(dw[c0 + j]) : 0.0) + sw[j]);
+      db[c0 + j] = float((acc_b ? double(db[c0 + j]) : 0.0) + sb[j]);
+    }
+  }
+}
+
+}  // namespace sat

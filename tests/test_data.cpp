@@ -1,0 +1,812 @@
+// Data: IDX / CIFAR-10 / token-shard readers on small files written here, the real
+// Fashion-MNIST files when installed, normalization, synthetic data, and the loader
+// (order, padding, prefetch thread == synchronous read, counted buffers, errors).
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "core/alloc.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+
+namespace fs = std::filesystem;
+using namespace sat;
+
+namespace {
+
+// A fresh temporary directory per test, removed afterwards.
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / str_cat("sat_test_data_", getpid(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes, bool gz) {
+  if (gz) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    if (!bytes.empty()) {
+      ASSERT_EQ(gzwrite(f, bytes.data(), unsigned(bytes.size())), int(bytes.size()));
+    }
+    gzclose(f);
+  } else {
+    std::ofstream o(path, std::ios::binary);
+    o.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  }
+}
+
+void put_be32(std::vector<uint8_t>& v, uint32_t x) {
+  for (int s = 24; s >= 0; s -= 8) v.push_back(uint8_t(x >> s));
+}
+
+// IDX image file: n images of h x w, pixel(i, r, c) = (i*31 + r*7 + c*3) % 256.
+std::vector<uint8_t> idx_images(uint32_t n, uint32_t h, uint32_t w, uint32_t magic = 2051) {
+  std::vector<uint8_t> v;
+  put_be32(v, magic);
+  put_be32(v, n);
+  put_be32(v, h);
+  put_be32(v, w);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t r = 0; r < h; ++r)
+      for (uint32_t c = 0; c < w; ++c) v.push_back(uint8_t((i * 31 + r * 7 + c * 3) % 256));
+  return v;
+}
+uint8_t idx_pixel(int64_t i, int64_t r, int64_t c) { return uint8_t((i * 31 + r * 7 + c * 3) % 256); }
+
+std::vector<uint8_t> idx_labels(const std::vector<uint8_t>& labels, uint32_t magic = 2049) {
+  std::vector<uint8_t> v;
+  put_be32(v, magic);
+  put_be32(v, uint32_t(labels.size()));
+  v.insert(v.end(), labels.begin(), labels.end());
+  return v;
+}
+
+// A small MNIST-style directory: train 5 images 3x4 (plain), test 3 images (gzip).
+void write_mnist_dir(const fs::path& d, bool train_gz, bool test_gz) {
+  write_file((d / (train_gz ? "train-images-idx3-ubyte.gz" : "train-images-idx3-ubyte")).string(),
+             idx_images(5, 3, 4), train_gz);
+  write_file((d / (train_gz ? "train-labels-idx1-ubyte.gz" : "train-labels-idx1-ubyte")).string(),
+             idx_labels({9, 0, 3, 7, 1}), train_gz);
+  write_file((d / (test_gz ? "t10k-images-idx3-ubyte.gz" : "t10k-images-idx3-ubyte")).string(),
+             idx_images(3, 3, 4), test_gz);
+  write_file((d / (test_gz ? "t10k-labels-idx1-ubyte.gz" : "t10k-labels-idx1-ubyte")).string(),
+             idx_labels({2, 4, 6}), test_gz);
+}
+
+// Expects fn to throw sat::Error whose message contains every one of `parts`.
+template <typename Fn>
+void expect_error(Fn&& fn, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected sat::Error containing '" << *parts.begin() << "'";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
+  }
+}
+
+std::vector<float> get_x(const Dataset& ds, int64_t i, std::vector<int32_t>* y = nullptr) {
+  std::vector<float> x(size_t(ds.sample_shape().numel()));
+  std::vector<int32_t> yy(size_t(ds.label_numel()));
+  ds.get(i, x.data(), yy.data());
+  if (y) *y = yy;
+  return x;
+}
+
+DataOptions image_opts() { return DataOptions{}; }
+
+DataOptions token_opts(int64_t T, int64_t vocab) {
+  DataOptions o;
+  o.model_takes_tokens = true;
+  o.seq_len = T;
+  o.vocab = vocab;
+  return o;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------- IDX
+
+TEST_F(DataTest, IdxPlainAndGzipReadTheSame) {
+  for (int variant = 0; variant < 2; ++variant) {
+    fs::path d = dir_ / str_cat("v", variant);
+    fs::create_directories(d);
+    write_mnist_dir(d, variant == 1, variant == 0);  // one split gzip, the other plain
+    DataSplit s = open_dataset("mnist:" + d.string(), image_opts());
+    ASSERT_TRUE(s.train && s.test);
+    EXPECT_EQ(s.train->size(), 5);
+    EXPECT_EQ(s.test->size(), 3);
+    EXPECT_EQ(s.train->sample_shape(), (Shape{1, 3, 4}));
+    EXPECT_EQ(s.train->sample_dtype(), DType::f32);
+    EXPECT_EQ(s.train->label_shape(), Shape{});
+    EXPECT_EQ(s.train->num_classes(), 10);
+    EXPECT_FALSE(s.train->is_tokens());
+    const int train_labels[] = {9, 0, 3, 7, 1}, test_labels[] = {2, 4, 6};
+    for (int i = 0; i < 5; ++i) {
+      std::vector<int32_t> y;
+      auto x = get_x(*s.train, i, &y);
+      EXPECT_EQ(y[0], train_labels[i]);
+      for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 4; ++c) EXPECT_EQ(x[size_t(r * 4 + c)], float(idx_pixel(i, r, c)) / 255.0f);
+    }
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int32_t> y;
+      auto x = get_x(*s.test, i, &y);
+      EXPECT_EQ(y[0], test_labels[i]);
+      EXPECT_EQ(x[5], float(idx_pixel(i, 1, 1)) / 255.0f);
+    }
+    EXPECT_NE(s.description.find("5 train / 3 test"), std::string::npos) << s.description;
+  }
+}
+
+TEST_F(DataTest, IdxErrorsNameTheFile) {
+  // Missing files: the message names the file looked for.
+  expect_error([&] { open_dataset("mnist:" + path("nowhere"), image_opts()); },
+               {"train-images-idx3-ubyte.gz", "not found", "nowhere"});
+  // Fashion-MNIST missing: names the Debian package.
+  expect_error([&] { open_dataset("fashion-mnist:" + path("nowhere"), image_opts()); },
+               {"train-images-idx3-ubyte.gz", "dataset-fashion-mnist"});
+
+  write_mnist_dir(dir_, false, false);
+  const std::string spec = "mnist:" + dir_.string();
+  open_dataset(spec, image_opts());  // valid as written
+
+  // Wrong magic: a label file where images are expected.
+  write_file(path("train-images-idx3-ubyte"), idx_labels({1, 2, 3, 4, 5}), false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("train-images-idx3-ubyte"), "2049", "expected 2051"});
+  write_file(path("train-images-idx3-ubyte"), idx_images(5, 3, 4), false);
+  write_file(path("train-labels-idx1-ubyte"), idx_images(5, 3, 4), false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("train-labels-idx1-ubyte"), "expected 2049"});
+
+  // Truncated pixel data (plain).
+  auto img = idx_images(5, 3, 4);
+  img.erase(img.end() - 7, img.end());
+  write_file(path("train-labels-idx1-ubyte"), idx_labels({9, 0, 3, 7, 1}), false);
+  write_file(path("train-images-idx3-ubyte"), img, false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("train-images-idx3-ubyte"), "truncated"});
+
+  // Truncated header.
+  write_file(path("train-images-idx3-ubyte"), {0, 0, 8}, false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("train-images-idx3-ubyte"), "truncated"});
+
+  // Trailing bytes beyond what the header says.
+  img = idx_images(5, 3, 4);
+  img.push_back(1);
+  write_file(path("train-images-idx3-ubyte"), img, false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("train-images-idx3-ubyte"), "more data"});
+
+  // Image / label count mismatch names both files.
+  write_file(path("train-images-idx3-ubyte"), idx_images(4, 3, 4), false);
+  expect_error([&] { open_dataset(spec, image_opts()); },
+               {path("train-images-idx3-ubyte"), path("train-labels-idx1-ubyte"), "4 images", "5 labels"});
+
+  // Label out of range.
+  write_file(path("train-images-idx3-ubyte"), idx_images(5, 3, 4), false);
+  write_file(path("train-labels-idx1-ubyte"), idx_labels({9, 0, 10, 7, 1}), false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("train-labels-idx1-ubyte"), "label 10"});
+}
+
+TEST_F(DataTest, TruncatedGzipIsAnError) {
+  write_mnist_dir(dir_, true, true);
+  const std::string f = path("train-images-idx3-ubyte.gz");
+  // Bigger, incompressible-ish content so cutting the gzip stream loses pixel data.
+  std::vector<uint8_t> img;
+  put_be32(img, 2051);
+  put_be32(img, 5);
+  put_be32(img, 64);
+  put_be32(img, 64);
+  uint64_t s = 1;
+  for (int i = 0; i < 5 * 64 * 64; ++i) img.push_back(uint8_t((s = s * 6364136223846793005ull + 1) >> 56));
+  write_file(f, img, true);
+  write_file(path("t10k-images-idx3-ubyte.gz"), idx_images(3, 64, 64), true);
+  open_dataset("mnist:" + dir_.string(), image_opts());  // valid before truncation
+  fs::resize_file(f, fs::file_size(f) / 2);
+  expect_error([&] { open_dataset("mnist:" + dir_.string(), image_opts()); }, {f});
+}
+
+TEST(DataReal, FashionMnistFromDebianPackage) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(dir + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  DataSplit s = open_dataset("fashion-mnist", image_opts());
+  ASSERT_TRUE(s.train && s.test);
+  EXPECT_EQ(s.train->size(), 60000);
+  EXPECT_EQ(s.test->size(), 10000);
+  EXPECT_EQ(s.train->sample_shape(), (Shape{1, 28, 28}));
+  EXPECT_EQ(s.train->num_classes(), 10);
+  EXPECT_EQ(s.train->storage_bytes(), size_t(60000) * 785);
+  std::vector<int> counts(10, 0);
+  std::vector<float> x(784);
+  float lo = 1e9f, hi = -1e9f;
+  for (int64_t i = 0; i < s.train->size(); ++i) {
+    int32_t y = -5;
+    s.train->get(i, x.data(), &y);
+    ASSERT_GE(y, 0);
+    ASSERT_LE(y, 9);
+    counts[size_t(y)]++;
+    if (i == 0) {
+      EXPECT_EQ(y, 9) << "the first Fashion-MNIST training label is 9 (ankle boot)";
+    }
+    if (i < 100)
+      for (float v : x) lo = std::min(lo, v), hi = std::max(hi, v);
+  }
+  for (int c = 0; c < 10; ++c) EXPECT_EQ(counts[size_t(c)], 6000) << "class " << c;
+  EXPECT_EQ(lo, 0.0f);
+  EXPECT_EQ(hi, 1.0f);
+  int32_t y0 = -5;
+  s.test->get(0, x.data(), &y0);
+  EXPECT_EQ(y0, 9);  // first test label is also 9
+}
+
+// ------------------------------------------------------------------------- CIFAR-10
+
+namespace {
+uint8_t cifar_pixel(int rec, int c, int h, int w) { return uint8_t((rec * 13 + c * 101 + h * 5 + w) % 256); }
+std::vector<uint8_t> cifar_records(int first, int n) {
+  std::vector<uint8_t> v;
+  for (int r = first; r < first + n; ++r) {
+    v.push_back(uint8_t(r % 10));
+    for (int c = 0; c < 3; ++c)
+      for (int h = 0; h < 32; ++h)
+        for (int w = 0; w < 32; ++w) v.push_back(cifar_pixel(r, c, h, w));
+  }
+  return v;
+}
+void write_cifar_dir(const fs::path& d) {
+  fs::create_directories(d);
+  for (int b = 1; b <= 5; ++b)
+    write_file((d / str_cat("data_batch_", b, ".bin")).string(), cifar_records((b - 1) * 2, 2), false);
+  write_file((d / "test_batch.bin").string(), cifar_records(100, 3), false);
+}
+}  // namespace
+
+TEST_F(DataTest, Cifar10BinaryBatches) {
+  write_cifar_dir(dir_);
+  DataSplit s = open_dataset("cifar10:" + dir_.string(), image_opts());
+  EXPECT_EQ(s.train->size(), 10);
+  EXPECT_EQ(s.test->size(), 3);
+  EXPECT_EQ(s.train->sample_shape(), (Shape{3, 32, 32}));
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> y;
+    auto x = get_x(*s.train, i, &y);
+    EXPECT_EQ(y[0], i % 10);
+    for (int c = 0; c < 3; ++c)  // CHW: channel planes of 32x32
+      EXPECT_EQ(x[size_t(c * 1024 + 7 * 32 + 9)], float(cifar_pixel(i, c, 7, 9)) / 255.0f);
+  }
+  std::vector<int32_t> y;
+  auto x = get_x(*s.test, 2, &y);
+  EXPECT_EQ(y[0], 102 % 10);
+  EXPECT_EQ(x[1024 + 31], float(cifar_pixel(102, 1, 0, 31)) / 255.0f);
+
+  // Per-channel normalization.
+  DataOptions o = image_opts();
+  parse_normalize("0.1,0.2,0.3,0.5,0.25,2", o);
+  DataSplit n = open_dataset("cifar10:" + dir_.string(), o);
+  auto xn = get_x(*n.train, 4);
+  const float mean[] = {0.1f, 0.2f, 0.3f}, sd[] = {0.5f, 0.25f, 2.0f};
+  for (int c = 0; c < 3; ++c)
+    EXPECT_EQ(xn[size_t(c * 1024 + 40)], (float(cifar_pixel(4, c, 1, 8)) / 255.0f - mean[c]) / sd[c]);
+
+  // The tarball's own sub-folder is found.
+  write_cifar_dir(dir_ / "outer" / "cifar-10-batches-bin");
+  EXPECT_EQ(open_dataset("cifar10:" + (dir_ / "outer").string(), image_opts()).train->size(), 10);
+}
+
+TEST_F(DataTest, Cifar10Errors) {
+  write_cifar_dir(dir_);
+  const std::string spec = "cifar10:" + dir_.string();
+  auto rec = cifar_records(0, 2);
+  rec.pop_back();
+  write_file(path("data_batch_3.bin"), rec, false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("data_batch_3.bin"), "3073"});
+  rec = cifar_records(0, 2);
+  rec[3073] = 42;  // label of record 1
+  write_file(path("data_batch_3.bin"), rec, false);
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("data_batch_3.bin"), "label 42"});
+  write_file(path("data_batch_3.bin"), cifar_records(0, 2), false);
+  fs::remove(path("test_batch.bin"));
+  expect_error([&] { open_dataset(spec, image_opts()); }, {path("test_batch.bin"), "not found"});
+  // Normalize with the wrong number of channels.
+  write_cifar_dir(dir_);
+  DataOptions o = image_opts();
+  parse_normalize("0.1,0.2,0.5,0.5", o);
+  expect_error([&] { open_dataset(spec, o); }, {"--normalize", "3 channels"});
+}
+
+// ------------------------------------------------------------------------- tokens
+
+namespace {
+std::vector<uint8_t> shard(const std::vector<uint16_t>& tokens, int32_t magic = 20240520, int32_t version = 1,
+                           int64_t count = -1) {
+  std::vector<int32_t> hdr(256, 0);
+  hdr[0] = magic;
+  hdr[1] = version;
+  hdr[2] = int32_t(count < 0 ? int64_t(tokens.size()) : count);
+  std::vector<uint8_t> v(1024 + tokens.size() * 2);
+  std::memcpy(v.data(), hdr.data(), 1024);
+  std::memcpy(v.data() + 1024, tokens.data(), tokens.size() * 2);
+  return v;
+}
+}  // namespace
+
+TEST_F(DataTest, TokenShards) {
+  std::vector<uint16_t> tok(23);
+  for (size_t i = 0; i < tok.size(); ++i) tok[i] = uint16_t((i * 7) % 50);
+  write_file(path("train.bin"), shard(tok), false);
+  std::vector<uint16_t> val(9);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = uint16_t(90 + i);
+  write_file(path("val.bin"), shard(val), false);
+
+  DataSplit s = open_dataset("tokens:" + path("train.bin"), token_opts(4, 100));
+  EXPECT_EQ(s.test, nullptr) << "no VAL_FILE: no test split";
+  EXPECT_EQ(s.train->size(), (23 - 1) / 4);
+  EXPECT_EQ(s.train->sample_shape(), Shape{4});
+  EXPECT_EQ(s.train->label_shape(), Shape{4});
+  EXPECT_EQ(s.train->sample_dtype(), DType::i32);
+  EXPECT_EQ(s.train->num_classes(), 100);
+  EXPECT_TRUE(s.train->is_tokens());
+  for (int64_t i = 0; i < s.train->size(); ++i) {
+    int32_t x[4], y[4];
+    s.train->get(i, x, y);
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_EQ(x[t], tok[size_t(i * 4 + t)]);
+      EXPECT_EQ(y[t], tok[size_t(i * 4 + t + 1)]);
+    }
+  }
+  DataSplit sv = open_dataset("tokens:" + path("train.bin") + ":" + path("val.bin"), token_opts(4, 100));
+  ASSERT_NE(sv.test, nullptr);
+  EXPECT_EQ(sv.test->size(), 2);
+  int32_t x[4], y[4];
+  sv.test->get(1, x, y);
+  EXPECT_EQ(x[0], 94);
+  EXPECT_EQ(y[3], 98);
+  // gzip-compressed shards read the same.
+  write_file(path("train.bin.gz"), shard(tok), true);
+  DataSplit sg = open_dataset("tokens:" + path("train.bin.gz"), token_opts(4, 100));
+  sg.train->get(2, x, y);
+  EXPECT_EQ(x[1], tok[9]);
+}
+
+TEST_F(DataTest, TokenShardErrors) {
+  std::vector<uint16_t> tok(20, 3);
+  tok[13] = 77;
+  const auto opts = token_opts(4, 50);
+  write_file(path("magic.bin"), shard(tok, 20240521), false);
+  expect_error([&] { open_dataset("tokens:" + path("magic.bin"), opts); }, {path("magic.bin"), "20240520"});
+  write_file(path("version.bin"), shard(tok, 20240520, 2), false);
+  expect_error([&] { open_dataset("tokens:" + path("version.bin"), opts); }, {path("version.bin"), "version"});
+  write_file(path("trunc.bin"), shard(tok, 20240520, 1, 25), false);
+  expect_error([&] { open_dataset("tokens:" + path("trunc.bin"), opts); }, {path("trunc.bin"), "truncated"});
+  write_file(path("short_header.bin"), std::vector<uint8_t>(100, 0), false);
+  expect_error([&] { open_dataset("tokens:" + path("short_header.bin"), opts); },
+               {path("short_header.bin"), "truncated"});
+  write_file(path("trailing.bin"), shard(tok, 20240520, 1, 15), false);
+  expect_error([&] { open_dataset("tokens:" + path("trailing.bin"), opts); }, {path("trailing.bin"), "15 tokens"});
+  write_file(path("vocab.bin"), shard(tok), false);
+  expect_error([&] { open_dataset("tokens:" + path("vocab.bin"), opts); },
+               {path("vocab.bin"), "token 77", "vocabulary has 50"});
+  EXPECT_EQ(open_dataset("tokens:" + path("vocab.bin"), token_opts(4, 78)).train->size(), 4);
+  expect_error([&] { open_dataset("tokens:" + path("vocab.bin"), token_opts(32, 100)); },
+               {path("vocab.bin"), "20 tokens", "33"});
+  expect_error([&] { open_dataset("tokens:" + path("absent.bin"), opts); }, {path("absent.bin"), "not found"});
+  // A bad VAL_FILE is reported too.
+  write_file(path("good.bin"), shard(std::vector<uint16_t>(20, 1)), false);
+  expect_error([&] { open_dataset("tokens:" + path("good.bin") + ":" + path("magic.bin"), opts); },
+               {path("magic.bin"), "magic"});
+  // Tokens for an image model, images for a token model.
+  expect_error([&] { open_dataset("tokens:" + path("good.bin"), image_opts()); }, {"--data", "takes images"});
+  expect_error([&] { open_dataset("mnist:" + dir_.string(), opts); }, {"--data", "takes token"});
+}
+
+// ------------------------------------------------------------------------- specs, normalize
+
+TEST(DataSpec, UnknownSpecListsTheAcceptedForms) {
+  expect_error([] { open_dataset("imagenet", DataOptions{}); },
+               {"--data imagenet", "fashion-mnist", "mnist:DIR", "cifar10:DIR", "tokens:FILE", "synthetic"});
+  expect_error([] { open_dataset("mnist", DataOptions{}); }, {"--data mnist", "mnist:DIR"});
+  expect_error([] { open_dataset("synthetic:3x32", DataOptions{}); }, {"--data synthetic:3x32", "CxHxW"});
+  expect_error([] { open_dataset("synthetic:3x0x4", DataOptions{}); }, {"--data synthetic:3x0x4"});
+  expect_error([] { open_dataset("tokens:", token_opts(4, 10)); }, {"--data tokens:", "tokens:FILE"});
+}
+
+TEST(DataSpec, NormalizeParsingAndValues) {
+  DataOptions o;
+  parse_normalize("0.2860,0.3530", o);
+  ASSERT_EQ(o.mean.size(), 1u);
+  EXPECT_FLOAT_EQ(o.mean[0], 0.2860f);
+  EXPECT_FLOAT_EQ(o.std[0], 0.3530f);
+  parse_normalize("1,2,3,4,5,6", o);
+  EXPECT_EQ(o.mean, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(o.std, (std::vector<float>{4, 5, 6}));
+  expect_error([] { DataOptions d; parse_normalize("0.5", d); }, {"--normalize 0.5"});
+  expect_error([] { DataOptions d; parse_normalize("0.5,0.5,0.5", d); }, {"--normalize"});
+  expect_error([] { DataOptions d; parse_normalize("0.5,abc", d); }, {"--normalize", "abc"});
+  expect_error([] { DataOptions d; parse_normalize("0.5,0", d); }, {"--normalize", "std"});
+  // Normalize with tokens is a mistake.
+  DataOptions t = token_opts(4, 10);
+  t.mean = {0.5f};
+  t.std = {0.5f};
+  expect_error([&] { open_dataset("synthetic", t); }, {"--normalize"});
+}
+
+TEST_F(DataTest, NormalizeAppliesToIdxPixels) {
+  write_mnist_dir(dir_, false, true);
+  DataOptions o;
+  parse_normalize("0.5,0.25", o);
+  DataSplit s = open_dataset("mnist:" + dir_.string(), o);
+  auto x = get_x(*s.train, 3);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 4; ++c)
+      EXPECT_EQ(x[size_t(r * 4 + c)], (float(idx_pixel(3, r, c)) / 255.0f - 0.5f) / 0.25f);
+  EXPECT_NE(s.description.find("0.5"), std::string::npos);
+}
+
+// ------------------------------------------------------------------------- synthetic
+
+TEST(DataSynthetic, ImagesDeterministicPerSeedAndLearnable) {
+  DataOptions a;
+  a.seed = 7;
+  DataSplit s1 = open_dataset("synthetic", a), s2 = open_dataset("synthetic", a);
+  a.seed = 8;
+  DataSplit s3 = open_dataset("synthetic", a);
+  EXPECT_EQ(s1.train->size(), 10000);
+  EXPECT_EQ(s1.test->size(), 2000);
+  EXPECT_EQ(s1.train->sample_shape(), (Shape{1, 28, 28}));
+  EXPECT_EQ(s1.train->num_classes(), 10);
+  EXPECT_EQ(s1.train->storage_bytes(), 0u);
+  int differ = 0;
+  for (int64_t i : {0, 1, 999, 9999}) {
+    std::vector<int32_t> y1, y2, y3;
+    auto x1 = get_x(*s1.train, i, &y1), x2 = get_x(*s2.train, i, &y2), x3 = get_x(*s3.train, i, &y3);
+    EXPECT_EQ(x1, x2);
+    EXPECT_EQ(y1, y2);
+    differ += x1 != x3;
+    for (float v : x1) ASSERT_TRUE(v >= 0.0f && v <= 1.0f);
+    ASSERT_TRUE(y1[0] >= 0 && y1[0] < 10);
+  }
+  EXPECT_EQ(differ, 4) << "another seed gives other data";
+  EXPECT_NE(get_x(*s1.train, 0), get_x(*s1.test, 0)) << "train and test are different streams";
+
+  // Learnable: nearest class mean (from 2000 train samples) classifies held-out test samples.
+  const size_t D = 784;
+  std::vector<double> mean(10 * D, 0.0);
+  std::vector<int> count(10, 0);
+  for (int64_t i = 0; i < 2000; ++i) {
+    std::vector<int32_t> y;
+    auto x = get_x(*s1.train, i, &y);
+    count[size_t(y[0])]++;
+    for (size_t j = 0; j < D; ++j) mean[size_t(y[0]) * D + j] += x[j];
+  }
+  for (int c = 0; c < 10; ++c) {
+    ASSERT_GT(count[size_t(c)], 100) << "labels are spread over the classes";
+    for (size_t j = 0; j < D; ++j) mean[size_t(c) * D + j] /= count[size_t(c)];
+  }
+  int correct = 0;
+  for (int64_t i = 0; i < 500; ++i) {
+    std::vector<int32_t> y;
+    auto x = get_x(*s1.test, i, &y);
+    int best = -1;
+    double best_d = 1e30;
+    for (int c = 0; c < 10; ++c) {
+      double d = 0;
+      for (size_t j = 0; j < D; ++j) d += (x[j] - mean[size_t(c) * D + j]) * (x[j] - mean[size_t(c) * D + j]);
+      if (d < best_d) best_d = d, best = c;
+    }
+    correct += best == y[0];
+  }
+  EXPECT_GT(correct, 475) << "synthetic images must be learnable";
+
+  DataSplit other = open_dataset("synthetic:3x17x9", DataOptions{});
+  EXPECT_EQ(other.train->sample_shape(), (Shape{3, 17, 9}));
+  auto x = get_x(*other.train, 5);
+  EXPECT_EQ(x.size(), 3u * 17 * 9);
+  // Same options but resnet-like default shape.
+  DataOptions r;
+  r.image_shape = Shape{3, 32, 32};
+  EXPECT_EQ(open_dataset("synthetic", r).train->sample_shape(), (Shape{3, 32, 32}));
+}
+
+TEST(DataSynthetic, TokensDeterministicShiftedAndLearnable) {
+  DataOptions o = token_opts(16, 50257);
+  o.seed = 3;
+  DataSplit s1 = open_dataset("synthetic", o), s2 = open_dataset("synthetic", o);
+  o.seed = 4;
+  DataSplit s3 = open_dataset("synthetic", o);
+  EXPECT_EQ(s1.train->size(), 2000);
+  EXPECT_EQ(s1.test->size(), 200);
+  EXPECT_EQ(s1.train->sample_shape(), Shape{16});
+  EXPECT_EQ(s1.train->label_shape(), Shape{16});
+  EXPECT_EQ(s1.train->num_classes(), 50257);
+  std::map<int32_t, std::set<int32_t>> successors;
+  int differ = 0;
+  for (int64_t i = 0; i < 2000; ++i) {
+    int32_t x1[16], y1[16], x2[16], y2[16], x3[16], y3[16];
+    s1.train->get(i, x1, y1);
+    s2.train->get(i, x2, y2);
+    s3.train->get(i, x3, y3);
+    ASSERT_EQ(0, std::memcmp(x1, x2, sizeof x1));
+    ASSERT_EQ(0, std::memcmp(y1, y2, sizeof y1));
+    differ += std::memcmp(x1, x3, sizeof x1) != 0;
+    for (int t = 0; t < 16; ++t) {
+      ASSERT_TRUE(x1[t] >= 0 && x1[t] < 50257);
+      ASSERT_TRUE(y1[t] >= 0 && y1[t] < 50257);
+      if (t + 1 < 16) {
+        ASSERT_EQ(y1[t], x1[t + 1]) << "labels are the next tokens";
+      }
+      successors[x1[t]].insert(y1[t]);
+    }
+  }
+  EXPECT_GT(differ, 1990);
+  // A sparse Markov chain: each token is followed by at most 4 others (learnable),
+  // while many distinct tokens occur.
+  EXPECT_GT(successors.size(), 300u);
+  for (auto& [tok, next] : successors) ASSERT_LE(next.size(), 4u) << "token " << tok;
+  // Small vocabularies work too.
+  DataSplit small = open_dataset("synthetic", token_opts(8, 5));
+  int32_t x[8], y[8];
+  small.test->get(7, x, y);
+  for (int t = 0; t < 8; ++t) EXPECT_TRUE(x[t] < 5 && y[t] < 5);
+  expect_error([] { open_dataset("synthetic:1x28x28", token_opts(8, 5)); }, {"--data synthetic:1x28x28", "tokens"});
+}
+
+// ------------------------------------------------------------------------- memory datasets
+
+TEST(DataMemory, TensorDatasets) {
+  auto ds = make_tensor_dataset(Shape{2, 2}, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}, {0, 2}, Shape{}, 3);
+  EXPECT_EQ(ds->size(), 2);
+  std::vector<int32_t> y;
+  EXPECT_EQ(get_x(*ds, 1, &y), (std::vector<float>{5, 6, 7, 8}));
+  EXPECT_EQ(y[0], 2);
+  auto tk = make_tensor_dataset(Shape{3}, std::vector<int32_t>{1, 2, 3, 4, 5, 6}, {2, 3, 4, 5, 6, -1}, Shape{3}, 7);
+  EXPECT_EQ(tk->sample_dtype(), DType::i32);
+  int32_t x[3], yy[3];
+  tk->get(1, x, yy);
+  EXPECT_EQ(x[2], 6);
+  EXPECT_EQ(yy[2], -1);
+  expect_error([] { make_tensor_dataset(Shape{2}, std::vector<float>{1, 2, 3}, {0, 1}, Shape{}, 2); }, {"sample"});
+  expect_error([] { make_tensor_dataset(Shape{1}, std::vector<float>{1, 2}, {0, 5}, Shape{}, 2); }, {"label 5"});
+  expect_error([] { make_tensor_dataset(Shape{1}, std::vector<int32_t>{1, 9}, {0, 1}, Shape{}, 2); }, {"token 9"});
+}
+
+// ------------------------------------------------------------------------- loader
+
+namespace {
+// Sample i = {i, i + 0.5}, label i % 7.
+std::unique_ptr<Dataset> index_dataset(int64_t n) {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int64_t i = 0; i < n; ++i) {
+    x.push_back(float(i));
+    x.push_back(float(i) + 0.5f);
+    y.push_back(int32_t(i % 7));
+  }
+  return make_tensor_dataset(Shape{2}, std::move(x), std::move(y), Shape{}, 7, "index");
+}
+
+// Sample indices of one epoch, in batch order (from x[row][0]); padded rows skipped.
+std::vector<int64_t> epoch_indices(BatchLoader& L, int64_t epoch) {
+  L.start_epoch(epoch);
+  std::vector<int64_t> out;
+  Batch b;
+  while (L.next(b)) {
+    for (int64_t r = 0; r < b.valid; ++r) out.push_back(int64_t(b.x.f32()[r * 2]));
+  }
+  return out;
+}
+
+// A dataset whose get() throws at one index (to test error propagation from the worker).
+class ThrowingDataset : public Dataset {
+ public:
+  int64_t size() const override { return 20; }
+  Shape sample_shape() const override { return Shape{1}; }
+  DType sample_dtype() const override { return DType::f32; }
+  Shape label_shape() const override { return Shape{}; }
+  int64_t num_classes() const override { return 2; }
+  std::string name() const override { return "throwing"; }
+  void get(int64_t i, void* x, int32_t* y) const override {
+    if (i == 13) fail("throwing dataset: sample 13 is unreadable");
+    *static_cast<float*>(x) = float(i);
+    *y = 0;
+  }
+};
+}  // namespace
+
+TEST(DataLoader, ShuffleOffIsFileOrder) {
+  auto ds = index_dataset(10);
+  BatchLoader L(*ds, 4, /*shuffle=*/false, 1, /*drop_last=*/false);
+  std::vector<int64_t> expect(10);
+  std::iota(expect.begin(), expect.end(), 0);
+  EXPECT_EQ(epoch_indices(L, 0), expect);
+  EXPECT_EQ(epoch_indices(L, 1), expect);
+}
+
+TEST(DataLoader, ShuffleIsSeededPermutationPerEpoch) {
+  auto ds = index_dataset(1000);
+  BatchLoader A(*ds, 32, true, 42, false), B(*ds, 32, true, 42, false), C(*ds, 32, true, 43, false);
+  auto a0 = epoch_indices(A, 0), a1 = epoch_indices(A, 1);
+  auto b0 = epoch_indices(B, 0), b1 = epoch_indices(B, 1), c0 = epoch_indices(C, 0);
+  auto sorted = a0;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> iota(1000);
+  std::iota(iota.begin(), iota.end(), 0);
+  EXPECT_EQ(sorted, iota) << "an epoch visits every sample once";
+  EXPECT_NE(a0, iota);
+  EXPECT_NE(a0, a1) << "each epoch has its own order";
+  EXPECT_EQ(a0, b0) << "same seed, same order";
+  EXPECT_EQ(a1, b1);
+  EXPECT_NE(a0, c0) << "another seed, another order";
+  EXPECT_EQ(a1, BatchLoader::epoch_order(1000, true, 42, 1));
+  // The documented Fisher-Yates from Rng(mix_seed(seed, epoch)).
+  std::vector<int64_t> p = iota;
+  Rng rng(mix_seed(42, 0));
+  for (int64_t i = 999; i >= 1; --i) std::swap(p[size_t(i)], p[size_t(rng.below(uint64_t(i + 1)))]);
+  EXPECT_EQ(a0, p);
+  // Restarting an epoch replays it.
+  EXPECT_EQ(epoch_indices(A, 0), a0);
+}
+
+TEST(DataLoader, DropLastVersusPaddedFinalBatch) {
+  auto ds = index_dataset(10);
+  BatchLoader drop(*ds, 4, false, 0, true);
+  EXPECT_EQ(drop.batches_per_epoch(), 2);
+  EXPECT_EQ(epoch_indices(drop, 0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+
+  BatchLoader pad(*ds, 4, false, 0, false);
+  EXPECT_EQ(pad.batches_per_epoch(), 3);
+  pad.start_epoch(5);
+  Batch b;
+  std::vector<int64_t> valid;
+  while (pad.next(b)) {
+    EXPECT_EQ(b.x.shape, (Shape{4, 2}));
+    EXPECT_EQ(b.y.shape, Shape{4});
+    EXPECT_EQ(b.y.dtype, DType::i32);
+    EXPECT_EQ(b.epoch, 5);
+    EXPECT_EQ(b.index, int64_t(valid.size()));
+    valid.push_back(b.valid);
+    for (int64_t r = 0; r < 4; ++r) {
+      const int64_t k = b.index * 4 + r;
+      if (r < b.valid) {
+        EXPECT_EQ(b.x.f32()[r * 2 + 1], float(k) + 0.5f);
+        EXPECT_EQ(b.y.i32()[r], int32_t(k % 7));
+      } else {
+        EXPECT_EQ(b.x.f32()[r * 2], 0.0f);
+        EXPECT_EQ(b.x.f32()[r * 2 + 1], 0.0f);
+        EXPECT_EQ(b.y.i32()[r], -1) << "padded rows are ignored by the loss";
+      }
+    }
+  }
+  EXPECT_EQ(valid, (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_FALSE(pad.next(b)) << "stays at the end until the next start_epoch";
+
+  // Token labels are padded with -1 in every position.
+  auto tk = make_tensor_dataset(Shape{3}, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}, {2, 3, 4, 5, 6, 7, 8, 9, 0},
+                                Shape{3}, 10);
+  BatchLoader tl(*tk, 2, false, 0, false);
+  Batch tb;
+  ASSERT_TRUE(tl.next(tb));  // next() without start_epoch begins epoch 0
+  EXPECT_EQ(tb.x.shape, (Shape{2, 3}));
+  EXPECT_EQ(tb.x.dtype, DType::i32);
+  EXPECT_EQ(tb.epoch, 0);
+  ASSERT_TRUE(tl.next(tb));
+  EXPECT_EQ(tb.valid, 1);
+  EXPECT_EQ(tb.x.i32()[0], 7);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(tb.y.i32()[3 + t], -1);
+    EXPECT_EQ(tb.x.i32()[3 + t], 0);
+  }
+  EXPECT_FALSE(tl.next(tb));
+
+  expect_error([&] { BatchLoader too_big(*ds, 11, false, 0, true); }, {"batch size 11", "index", "10 samples"});
+  BatchLoader eval_big(*ds, 11, false, 0, false);  // padded: one batch of 11 with 10 valid
+  EXPECT_EQ(eval_big.batches_per_epoch(), 1);
+}
+
+TEST(DataLoader, PrefetchThreadMatchesSynchronousRead) {
+  DataOptions o;
+  o.seed = 11;
+  DataSplit s = open_dataset("synthetic", o);
+  const Dataset& ds = *s.test;  // 2000 images
+  const int64_t B = 64;
+  const size_t row = ds.sample_bytes();
+  for (int prefetch : {0, 1, 2, 4}) {
+    BatchLoader L(ds, B, true, 5, false, prefetch);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      L.start_epoch(epoch);
+      auto order = BatchLoader::epoch_order(ds.size(), true, 5, epoch);
+      Batch b;
+      int64_t n = 0;
+      std::vector<float> x(size_t(ds.sample_shape().numel()));
+      while (L.next(b)) {
+        if (b.index % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let it run ahead
+        for (int64_t r = 0; r < b.valid; ++r) {
+          int32_t y = -2;
+          ds.get(order[size_t(n + r)], x.data(), &y);
+          ASSERT_EQ(0, std::memcmp(x.data(), b.x.u8() + size_t(r) * row, row))
+              << "prefetch " << prefetch << " epoch " << epoch << " batch " << b.index << " row " << r;
+          ASSERT_EQ(b.y.i32()[r], y);
+        }
+        n += b.valid;
+      }
+      EXPECT_EQ(n, ds.size());
+    }
+  }
+}
+
+TEST(DataLoader, HandedOutBatchIsNotOverwrittenWhilePrefetching) {
+  auto ds = index_dataset(200);
+  BatchLoader L(*ds, 8, false, 0, true, 2);
+  L.start_epoch(0);
+  Batch b;
+  for (int k = 0; k < 25; ++k) {
+    ASSERT_TRUE(L.next(b));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the worker fills the other slot meanwhile
+    for (int64_t r = 0; r < 8; ++r) ASSERT_EQ(b.x.f32()[r * 2], float(k * 8 + r));
+  }
+  EXPECT_FALSE(L.next(b));
+}
+
+TEST(DataLoader, BuffersAreCountedAndPredicted) {
+  DataOptions o;
+  o.image_shape = Shape{3, 32, 32};
+  DataSplit s = open_dataset("synthetic", o);
+  for (int prefetch : {0, 1, 3}) {
+    const size_t before = mem_stats().current;
+    {
+      BatchLoader L(*s.train, 50, true, 0, true, prefetch);
+      EXPECT_EQ(mem_stats().current - before, BatchLoader::buffer_bytes(*s.train, 50, prefetch));
+      EXPECT_EQ(BatchLoader::buffer_bytes(*s.train, 50, prefetch),
+                size_t(std::max(prefetch, 1)) * 50 * (3 * 32 * 32 * 4 + 4));
+    }
+    EXPECT_EQ(mem_stats().current, before);
+  }
+}
+
+TEST(DataLoader, WorkerErrorIsRethrownAndShutdownIsClean) {
+  ThrowingDataset ds;
+  for (int prefetch : {0, 2}) {
+    BatchLoader L(ds, 4, false, 0, true, prefetch);
+    L.start_epoch(0);
+    Batch b;
+    int got = 0;
+    try {
+      while (L.next(b)) ++got;
+      ADD_FAILURE() << "expected the dataset's error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sample 13"), std::string::npos);
+    }
+    EXPECT_EQ(got, 3) << "batches before the bad one are delivered";
+  }
+  // Destroying a loader mid-epoch, or before any epoch, does not hang.
+  auto big = index_dataset(10000);
+  for (int k = 0; k < 20; ++k) {
+    BatchLoader L(*big, 16, true, uint64_t(k), true, 3);
+    Batch b;
+    if (k % 2) {
+      L.start_epoch(0);
+      ASSERT_TRUE(L.next(b));
+      L.start_epoch(1);  // restart mid-epoch
+      ASSERT_TRUE(L.next(b));
+      EXPECT_EQ(b.epoch, 1);
+      EXPECT_EQ(b.index, 0);
+    }
+  }
+}
