@@ -1,0 +1,173 @@
+// The `saturate` command as users run it: bad input gives one clear line naming the
+// flag or file and exit status 2 (never a crash or a stack trace, nothing saved is
+// lost); a good run writes summary.json and metrics.jsonl as the README documents.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CmdResult {
+  int status;
+  std::string out;
+};
+
+CmdResult saturate(const std::string& args) {
+  std::string cmd = std::string("OMP_WAIT_POLICY=passive ") + SAT_BINARY + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CmdResult r{-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+fs::path tmpdir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("sat_cli_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void expect_user_error(const CmdResult& r, const std::string& must_mention) {
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(must_mention), std::string::npos) << "message should mention '" << must_mention << "': " << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Segmentation"), std::string::npos) << r.out;
+}
+
+void write_be32(std::ofstream& f, uint32_t v) {
+  unsigned char b[4] = {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+  f.write(reinterpret_cast<char*>(b), 4);
+}
+
+// A tiny MNIST-format directory: n images of 28x28 and n labels; `image_magic` lets
+// a test break it.
+void write_idx_dir(const fs::path& d, int n, uint32_t image_magic = 2051, bool truncate = false) {
+  for (std::string split : {"train", "t10k"}) {
+    std::ofstream im(d / (split + "-images-idx3-ubyte"), std::ios::binary);
+    write_be32(im, image_magic);
+    write_be32(im, uint32_t(n));
+    write_be32(im, 28);
+    write_be32(im, 28);
+    std::string px(size_t(n) * 784 / (truncate ? 2 : 1), '\x40');
+    im.write(px.data(), std::streamsize(px.size()));
+    std::ofstream lb(d / (split + "-labels-idx1-ubyte"), std::ios::binary);
+    write_be32(lb, 2049);
+    write_be32(lb, uint32_t(n));
+    for (int i = 0; i < n; ++i) lb.put(char(i % 10));
+  }
+}
+
+}  // namespace
+
+TEST(Cli, UnknownModelAndFlag) {
+  expect_user_error(saturate("train --model resnet99 --data synthetic"), "resnet99");
+  expect_user_error(saturate("train --model mlp --bogus-flag 3"), "--bogus-flag");
+  expect_user_error(saturate("info --model transformer"), "transformer");
+  expect_user_error(saturate("train --model mlp --data synthetic --batch 0"), "--batch");
+  expect_user_error(saturate("train --model mlp --data synthetic --batch abc"), "--batch");
+  expect_user_error(saturate("train --model mlp --data synthetic --optimizer adam"), "--optimizer");
+  expect_user_error(saturate("train --model mlp --data synthetic --shuffle maybe"), "--shuffle");
+  expect_user_error(saturate("train --model mlp --data synthetic --schedule linear"), "--schedule");
+  expect_user_error(saturate("train --model mlp --data imagenet"), "imagenet");
+}
+
+TEST(Cli, MissingTruncatedAndWrongMagicDatasets) {
+  expect_user_error(saturate("train --model mlp --data mnist:/nonexistent/dir --steps 1"), "/nonexistent/dir");
+  fs::path d = tmpdir("badmagic");
+  write_idx_dir(d, 16, 1234);
+  expect_user_error(saturate("train --model mlp --data mnist:" + d.string() + " --steps 1"), "train-images-idx3-ubyte");
+  fs::path t = tmpdir("truncated");
+  write_idx_dir(t, 16, 2051, true);
+  expect_user_error(saturate("train --model mlp --data mnist:" + t.string() + " --steps 1"), "train-images-idx3-ubyte");
+  fs::path tok = tmpdir("tokens") / "bad.bin";
+  {
+    std::ofstream f(tok, std::ios::binary);
+    int32_t header[256] = {12345, 1, 10};
+    f.write(reinterpret_cast<char*>(header), sizeof header);
+    uint16_t toks[10] = {};
+    f.write(reinterpret_cast<char*>(toks), sizeof toks);
+  }
+  expect_user_error(saturate("train --model gpt-mini --data tokens:" + tok.string() + " --steps 1"), tok.string());
+}
+
+TEST(Cli, WrongWeightsFileKeepsExistingOutput) {
+  fs::path d = tmpdir("weights");
+  // Weights of a convnet, then loaded into an mlp: a clear error naming the file.
+  CmdResult ok = saturate("train --model convnet --data synthetic --steps 2 --batch 4 --eval off --threads 1 --save-weights " +
+                    (d / "convnet.safetensors").string());
+  ASSERT_EQ(ok.status, 0) << ok.out;
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --init-weights " + (d / "convnet.safetensors").string()),
+                    "convnet.safetensors");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --init-weights " + (d / "missing.safetensors").string()),
+                    "missing.safetensors");
+  // A failing run must not clobber weights saved before.
+  auto before = fs::file_size(d / "convnet.safetensors");
+  expect_user_error(saturate("train --model convnet --data mnist:/nonexistent --steps 1 --save-weights " +
+                             (d / "convnet.safetensors").string()), "/nonexistent");
+  EXPECT_EQ(fs::file_size(d / "convnet.safetensors"), before);
+}
+
+TEST(Cli, TrainWritesSummaryAndMetrics) {
+  fs::path d = tmpdir("run");
+  CmdResult r = saturate("train --model mlp --data synthetic --batch 8 --accum 2 --steps 6 --threads 1 --out " + d.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("test accuracy"), std::string::npos) << r.out;
+  std::ifstream sf(d / "summary.json");
+  auto s = nlohmann::json::parse(sf);
+  for (auto key : {"model", "parameters", "batch", "accum", "steps", "final_train_loss", "test_loss", "test_accuracy",
+                   "samples_per_second", "predicted_memory_bytes", "peak_memory_bytes", "wall_seconds"})
+    EXPECT_TRUE(s.contains(key)) << "summary.json lacks " << key;
+  EXPECT_EQ(s["model"], "mlp");
+  EXPECT_EQ(s["parameters"], 1863690);
+  EXPECT_EQ(s["batch"], 8);
+  EXPECT_EQ(s["accum"], 2);
+  EXPECT_EQ(s["steps"], 6);
+  EXPECT_GT(s["samples_per_second"].get<double>(), 0);
+  EXPECT_LE(s["peak_memory_bytes"].get<double>(), s["predicted_memory_bytes"].get<double>());
+  EXPECT_GE(s["test_accuracy"].get<double>(), 0.0);
+  EXPECT_LE(s["test_accuracy"].get<double>(), 1.0);
+  std::ifstream mf(d / "metrics.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(mf, line)) {
+    auto m = nlohmann::json::parse(line);
+    ++n;
+    EXPECT_EQ(m["step"], n);
+    for (auto key : {"loss", "lr", "samples_per_second"}) EXPECT_TRUE(m.contains(key)) << line;
+  }
+  EXPECT_EQ(n, 6);
+}
+
+TEST(Cli, GptSummaryHasTokensPerSecond) {
+  fs::path d = tmpdir("gpt");
+  CmdResult r = saturate("train --model gpt-mini --data synthetic --batch 2 --steps 2 --threads 1 --eval off --out " + d.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream sf(d / "summary.json");
+  auto s = nlohmann::json::parse(sf);
+  EXPECT_TRUE(s.contains("tokens_per_second"));
+  EXPECT_FALSE(s.contains("test_accuracy"));
+}
+
+TEST(Cli, InfoPrintsParametersFlopsAndPlan) {
+  CmdResult r = saturate("info --model mlp --batch 32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("1863690"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FLOPs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("activations"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("total"), std::string::npos) << r.out;
+  CmdResult g = saturate("info --model gpt2-124m --batch 1");
+  ASSERT_EQ(g.status, 0) << g.out;
+  EXPECT_NE(g.out.find("124439808"), std::string::npos) << g.out;  // GPT-2 small, tied embeddings
+}

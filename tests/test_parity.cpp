@@ -1,0 +1,141 @@
+// Parity with PyTorch 1.13: the committed goldens (tests/golden/*.json, made by
+// scripts/make-goldens with Debian's python3-torch) hold the loss of each of the
+// first 20 steps of PyTorch training from the parity initialisation on parity data
+// (bench/peer/common.py). saturate must match each loss within 1e-4 relative.
+// The weights travel through a safetensors file, as they would between the two.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/blas.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "nn/safetensors.h"
+#include "train/trainer.h"
+
+namespace {
+
+using nlohmann::json;
+
+json load_golden(const std::string& name) {
+  std::string path = std::string(SAT_SOURCE_DIR) + "/tests/golden/" + name + ".json";
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("missing golden file " + path + " (run scripts/make-goldens)");
+  return json::parse(f);
+}
+
+// The parity data of bench/peer/common.py: step s takes samples s*B .. s*B+B-1.
+std::unique_ptr<sat::Dataset> parity_data(const sat::ModelConfig& mc, int64_t n) {
+  if (mc.tokens) {
+    const int64_t T = mc.seq_len;
+    std::vector<int32_t> x(size_t(n * T)), y(size_t(n * T));
+    const uint64_t h = sat::fnv1a64(std::string("tok"));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k <= T; ++k) {
+        int32_t tok = int32_t(sat::splitmix64(h + uint64_t(i * (T + 1) + k)) % uint64_t(mc.vocab));
+        if (k < T) x[size_t(i * T + k)] = tok;
+        if (k > 0) y[size_t(i * T + k - 1)] = tok;
+      }
+    return sat::make_tensor_dataset(sat::Shape{T}, std::move(x), std::move(y), sat::Shape{T}, mc.vocab, "parity tokens");
+  }
+  const int64_t numel = mc.image.numel();
+  std::vector<float> x(size_t(n * numel));
+  std::vector<int32_t> y(static_cast<size_t>(n));
+  const uint64_t hx = sat::fnv1a64(std::string("x")), hy = sat::fnv1a64(std::string("y"));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < numel; ++k) x[size_t(i * numel + k)] = sat::hash_unit(hx, uint64_t(i * numel + k));
+    y[size_t(i)] = int32_t(sat::splitmix64(hy + uint64_t(i)) % uint64_t(mc.classes));
+  }
+  return sat::make_tensor_dataset(mc.image, std::move(x), std::move(y), sat::Shape{}, mc.classes, "parity images");
+}
+
+void check_checksums(const sat::ParamStore& ps, const json& sums, const std::string& what, double tol) {
+  for (auto& [name, v] : sums.items()) {
+    int i = ps.find_param(name);
+    ASSERT_GE(i, 0) << what << ": saturate has no parameter " << name;
+    sat::Tensor t = ps.param(size_t(i));
+    ASSERT_EQ(t.numel(), v[2].get<int64_t>()) << name;
+    double s = 0, s2 = 0;
+    for (int64_t k = 0; k < t.numel(); ++k) { s += t.f32()[k]; s2 += double(t.f32()[k]) * t.f32()[k]; }
+    double ref2 = v[1].get<double>();
+    EXPECT_NEAR(s2, ref2, tol * std::max(1e-3, std::fabs(ref2))) << what << " sum of squares of " << name;
+    if (tol < 1e-6) EXPECT_NEAR(s, v[0].get<double>(), 1e-9 * std::max(1.0, std::sqrt(ref2 * double(t.numel())))) << what << " sum of " << name;
+  }
+  size_t own = 0;
+  for (size_t i = 0; i < ps.num_params(); ++i) own += !ps.decl(i).shared;
+  EXPECT_EQ(own, sums.size()) << what << ": parameter sets differ";
+}
+
+void run_parity(const std::string& golden_name) {
+  sat::cpu::set_num_threads(2);
+  json g = load_golden(golden_name);
+  sat::ModelConfig mc = sat::model_config(g["model"]);
+  if (!mc.tokens) {
+    auto chw = g["input"]["chw"];
+    mc.image = sat::Shape{chw[0].get<int64_t>(), chw[1].get<int64_t>(), chw[2].get<int64_t>()};
+    mc.classes = g["classes"];
+  } else {
+    mc.seq_len = g["input"]["seq_len"];
+    mc.vocab = mc.classes = g["input"]["vocab"];
+  }
+  const int64_t batch = g["batch"], steps = g["steps"];
+  auto data = parity_data(mc, batch * steps);
+
+  sat::TrainConfig cfg;
+  cfg.batch = batch;
+  cfg.steps = steps;
+  cfg.shuffle = false;
+  cfg.evaluate = false;
+  cfg.progress = 0;
+  const json& o = g["optimizer"];
+  cfg.optim.name = o["name"];
+  cfg.optim.lr = o["lr"].get<float>();
+  cfg.optim.weight_decay = o["weight_decay"].get<float>();
+  if (cfg.optim.name == "sgd") {
+    cfg.optim.momentum = o["momentum"].get<float>();
+    cfg.optim.nesterov = o["nesterov"].get<bool>();
+  } else {
+    cfg.optim.beta1 = o["betas"][0].get<float>();
+    cfg.optim.beta2 = o["betas"][1].get<float>();
+    cfg.optim.eps = o["eps"].get<float>();
+  }
+  sat::Trainer t(mc, cfg, *data, nullptr);
+
+  // Parity weights -> safetensors -> the trainer's store (re-initialised in between).
+  auto path = std::filesystem::temp_directory_path() / ("sat_parity_" + golden_name + ".safetensors");
+  t.params().init_parity();
+  check_checksums(t.params(), g["init_checksums"], golden_name + " init", 1e-12);
+  sat::save_safetensors(path.string(), t.params(), mc.name);
+  t.params().init(12345);
+  sat::load_safetensors(path.string(), t.params());
+  std::filesystem::remove(path);
+
+  auto r = t.run();
+  const auto& ref = g["losses"];
+  ASSERT_EQ(r.losses.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double want = ref[i].get<double>();
+    double rel = std::fabs(r.losses[i] - want) / std::fabs(want);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-4) << golden_name << " step " << i + 1 << ": saturate " << r.losses[i] << ", PyTorch " << want;
+  }
+  std::printf("[ parity   ] %-18s 20 steps, worst relative loss difference %.2e\n", golden_name.c_str(), worst);
+  check_checksums(t.params(), g["final_checksums"], golden_name + " after 20 steps", 1e-3);
+}
+
+}  // namespace
+
+TEST(Parity, MlpSgd) { run_parity("mlp_sgd"); }
+TEST(Parity, MlpSgdNesterov) { run_parity("mlp_sgd_nesterov"); }
+TEST(Parity, MlpAdamw) { run_parity("mlp_adamw"); }
+TEST(Parity, ConvnetSgd) { run_parity("convnet_sgd"); }
+TEST(Parity, ConvnetAdamw) { run_parity("convnet_adamw"); }
+TEST(Parity, Resnet18Sgd) { run_parity("resnet18_sgd"); }
+TEST(Parity, Resnet18Adamw) { run_parity("resnet18_adamw"); }
+TEST(Parity, GptMiniSgd) { run_parity("gpt-mini_sgd"); }
+TEST(Parity, GptMiniAdamw) { run_parity("gpt-mini_adamw"); }

@@ -1,0 +1,228 @@
+// Trainer-level properties: the memory plan is exact, gradient accumulation follows
+// the large-batch trajectory, the optimizers follow PyTorch's formulas, and
+// safetensors round-trips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/cpu/blas.h"
+#include "core/alloc.h"
+#include "core/plan.h"
+#include "data/dataset.h"
+#include "nn/models.h"
+#include "nn/safetensors.h"
+#include "optim/optimizer.h"
+#include "train/trainer.h"
+
+namespace {
+
+sat::DataSplit synthetic_for(const sat::ModelConfig& mc, uint64_t seed = 0) {
+  sat::DataOptions o;
+  o.model_takes_tokens = mc.tokens;
+  o.image_shape = mc.image;
+  o.num_classes = mc.classes;
+  o.seq_len = mc.seq_len;
+  o.vocab = mc.vocab;
+  o.seed = seed;
+  return sat::open_dataset("synthetic", o);
+}
+
+std::vector<double> losses(const std::string& model, int64_t batch, int64_t accum, int steps, const std::string& opt) {
+  sat::cpu::set_num_threads(2);
+  auto mc = sat::model_config(model);
+  auto data = synthetic_for(mc);
+  sat::TrainConfig cfg;
+  cfg.batch = batch;
+  cfg.accum = accum;
+  cfg.steps = steps;
+  cfg.optim.name = opt;
+  cfg.optim.lr = opt == "sgd" ? 0.05f : 1e-3f;
+  cfg.optim.momentum = opt == "sgd" ? 0.9f : 0.0f;
+  cfg.evaluate = false;
+  cfg.progress = 0;
+  sat::Trainer t(mc, cfg, *data.train, nullptr);
+  return t.run().losses;
+}
+
+}  // namespace
+
+TEST(Planner, LiveBuffersNeverOverlapAndDeadOnesShare) {
+  sat::ArenaPlanner p;
+  // a [0,3], b [1,2], c [4,5] (can reuse a or b), d [2,6]
+  int a = p.add("a", sat::MemKind::activations, 1000, 0, 3);
+  int b = p.add("b", sat::MemKind::activations, 500, 1, 2);
+  int c = p.add("c", sat::MemKind::activations, 1000, 4, 5);
+  int d = p.add("d", sat::MemKind::activations, 300, 2, 6);
+  size_t arena = p.solve();
+  for (int i = 0; i < int(p.size()); ++i)
+    for (int j = i + 1; j < int(p.size()); ++j) {
+      bool time = p[i].t_begin <= p[j].t_end && p[j].t_begin <= p[i].t_end;
+      bool space = p[i].offset < p[j].offset + p[j].bytes && p[j].offset < p[i].offset + p[i].bytes;
+      EXPECT_FALSE(time && space) << p[i].what << " overlaps " << p[j].what;
+    }
+  EXPECT_EQ(p[c].offset, p[a].offset);  // c reuses a's memory
+  EXPECT_LT(arena, size_t(1024 + 512 + 320 + 1024));
+  (void)b; (void)d;
+}
+
+// predicted_memory_bytes is never below what the engine really allocated during a
+// real training step, and within 2% of it.
+TEST(MemoryPlan, PredictionMatchesPeakOfARealStep) {
+  sat::cpu::set_num_threads(2);
+  for (std::string model : {"mlp", "resnet18", "gpt-mini"}) {
+    for (int64_t batch : {1, 2, 3, 8, 64, 512}) {
+      auto mc = sat::model_config(model);
+      auto data = synthetic_for(mc);
+      sat::TrainConfig cfg;
+      cfg.batch = batch;
+      cfg.steps = 1;
+      cfg.optim.name = "adamw";
+      cfg.progress = 0;
+      cfg.evaluate = true;
+      auto predicted = sat::Trainer::plan(mc, cfg, *data.train, data.test.get()).total();
+      size_t peak;
+      {
+        sat::Trainer t(mc, cfg, *data.train, data.test.get());
+        auto r = t.run();
+        peak = r.peak_memory_bytes;
+        EXPECT_EQ(r.predicted_memory_bytes, predicted);
+        EXPECT_TRUE(std::isfinite(r.final_train_loss));
+      }
+      EXPECT_LE(peak, predicted) << model << " batch " << batch;
+      EXPECT_GE(double(peak), 0.98 * double(predicted)) << model << " batch " << batch;
+      std::printf("[ memory   ] %-8s batch %4lld: predicted %12zu  peak %12zu  (%.4f)\n", model.c_str(),
+                  (long long)batch, predicted, peak, double(peak) / double(predicted));
+    }
+  }
+}
+
+TEST(Accumulation, SixteenTimesFourFollowsSixtyFour) {
+  for (std::string model : {"mlp", "gpt-mini"}) {
+    for (std::string opt : {"sgd", "adamw"}) {
+      auto big = losses(model, 64, 1, 20, opt);
+      auto acc = losses(model, 16, 4, 20, opt);
+      ASSERT_EQ(big.size(), acc.size());
+      double worst = 0;
+      for (size_t i = 0; i < big.size(); ++i) worst = std::max(worst, std::fabs(big[i] - acc[i]) / std::fabs(big[i]));
+      EXPECT_LT(worst, 1e-5) << model << " " << opt;
+      EXPECT_LT(big.back(), big.front()) << model << " " << opt << ": the loss did not decrease";
+      std::printf("[ accum    ] %-8s %-5s worst relative difference over 20 steps: %.3g\n", model.c_str(), opt.c_str(), worst);
+    }
+  }
+}
+
+// The update rules, checked on a one-parameter store against the formulas of
+// torch.optim.SGD and torch.optim.AdamW written out by hand.
+TEST(Optimizer, SgdAndAdamwFollowPyTorchFormulas) {
+  std::vector<sat::ParamDecl> decls{{"w", {sat::Shape{3}, sat::DType::f32}, sat::ParamInit::zeros(), false}};
+  const float g_seq[3][3] = {{0.5f, -1.0f, 2.0f}, {0.1f, 0.2f, -0.3f}, {-1.5f, 0.0f, 0.7f}};
+  const float p0[3] = {1.0f, -2.0f, 0.5f};
+  for (bool nesterov : {false, true}) {
+    sat::OptimConfig c;
+    c.lr = 0.1f; c.momentum = 0.9f; c.nesterov = nesterov; c.weight_decay = 0.01f;
+    sat::ParamStore ps(decls, {}, sat::optimizer_slots(c));
+    sat::Optimizer opt(c);
+    double p[3], buf[3];
+    for (int i = 0; i < 3; ++i) ps.param(0).f32()[i] = p[i] = p0[i];
+    for (int t = 0; t < 3; ++t) {
+      for (int i = 0; i < 3; ++i) {
+        ps.grad(0).f32()[i] = g_seq[t][i];
+        double d = g_seq[t][i] + 0.01 * p[i];
+        buf[i] = t == 0 ? d : 0.9 * buf[i] + d;
+        p[i] -= 0.1 * (nesterov ? d + 0.9 * buf[i] : buf[i]);
+      }
+      opt.step(ps, 0.1f);
+      for (int i = 0; i < 3; ++i) EXPECT_NEAR(ps.param(0).f32()[i], p[i], 1e-6) << "sgd nesterov=" << nesterov << " t=" << t;
+    }
+  }
+  sat::OptimConfig c;
+  c.name = "adamw";
+  c.lr = 0.01f;
+  sat::ParamStore ps(decls, {}, sat::optimizer_slots(c));
+  sat::Optimizer opt(c);
+  EXPECT_FLOAT_EQ(opt.config().weight_decay, 0.01f);  // PyTorch's AdamW default
+  double p[3], m[3] = {0, 0, 0}, v[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) ps.param(0).f32()[i] = p[i] = p0[i];
+  for (int t = 1; t <= 3; ++t) {
+    for (int i = 0; i < 3; ++i) {
+      double g = g_seq[t - 1][i];
+      ps.grad(0).f32()[i] = float(g);
+      p[i] *= 1 - 0.01 * 0.01;
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.999, t);
+      p[i] -= 0.01 / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + 1e-8);
+    }
+    opt.step(ps, 0.01f);
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(ps.param(0).f32()[i], p[i], 1e-6) << "adamw t=" << t;
+  }
+}
+
+TEST(Schedule, WarmupCosineAndStep) {
+  sat::ScheduleConfig s;
+  s.name = "cosine";
+  s.warmup = 10;
+  EXPECT_FLOAT_EQ(sat::schedule_lr(s, 1.0f, 0, 110), 0.1f);
+  EXPECT_FLOAT_EQ(sat::schedule_lr(s, 1.0f, 9, 110), 1.0f);
+  EXPECT_NEAR(sat::schedule_lr(s, 1.0f, 10, 110), 1.0f, 1e-6);
+  EXPECT_NEAR(sat::schedule_lr(s, 1.0f, 109, 110), 0.0f, 1e-6);
+  EXPECT_NEAR(sat::schedule_lr(s, 1.0f, 10 + 99 / 2, 110), 0.5f, 0.02);
+  sat::ScheduleConfig st;
+  st.name = "step";
+  st.step_size = 5;
+  EXPECT_FLOAT_EQ(sat::schedule_lr(st, 1.0f, 4, 100), 1.0f);
+  EXPECT_NEAR(sat::schedule_lr(st, 1.0f, 5, 100), 0.1f, 1e-7);
+  EXPECT_NEAR(sat::schedule_lr(st, 1.0f, 12, 100), 0.01f, 1e-8);
+  sat::ScheduleConfig bad;
+  bad.name = "linear";
+  EXPECT_THROW(sat::resolve_schedule(bad), sat::Error);
+}
+
+TEST(Safetensors, RoundTripAndClearErrors) {
+  auto dir = std::filesystem::temp_directory_path() / "sat_st_test";
+  std::filesystem::create_directories(dir);
+  auto mc = sat::model_config("convnet");
+  auto m = sat::build_model(mc, 2, true);
+  sat::ParamStore a(m.graph->params(), m.graph->states(), 0);
+  a.init(7);
+  a.state(size_t(a.find_state("bn1.running_mean"))).f32()[3] = 0.25f;
+  std::string path = (dir / "w.safetensors").string();
+  sat::save_safetensors(path, a, "convnet");
+  sat::ParamStore b(m.graph->params(), m.graph->states(), 0);
+  b.init(8);
+  sat::load_safetensors(path, b);
+  for (size_t i = 0; i < a.num_params(); ++i)
+    for (int64_t k = 0; k < a.param(i).numel(); ++k) ASSERT_EQ(a.param(i).f32()[k], b.param(i).f32()[k]) << a.decl(i).name;
+  EXPECT_EQ(b.state(size_t(b.find_state("bn1.running_mean"))).f32()[3], 0.25f);
+
+  // Another model's file: wrong shapes / names, each error names the file.
+  auto m2 = sat::build_model(sat::model_config("mlp"), 2, true);
+  sat::ParamStore c(m2.graph->params(), m2.graph->states(), 0);
+  try {
+    sat::load_safetensors(path, c);
+    ADD_FAILURE() << "loading convnet weights into mlp did not fail";
+  } catch (const sat::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  // Same names, wrong shape: an mlp for 3x28x28 inputs has a wider fc1.
+  auto mc3 = sat::model_config("mlp");
+  mc3.image = sat::Shape{3, 28, 28};
+  auto m3 = sat::build_model(mc3, 2, true);
+  sat::ParamStore d(m3.graph->params(), m3.graph->states(), 0);
+  std::string mlp_path = (dir / "mlp.safetensors").string();
+  sat::save_safetensors(mlp_path, c, "mlp");
+  try {
+    sat::load_safetensors(mlp_path, d);
+    ADD_FAILURE() << "wrong shapes were accepted";
+  } catch (const sat::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+  // Truncated file.
+  std::filesystem::resize_file(mlp_path, std::filesystem::file_size(mlp_path) / 2);
+  EXPECT_THROW(sat::load_safetensors(mlp_path, c), sat::Error);
+  std::filesystem::remove_all(dir);
+}
