@@ -99,18 +99,21 @@ TEST(MemoryPlan, PredictionMatchesPeakOfARealStep) {
   }
 }
 
+// For AdamW on gpt-mini the bound is looser: AdamW divides by sqrt(v), so gradient
+// entries that are only rounding noise (the attention key bias has a true gradient of
+// zero) become full-size steps whose sign depends on the summation order.
 TEST(Accumulation, SixteenTimesFourFollowsSixtyFour) {
-  for (std::string model : {"mlp", "gpt-mini"}) {
-    for (std::string opt : {"sgd", "adamw"}) {
-      auto big = losses(model, 64, 1, 20, opt);
-      auto acc = losses(model, 16, 4, 20, opt);
-      ASSERT_EQ(big.size(), acc.size());
-      double worst = 0;
-      for (size_t i = 0; i < big.size(); ++i) worst = std::max(worst, std::fabs(big[i] - acc[i]) / std::fabs(big[i]));
-      EXPECT_LT(worst, 1e-5) << model << " " << opt;
-      EXPECT_LT(big.back(), big.front()) << model << " " << opt << ": the loss did not decrease";
-      std::printf("[ accum    ] %-8s %-5s worst relative difference over 20 steps: %.3g\n", model.c_str(), opt.c_str(), worst);
-    }
+  struct Case { const char* model; const char* opt; double bound; };
+  for (Case c : {Case{"mlp", "sgd", 1e-5}, Case{"mlp", "adamw", 1e-5}, Case{"gpt-mini", "sgd", 1e-5},
+                 Case{"gpt-mini", "adamw", 1e-3}}) {
+    auto big = losses(c.model, 64, 1, 20, c.opt);
+    auto acc = losses(c.model, 16, 4, 20, c.opt);
+    ASSERT_EQ(big.size(), acc.size());
+    double worst = 0;
+    for (size_t i = 0; i < big.size(); ++i) worst = std::max(worst, std::fabs(big[i] - acc[i]) / std::fabs(big[i]));
+    EXPECT_LT(worst, c.bound) << c.model << " " << c.opt;
+    EXPECT_LT(big.back(), big.front()) << c.model << " " << c.opt << ": the loss did not decrease";
+    std::printf("[ accum    ] %-8s %-5s worst relative difference over 20 steps: %.3g\n", c.model, c.opt, worst);
   }
 }
 
