@@ -16,15 +16,13 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C,
                   int64_t ldc, int64_t sc, int64_t batch) {
-  // Small GEMMs (attention heads): run the batch in parallel with single-threaded BLAS
-  // calls rather than threading each small GEMM.
-  int saved = openblas_get_num_threads();
-  openblas_set_num_threads(1);
+  // Small GEMMs: run the batch in parallel; inside an active OpenMP region the OpenMP
+  // build of OpenBLAS runs each call on one thread. (openblas_set_num_threads would
+  // also set OpenMP's own count and serialise this loop.)
 #pragma omp parallel for schedule(dynamic)
   for (int64_t b = 0; b < batch; ++b)
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
                 int(K), alpha, A + b * sa, int(lda), B + b * sb, int(ldb), beta, C + b * sc, int(ldc));
-  openblas_set_num_threads(saved);
 }
 
 static int g_threads = 0;

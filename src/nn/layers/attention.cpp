@@ -1,0 +1,272 @@
+#include "nn/layers/attention.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "backend/cpu/blas.h"
+#include "core/error.h"
+
+namespace sat {
+
+namespace {
+
+// Rows (queries) are processed in blocks of kBlock: the scores of block [i0, i1) are the
+// GEMM q[i0:i1] k[0:i1]^T, so only the diagonal blocks compute masked-out entries (about
+// kBlock/T more than the causal triangle: 25% at T=128, where the full square would be
+// 100%) while each GEMM stays large enough for BLAS to be fast. 32 measured best at
+// T=128, hs=64 (16 and 64 were 5-10% slower, the full square 35% slower).
+// Forward and backward must use the same blocks: the GEMMs read the zeros that the
+// row loops write into the upper triangle of each diagonal block.
+constexpr int64_t kBlock = 32;
+
+// Row-major SGEMM for one head, called inside our OpenMP loop over heads (q, k, v are
+// read in place from qkv through the leading dimension 3C: no gather copy is needed).
+// OpenBLAS's OpenMP build runs single-threaded inside an active parallel region by itself
+// (it checks omp_in_parallel()). Calling openblas_set_num_threads(1) instead would be
+// wrong: OpenBLAS 0.3.21 also calls omp_set_num_threads() there, which would make our own
+// parallel loop run on one thread.
+inline void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), 0.0f, C, int(ldc));
+}
+
+// Row kernels, written with 8-wide vector extensions because GCC does not vectorize the
+// scalar loops (the exp and the max reduction stay scalar and cost as much as the GEMMs).
+// target_clones builds an AVX2+FMA version and a baseline (x86-64-v2: two SSE halves) and
+// picks one at load time. Helpers take vectors by reference: passing 32-byte vectors by
+// value in the baseline build draws GCC's -Wpsabi warning (which no pragma silences).
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+#define SAT_INLINE inline __attribute__((always_inline))
+SAT_INLINE void load8(f8& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+SAT_INLINE void store8(float* p, const f8& v) { std::memcpy(p, &v, sizeof v); }
+SAT_INLINE float hsum8(const f8& v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+SAT_INLINE float hmax8(const f8& v) {
+  float m = v[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// x = exp(x) for x <= 0 (softmax after subtracting the row max), on floats or f8: Cody-Waite
+// range reduction x = n ln2 + r, |r| <= ln2/2, and the Cephes expf polynomial (max relative
+// error 8e-8, about 1 ulp). x < -87 is treated as -87 (exp ~ 1.6e-38: zero next to a
+// softmax row sum >= 1), which keeps 2^n a normal float.
+template <class V, class I>
+SAT_INLINE void exp_nonpos(V& x) {
+  const V lo = x - x - 87.0f;
+  x = x < lo ? lo : x;
+  const V n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  V r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  I e;
+  if constexpr (std::is_same_v<V, float>)
+    e = (int32_t(n) + 127) << 23;
+  else
+    e = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n, n in [-126, 0]
+  V two_n;
+  std::memcpy(&two_n, &e, sizeof two_n);
+  x = p * two_n;
+}
+
+// In place: row[0..n) = softmax(row[0..n)); row[n..end) = 0.
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void softmax_causal_row(float* row, int64_t n, int64_t end) {
+  const int64_t n8 = n & ~int64_t(7);
+  float m = row[0];
+  f8 x;
+  if (n8) {
+    f8 mv;
+    load8(mv, row);
+    for (int64_t j = 8; j < n8; j += 8) {
+      load8(x, row + j);
+      mv = x > mv ? x : mv;
+    }
+    m = hmax8(mv);
+  }
+  for (int64_t j = n8; j < n; ++j) m = std::max(m, row[j]);
+  f8 sv{};
+  for (int64_t j = 0; j < n8; j += 8) {
+    load8(x, row + j);
+    x -= m;
+    exp_nonpos<f8, i8>(x);
+    store8(row + j, x);
+    sv += x;
+  }
+  float sum = hsum8(sv);
+  for (int64_t j = n8; j < n; ++j) {
+    float e = row[j] - m;
+    exp_nonpos<float, int32_t>(e);
+    sum += (row[j] = e);
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n8; j += 8) {
+    load8(x, row + j);
+    store8(row + j, x * inv);
+  }
+  for (int64_t j = n8; j < n; ++j) row[j] *= inv;
+  if (end > n) std::memset(row + n, 0, size_t(end - n) * sizeof(float));
+}
+
+// Softmax backward of one row, in place on g = dP:
+// g[0..n) = p * (g - sum_j g[j] p[j]) * scale; g[n..end) = 0.
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void softmax_backward_row(float* g, const float* p, int64_t n, int64_t end, float scale) {
+  const int64_t n8 = n & ~int64_t(7);
+  f8 dv{}, x, y;
+  for (int64_t j = 0; j < n8; j += 8) {
+    load8(x, g + j);
+    load8(y, p + j);
+    dv += x * y;
+  }
+  float dot = hsum8(dv);
+  for (int64_t j = n8; j < n; ++j) dot += g[j] * p[j];
+  for (int64_t j = 0; j < n8; j += 8) {
+    load8(x, g + j);
+    load8(y, p + j);
+    store8(g + j, y * (x - dot) * scale);
+  }
+  for (int64_t j = n8; j < n; ++j) g[j] = p[j] * (g[j] - dot) * scale;
+  if (end > n) std::memset(g + n, 0, size_t(end - n) * sizeof(float));
+}
+#undef SAT_INLINE
+
+struct Dims {
+  int64_t B, T, C, nh, hs;
+};
+
+Dims dims_of(const Tensor& qkv, int64_t nh) {
+  const int64_t C = qkv.shape[2] / 3;
+  return {qkv.shape[0], qkv.shape[1], C, nh, C / nh};
+}
+
+// Threads for a loop over B * n_head heads that uses `slots` per-thread scratch slots.
+int threads_for(int64_t heads, int64_t slots) {
+  return int(std::max<int64_t>(1, std::min<int64_t>({heads, slots, int64_t(omp_get_max_threads())})));
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(int64_t n_head) : n_head_(n_head) {
+  SAT_CHECK(n_head > 0, "CausalSelfAttention: n_head must be positive, got ", n_head);
+}
+
+void CausalSelfAttention::setup(LayerSetup& s) {
+  SAT_CHECK(s.inputs.size() == 1, s.name, ": CausalSelfAttention takes one input (qkv), got ", s.inputs.size());
+  const Shape& x = s.in_shape(0);
+  SAT_CHECK(s.inputs[0].dtype == DType::f32, s.name, ": CausalSelfAttention expects f32 input");
+  SAT_CHECK(x.nd == 3 && x[2] % 3 == 0 && x[2] > 0 && x[1] > 0,
+            s.name, ": CausalSelfAttention expects qkv [B, T, 3C], got ", x.str());
+  const int64_t B = x[0], T = x[1], C = x[2] / 3;
+  SAT_CHECK(C % n_head_ == 0, s.name, ": CausalSelfAttention: n_embd C=", C, " is not divisible by n_head=",
+            n_head_);
+  const int64_t hs = C / n_head_;
+  s.set_output(Shape{B, T, C});
+
+  // Per-thread scratch slots: sized for the OpenMP threads available now (and never more
+  // than there are heads to process); forward/backward never use more threads than this.
+  const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(cpu::num_threads(), B * n_head_));
+  if (s.training) {
+    s.save(Shape{B, n_head_, T, T});             // P, kept for backward
+    s.scratch_backward(Shape{slots, T, T});      // dP, then dS in place, one per thread
+  } else {
+    s.scratch_forward(Shape{slots, T, T});       // P, one per thread (not kept)
+  }
+
+  // Multiply-adds over the causal triangle (T(T+1)/2 (query, key) pairs per head):
+  // forward q k^T and P v; backward dY v^T, P^T dY, dS k, dS^T q. Softmax not counted.
+  const double pairs = double(T) * double(T + 1) / 2.0;
+  s.flops_fwd = 2.0 * 2.0 * double(B * n_head_) * pairs * double(hs);
+  s.flops_bwd = 2.0 * s.flops_fwd;
+}
+
+void CausalSelfAttention::forward(LayerCtx& c) {
+  const Dims d = dims_of(c.in[0], n_head_);
+  const int64_t T = d.T, C = d.C, hs = d.hs, ld = 3 * C, heads = d.B * d.nh;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const float* qkv = c.in[0].f32();
+  float* y = c.out.f32();
+  // P lives in the saved buffer [B, nh, T, T] when training, else in per-thread scratch.
+  const bool keep = !c.saved.empty();
+  float* P_all = keep ? c.saved[0].f32() : c.scratch[0].f32();
+  const int nthr = threads_for(heads, keep ? heads : c.scratch[0].shape[0]);
+
+#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / d.nh, h = bh % d.nh;
+    const float* q = qkv + b * T * ld + h * hs;  // [T, hs], row stride 3C
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* P = P_all + (keep ? bh : int64_t(omp_get_thread_num())) * T * T;  // [T, T]
+    float* yh = y + b * T * C + h * hs;  // [T, hs], row stride C
+    for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
+      const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+      // S[i0:i1, 0:i1] = q[i0:i1] k[0:i1]^T / sqrt(hs)
+      sgemm(false, true, m, i1, hs, scale, q + i0 * ld, ld, k, ld, P + i0 * T, T);
+      for (int64_t i = i0; i < i1; ++i) softmax_causal_row(P + i * T, i + 1, T);
+      // y[i0:i1] = P[i0:i1, 0:i1] v[0:i1]
+      sgemm(false, false, m, hs, i1, 1.0f, P + i0 * T, T, v, ld, yh + i0 * C, C);
+    }
+  }
+}
+
+void CausalSelfAttention::backward(LayerCtx& c) {
+  if (!c.din[0].defined()) return;
+  SAT_CHECK(!c.saved.empty(), "CausalSelfAttention: backward called on a layer set up without training");
+  const Dims d = dims_of(c.in[0], n_head_);
+  const int64_t T = d.T, C = d.C, hs = d.hs, ld = 3 * C, heads = d.B * d.nh;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const float* qkv = c.in[0].f32();
+  const float* dy = c.dout.f32();
+  float* dx = c.din[0].f32();
+  const float* P_all = c.saved[0].f32();
+  float* dS_all = c.scratch[0].f32();
+  const int nthr = threads_for(heads, c.scratch[0].shape[0]);
+
+#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t b = bh / d.nh, h = bh % d.nh;
+    const int64_t off = b * T * ld + h * hs;
+    const float* q = qkv + off;  // [T, hs], row stride 3C (and k, v after it)
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dx + off;  // same layout as q, k, v
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* dyh = dy + b * T * C + h * hs;  // [T, hs], row stride C
+    const float* P = P_all + bh * T * T;         // [T, T], zero above the diagonal
+    float* dS = dS_all + int64_t(omp_get_thread_num()) * T * T;  // [T, T]
+
+    for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
+      const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+      // dP[i0:i1, 0:i1] = dY[i0:i1] v[0:i1]^T
+      sgemm(false, true, m, i1, hs, 1.0f, dyh + i0 * C, C, v, ld, dS + i0 * T, T);
+      // dS = P * (dP - rowsum(dP * P)) / sqrt(hs) on the triangle, 0 above it (in this block).
+      for (int64_t i = i0; i < i1; ++i) softmax_backward_row(dS + i * T, P + i * T, i + 1, i1, scale);
+      // dq[i0:i1] = dS[i0:i1, 0:i1] k[0:i1]
+      sgemm(false, false, m, hs, i1, 1.0f, dS + i0 * T, T, k, ld, dq + i0 * ld, ld);
+    }
+    // Keys/values j in [j0, j1) get contributions from queries i >= j0 only.
+    for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
+      const int64_t j1 = std::min(T, j0 + kBlock), m = j1 - j0;
+      // dv[j0:j1] = P[j0:T, j0:j1]^T dY[j0:T]
+      sgemm(true, false, m, hs, T - j0, 1.0f, P + j0 * T + j0, T, dyh + j0 * C, C, dv + j0 * ld, ld);
+      // dk[j0:j1] = dS[j0:T, j0:j1]^T q[j0:T]
+      sgemm(true, false, m, hs, T - j0, 1.0f, dS + j0 * T + j0, T, q + j0 * ld, ld, dk + j0 * ld, ld);
+    }
+  }
+}
+
+}  // namespace sat

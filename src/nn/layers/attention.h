@@ -1,0 +1,40 @@
+// Causal multi-head self-attention, the core of GPT-2 / nanoGPT's CausalSelfAttention
+// (without its two Linear projections and without dropout):
+//
+//   in   qkv [B, T, 3C]  the output of c_attn: q = qkv[..., 0:C], k = qkv[..., C:2C],
+//                        v = qkv[..., 2C:3C]; head h uses channels h*hs .. (h+1)*hs
+//                        of each, hs = C / n_head.
+//   out  y   [B, T, C]   y[b, t, h*hs + j] = sum_{s <= t} P[b, h, t, s] v[b, s, h*hs + j],
+//                        P = softmax(q k^T / sqrt(hs) + causal mask) per row.
+//
+// No parameters. Memory:
+//  * training: the probabilities P [B, n_head, T, T] f32 are saved for backward
+//    (B * n_head * T^2 * 4 bytes: 2 MiB for gpt-mini B=8, T=128, 4 heads; 384 MiB for
+//    GPT-2 small at B=8, T=1024, 12 heads). Only the causal lower triangle is meaningful;
+//    the upper triangle is stored as zeros. Backward scratch: dS [slots, T, T].
+//  * inference (setup with training=false): P is forward scratch [slots, T, T] instead.
+//  slots = min(sat::cpu::num_threads() at setup time, B * n_head): one T x T matrix per
+//  thread; forward/backward never run more threads than there are slots.
+// CPU: one OpenMP loop over (batch, head); per head, single-threaded BLAS GEMMs on row
+// blocks of the causal triangle, and vectorized softmax rows (see attention.cpp).
+#pragma once
+#include <cstdint>
+
+#include "nn/layer.h"
+
+namespace sat {
+
+class CausalSelfAttention : public Layer {
+ public:
+  explicit CausalSelfAttention(int64_t n_head);
+  const char* kind() const override { return "CausalSelfAttention"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  int64_t n_head() const { return n_head_; }
+
+ private:
+  int64_t n_head_;
+};
+
+}  // namespace sat
