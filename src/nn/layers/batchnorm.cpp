@@ -1,0 +1,148 @@
+// BatchNorm2d forward and backward. One OpenMP iteration per channel: a channel's
+// statistics, output and gradients touch only that channel's planes.
+// Sums are taken per plane in float (vectorisable, HW terms) and across planes in double.
+#include "nn/layers/batchnorm.h"
+
+#include <cmath>
+
+namespace sat {
+
+// Elements below which loops stay serial (an OpenMP fork/join costs more than it saves).
+namespace {
+constexpr int64_t kParallelMin = 1 << 16;
+}  // namespace
+
+BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum)
+    : C_(channels), eps_(eps), momentum_(momentum) {
+  SAT_CHECK(channels > 0, "BatchNorm2d: channels must be positive, got ", channels);
+}
+
+void BatchNorm2d::setup(LayerSetup& s) {
+  SAT_CHECK(s.inputs.size() == 1, s.name, ": BatchNorm2d takes one input, got ", s.inputs.size());
+  const Shape& in = s.in_shape(0);
+  SAT_CHECK(in.nd == 4 && in[1] == C_, s.name, ": BatchNorm2d expects input [B, ", C_, ", H, W], got ",
+            in.str());
+  B_ = in[0];
+  HW_ = in[2] * in[3];
+  s.param("weight", Shape{C_}, ParamInit::ones());
+  s.param("bias", Shape{C_}, ParamInit::zeros());
+  s.state("running_mean", Shape{C_}, ParamInit::zeros());
+  s.state("running_var", Shape{C_}, ParamInit::ones());
+  s.state("num_batches_tracked", Shape{}, ParamInit::zeros(), DType::i64);
+  s.set_output(in);
+  s.save(Shape{C_});  // saved[0]: per-channel mean used by forward (batch or running)
+  s.save(Shape{C_});  // saved[1]: per-channel 1/sqrt(var + eps) used by forward
+  const double n = double(in.numel());
+  s.flops_fwd = 5.0 * n;  // two statistics passes + scale/shift
+  s.flops_bwd = 7.0 * n;
+}
+
+void BatchNorm2d::forward(LayerCtx& c) {
+  const int64_t C = C_, B = B_, HW = HW_, n = B * HW;
+  const float* x = c.in[0].f32();  // [B, C, H, W]
+  float* y = c.out.f32();
+  const float* w = c.params[0].f32();
+  const float* bias = c.params[1].f32();
+  float* rm = c.states[0].f32();
+  float* rv = c.states[1].f32();
+  float* mean_s = c.saved[0].f32();
+  float* invstd_s = c.saved[1].f32();
+  const bool train = c.training;
+  if (train) {
+    SAT_CHECK(n > 1, "BatchNorm2d: expected more than 1 value per channel when training, got input [", B, ", ",
+              C, ", ", HW, " pixels]");
+  }
+  const float m = momentum_;
+#pragma omp parallel for schedule(static) if (B * C * HW > kParallelMin)
+  for (int64_t ch = 0; ch < C; ++ch) {
+    double mean, invstd;
+    if (train) {
+      double sum = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* p = x + (b * C + ch) * HW;
+        float part = 0;
+        for (int64_t j = 0; j < HW; ++j) part += p[j];
+        sum += part;
+      }
+      mean = sum / double(n);
+      const float mf = float(mean);
+      double sq = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* p = x + (b * C + ch) * HW;
+        float part = 0;
+        for (int64_t j = 0; j < HW; ++j) {
+          float d = p[j] - mf;
+          part += d * d;
+        }
+        sq += part;
+      }
+      const double var = sq / double(n);  // biased: normalisation uses it
+      invstd = 1.0 / std::sqrt(var + double(eps_));
+      rm[ch] = float((1.0 - m) * rm[ch] + m * mean);
+      rv[ch] = float((1.0 - m) * rv[ch] + m * (sq / double(n - 1)));  // unbiased
+    } else {
+      mean = rm[ch];
+      invstd = 1.0 / std::sqrt(double(rv[ch]) + double(eps_));
+    }
+    mean_s[ch] = float(mean);
+    invstd_s[ch] = float(invstd);
+    // y = x * scale + shift
+    const float scale = float(double(w[ch]) * invstd);
+    const float shift = float(double(bias[ch]) - mean * double(w[ch]) * invstd);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* p = x + (b * C + ch) * HW;
+      float* q = y + (b * C + ch) * HW;
+      for (int64_t j = 0; j < HW; ++j) q[j] = p[j] * scale + shift;
+    }
+  }
+  if (train) ++static_cast<int64_t*>(c.states[2].ptr)[0];
+}
+
+void BatchNorm2d::backward(LayerCtx& c) {
+  const int64_t C = C_, B = B_, HW = HW_, n = B * HW;
+  const float* x = c.in[0].f32();
+  const float* dy = c.dout.f32();
+  const float* w = c.params[0].f32();
+  float* dw = c.grads[0].f32();
+  float* db = c.grads[1].f32();
+  const bool acc_w = c.accumulate[0], acc_b = c.accumulate[1];
+  const float* mean_s = c.saved[0].f32();
+  const float* invstd_s = c.saved[1].f32();
+  float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;
+  const bool train = c.training;
+#pragma omp parallel for schedule(static) if (B * C * HW > kParallelMin)
+  for (int64_t ch = 0; ch < C; ++ch) {
+    const float mean = mean_s[ch], invstd = invstd_s[ch];
+    double sdy = 0, sdyx = 0;  // sum(dy), sum(dy * (x - mean))
+    for (int64_t b = 0; b < B; ++b) {
+      const float* p = x + (b * C + ch) * HW;
+      const float* g = dy + (b * C + ch) * HW;
+      float a0 = 0, a1 = 0;
+      for (int64_t j = 0; j < HW; ++j) {
+        a0 += g[j];
+        a1 += g[j] * (p[j] - mean);
+      }
+      sdy += a0;
+      sdyx += a1;
+    }
+    const double sdy_xhat = sdyx * invstd;  // sum(dy * xhat)
+    dw[ch] = acc_w ? dw[ch] + float(sdy_xhat) : float(sdy_xhat);
+    db[ch] = acc_b ? db[ch] + float(sdy) : float(sdy);
+    if (!dx) continue;
+    const double a = double(w[ch]) * invstd;
+    float k_dy = float(a), k_x = 0, k_c = 0;  // dx = k_dy*dy + k_x*(x - mean) + k_c
+    if (train) {
+      // dx = a * (dy - mean(dy) - xhat * mean(dy * xhat)): the batch statistics depend on x.
+      k_c = float(-a * sdy / double(n));
+      k_x = float(-a * invstd * sdy_xhat / double(n));
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      const float* p = x + (b * C + ch) * HW;
+      const float* g = dy + (b * C + ch) * HW;
+      float* q = dx + (b * C + ch) * HW;
+      for (int64_t j = 0; j < HW; ++j) q[j] = k_dy * g[j] + k_x * (p[j] - mean) + k_c;
+    }
+  }
+}
+
+}  // namespace sat

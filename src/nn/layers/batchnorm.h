@@ -1,0 +1,27 @@
+// BatchNorm2d with PyTorch's semantics: batch statistics (biased variance) in training,
+// running statistics in eval; running_var is updated with the unbiased variance.
+#pragma once
+#include <cstdint>
+
+#include "nn/layer.h"
+
+namespace sat {
+
+class BatchNorm2d : public Layer {
+ public:
+  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
+
+  const char* kind() const override { return "BatchNorm2d"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+
+  int64_t channels() const { return C_; }
+
+ private:
+  int64_t C_;
+  float eps_, momentum_;
+  int64_t B_ = 0, HW_ = 0;  // fixed by setup()
+};
+
+}  // namespace sat

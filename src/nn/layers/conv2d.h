@@ -1,0 +1,54 @@
+// 2-D convolution, NCHW float32 (PyTorch's nn.Conv2d with square kernel, stride, padding;
+// no dilation, no groups). CPU path: im2col + one OpenBLAS GEMM per group of images.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "nn/layer.h"
+
+namespace sat {
+
+class Conv2d : public Layer {
+ public:
+  // w_init: nullopt = PyTorch's default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with
+  // fan_in = in_ch*kernel*kernel (the bias always uses that default).
+  Conv2d(int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride = 1, int64_t padding = 0,
+         bool bias = true, std::optional<ParamInit> w_init = std::nullopt);
+
+  const char* kind() const override { return "Conv2d"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+
+  int64_t in_channels() const { return C_; }
+  int64_t out_channels() const { return O_; }
+  int64_t images_per_gemm() const { return G_; }  // after setup
+  int64_t live_taps() const { return int64_t(taps_.size()); }  // after setup; k*k unless pruned
+
+  // One kernel tap (kh, kw) and where it reads: output rows [oh_lo, oh_hi) and columns
+  // [ow_lo, ow_hi) see real input; the rest of its im2col row is padding (zeros). base is
+  // the input offset of output (oh_lo, 0): input(oh, ow) = base + (oh-oh_lo)*s*W + ow*s.
+  struct Tap {
+    int64_t kh, kw, oh_lo, oh_hi, ow_lo, ow_hi, base;
+  };
+ private:
+  int64_t C_, O_, k_, s_, p_;
+  bool bias_;
+  ParamInit w_init_;
+  // Geometry, fixed by setup().
+  int64_t B_ = 0, H_ = 0, W_ = 0, Ho_ = 0, Wo_ = 0;
+  int64_t G_ = 1;        // images per GEMM (columns of one GEMM = G_*Ho_*Wo_)
+  bool direct_ = false;  // 1x1, stride 1, no padding and G_ == 1: the input already is the column matrix
+  // Kernel taps that ever see real input (not only padding). ResNet's 3x3/pad-1 convs on a
+  // 1x1 feature map use only the centre tap: the GEMM runs over live taps only
+  // (K = C*live_taps() instead of C*k*k), with the weight gathered into a compact copy.
+  std::vector<Tap> taps_;  // live taps, kh-major; the order of im2col rows within a channel
+  bool pruned_ = false;    // some tap is dead
+  // Scratch slots (-1: not declared).
+  int fwd_col_ = -1, fwd_out_ = -1, fwd_w_ = -1;  // forward: columns, group GEMM output, compact weight
+  int bwd_col_ = -1, bwd_dout_ = -1;  // backward: columns (then their gradient), gathered dout
+  int bwd_w_ = -1, bwd_dw_ = -1;      // backward (pruned only): compact weight and its gradient
+};
+
+}  // namespace sat

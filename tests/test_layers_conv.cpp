@@ -1,0 +1,487 @@
+// Conv2d, BatchNorm2d, MaxPool2d, AdaptiveAvgPool2d: finite-difference checks through the
+// shared harness, plus forward/backward values against naive references.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "nn/layers/batchnorm.h"
+#include "nn/layers/conv2d.h"
+#include "nn/layers/pool.h"
+#include "op_harness.h"
+
+using sat::DType;
+using sat::Shape;
+using sat::Tensor;
+using sat::test::check_layer;
+using sat::test::InputSpec;
+using sat::test::LayerRig;
+using sat::test::OpCheck;
+
+namespace {
+
+struct ConvCase {
+  int64_t B, C, H, W, O, k, s, p;
+  bool bias;
+};
+
+std::string name(const ConvCase& c) {
+  return sat::str_cat("B", c.B, " C", c.C, " ", c.H, "x", c.W, " O", c.O, " k", c.k, " s", c.s, " p", c.p,
+                      c.bias ? " bias" : " nobias");
+}
+
+// Covers: kernels 1/3/5/7, strides 1/2/3, paddings 0..3, odd sizes, one input channel,
+// the 1x1 path without im2col (HW >= 1024, one image per GEMM), grouped GEMMs with a
+// partial last group (B=5, G=3), one image per GEMM with im2col (32x32) and kernel taps
+// that only ever see padding (1x1 and 2x2 maps with a 3x3 kernel, a 1-row input).
+const std::vector<ConvCase> kConvCases = {
+    {2, 3, 7, 5, 4, 3, 1, 1, true},   {2, 3, 7, 5, 4, 3, 2, 1, false}, {2, 3, 7, 5, 4, 1, 1, 0, true},
+    {2, 3, 7, 5, 4, 1, 2, 0, false},  {2, 1, 7, 5, 3, 3, 1, 0, true},  {2, 3, 6, 6, 5, 3, 2, 0, true},
+    {3, 4, 9, 8, 6, 3, 1, 1, false},  {2, 3, 11, 11, 4, 7, 2, 3, false}, {2, 2, 9, 7, 3, 5, 3, 2, true},
+    {2, 3, 32, 33, 4, 1, 1, 0, true}, {5, 2, 20, 20, 3, 3, 1, 1, true}, {2, 2, 32, 32, 3, 3, 1, 1, false},
+    {3, 4, 1, 1, 5, 3, 1, 1, true},   {2, 3, 2, 2, 4, 3, 2, 1, false}, {2, 3, 1, 6, 4, 3, 1, 1, true},
+    {2, 2, 6, 5, 3, 5, 1, 2, true},   {2, 3, 2, 3, 4, 5, 1, 2, false},
+};
+
+// Larger cases, checked against the naive reference only (one forward/backward each):
+// big enough that the OpenMP loops (im2col/col2im, bias, gathers, weight gather/scatter
+// of pruned taps) actually run in parallel.
+const std::vector<ConvCase> kLargeConvCases = {
+    {4, 16, 32, 32, 8, 3, 1, 1, true},
+    {8, 16, 16, 16, 160, 3, 1, 1, true},
+    {4, 128, 1, 1, 256, 3, 1, 1, true},
+    {4, 16, 33, 31, 4, 3, 2, 1, false},
+};
+
+// Naive reference: y[b,o,oh,ow] = bias[o] + sum_{c,kh,kw} w[o,c,kh,kw] * x[b,c,oh*s-p+kh,ow*s-p+kw].
+std::vector<double> conv_ref(const ConvCase& cc, const float* x, const float* w, const float* bias) {
+  const int64_t Ho = (cc.H + 2 * cc.p - cc.k) / cc.s + 1, Wo = (cc.W + 2 * cc.p - cc.k) / cc.s + 1;
+  std::vector<double> y(size_t(cc.B * cc.O * Ho * Wo));
+  for (int64_t b = 0; b < cc.B; ++b)
+    for (int64_t o = 0; o < cc.O; ++o)
+      for (int64_t oh = 0; oh < Ho; ++oh)
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          double acc = bias ? bias[o] : 0.0;
+          for (int64_t c = 0; c < cc.C; ++c)
+            for (int64_t kh = 0; kh < cc.k; ++kh)
+              for (int64_t kw = 0; kw < cc.k; ++kw) {
+                int64_t ih = oh * cc.s - cc.p + kh, iw = ow * cc.s - cc.p + kw;
+                if (ih < 0 || ih >= cc.H || iw < 0 || iw >= cc.W) continue;
+                acc += double(w[((o * cc.C + c) * cc.k + kh) * cc.k + kw]) *
+                       double(x[((b * cc.C + c) * cc.H + ih) * cc.W + iw]);
+              }
+          y[size_t(((b * cc.O + o) * Ho + oh) * Wo + ow)] = acc;
+        }
+  return y;
+}
+
+double max_abs_diff(const float* a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < b.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST(Conv2d, FiniteDifferences) {
+  bool saw_direct = false, saw_partial_group = false, saw_single = false, saw_pruned = false;
+  for (const auto& cc : kConvCases) {
+    SCOPED_TRACE(name(cc));
+    sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
+    OpCheck opt;
+    opt.inputs = {InputSpec{Shape{cc.B, cc.C, cc.H, cc.W}}};
+    check_layer(conv, opt);
+    int64_t G = conv.images_per_gemm();
+    saw_direct |= (cc.k == 1 && cc.s == 1 && cc.p == 0 && G == 1);
+    saw_partial_group |= (G > 1 && cc.B % G != 0);
+    saw_single |= (G == 1 && cc.k > 1);
+    saw_pruned |= conv.live_taps() < cc.k * cc.k;
+  }
+  EXPECT_TRUE(saw_direct && saw_partial_group && saw_single && saw_pruned)
+      << "the cases no longer cover every code path";
+}
+
+TEST(Conv2d, ForwardAndBackwardMatchNaiveReference) {
+  std::vector<ConvCase> cases = kConvCases;
+  cases.insert(cases.end(), kLargeConvCases.begin(), kLargeConvCases.end());
+  for (const auto& cc : cases) {
+    SCOPED_TRACE(name(cc));
+    sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
+    OpCheck opt;
+    opt.inputs = {InputSpec{Shape{cc.B, cc.C, cc.H, cc.W}}};
+    opt.seed = 7;
+    LayerRig rig(conv, opt);
+    auto& c = rig.ctx();
+    rig.forward();
+    const float* x = c.in[0].f32();
+    const float* w = c.params[0].f32();
+    const float* bias = cc.bias ? c.params[1].f32() : nullptr;
+    auto y = conv_ref(cc, x, w, bias);
+    ASSERT_EQ(int64_t(y.size()), c.out.numel());
+    EXPECT_LT(max_abs_diff(c.out.f32(), y), 1e-4);
+
+    // Backward against the naive adjoint: dx, dW, db from dy = c.dout.
+    rig.backward();
+    const int64_t Ho = c.out.shape[2], Wo = c.out.shape[3];
+    const float* dy = c.dout.f32();
+    std::vector<double> dx(size_t(c.in[0].numel())), dw(size_t(c.params[0].numel())), db(size_t(cc.O));
+    for (int64_t b = 0; b < cc.B; ++b)
+      for (int64_t o = 0; o < cc.O; ++o)
+        for (int64_t oh = 0; oh < Ho; ++oh)
+          for (int64_t ow = 0; ow < Wo; ++ow) {
+            double g = dy[((b * cc.O + o) * Ho + oh) * Wo + ow];
+            db[size_t(o)] += g;
+            for (int64_t ch = 0; ch < cc.C; ++ch)
+              for (int64_t kh = 0; kh < cc.k; ++kh)
+                for (int64_t kw = 0; kw < cc.k; ++kw) {
+                  int64_t ih = oh * cc.s - cc.p + kh, iw = ow * cc.s - cc.p + kw;
+                  if (ih < 0 || ih >= cc.H || iw < 0 || iw >= cc.W) continue;
+                  size_t xi = size_t(((b * cc.C + ch) * cc.H + ih) * cc.W + iw);
+                  size_t wi = size_t(((o * cc.C + ch) * cc.k + kh) * cc.k + kw);
+                  dx[xi] += w[wi] * g;
+                  dw[wi] += x[xi] * g;
+                }
+          }
+    EXPECT_LT(max_abs_diff(c.din[0].f32(), dx), 1e-4);
+    EXPECT_LT(max_abs_diff(c.grads[0].f32(), dw), 2e-3);  // sums of up to B*Ho*Wo terms
+    if (cc.bias) {
+      EXPECT_LT(max_abs_diff(c.grads[1].f32(), db), 1e-3);
+    }
+    EXPECT_TRUE(rig.guards_intact());
+  }
+}
+
+TEST(Conv2d, NoInputGradientRequested) {
+  // din[0].ptr == nullptr: weights still get their gradient, nothing else is written.
+  ConvCase cc{3, 4, 9, 8, 6, 3, 1, 1, true};
+  sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{cc.B, cc.C, cc.H, cc.W}, DType::f32, 0, 1, /*check_grad=*/false}};
+  check_layer(conv, opt);
+}
+
+TEST(Conv2d, SetupDeclaresShapesInitAndFlops) {
+  sat::Conv2d conv(3, 8, 3, 2, 1, true);
+  sat::LayerSetup s;
+  s.name = "conv1";
+  s.inputs = {{Shape{4, 3, 9, 7}}};
+  conv.setup(s);
+  EXPECT_EQ(s.output.shape, (Shape{4, 8, 5, 4}));
+  ASSERT_EQ(s.params.size(), 2u);
+  EXPECT_EQ(s.params[0].name, "conv1.weight");
+  EXPECT_EQ(s.params[0].spec.shape, (Shape{8, 3, 3, 3}));
+  EXPECT_EQ(s.params[1].name, "conv1.bias");
+  EXPECT_EQ(s.params[1].spec.shape, (Shape{8}));
+  const float bound = 1.0f / std::sqrt(27.0f);
+  EXPECT_EQ(s.params[0].init.kind, sat::ParamInit::Kind::uniform);
+  EXPECT_FLOAT_EQ(s.params[0].init.scale, bound);
+  EXPECT_EQ(s.params[1].init.kind, sat::ParamInit::Kind::uniform);
+  EXPECT_FLOAT_EQ(s.params[1].init.scale, bound);
+  EXPECT_DOUBLE_EQ(s.flops_fwd, 2.0 * 4 * 8 * 5 * 4 * 27);
+  EXPECT_DOUBLE_EQ(s.flops_bwd, 2.0 * s.flops_fwd);
+
+  sat::Conv2d custom(3, 8, 3, 1, 0, false, sat::ParamInit::normal(0.05f));
+  sat::LayerSetup s2;
+  s2.name = "c";
+  s2.inputs = {{Shape{1, 3, 5, 5}}};
+  custom.setup(s2);
+  ASSERT_EQ(s2.params.size(), 1u);
+  EXPECT_EQ(s2.params[0].init.kind, sat::ParamInit::Kind::normal);
+  EXPECT_FLOAT_EQ(s2.params[0].init.scale, 0.05f);
+
+  // Taps that only ever read padding are skipped (the harness checks the gradients).
+  auto taps = [](int64_t H, int64_t W, int64_t s, int64_t p) {
+    sat::Conv2d cv(2, 2, 3, s, p);
+    sat::LayerSetup ls;
+    ls.name = "c";
+    ls.inputs = {{Shape{1, 2, H, W}}};
+    cv.setup(ls);
+    return cv.live_taps();
+  };
+  EXPECT_EQ(taps(1, 1, 1, 1), 1);  // ResNet layer4 on 32x32 images: only the centre tap
+  EXPECT_EQ(taps(2, 2, 2, 1), 4);  // stride-2 into a 1x1 map: rows/cols 1..2
+  EXPECT_EQ(taps(1, 6, 1, 1), 3);  // one input row: only kernel row 1
+  EXPECT_EQ(taps(2, 2, 1, 1), 9);
+  EXPECT_EQ(taps(8, 8, 2, 1), 9);
+
+  sat::LayerSetup bad;
+  bad.name = "bad";
+  bad.inputs = {{Shape{1, 4, 5, 5}}};
+  EXPECT_THROW(conv.setup(bad), sat::Error);  // 4 channels into a 3-channel conv
+}
+
+// ------------------------------------------------------------------ BatchNorm2d
+
+TEST(BatchNorm2d, FiniteDifferencesTraining) {
+  for (Shape sh : {Shape{2, 3, 4, 5}, Shape{4, 2, 3, 3}, Shape{3, 5, 1, 1}}) {
+    SCOPED_TRACE(sh.str());
+    sat::BatchNorm2d bn(sh[1]);
+    OpCheck opt;
+    opt.inputs = {InputSpec{sh, DType::f32, 0, 1, true, 2.0f}};
+    check_layer(bn, opt);
+  }
+}
+
+TEST(BatchNorm2d, EvalModeUsesRunningStatsAndAffineGradient) {
+  sat::BatchNorm2d bn(3, 1e-5f);
+  OpCheck forward_only;
+  forward_only.inputs = {InputSpec{Shape{2, 3, 4, 5}}};
+  forward_only.training = false;
+  check_layer(bn, forward_only);  // determinism, finiteness, bounds
+
+  // Eval forward and backward on a rig whose ctx is switched to eval mode.
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{2, 3, 4, 5}}};
+  LayerRig rig(bn, opt);
+  auto& c = rig.ctx();
+  c.training = false;
+  const float rm[3] = {0.5f, -1.0f, 2.0f}, rv[3] = {0.25f, 4.0f, 1.5f};
+  for (int i = 0; i < 3; ++i) c.states[0].f32()[i] = rm[i], c.states[1].f32()[i] = rv[i];
+  rig.forward();
+  const float* x = c.in[0].f32();
+  const float* w = c.params[0].f32();
+  const float* b = c.params[1].f32();
+  const float* dy = c.dout.f32();
+  double err = 0;
+  for (int64_t i = 0; i < c.out.numel(); ++i) {
+    int64_t ch = (i / 20) % 3;
+    double want = (x[i] - rm[ch]) / std::sqrt(double(rv[ch]) + 1e-5) * w[ch] + b[ch];
+    err = std::max(err, std::fabs(c.out.f32()[i] - want));
+  }
+  EXPECT_LT(err, 1e-5);
+  EXPECT_EQ(static_cast<int64_t*>(c.states[2].ptr)[0], 0);  // eval does not count batches
+  EXPECT_EQ(c.states[0].f32()[1], rm[1]);                     // nor update running stats
+
+  rig.backward();
+  double dx_err = 0;
+  std::vector<double> dw(3, 0), db(3, 0);
+  for (int64_t i = 0; i < c.out.numel(); ++i) {
+    int64_t ch = (i / 20) % 3;
+    double invstd = 1.0 / std::sqrt(double(rv[ch]) + 1e-5);
+    dx_err = std::max(dx_err, std::fabs(c.din[0].f32()[i] - dy[i] * w[ch] * invstd));
+    dw[size_t(ch)] += dy[i] * (x[i] - rm[ch]) * invstd;
+    db[size_t(ch)] += dy[i];
+  }
+  EXPECT_LT(dx_err, 1e-5);
+  for (int ch = 0; ch < 3; ++ch) {
+    EXPECT_NEAR(c.grads[0].f32()[ch], dw[size_t(ch)], 1e-4);
+    EXPECT_NEAR(c.grads[1].f32()[ch], db[size_t(ch)], 1e-4);
+  }
+  // And numerically, in eval mode.
+  sat::Rng pick(5);
+  std::vector<float> gx(c.din[0].f32(), c.din[0].f32() + c.din[0].numel());
+  sat::test::check_tensor_grad(rig, c.in[0], Tensor(gx.data(), c.in[0].shape), opt, "eval input", pick);
+}
+
+TEST(BatchNorm2d, RunningStatisticsFollowPyTorch) {
+  const int64_t B = 2, C = 2, H = 2, W = 3, HW = H * W, n = B * HW;
+  const float momentum = 0.2f, eps = 1e-3f;
+  sat::BatchNorm2d bn(C, eps, momentum);
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{B, C, H, W}}};
+  LayerRig rig(bn, opt);
+  auto& c = rig.ctx();
+  ASSERT_EQ(rig.setup().states.size(), 3u);
+  EXPECT_EQ(rig.setup().states[2].name, "t.num_batches_tracked");
+  EXPECT_EQ(rig.setup().states[2].spec.dtype, DType::i64);
+  EXPECT_EQ(rig.setup().states[2].spec.shape.nd, 0);
+  for (int ch = 0; ch < C; ++ch) c.params[0].f32()[ch] = 1.0f, c.params[1].f32()[ch] = 0.0f;
+
+  double rm[2] = {0, 0}, rv[2] = {1, 1};
+  for (int step = 0; step < 2; ++step) {
+    float* x = c.in[0].f32();
+    for (int64_t i = 0; i < B * C * HW; ++i) x[i] = float((i * 7 + step * 3) % 11) * (step ? 0.5f : 1.5f) - 2.0f;
+    rig.forward();
+    for (int64_t ch = 0; ch < C; ++ch) {
+      double sum = 0, sq = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < HW; ++j) sum += x[(b * C + ch) * HW + j];
+      double mean = sum / double(n);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < HW; ++j) sq += std::pow(x[(b * C + ch) * HW + j] - mean, 2);
+      rm[ch] = (1 - momentum) * rm[ch] + momentum * mean;
+      rv[ch] = (1 - momentum) * rv[ch] + momentum * sq / double(n - 1);
+      // Output normalised with the biased batch variance.
+      double invstd = 1.0 / std::sqrt(sq / double(n) + eps);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < HW; ++j) {
+          int64_t i = (b * C + ch) * HW + j;
+          EXPECT_NEAR(c.out.f32()[i], (x[i] - mean) * invstd, 1e-5);
+        }
+    }
+  }
+  for (int ch = 0; ch < C; ++ch) {
+    EXPECT_NEAR(c.states[0].f32()[ch], rm[ch], 1e-6) << "running_mean[" << ch << "]";
+    EXPECT_NEAR(c.states[1].f32()[ch], rv[ch], 1e-6) << "running_var[" << ch << "]";
+  }
+  EXPECT_EQ(static_cast<int64_t*>(c.states[2].ptr)[0], 2);
+}
+
+TEST(BatchNorm2d, TrainingForwardBackwardMatchReference) {
+  // Large enough for the channel loop to run in parallel. Reference in double:
+  // y = xhat*w + b, dx = w*invstd*(dy - mean(dy) - xhat*mean(dy*xhat)).
+  const int64_t B = 8, C = 16, HW = 32 * 32, n = B * HW;
+  sat::BatchNorm2d bn(C);
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{B, C, 32, 32}, DType::f32, 0, 1, true, 3.0f}};
+  LayerRig rig(bn, opt);
+  auto& c = rig.ctx();
+  for (int64_t i = 0; i < c.in[0].numel(); ++i) c.in[0].f32()[i] += float((i / HW) % C);  // per-channel offsets
+  rig.forward();
+  rig.backward();
+  const float *x = c.in[0].f32(), *dy = c.dout.f32(), *w = c.params[0].f32(), *b = c.params[1].f32();
+  double ey = 0, edx = 0;
+  for (int64_t ch = 0; ch < C; ++ch) {
+    double sum = 0, sq = 0, sdy = 0, sdyx = 0;
+    auto at = [&](int64_t bi, int64_t j) { return (bi * C + ch) * HW + j; };
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t j = 0; j < HW; ++j) sum += x[at(bi, j)];
+    const double mean = sum / double(n);
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t j = 0; j < HW; ++j) sq += (x[at(bi, j)] - mean) * (x[at(bi, j)] - mean);
+    const double invstd = 1.0 / std::sqrt(sq / double(n) + 1e-5);
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t j = 0; j < HW; ++j) {
+        const double xh = (x[at(bi, j)] - mean) * invstd;
+        ey = std::max(ey, std::fabs(c.out.f32()[at(bi, j)] - (xh * w[ch] + b[ch])));
+        sdy += dy[at(bi, j)];
+        sdyx += dy[at(bi, j)] * xh;
+      }
+    EXPECT_NEAR(c.grads[0].f32()[ch], sdyx, 1e-2) << ch;
+    EXPECT_NEAR(c.grads[1].f32()[ch], sdy, 1e-2) << ch;
+    EXPECT_NEAR(c.saved[0].f32()[ch], mean, 1e-4) << ch;
+    EXPECT_NEAR(c.saved[1].f32()[ch], invstd, 1e-4) << ch;
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t j = 0; j < HW; ++j) {
+        const double xh = (x[at(bi, j)] - mean) * invstd;
+        const double want = w[ch] * invstd * (dy[at(bi, j)] - sdy / double(n) - xh * sdyx / double(n));
+        edx = std::max(edx, std::fabs(c.din[0].f32()[at(bi, j)] - want));
+      }
+  }
+  EXPECT_LT(ey, 1e-4);
+  EXPECT_LT(edx, 1e-4);
+}
+
+// ------------------------------------------------------------------ Pooling
+
+namespace {
+
+// Naive max pool with explicit -inf padding; returns values and argmax (ih*W + iw).
+void maxpool_ref(const float* x, int64_t P, int64_t H, int64_t W, int64_t k, int64_t s, int64_t p,
+                 std::vector<float>& y, std::vector<int32_t>& idx) {
+  int64_t Ho = (H + 2 * p - k) / s + 1, Wo = (W + 2 * p - k) / s + 1;
+  y.assign(size_t(P * Ho * Wo), 0);
+  idx.assign(size_t(P * Ho * Wo), -1);
+  for (int64_t pl = 0; pl < P; ++pl)
+    for (int64_t oh = 0; oh < Ho; ++oh)
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        float best = -std::numeric_limits<float>::infinity();
+        int32_t bi = -1;
+        for (int64_t kh = 0; kh < k; ++kh)
+          for (int64_t kw = 0; kw < k; ++kw) {
+            int64_t ih = oh * s - p + kh, iw = ow * s - p + kw;
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            float v = x[(pl * H + ih) * W + iw];
+            if (bi < 0 || v > best) best = v, bi = int32_t(ih * W + iw);
+          }
+        y[size_t((pl * Ho + oh) * Wo + ow)] = best;
+        idx[size_t((pl * Ho + oh) * Wo + ow)] = bi;
+      }
+}
+
+}  // namespace
+
+TEST(MaxPool2d, FiniteDifferencesAndNaiveReference) {
+  struct Case { int64_t B, C, H, W, k, s, p; bool fd; };  // fd: also run the finite-difference harness
+  for (Case cs : {Case{2, 3, 8, 8, 2, 2, 0, true}, Case{2, 3, 7, 5, 3, 2, 1, true}, Case{1, 2, 6, 7, 3, 1, 0, true},
+                  Case{2, 2, 9, 9, 3, 3, 1, true}, Case{2, 4, 16, 16, 3, 2, 1, true},
+                  Case{4, 32, 32, 32, 3, 2, 1, false}}) {  // large: the parallel path
+    SCOPED_TRACE(sat::str_cat("k", cs.k, " s", cs.s, " p", cs.p, " ", cs.H, "x", cs.W));
+    sat::MaxPool2d pool(cs.k, cs.s, cs.p);
+    OpCheck opt;
+    opt.inputs = {InputSpec{Shape{cs.B, cs.C, cs.H, cs.W}}};
+    if (cs.fd) check_layer(pool, opt);
+
+    LayerRig rig(pool, opt);
+    auto& c = rig.ctx();
+    rig.forward();
+    std::vector<float> y;
+    std::vector<int32_t> idx;
+    maxpool_ref(c.in[0].f32(), cs.B * cs.C, cs.H, cs.W, cs.k, cs.s, cs.p, y, idx);
+    ASSERT_EQ(int64_t(y.size()), c.out.numel());
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(c.out.f32()[i], y[i]) << i;
+      ASSERT_EQ(c.saved[0].i32()[i], idx[i]) << i;
+    }
+    // Backward routes each dout to its argmax (summing where windows share a maximum).
+    rig.backward();
+    std::vector<double> dx(size_t(c.in[0].numel()), 0.0);
+    const int64_t OHW = c.out.shape[2] * c.out.shape[3];
+    for (size_t i = 0; i < y.size(); ++i) dx[size_t(int64_t(i) / OHW * cs.H * cs.W + idx[i])] += c.dout.f32()[i];
+    EXPECT_LT(max_abs_diff(c.din[0].f32(), dx), 1e-6);
+  }
+  sat::MaxPool2d pool(3);
+  sat::LayerSetup s;
+  s.name = "pool";
+  s.inputs = {{Shape{1, 1, 9, 10}}};
+  pool.setup(s);
+  EXPECT_EQ(s.output.shape, (Shape{1, 1, 3, 3}));  // stride defaults to the kernel
+  EXPECT_THROW(sat::MaxPool2d(2, 1, 2), sat::Error);  // padding larger than half the kernel
+}
+
+TEST(AdaptiveAvgPool2d, NonDivisibleWindowsByHand) {
+  // H=5 -> 3: windows [0,2), [1,4), [3,5) (floor start, ceil end; they overlap).
+  sat::AdaptiveAvgPool2d pool(3, 1);
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{1, 1, 5, 1}}};
+  LayerRig rig(pool, opt);
+  auto& c = rig.ctx();
+  for (int i = 0; i < 5; ++i) c.in[0].f32()[i] = float(i);
+  rig.forward();
+  EXPECT_FLOAT_EQ(c.out.f32()[0], 0.5f);
+  EXPECT_FLOAT_EQ(c.out.f32()[1], 2.0f);
+  EXPECT_FLOAT_EQ(c.out.f32()[2], 3.5f);
+  c.dout.f32()[0] = 1, c.dout.f32()[1] = 3, c.dout.f32()[2] = 2;
+  rig.backward();
+  const float want[5] = {0.5f, 0.5f + 1.0f, 1.0f, 1.0f + 1.0f, 1.0f};
+  for (int i = 0; i < 5; ++i) EXPECT_FLOAT_EQ(c.din[0].f32()[i], want[i]) << i;
+}
+
+TEST(AdaptiveAvgPool2d, FiniteDifferencesAndNaiveReference) {
+  struct Case { int64_t B, C, H, W, oh, ow; bool fd; };  // fd: also run the finite-difference harness
+  for (Case cs : {Case{2, 3, 4, 4, 1, 1, true}, Case{2, 3, 5, 7, 3, 2, true}, Case{1, 2, 7, 5, 2, 3, true},
+                  Case{2, 2, 3, 3, 4, 5, true}, Case{2, 3, 8, 8, 4, 4, true},
+                  Case{4, 32, 32, 32, 1, 1, false}, Case{4, 32, 32, 32, 3, 5, false}}) {  // large: parallel path
+    SCOPED_TRACE(sat::str_cat(cs.H, "x", cs.W, " -> ", cs.oh, "x", cs.ow));
+    sat::AdaptiveAvgPool2d pool(cs.oh, cs.ow);
+    OpCheck opt;
+    opt.inputs = {InputSpec{Shape{cs.B, cs.C, cs.H, cs.W}}};
+    if (cs.fd) check_layer(pool, opt);
+
+    LayerRig rig(pool, opt);
+    auto& c = rig.ctx();
+    rig.forward();
+    const float* x = c.in[0].f32();
+    std::vector<double> y(size_t(cs.B * cs.C * cs.oh * cs.ow)), dx(size_t(c.in[0].numel()), 0.0);
+    for (int64_t pl = 0; pl < cs.B * cs.C; ++pl)
+      for (int64_t i = 0; i < cs.oh; ++i)
+        for (int64_t j = 0; j < cs.ow; ++j) {
+          int64_t h0 = int64_t(std::floor(double(i * cs.H) / double(cs.oh)));
+          int64_t h1 = int64_t(std::ceil(double((i + 1) * cs.H) / double(cs.oh)));
+          int64_t w0 = int64_t(std::floor(double(j * cs.W) / double(cs.ow)));
+          int64_t w1 = int64_t(std::ceil(double((j + 1) * cs.W) / double(cs.ow)));
+          double sum = 0;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) sum += x[(pl * cs.H + ih) * cs.W + iw];
+          y[size_t((pl * cs.oh + i) * cs.ow + j)] = sum / double((h1 - h0) * (w1 - w0));
+          const double g = c.dout.f32()[(pl * cs.oh + i) * cs.ow + j] / double((h1 - h0) * (w1 - w0));
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) dx[size_t((pl * cs.H + ih) * cs.W + iw)] += g;
+        }
+    EXPECT_LT(max_abs_diff(c.out.f32(), y), 1e-5);
+    rig.backward();
+    EXPECT_LT(max_abs_diff(c.din[0].f32(), dx), 1e-5);
+  }
+}
