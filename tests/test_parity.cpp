@@ -63,7 +63,9 @@ void check_checksums(const sat::ParamStore& ps, const json& sums, const std::str
     for (int64_t k = 0; k < t.numel(); ++k) { s += t.f32()[k]; s2 += double(t.f32()[k]) * t.f32()[k]; }
     double ref2 = v[1].get<double>();
     EXPECT_NEAR(s2, ref2, tol * std::max(1e-3, std::fabs(ref2))) << what << " sum of squares of " << name;
-    if (tol < 1e-6) EXPECT_NEAR(s, v[0].get<double>(), 1e-9 * std::max(1.0, std::sqrt(ref2 * double(t.numel())))) << what << " sum of " << name;
+    if (tol < 1e-6) {
+      EXPECT_NEAR(s, v[0].get<double>(), 1e-9 * std::max(1.0, std::sqrt(ref2 * double(t.numel())))) << what << " sum of " << name;
+    }
   }
   size_t own = 0;
   for (size_t i = 0; i < ps.num_params(); ++i) own += !ps.decl(i).shared;
