@@ -3,6 +3,17 @@
 // first 20 steps of PyTorch training from the parity initialisation on parity data
 // (bench/peer/common.py). saturate must match each loss within 1e-4 relative.
 // The weights travel through a safetensors file, as they would between the two.
+//
+// Where PyTorch does not agree with itself the bound follows its own spread: each
+// golden records `reference_spread` (the per-step disagreement of PyTorch with 1
+// thread, 2 threads and float64 from the same start) and `stable_steps` (steps it
+// agrees on within 1e-5). ResNet-18 at batch 4 is chaotic: at step 2 a ReLU input
+// ~2e-6 from zero rounds either way and, through BatchNorm over 4 samples, moves the
+// gradients by ~1%, after which no two float32 implementations (nor PyTorch with 1
+// and 2 threads) follow the same path. So for every model: each parameter's gradient
+// of step 1 (sum and sum of squares) is checked against PyTorch's, the stable steps'
+// losses within 1e-4, and only for models stable over all 20 steps the final weights;
+// the chaotic steps get a sanity bound of 10x PyTorch's spread against itself.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,18 +127,51 @@ void run_parity(const std::string& golden_name) {
   sat::load_safetensors(path.string(), t.params());
   std::filesystem::remove(path);
 
-  auto r = t.run();
+  // Step 1's gradients, read right after the step (the optimizer leaves them in place).
+  auto r = t.run([&](const sat::StepMetrics& m) {
+    if (m.step != 1) return;
+    const json& sums = g["step1_grad_checksums"];
+    double worst = 0;
+    for (auto& [name, v] : sums.items()) {
+      int i = t.params().find_param(name);
+      ASSERT_GE(i, 0) << name;
+      sat::Tensor gt = t.params().grad(size_t(i));
+      double s1 = 0, s2 = 0;
+      for (int64_t k = 0; k < gt.numel(); ++k) { s1 += gt.f32()[k]; s2 += double(gt.f32()[k]) * gt.f32()[k]; }
+      double ref1 = v[0].get<double>(), ref2 = v[1].get<double>();
+      double rel2 = std::fabs(s2 - ref2) / std::max(ref2, 1e-30);
+      double rel1 = std::fabs(s1 - ref1) / std::max(std::sqrt(ref2 * double(gt.numel())), 1e-30);
+      worst = std::max({worst, rel1, rel2});
+      EXPECT_LT(rel2, 1e-4) << golden_name << ": sum of squares of the step-1 gradient of " << name << ": saturate " << s2
+                            << ", PyTorch " << ref2;
+      EXPECT_LT(rel1, 1e-5) << golden_name << ": sum of the step-1 gradient of " << name << ": saturate " << s1
+                            << ", PyTorch " << ref1;
+    }
+    std::printf("[ parity   ] %-18s step-1 gradients of %zu tensors, worst relative difference %.2e\n", golden_name.c_str(),
+                sums.size(), worst);
+  });
   const auto& ref = g["losses"];
   ASSERT_EQ(r.losses.size(), ref.size());
-  double worst = 0;
+  const int64_t stable = g.value("stable_steps", steps);
+  double worst_stable = 0, worst_rest = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     double want = ref[i].get<double>();
     double rel = std::fabs(r.losses[i] - want) / std::fabs(want);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-4) << golden_name << " step " << i + 1 << ": saturate " << r.losses[i] << ", PyTorch " << want;
+    double bound = 1e-4;
+    if (int64_t(i) < stable) {
+      worst_stable = std::max(worst_stable, rel);
+    } else {
+      bound = std::max(1e-4, 10 * g["reference_spread"][i].get<double>());
+      worst_rest = std::max(worst_rest, rel / bound);
+    }
+    EXPECT_LT(rel, bound) << golden_name << " step " << i + 1 << ": saturate " << r.losses[i] << ", PyTorch " << want;
   }
-  std::printf("[ parity   ] %-18s 20 steps, worst relative loss difference %.2e\n", golden_name.c_str(), worst);
-  check_checksums(t.params(), g["final_checksums"], golden_name + " after 20 steps", 1e-3);
+  if (stable < steps)
+    std::printf("[ parity   ] %-18s steps 1-%lld: worst relative loss difference %.2e; steps %lld-%lld (PyTorch unstable): worst %.2f of 10x its own spread\n",
+                golden_name.c_str(), (long long)stable, worst_stable, (long long)stable + 1, (long long)steps, worst_rest);
+  else
+    std::printf("[ parity   ] %-18s %lld steps, worst relative loss difference %.2e\n", golden_name.c_str(), (long long)steps, worst_stable);
+  if (stable == steps) check_checksums(t.params(), g["final_checksums"], golden_name + " after 20 steps", 1e-3);
 }
 
 }  // namespace
