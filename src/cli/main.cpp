@@ -224,6 +224,8 @@ int main(int argc, char** argv) {
   CLI::App app{"saturate: a training engine that keeps every accelerator busy"};
   app.set_version_flag("--version", "saturate 0.1");
   app.require_subcommand(1);
+  // A repeated flag takes its last value, as argparse does.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   TrainArgs a;
   auto* train = app.add_subcommand("train", "train a model");
   train->add_option("--model", a.model, "mlp | convnet | resnet18 | gpt-mini | gpt2-124m")->capture_default_str();
