@@ -1,5 +1,6 @@
 // The `saturate` command: train and info. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
+#include <strings.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -27,15 +28,22 @@ using nlohmann::ordered_json;
 // OpenBLAS 0.3.21 (Debian 12) does not recognise recent AVX-512 CPUs (AMD Zen 4/5)
 // and falls back to its AVX2 "Haswell" kernels, 1.4-1.9x slower in sgemm. It picks
 // its kernels when the library loads, so set OPENBLAS_CORETYPE and re-execute once.
-// A user's own OPENBLAS_CORETYPE is always respected.
+// OpenBLAS itself writes the detected core into OPENBLAS_CORETYPE at load, so a value
+// that differs from the detected core is the user's own choice and is kept;
+// SAT_BLAS_KERNELS=keep turns the selection off.
 void select_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  const char* keep = std::getenv("SAT_BLAS_KERNELS");
+  if ((keep && std::string(keep) == "keep") || std::getenv("SAT_BLAS_REEXEC")) return;
   const char* core = openblas_get_corename();
-  bool fallback = core && (std::string(core) == "Haswell" || std::string(core) == "Zen");
+  if (!core) return;
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  if (env && strcasecmp(env, core) != 0) return;
+  bool fallback = std::string(core) == "Haswell" || std::string(core) == "Zen";
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (!fallback || !avx512) return;
   setenv("OPENBLAS_CORETYPE", "SKYLAKEX", 1);
+  setenv("SAT_BLAS_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);  // on failure, carry on with the default kernels
 }
 
@@ -43,7 +51,7 @@ struct TrainArgs {
   std::string model = "mlp", data = "fashion-mnist", optimizer = "sgd", schedule = "constant", shuffle = "on";
   int64_t batch = 64, accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
   double lr = -1, momentum = 0, weight_decay = -1, gamma = 0.1;
-  bool nesterov = false;
+  bool nesterov = false, profile = false;
   uint64_t seed = 0;
   int threads = 0;
   std::string init_weights, save_weights, out, normalize, eval = "on";
@@ -123,6 +131,7 @@ int run_train(const TrainArgs& a) {
   cfg.shuffle = a.shuffle == "on";
   cfg.evaluate = a.eval == "on";
   cfg.out_dir = a.out;
+  cfg.profile = a.profile;
 
   std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
   sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
@@ -132,6 +141,7 @@ int run_train(const TrainArgs& a) {
                (long long)trainer.params().param_count(), (long long)a.batch, (long long)a.accum,
                sat::cpu::num_threads(), sat::format_bytes(double(plan.total())).c_str());
   sat::TrainResult r = trainer.run();
+  if (a.profile) std::fprintf(stderr, "%s", trainer.profile_report().c_str());
   if (!a.save_weights.empty()) {
     sat::save_safetensors(a.save_weights, trainer.params(), mc.name);
     std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
@@ -252,6 +262,7 @@ int main(int argc, char** argv) {
   train->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
   train->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
   train->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
+  train->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
   train->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
 
   std::string imodel = "mlp", iopt = "sgd";

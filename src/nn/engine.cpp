@@ -1,7 +1,12 @@
 #include "nn/engine.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <set>
+
+#include "core/timer.h"
 
 #include "core/rng.h"
 #include "nn/params.h"
@@ -157,7 +162,15 @@ float Engine::forward(bool training, uint64_t seed) {
     r.ctx.training = training;
     r.ctx.seed = mix_seed(seed, i);
     r.ctx.scratch = r.scratch_fwd;
+    if (!profile_) {
+      nodes[i].layer->forward(r.ctx);
+      continue;
+    }
+    times_.resize(nodes.size());
+    double t0 = now_seconds();
     nodes[i].layer->forward(r.ctx);
+    times_[i].fwd += now_seconds() - t0;
+    times_[i].calls++;
   }
   if (g_.loss() < 0) return std::nanf("");
   return vals_[size_t(g_.loss())].f32()[0];
@@ -172,6 +185,7 @@ void Engine::backward(float dloss, bool first_micro) {
     NodeRun& r = runs_[i];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
     r.ctx.scratch = r.scratch_bwd;
+    double t0 = profile_ ? now_seconds() : 0;
     nodes[i].layer->backward(r.ctx);
     for (auto& [tmp, dst] : r.grad_adds) {
       const float* s = tmp.f32();
@@ -180,7 +194,37 @@ void Engine::backward(float dloss, bool first_micro) {
 #pragma omp parallel for simd if (n > 65536)
       for (int64_t k = 0; k < n; ++k) d[k] += s[k];
     }
+    if (profile_) times_[i].bwd += now_seconds() - t0;
   }
+}
+
+std::string Engine::profile_report() const {
+  struct Row { double fwd = 0, bwd = 0, flops = 0; int n = 0; };
+  std::map<std::string, Row> by_kind;
+  double total = 0;
+  int64_t calls = 1;
+  for (size_t i = 0; i < times_.size(); ++i) {
+    const Node& n = g_.nodes()[i];
+    Row& r = by_kind[n.layer->kind()];
+    r.fwd += times_[i].fwd;
+    r.bwd += times_[i].bwd;
+    r.flops += n.setup.flops_fwd + n.setup.flops_bwd;
+    r.n++;
+    total += times_[i].fwd + times_[i].bwd;
+    calls = std::max<int64_t>(calls, times_[i].calls);
+  }
+  std::vector<std::pair<std::string, Row>> rows(by_kind.begin(), by_kind.end());
+  std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.fwd + a.second.bwd > b.second.fwd + b.second.bwd; });
+  std::string out = "layer kind            count  forward ms  backward ms   share  GFLOP/s   (per micro-batch, over " +
+                    std::to_string(calls) + " forward calls)\n";
+  char line[256];
+  for (auto& [kind, r] : rows) {
+    double t = r.fwd + r.bwd;
+    std::snprintf(line, sizeof line, "%-20s %6d %11.3f %12.3f %6.1f%% %8.1f\n", kind.c_str(), r.n, 1e3 * r.fwd / double(calls),
+                  1e3 * r.bwd / double(calls), total > 0 ? 100 * t / total : 0.0, t > 0 ? r.flops * double(calls) / t / 1e9 : 0.0);
+    out += line;
+  }
+  return out;
 }
 
 }  // namespace sat

@@ -40,6 +40,13 @@ class Engine {
   void backward(float dloss, bool first_micro);
 
   Tensor value(int v) const { return vals_[size_t(v)]; }
+
+  // Per-node timing (off by default): seconds spent in each node's forward and backward.
+  void set_profiling(bool on) { profile_ = on; }
+  struct NodeTime { double fwd = 0, bwd = 0; int64_t calls = 0; };
+  const std::vector<NodeTime>& node_times() const { return times_; }
+  // A table of time per layer kind, largest first.
+  std::string profile_report() const;
   size_t arena_bytes() const { return arena_.bytes(); }
   const Graph& graph() const { return g_; }
 
@@ -55,7 +62,9 @@ class Engine {
   Buffer arena_;
   std::vector<Tensor> vals_, grads_;
   std::vector<NodeRun> runs_;
-  std::vector<std::vector<int>> input_users_;  // graph input value -> (node, slot) to rebind
+  std::vector<std::vector<int>> input_users_;
+  bool profile_ = false;
+  std::vector<NodeTime> times_;  // graph input value -> (node, slot) to rebind
 };
 
 }  // namespace sat

@@ -101,7 +101,10 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const double t_train = now_seconds();
   for (int64_t step = 0; step < total; ++step) {
     const double t0 = now_seconds();
-    if (step == r.warmup_excluded) t_measure = t0;
+    if (step == r.warmup_excluded) {
+      t_measure = t0;
+      engine_->set_profiling(cfg_.profile);  // time layers after warm-up only
+    }
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
     double loss_sum = 0;
     for (int64_t micro = 0; micro < cfg_.accum; ++micro) {
@@ -140,6 +143,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     }
   }
   const double t_end = now_seconds();
+  engine_->set_profiling(false);
   r.steps = total;
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();
   r.train_seconds = t_end - t_train;

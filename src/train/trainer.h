@@ -28,6 +28,7 @@ struct TrainConfig {
   bool evaluate = true;      // evaluate on the test split at the end (if there is one)
   int64_t warmup_excluded = -1;  // steps left out of samples_per_second (-1: automatic)
   std::string out_dir;       // metrics.jsonl and summary.json ("" = none)
+  bool profile = false;      // time every layer; Trainer::profile_report() after run()
   int progress = -1;         // -1: a bar on a terminal, plain lines otherwise; 0: quiet; 1: lines
 };
 
@@ -73,6 +74,7 @@ class Trainer {
 
   TrainResult run(const std::function<void(const StepMetrics&)>& on_step = {});
   EvalResult evaluate();
+  std::string profile_report() const { return engine_->profile_report(); }
 
  private:
   ModelConfig mc_;
