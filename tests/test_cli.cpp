@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -170,4 +171,17 @@ TEST(Cli, InfoPrintsParametersFlopsAndPlan) {
   CmdResult g = saturate("info --model gpt2-124m --batch 1");
   ASSERT_EQ(g.status, 0) << g.out;
   EXPECT_NE(g.out.find("124439808"), std::string::npos) << g.out;  // GPT-2 small, tied embeddings
+}
+
+// GPT-2 small builds, plans and takes a real training step on the CPU.
+TEST(Cli, Gpt2SmallTrainsOneStep) {
+  fs::path d = tmpdir("gpt2");
+  CmdResult r = saturate("train --model gpt2-124m --data synthetic --batch 1 --steps 1 --eval off --out " + d.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream sf(d / "summary.json");
+  auto s = nlohmann::json::parse(sf);
+  EXPECT_EQ(s["parameters"], 124439808);
+  double loss = s["final_train_loss"];
+  EXPECT_NEAR(loss, std::log(50257.0), 0.5);  // an untrained model predicts ~uniformly
+  EXPECT_LE(s["peak_memory_bytes"].get<double>(), s["predicted_memory_bytes"].get<double>());
 }
