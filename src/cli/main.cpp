@@ -110,7 +110,10 @@ int run_train(const TrainArgs& a) {
   if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
   sat::DataSplit data = sat::open_dataset(a.data, dopt);
   // Image data of another shape (synthetic:CxHxW, CIFAR for mlp...) sets the model's input.
-  if (!mc.tokens) mc.image = data.train->sample_shape();
+  if (!mc.tokens) {
+    mc.image = data.train->sample_shape();
+    mc.classes = data.train->num_classes();
+  }
 
   sat::TrainConfig cfg;
   cfg.batch = a.batch;

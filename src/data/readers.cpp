@@ -259,7 +259,7 @@ std::unique_ptr<TokenDataset> read_token_shard(const std::string& path, const st
     if (tok[i] > max_tok) max_tok = tok[i], at = i;
   SAT_CHECK(int64_t(max_tok) < opt.vocab, path, ": holds token ", max_tok, " (the largest, at position ", at,
             ") but the model's vocabulary has ", opt.vocab, " tokens (0..", opt.vocab - 1,
-            "); expected every token < ", opt.vocab);
+            "); expected every token < ", opt.vocab, " (for a GPT model, --vocab ", max_tok + 1, " or more fits it)");
   return std::make_unique<TokenDataset>(name, std::move(tok), opt.seq_len, opt.vocab);
 }
 

@@ -79,6 +79,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   SAT_CHECK(per_epoch >= cfg_.accum || cfg_.steps > 0, "--accum ", cfg_.accum, " x --batch ", cfg_.batch,
             " is more than one epoch of ", train_.name(), " (", train_.size(), " samples)");
   const int64_t total = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * (per_epoch / cfg_.accum);
+  SAT_CHECK(total >= 1, "--epochs/--steps: nothing to train (", cfg_.steps > 0 ? "0 steps" : "0 epochs", ")");
   const int64_t global_batch = cfg_.batch * cfg_.accum;
   r.warmup_excluded = cfg_.warmup_excluded >= 0 ? cfg_.warmup_excluded : std::min<int64_t>(3, total / 5);
   r.predicted_memory_bytes = plan_.total();
