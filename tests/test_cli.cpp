@@ -82,6 +82,8 @@ TEST(Cli, UnknownModelAndFlag) {
   expect_user_error(saturate("train --model mlp --data synthetic --shuffle maybe"), "--shuffle");
   expect_user_error(saturate("train --model mlp --data synthetic --schedule linear"), "--schedule");
   expect_user_error(saturate("train --model mlp --data imagenet"), "imagenet");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --out /proc/saturate-out"), "--out");
+  expect_user_error(saturate("train --model mlp --data synthetic --epochs 0"), "--epochs");
 }
 
 TEST(Cli, MissingTruncatedAndWrongMagicDatasets) {

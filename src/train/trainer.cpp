@@ -90,7 +90,9 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
 
   std::ofstream metrics;
   if (!cfg_.out_dir.empty()) {
-    std::filesystem::create_directories(cfg_.out_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(cfg_.out_dir, ec);
+    SAT_CHECK(!ec, "--out: cannot create directory ", cfg_.out_dir, ": ", ec.message());
     metrics.open(cfg_.out_dir + "/metrics.jsonl", std::ios::trunc);
     SAT_CHECK(metrics, "--out: cannot write ", cfg_.out_dir, "/metrics.jsonl");
   }
