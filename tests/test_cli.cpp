@@ -84,6 +84,10 @@ TEST(Cli, UnknownModelAndFlag) {
   expect_user_error(saturate("train --model mlp --data imagenet"), "imagenet");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --out /proc/saturate-out"), "--out");
   expect_user_error(saturate("train --model mlp --data synthetic --epochs 0"), "--epochs");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --lr -5"), "--lr");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --lr 0"), "--lr");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --weight-decay -1"), "--weight-decay");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --threads -2"), "--threads");
 }
 
 TEST(Cli, MissingTruncatedAndWrongMagicDatasets) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,7 +51,8 @@ void select_blas_kernels(char** argv) {
 struct TrainArgs {
   std::string model = "mlp", data = "fashion-mnist", optimizer = "sgd", schedule = "constant", shuffle = "on";
   int64_t batch = 64, accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
-  double lr = -1, momentum = 0, weight_decay = -1, gamma = 0.1;
+  // NaN: not given (the optimizer's default applies)
+  double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
   bool nesterov = false, profile = false;
   uint64_t seed = 0;
   int threads = 0;
@@ -89,6 +91,7 @@ ordered_json plan_json(const sat::MemoryPlan& p) {
 
 int run_train(const TrainArgs& a) {
   const double t0 = sat::now_seconds();
+  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
   sat::cpu::set_num_threads(a.threads);
   sat::ModelConfig mc = model_for(a);
   SAT_CHECK(a.shuffle == "on" || a.shuffle == "off", "--shuffle: expected on or off, got '", a.shuffle, "'");
@@ -121,11 +124,11 @@ int run_train(const TrainArgs& a) {
   cfg.epochs = a.epochs;
   cfg.steps = a.steps;
   cfg.optim.name = a.optimizer;
-  cfg.optim.lr = float(a.lr > 0 ? a.lr : (a.optimizer == "adamw" ? 1e-3 : 0.01));
-  if (a.lr == 0) sat::fail("--lr: expected a positive number, got 0");
+  cfg.optim.lr = float(std::isnan(a.lr) ? (a.optimizer == "adamw" ? 1e-3 : 0.01) : a.lr);
   cfg.optim.momentum = float(a.momentum);
   cfg.optim.nesterov = a.nesterov;
-  cfg.optim.weight_decay = float(a.weight_decay);
+  SAT_CHECK(std::isnan(a.weight_decay) || a.weight_decay >= 0, "--weight-decay: expected a number >= 0, got ", a.weight_decay);
+  cfg.optim.weight_decay = std::isnan(a.weight_decay) ? -1.0f : float(a.weight_decay);  // < 0: PyTorch's default
   cfg.schedule.name = a.schedule;
   cfg.schedule.warmup = a.warmup;
   cfg.schedule.step_size = a.step_size;
