@@ -120,6 +120,7 @@ Engine::Engine(Graph& g, ParamStore& ps) : g_(g), ps_(ps) {
     for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
       int v = n.inputs[slot];
       c.in.push_back(vals_[size_t(v)]);
+      SAT_ASSERT(slot < 64);  // (node, slot) of a graph input's users is packed as node*64+slot
       if (vals[size_t(v)].producer < 0) input_users_[size_t(v)].push_back(int(i * 64 + slot));
       Tensor din = grads_[size_t(v)];
       if (b.temp[i][slot] >= 0) {
