@@ -14,10 +14,7 @@ namespace {
 double one_epoch(const std::string& model) {
   sat::cpu::set_num_threads(2);
   auto mc = sat::model_config(model);
-  sat::DataOptions o;
-  o.image_shape = mc.image;
-  o.num_classes = mc.classes;
-  auto data = sat::open_dataset("fashion-mnist", o);
+  auto data = sat::open_dataset("fashion-mnist", sat::data_options_for(mc, 0));
   sat::TrainConfig cfg;
   cfg.batch = 64;
   cfg.epochs = 1;

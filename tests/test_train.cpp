@@ -20,14 +20,7 @@
 namespace {
 
 sat::DataSplit synthetic_for(const sat::ModelConfig& mc, uint64_t seed = 0) {
-  sat::DataOptions o;
-  o.model_takes_tokens = mc.tokens;
-  o.image_shape = mc.image;
-  o.num_classes = mc.classes;
-  o.seq_len = mc.seq_len;
-  o.vocab = mc.vocab;
-  o.seed = seed;
-  return sat::open_dataset("synthetic", o);
+  return sat::open_dataset("synthetic", sat::data_options_for(mc, seed));
 }
 
 std::vector<double> losses(const std::string& model, int64_t batch, int64_t accum, int steps, const std::string& opt) {

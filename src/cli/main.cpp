@@ -103,13 +103,7 @@ int run_train(const TrainArgs& a) {
     SAT_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--save-weights: directory ", dir.string(), " does not exist");
   }
 
-  sat::DataOptions dopt;
-  dopt.model_takes_tokens = mc.tokens;
-  dopt.image_shape = mc.image;
-  dopt.num_classes = mc.classes;
-  dopt.seq_len = mc.seq_len;
-  dopt.vocab = mc.vocab;
-  dopt.seed = a.seed;
+  sat::DataOptions dopt = sat::data_options_for(mc, a.seed);
   if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
   sat::DataSplit data = sat::open_dataset(a.data, dopt);
   // Image data of another shape (synthetic:CxHxW, CIFAR for mlp...) sets the model's input.
@@ -206,14 +200,15 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
   a.vocab = vocab;
   sat::ModelConfig mc = model_for(a);
   sat::BuiltModel m = sat::build_model(mc, batch, true);
-  sat::OptimConfig oc;
-  oc.name = optimizer;
-  oc.momentum = float(momentum);
-  int slots = sat::optimizer_slots(sat::resolve_optim(oc));
-  // Input buffers: the loader's ring of 2 batches (x and labels).
-  size_t x_bytes = size_t(m.x_shape.numel()) * sat::dtype_size(m.x_dtype);
-  size_t y_bytes = size_t(m.y_shape.numel()) * 4;
-  sat::MemoryPlan p = sat::Engine::plan_memory(*m.graph, slots, 2 * (x_bytes + y_bytes));
+  sat::TrainConfig cfg;
+  cfg.batch = batch;
+  cfg.optim.name = optimizer;
+  cfg.optim.momentum = float(momentum);
+  int slots = sat::optimizer_slots(sat::resolve_optim(cfg.optim));
+  // The plan of `saturate train` on data of the model's default shape (synthetic data
+  // is generated on demand, so opening it costs nothing): loader rings included.
+  sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
+  sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get());
   const auto& g = *m.graph;
   std::printf("model       %s\n", mc.name.c_str());
   std::printf("input       %s %s per micro-batch of %lld\n", m.x_shape.str().c_str(), sat::dtype_name(m.x_dtype), (long long)batch);

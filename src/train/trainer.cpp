@@ -40,11 +40,25 @@ std::string format_duration(double s) {
 
 }  // namespace
 
-MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test) {
-  BuiltModel m = build_model(mc, cfg.batch, true);
+DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
+  DataOptions o;
+  o.model_takes_tokens = mc.tokens;
+  o.image_shape = mc.image;
+  o.num_classes = mc.classes;
+  o.seq_len = mc.seq_len;
+  o.vocab = mc.vocab;
+  o.seed = seed;
+  return o;
+}
+
+MemoryPlan Trainer::plan_for(const Graph& g, const TrainConfig& cfg, const Dataset& train, const Dataset* test) {
   size_t inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch);
   if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
-  return Engine::plan_memory(*m.graph, optimizer_slots(resolve_optim(cfg.optim)), inputs);
+  return Engine::plan_memory(g, optimizer_slots(resolve_optim(cfg.optim)), inputs);
+}
+
+MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test) {
+  return plan_for(*build_model(mc, cfg.batch, true).graph, cfg, train, test);
 }
 
 Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
@@ -59,7 +73,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   if (test_) check_data(mc, model_, *test_);
   SAT_CHECK(train.size() >= cfg.batch, "--batch ", cfg.batch, " is larger than the training set (", train.size(),
             " samples of ", train.name(), ")");
-  plan_ = plan(mc, cfg_, train, test_);
+  plan_ = plan_for(*model_.graph, cfg_, train, test_);
   mem_base_ = mem_stats().current;
   mem_reset_peak();
   params_ = std::make_unique<ParamStore>(model_.graph->params(), model_.graph->states(), optimizer_slots(cfg_.optim));

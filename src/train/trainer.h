@@ -59,6 +59,10 @@ struct TrainResult {
   std::vector<double> losses;
 };
 
+// What open_dataset needs to know about a model: its input shape, classes or
+// vocabulary and context.
+DataOptions data_options_for(const ModelConfig& mc, uint64_t seed);
+
 class Trainer {
  public:
   // `train` and `test` must outlive the trainer; test may be null.
@@ -77,6 +81,8 @@ class Trainer {
   std::string profile_report() const { return engine_->profile_report(); }
 
  private:
+  static MemoryPlan plan_for(const Graph& g, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
+
   ModelConfig mc_;
   TrainConfig cfg_;
   const Dataset& train_;
