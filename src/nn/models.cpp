@@ -52,7 +52,7 @@ int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int
 // torchvision's ResNet init: kaiming_normal_(mode="fan_out", nonlinearity="relu").
 ParamInit kaiming_fan_out(int64_t cout, int64_t k) { return ParamInit::normal(std::sqrt(2.0f / float(cout * k * k))); }
 
-void build_mlp(BuiltModel& m, Graph& g, int64_t B) {
+void build_mlp(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   int64_t in = c.image.numel();
   int x = g.add<Flatten>("flatten", {m.x});
@@ -61,7 +61,6 @@ void build_mlp(BuiltModel& m, Graph& g, int64_t B) {
   x = g.add<Linear>("fc2", {x}, 1024, 1024);
   x = g.add<ReLU>("relu2", {x});
   m.logits = g.add<Linear>("fc3", {x}, 1024, c.classes);
-  (void)B;
 }
 
 void build_convnet(BuiltModel& m, Graph& g) {
@@ -155,7 +154,7 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training) {
   }
   m.x = g.input("x", m.x_shape, m.x_dtype);
   m.y = g.input("y", m.y_shape, DType::i32);
-  if (cfg.name == "mlp") build_mlp(m, g, B);
+  if (cfg.name == "mlp") build_mlp(m, g);
   else if (cfg.name == "convnet") build_convnet(m, g);
   else if (cfg.name == "resnet18") build_resnet18(m, g);
   else if (cfg.tokens) build_gpt(m, g);
