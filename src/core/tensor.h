@@ -11,7 +11,9 @@
 
 namespace sat {
 
-enum class DType : uint8_t { f32, f64, i32, i64, u8 };
+// bf16 and f16 are storage types of the CUDA backend's mixed precision (activations
+// and GEMM inputs); arithmetic on them always accumulates in float32.
+enum class DType : uint8_t { f32, f64, i32, i64, u8, bf16, f16 };
 enum class Device : uint8_t { cpu, cuda };
 
 inline size_t dtype_size(DType t) {
@@ -21,6 +23,8 @@ inline size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::u8: return 1;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
   }
   return 0;
 }

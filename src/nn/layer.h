@@ -11,6 +11,15 @@
 //    - writes ctx.grads[p] when ctx.accumulate[p] is false, ADDS into it when true
 //      (gradient accumulation over micro-batches and tied weights rely on this).
 //  * scratch buffers hold garbage on entry.
+//
+// On the GPU the same contract holds for forward_cuda/backward_cuda, which run on
+// ctx.cuda->stream and must not synchronise, allocate or copy to the host (the step
+// is captured as one CUDA graph). Their definitions live in a .cu file beside the
+// layer's .cpp; a layer class opts in with SAT_CUDA_LAYER. Floating activations (in,
+// out, din, dout, saved) have dtype LayerSetup::act (f32, bf16 or f16); parameters,
+// their gradients and states are always f32 ("master" weights); ctx.params_lp holds
+// the parameters converted to the activation dtype (== params under f32), refreshed by
+// the optimizer, for GEMM and convolution inputs.
 #pragma once
 #include <memory>
 #include <string>
@@ -19,6 +28,8 @@
 #include "core/tensor.h"
 
 namespace sat {
+
+struct CudaCtx;  // backend/cuda/context.h: stream, library handles, workspace
 
 struct TensorSpec {
   Shape shape;
@@ -49,6 +60,8 @@ struct LayerSetup {
   std::string name;                 // the layer's full name, e.g. "layer1.0.conv1"
   std::vector<TensorSpec> inputs;   // given
   bool training = true;             // given: whether a backward pass will run
+  DType act = DType::f32;           // given: dtype of floating activations (f32 on the CPU)
+  Device device = Device::cpu;      // given: where the step runs
 
   std::vector<ParamDecl> params;    // trainable parameters
   std::vector<ParamDecl> states;    // persistent, not trained (BatchNorm running stats)
@@ -92,6 +105,11 @@ struct LayerCtx {
   std::vector<Tensor> scratch;  // scratch_fwd during forward, scratch_bwd during backward
   bool training = true;
   uint64_t seed = 0;            // per step and micro-batch; same in forward and backward
+  // GPU only. Under a CUDA graph, seed is frozen at capture: kernels that need a
+  // per-step seed read it from *seed_dev (a u64 in device memory) instead.
+  CudaCtx* cuda = nullptr;
+  const uint64_t* seed_dev = nullptr;
+  std::vector<Tensor> params_lp;  // params in the activation dtype (GEMM/conv inputs)
 };
 
 class Layer {
@@ -101,6 +119,18 @@ class Layer {
   virtual void setup(LayerSetup& s) = 0;
   virtual void forward(LayerCtx& c) = 0;
   virtual void backward(LayerCtx& c) = 0;
+  // GPU versions (see above); the defaults throw "no CUDA implementation".
+  virtual void forward_cuda(LayerCtx& c);
+  virtual void backward_cuda(LayerCtx& c);
 };
+
+// In a layer class: declares the GPU overrides, defined in the layer's .cu file.
+#if SAT_HAVE_CUDA
+#define SAT_CUDA_LAYER                          \
+  void forward_cuda(LayerCtx& c) override;      \
+  void backward_cuda(LayerCtx& c) override;
+#else
+#define SAT_CUDA_LAYER
+#endif
 
 }  // namespace sat

@@ -21,6 +21,8 @@ const char* st_dtype(DType t) {
     case DType::i32: return "I32";
     case DType::i64: return "I64";
     case DType::u8: return "U8";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
   }
   return "?";
 }

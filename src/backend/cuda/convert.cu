@@ -1,0 +1,64 @@
+// Dtype conversion and fill: the glue of mixed precision (inputs to bf16, parameters
+// to their low-precision copies, results back to f32 for checks).
+#include "backend/cuda/context.h"
+#include "backend/cuda/dtype.cuh"
+
+namespace sat::cuda {
+namespace {
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* __restrict__ s, D* __restrict__ d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[i] = from_f<D>(to_f<S>(s[i]));
+}
+
+template <typename D>
+__global__ void fill_kernel(D* __restrict__ d, float v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[i] = from_f<D>(v);
+}
+
+unsigned grid_capped(int64_t n) {
+  unsigned g = grid_for(n);
+  return g > 65535u * 4 ? 65535u * 4 : g;
+}
+
+template <typename S>
+void convert_from(const S* s, void* d, DType dt, int64_t n, cudaStream_t st) {
+  switch (dt) {
+    case DType::f32: convert_kernel<<<grid_capped(n), 256, 0, st>>>(s, static_cast<float*>(d), n); break;
+    case DType::bf16: convert_kernel<<<grid_capped(n), 256, 0, st>>>(s, static_cast<__nv_bfloat16*>(d), n); break;
+    case DType::f16: convert_kernel<<<grid_capped(n), 256, 0, st>>>(s, static_cast<__half*>(d), n); break;
+    default: fail("cuda::convert: unsupported destination dtype ", dtype_name(dt));
+  }
+  SAT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void convert(const void* src, DType st, void* dst, DType dt, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (st == dt) {
+    SAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(st), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  switch (st) {
+    case DType::f32: convert_from(static_cast<const float*>(src), dst, dt, n, stream); break;
+    case DType::bf16: convert_from(static_cast<const __nv_bfloat16*>(src), dst, dt, n, stream); break;
+    case DType::f16: convert_from(static_cast<const __half*>(src), dst, dt, n, stream); break;
+    default: fail("cuda::convert: unsupported source dtype ", dtype_name(st));
+  }
+}
+
+void fill(void* dst, DType t, float value, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  switch (t) {
+    case DType::f32: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<float*>(dst), value, n); break;
+    case DType::bf16: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), value, n); break;
+    case DType::f16: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<__half*>(dst), value, n); break;
+    default: fail("cuda::fill: unsupported dtype ", dtype_name(t));
+  }
+  SAT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace sat::cuda
