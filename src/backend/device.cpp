@@ -2,11 +2,15 @@
 
 #include <cstdlib>
 
+#include "core/alloc.h"
 #include "core/error.h"
 
 #if SAT_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "backend/cuda/context.h"
 #endif
+
+#include <cstdlib>
+#include <cstring>
 
 namespace sat {
 
@@ -77,6 +81,76 @@ Device resolve_device(const std::string& name, int* index) {
   }
   if (index) *index = idx;
   return d;
+}
+
+DeviceBuffer::DeviceBuffer(Device d, size_t bytes, const char* what) : n_(bytes), d_(d) {
+  if (bytes == 0) return;
+  if (d == Device::cpu) {
+    p_ = mem_alloc(bytes, what);
+    return;
+  }
+#if SAT_HAVE_CUDA
+  p_ = cuda_alloc(bytes);
+#else
+  fail("internal error: GPU memory requested without the CUDA backend (", what, ")");
+#endif
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (!p_) return;
+  if (d_ == Device::cpu) mem_free(p_);
+#if SAT_HAVE_CUDA
+  else cuda_free(p_);
+#endif
+}
+
+void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  if (bytes == 0) return;
+  if (dd == Device::cpu && sd == Device::cpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if SAT_HAVE_CUDA
+  SAT_CUDA_CHECK(cudaDeviceSynchronize());
+  SAT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+#else
+  fail("internal error: GPU copy without the CUDA backend");
+#endif
+}
+
+void device_memset(void* dst, Device dev, int value, size_t bytes) {
+  if (bytes == 0) return;
+  if (dev == Device::cpu) {
+    std::memset(dst, value, bytes);
+    return;
+  }
+#if SAT_HAVE_CUDA
+  SAT_CUDA_CHECK(cudaMemset(dst, value, bytes));
+  SAT_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
+  if (bytes == 0) return;
+#if SAT_HAVE_CUDA
+  if (cuda_device_count() > 0) {
+    SAT_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+    return;
+  }
+#endif
+  p_ = std::malloc(bytes);
+  SAT_CHECK(p_, "out of host memory allocating ", bytes, " pinned bytes");
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (!p_) return;
+#if SAT_HAVE_CUDA
+  if (cuda_device_count() > 0) {
+    cudaFreeHost(p_);
+    return;
+  }
+#endif
+  std::free(p_);
 }
 
 }  // namespace sat

@@ -9,6 +9,8 @@ namespace sat {
 
 const char* mem_kind_name(MemKind k) {
   switch (k) {
+    case MemKind::lp_params: return "low-precision parameters";
+    case MemKind::workspace: return "library workspace";
     case MemKind::parameters: return "parameters";
     case MemKind::gradients: return "gradients";
     case MemKind::optimizer_state: return "optimizer state";

@@ -13,7 +13,9 @@ namespace sat {
 // What a byte of the step is for: the breakdown `saturate info` prints.
 enum class MemKind : int {
   parameters, gradients, optimizer_state, model_state, inputs,
-  activations, saved, activation_grads, scratch, kCount
+  activations, saved, activation_grads, scratch,
+  lp_params, workspace,  // GPU only: low-precision parameter copy; cuBLASLt/cuDNN workspace
+  kCount
 };
 const char* mem_kind_name(MemKind k);
 

@@ -5,11 +5,16 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <cstring>
 
 #include "core/timer.h"
 
 #include "core/rng.h"
 #include "nn/params.h"
+
+#if SAT_HAVE_CUDA
+#include "backend/cuda/context.h"
+#endif
 
 namespace sat {
 namespace {
@@ -90,16 +95,37 @@ MemoryPlan Engine::plan_memory(const Graph& g, int optimizer_slots, size_t input
   for (size_t i = 0; i < b.planner.size(); ++i) m.by_kind[size_t(b.planner[int(i)].kind)] += b.planner[int(i)].bytes;
   m.transient = b.planner.arena_bytes();
   m.inputs = input_bytes;
-  m.by_kind[size_t(MemKind::inputs)] = input_bytes;
+  if (g.device() == Device::cuda) {
+    // Device input slots: each graph input in its dtype, plus a float32 upload buffer
+    // when a float input is converted to bf16/f16 on the device.
+    size_t slots = 0;
+    for (int v : g.inputs()) {
+      const TensorSpec& sp = g.value(v).spec;
+      slots += sp.bytes();
+      if (sp.dtype == DType::bf16 || sp.dtype == DType::f16) slots += size_t(sp.shape.numel()) * 4;
+    }
+    slots *= Engine::kInputSlots;
+    slots += g.nodes().size() * 8 + 64;  // per-node seeds, loss gradient
+    const size_t lp = ParamStore::lp_bytes(g.params(), g.act());
+    m.by_kind[size_t(MemKind::lp_params)] = lp;
+    m.by_kind[size_t(MemKind::workspace)] = kCudaWorkspaceBytes;
+    m.persistent += lp + kCudaWorkspaceBytes;
+    m.inputs += slots;
+    m.device = m.persistent + m.transient + slots;
+  }
+  m.by_kind[size_t(MemKind::inputs)] = m.inputs;
   return m;
 }
 
-Engine::Engine(Graph& g, ParamStore& ps) : g_(g), ps_(ps) {
+Engine::Engine(Graph& g, ParamStore& ps, CudaCtx* cuda) : g_(g), ps_(ps), cuda_(cuda) {
+  const Device dev = g.device();
+  SAT_CHECK(dev == Device::cpu || cuda, "internal error: a GPU graph needs a CUDA context");
+  SAT_CHECK(ps.device() == dev, "internal error: parameters and graph are on different devices");
   StepBuffers b = plan_step(g);
-  arena_ = Buffer(b.planner.arena_bytes(), "activations arena");
+  arena_ = DeviceBuffer(dev, b.planner.arena_bytes(), "activations arena");
   auto at = [&](int id, const TensorSpec& spec) {
-    if (id < 0) return Tensor(nullptr, spec.shape, spec.dtype);
-    return Tensor(arena_.as<uint8_t>() + b.planner[id].offset, spec.shape, spec.dtype);
+    if (id < 0) return Tensor(nullptr, spec.shape, spec.dtype, dev);
+    return Tensor(arena_.as<uint8_t>() + b.planner[id].offset, spec.shape, spec.dtype, dev);
   };
   const auto& vals = g.values();
   const auto& nodes = g.nodes();
@@ -128,13 +154,14 @@ Engine::Engine(Graph& g, ParamStore& ps) : g_(g), ps_(ps) {
         r.grad_adds.push_back({t, din});
         din = t;
       }
-      c.din.push_back(n.needs_backward ? din : Tensor(nullptr, din.shape, din.dtype));
+      c.din.push_back(n.needs_backward ? din : Tensor(nullptr, din.shape, din.dtype, dev));
     }
     c.out = vals_[size_t(n.output)];
     c.dout = grads_[size_t(n.output)];
     for (size_t k = 0; k < n.param_ids.size(); ++k) {
       size_t pid = size_t(n.param_ids[k]);
       c.params.push_back(ps.param(pid));
+      c.params_lp.push_back(ps.param_lp(pid));
       c.grads.push_back(ps.grad(pid));
       c.accumulate.push_back(true);
       r.first_writer.push_back(first_node[pid] == int(i));
@@ -143,60 +170,117 @@ Engine::Engine(Graph& g, ParamStore& ps) : g_(g), ps_(ps) {
     for (size_t k = 0; k < b.saved[i].size(); ++k) c.saved.push_back(at(b.saved[i][k], n.setup.saved[k]));
     for (size_t k = 0; k < b.sfwd[i].size(); ++k) r.scratch_fwd.push_back(at(b.sfwd[i][k], n.setup.scratch_fwd[k]));
     for (size_t k = 0; k < b.sbwd[i].size(); ++k) r.scratch_bwd.push_back(at(b.sbwd[i][k], n.setup.scratch_bwd[k]));
+    c.cuda = cuda_;
   }
+  if (dev == Device::cuda) setup_cuda();
 }
+
+Engine::~Engine() { destroy_cuda(); }
 
 void Engine::bind(int v, const Tensor& t) {
   const Value& val = g_.value(v);
   SAT_CHECK(val.producer < 0, "internal error: binding a computed value");
-  SAT_CHECK(t.shape == val.spec.shape && t.dtype == val.spec.dtype, "input ", val.name, " expects ",
+  const bool converts = t.dtype == DType::f32 && (val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16);
+  SAT_CHECK(t.shape == val.spec.shape && (t.dtype == val.spec.dtype || converts), "input ", val.name, " expects ",
             val.spec.shape.str(), " ", dtype_name(val.spec.dtype), ", got ", t.shape.str(), " ", dtype_name(t.dtype));
+  if (device() == Device::cuda) {
+    stage_input(0, v, t);  // forward() uploads it
+    return;
+  }
   vals_[size_t(v)] = t;
   for (int u : input_users_[size_t(v)]) runs_[size_t(u / 64)].ctx.in[size_t(u % 64)] = t;
 }
 
 float Engine::forward(bool training, uint64_t seed) {
   SAT_CHECK(!training || g_.training(), "internal error: training step on an inference graph");
+  if (device() == Device::cuda) {
+    // Synchronous GPU path (evaluation, tests): the batch was staged by bind().
+    queue_upload(0);
+    use_slot(0);
+    set_seed(0, seed);
+    queue_forward(0, training);
+    queue_slot_done(0);
+    return wait_slot(0);
+  }
+  run_forward_nodes(training, seed);
+  if (g_.loss() < 0) return std::nanf("");
+  return vals_[size_t(g_.loss())].f32()[0];
+}
+
+void Engine::run_forward_nodes(bool training, uint64_t seed) {
   auto& nodes = g_.nodes();
+  const bool gpu = device() == Device::cuda;
   for (size_t i = 0; i < nodes.size(); ++i) {
     NodeRun& r = runs_[i];
     r.ctx.training = training;
     r.ctx.seed = mix_seed(seed, i);
     r.ctx.scratch = r.scratch_fwd;
-    if (!profile_) {
-      nodes[i].layer->forward(r.ctx);
-      continue;
-    }
+    double t0 = profile_ ? now_seconds() : 0;
+    if (gpu) nodes[i].layer->forward_cuda(r.ctx);
+    else nodes[i].layer->forward(r.ctx);
+    if (!profile_) continue;
     times_.resize(nodes.size());
-    double t0 = now_seconds();
-    nodes[i].layer->forward(r.ctx);
     times_[i].fwd += now_seconds() - t0;
     times_[i].calls++;
   }
-  if (g_.loss() < 0) return std::nanf("");
-  return vals_[size_t(g_.loss())].f32()[0];
 }
 
 void Engine::backward(float dloss, bool first_micro) {
   SAT_CHECK(g_.training() && g_.loss() >= 0, "internal error: backward needs a training graph with a loss");
+  if (device() == Device::cuda) {
+    set_dloss(dloss, dloss_scale_);
+    queue_backward(first_micro);
+    queue_slot_done(0);
+    wait_slot(0);
+    return;
+  }
   grads_[size_t(g_.loss())].f32()[0] = dloss;
+  run_backward_nodes(first_micro);
+}
+
+void Engine::run_backward_nodes(bool first_micro) {
   auto& nodes = g_.nodes();
+  const bool gpu = device() == Device::cuda;
   for (size_t i = nodes.size(); i-- > 0;) {
     if (!nodes[i].needs_backward) continue;
     NodeRun& r = runs_[i];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
     r.ctx.scratch = r.scratch_bwd;
     double t0 = profile_ ? now_seconds() : 0;
-    nodes[i].layer->backward(r.ctx);
-    for (auto& [tmp, dst] : r.grad_adds) {
-      const float* s = tmp.f32();
-      float* d = dst.f32();
-      int64_t n = tmp.numel();
+    if (gpu) {
+      nodes[i].layer->backward_cuda(r.ctx);
+#if SAT_HAVE_CUDA
+      for (auto& [tmp, dst] : r.grad_adds) cuda::add_into(dst.ptr, tmp.ptr, dst.dtype, tmp.numel(), cuda_->stream);
+#endif
+    } else {
+      nodes[i].layer->backward(r.ctx);
+      for (auto& [tmp, dst] : r.grad_adds) {
+        const float* s = tmp.f32();
+        float* d = dst.f32();
+        int64_t n = tmp.numel();
 #pragma omp parallel for simd if (n > 65536)
-      for (int64_t k = 0; k < n; ++k) d[k] += s[k];
+        for (int64_t k = 0; k < n; ++k) d[k] += s[k];
+      }
     }
     if (profile_) times_[i].bwd += now_seconds() - t0;
   }
+}
+
+std::vector<float> Engine::read_f32(int v) const {
+  Tensor t = vals_[size_t(v)];
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.device == Device::cpu) {
+    SAT_ASSERT(t.dtype == DType::f32);
+    std::copy(t.f32(), t.f32() + t.numel(), out.begin());
+    return out;
+  }
+#if SAT_HAVE_CUDA
+  CudaBuffer tmp(out.size() * 4);
+  cuda::convert(t.ptr, t.dtype, tmp.get(), DType::f32, t.numel(), cuda_->stream);
+  SAT_CUDA_CHECK(cudaStreamSynchronize(cuda_->stream));
+  SAT_CUDA_CHECK(cudaMemcpy(out.data(), tmp.get(), out.size() * 4, cudaMemcpyDeviceToHost));
+#endif
+  return out;
 }
 
 std::string Engine::profile_report() const {
@@ -227,5 +311,140 @@ std::string Engine::profile_report() const {
   }
   return out;
 }
+
+// ---- GPU step pieces ----
+#if SAT_HAVE_CUDA
+namespace {
+cudaEvent_t ev(void* e) { return static_cast<cudaEvent_t>(e); }
+}  // namespace
+
+void Engine::setup_cuda() {
+  const auto& ins = g_.inputs();
+  slots_.resize(ins.size());
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const Value& val = g_.value(ins[k]);
+    const bool converts = val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16;
+    const DType host_t = converts ? DType::f32 : val.spec.dtype;
+    const size_t host_bytes = size_t(val.spec.shape.numel()) * dtype_size(host_t);
+    for (int s = 0; s < kInputSlots; ++s) {
+      InputSlot& sl = slots_[k][size_t(s)];
+      sl.dev = DeviceBuffer(Device::cuda, val.spec.bytes(), "input slot");
+      if (converts) sl.raw = DeviceBuffer(Device::cuda, host_bytes, "input upload");
+      sl.staging = PinnedBuffer(host_bytes);
+      std::memset(sl.staging.data(), 0, host_bytes);
+      sl.value = Tensor(sl.dev.data(), val.spec.shape, val.spec.dtype, Device::cuda);
+    }
+  }
+  const size_t n = g_.nodes().size();
+  seeds_dev_ = DeviceBuffer(Device::cuda, std::max<size_t>(n, 1) * 8, "seeds");
+  dloss_dev_ = DeviceBuffer(Device::cuda, 64, "loss gradient");
+  for (int s = 0; s < kInputSlots; ++s) {
+    seeds_host_[size_t(s)] = PinnedBuffer(std::max<size_t>(n, 1) * 8);
+    loss_host_[size_t(s)] = PinnedBuffer(64);
+    cudaEvent_t a, b;
+    SAT_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+    SAT_CUDA_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+    uploaded_[size_t(s)] = a;
+    done_[size_t(s)] = b;
+  }
+  dloss_host_ = PinnedBuffer(64);
+  *dloss_host_.as<float>() = 1.0f;
+  for (size_t i = 0; i < n; ++i) runs_[i].ctx.seed_dev = seeds_dev_.as<uint64_t>() + i;
+  use_slot(0);
+}
+
+void Engine::destroy_cuda() {
+  if (!cuda_) return;
+  cudaStreamSynchronize(cuda_->stream);
+  cudaStreamSynchronize(cuda_->copy_stream);
+  for (int s = 0; s < kInputSlots; ++s) {
+    if (uploaded_[size_t(s)]) cudaEventDestroy(ev(uploaded_[size_t(s)]));
+    if (done_[size_t(s)]) cudaEventDestroy(ev(done_[size_t(s)]));
+  }
+}
+
+void Engine::stage_input(int slot, int v, const Tensor& host) {
+  const auto& ins = g_.inputs();
+  size_t k = size_t(std::find(ins.begin(), ins.end(), v) - ins.begin());
+  SAT_ASSERT(k < ins.size());
+  InputSlot& sl = slots_[k][size_t(slot)];
+  SAT_ASSERT(host.bytes() == sl.staging.bytes());
+  std::memcpy(sl.staging.data(), host.ptr, host.bytes());
+}
+
+void Engine::queue_upload(int slot) {
+  for (auto& per : slots_) {
+    InputSlot& sl = per[size_t(slot)];
+    void* dst = sl.raw.data() ? sl.raw.data() : sl.dev.data();
+    SAT_CUDA_CHECK(cudaMemcpyAsync(dst, sl.staging.data(), sl.staging.bytes(), cudaMemcpyHostToDevice, cuda_->copy_stream));
+  }
+  SAT_CUDA_CHECK(cudaEventRecord(ev(uploaded_[size_t(slot)]), cuda_->copy_stream));
+  SAT_CUDA_CHECK(cudaStreamWaitEvent(cuda_->stream, ev(uploaded_[size_t(slot)]), 0));
+}
+
+void Engine::use_slot(int slot) {
+  const auto& ins = g_.inputs();
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const Tensor& t = slots_[k][size_t(slot)].value;
+    vals_[size_t(ins[k])] = t;
+    for (int u : input_users_[size_t(ins[k])]) runs_[size_t(u / 64)].ctx.in[size_t(u % 64)] = t;
+  }
+}
+
+void Engine::set_seed(int slot, uint64_t seed) {
+  uint64_t* h = seeds_host_[size_t(slot)].as<uint64_t>();
+  for (size_t i = 0; i < g_.nodes().size(); ++i) h[i] = mix_seed(seed, i);
+}
+
+void Engine::set_dloss(float dloss, const float* scale_dev) {
+  *dloss_host_.as<float>() = dloss;
+  dloss_scale_ = scale_dev;
+}
+
+void Engine::queue_forward(int slot, bool training) {
+  cudaStream_t st = cuda_->stream;
+  for (auto& per : slots_) {
+    InputSlot& sl = per[size_t(slot)];
+    if (sl.raw.data()) cuda::convert(sl.raw.data(), DType::f32, sl.dev.data(), sl.value.dtype, sl.value.numel(), st);
+  }
+  const size_t n = g_.nodes().size();
+  // The seeds and (below) the loss travel through pinned memory that a replayed graph
+  // reads and writes at every replay; the host updates them between replays.
+  SAT_CUDA_CHECK(cudaMemcpyAsync(seeds_dev_.data(), seeds_host_[size_t(slot)].data(), n * 8, cudaMemcpyHostToDevice, st));
+  run_forward_nodes(training, seeds_host_[size_t(slot)].as<uint64_t>()[0]);
+  if (g_.loss() >= 0)
+    SAT_CUDA_CHECK(cudaMemcpyAsync(loss_host_[size_t(slot)].data(), vals_[size_t(g_.loss())].ptr, 4,
+                                   cudaMemcpyDeviceToHost, st));
+}
+
+void Engine::queue_backward(bool first_micro) {
+  cudaStream_t st = cuda_->stream;
+  float* dl = grads_[size_t(g_.loss())].f32();
+  SAT_CUDA_CHECK(cudaMemcpyAsync(dl, dloss_host_.data(), 4, cudaMemcpyHostToDevice, st));
+  if (dloss_scale_) cuda::scale_scalar(dl, dloss_scale_, st);
+  run_backward_nodes(first_micro);
+}
+
+void Engine::queue_slot_done(int slot) {
+  SAT_CUDA_CHECK(cudaEventRecord(ev(done_[size_t(slot)]), cuda_->stream));
+}
+
+float Engine::wait_slot(int slot) {
+  SAT_CUDA_CHECK(cudaEventSynchronize(ev(done_[size_t(slot)])));
+  return g_.loss() >= 0 ? *loss_host_[size_t(slot)].as<float>() : std::nanf("");
+}
+#else
+void Engine::setup_cuda() { fail("this saturate was built without the CUDA backend"); }
+void Engine::destroy_cuda() {}
+void Engine::stage_input(int, int, const Tensor&) { fail("no CUDA backend"); }
+void Engine::queue_upload(int) { fail("no CUDA backend"); }
+void Engine::use_slot(int) { fail("no CUDA backend"); }
+void Engine::set_seed(int, uint64_t) { fail("no CUDA backend"); }
+void Engine::set_dloss(float, const float*) { fail("no CUDA backend"); }
+void Engine::queue_forward(int, bool) { fail("no CUDA backend"); }
+void Engine::queue_backward(bool) { fail("no CUDA backend"); }
+void Engine::queue_slot_done(int) { fail("no CUDA backend"); }
+float Engine::wait_slot(int) { fail("no CUDA backend"); }
+#endif
 
 }  // namespace sat

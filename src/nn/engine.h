@@ -6,10 +6,19 @@
 //   its gradient from the first consumer's backward to its own backward,
 //   saved buffers [i, 2N-1-i], scratch only during the call that uses it.
 // Parameters, gradients, optimizer and model state live in the ParamStore.
+//
+// On the GPU (a graph built with Device::cuda, and a CudaCtx) the same plan is laid out
+// in device memory and every node runs its forward_cuda/backward_cuda on the context's
+// stream. Graph inputs then live in the engine: kInputSlots device copies of each,
+// filled from pinned staging buffers on the copy stream, so the upload of the next
+// micro-batch overlaps the current one's compute. The queue_* calls only enqueue work
+// (they can be captured into a CUDA graph); forward()/backward() are the synchronous
+// versions used by evaluation and tests.
 #pragma once
 #include <array>
 #include <vector>
 
+#include "backend/device.h"
 #include "core/alloc.h"
 #include "core/plan.h"
 #include "nn/graph.h"
@@ -17,19 +26,28 @@
 
 namespace sat {
 
+struct CudaCtx;
+
 struct MemoryPlan {
   std::array<size_t, size_t(MemKind::kCount)> by_kind{};  // transient kinds: before reuse
   size_t persistent = 0;  // parameters, gradients, optimizer state, model state
   size_t transient = 0;   // the step arena, after lifetime reuse
-  size_t inputs = 0;      // input batch buffers of the prefetching loader
+  size_t inputs = 0;      // input batch buffers of the prefetching loader (+ GPU input slots)
   size_t total() const { return persistent + transient + inputs; }
+  size_t device = 0;      // GPU: the part of total() in device memory (0 on the CPU)
 };
 
 class Engine {
  public:
-  Engine(Graph& g, ParamStore& ps);
+  // cuda: required when the graph was built for Device::cuda (parameters already moved
+  // with ParamStore::to_device).
+  Engine(Graph& g, ParamStore& ps, CudaCtx* cuda = nullptr);
+  ~Engine();
 
-  // The plan for a graph, without allocating anything.
+  // The plan for a graph, without allocating anything. input_bytes: host-side loader
+  // buffers. On the GPU the device part (parameters, their low-precision copy,
+  // gradients, optimizer state, the step arena, the input slots and the library
+  // workspace) is also returned in MemoryPlan::device.
   static MemoryPlan plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes);
 
   void bind(int value, const Tensor& t);  // a graph input: points at a loader batch
@@ -40,6 +58,31 @@ class Engine {
   void backward(float dloss, bool first_micro);
 
   Tensor value(int v) const { return vals_[size_t(v)]; }
+  // A value as float32 on the host (synchronises on the GPU).
+  std::vector<float> read_f32(int v) const;
+  Device device() const { return g_.device(); }
+
+  // ---- GPU step pieces (see the top of this file); all enqueue on the stream. ----
+  static constexpr int kInputSlots = 2;
+  // Host: copies a loader batch into the pinned staging of `slot` (the caller makes
+  // sure the slot's previous micro-batch has finished: wait_slot()).
+  void stage_input(int slot, int v, const Tensor& host);
+  // Copy stream: staging -> device raw buffers of `slot`; the compute stream waits for it.
+  void queue_upload(int slot);
+  // Points the layers at `slot`'s device inputs (host-side bookkeeping, not enqueued).
+  void use_slot(int slot);
+  // Host: per-node seeds for the next micro-batch of `slot` (read by queue_forward).
+  void set_seed(int slot, uint64_t seed);
+  // d(objective)/d(loss) for backward, multiplied on the device by *scale when scale is
+  // given (fp16 loss scaling). Stays in effect until changed.
+  void set_dloss(float dloss, const float* scale_dev = nullptr);
+  void queue_forward(int slot, bool training);  // includes input conversion and seeds
+  void queue_backward(bool first_micro);
+  // Records the end of `slot`'s work; wait_slot() blocks the host until then and
+  // returns that micro-batch's loss.
+  void queue_slot_done(int slot);
+  float wait_slot(int slot);
+  CudaCtx* cuda() const { return cuda_; }
 
   // Per-node timing (off by default): seconds spent in each node's forward and backward.
   void set_profiling(bool on) { profile_ = on; }
@@ -57,9 +100,24 @@ class Engine {
     std::vector<bool> first_writer;  // per param slot: first node in backward order to touch it
     std::vector<std::pair<Tensor, Tensor>> grad_adds;  // after backward: second += first
   };
+  void run_forward_nodes(bool training, uint64_t seed);
+  void run_backward_nodes(bool first_micro);
+  void setup_cuda();
+  void destroy_cuda();
+
   Graph& g_;
   ParamStore& ps_;
-  Buffer arena_;
+  CudaCtx* cuda_ = nullptr;
+  DeviceBuffer arena_;
+  // GPU: per graph input, per slot: device buffer in the value's dtype, the raw upload
+  // buffer (== it unless a float input is converted to bf16/f16), pinned staging.
+  struct InputSlot { DeviceBuffer dev, raw; PinnedBuffer staging; Tensor value; };
+  std::vector<std::array<InputSlot, kInputSlots>> slots_;  // per graph input (g.inputs() order)
+  DeviceBuffer seeds_dev_, dloss_dev_;                     // u64 per node; f32 scalar
+  std::array<PinnedBuffer, kInputSlots> seeds_host_, loss_host_;
+  PinnedBuffer dloss_host_;
+  const float* dloss_scale_ = nullptr;
+  std::array<void*, kInputSlots> uploaded_{}, done_{};  // cudaEvent_t
   std::vector<Tensor> vals_, grads_;
   std::vector<NodeRun> runs_;
   std::vector<std::vector<int>> input_users_;

@@ -3,6 +3,7 @@
 namespace sat {
 
 int Graph::input(const std::string& name, Shape shape, DType dtype) {
+  if (dtype == DType::f32) dtype = act_;
   values_.push_back({name, {shape, dtype}, -1, {}, false});
   inputs_.push_back(int(values_.size()) - 1);
   return inputs_.back();
@@ -13,6 +14,8 @@ int Graph::add(const std::string& name, std::unique_ptr<Layer> layer, std::vecto
   n.name = name;
   n.setup.name = name;
   n.setup.training = training_;
+  n.setup.act = act_;
+  n.setup.device = device_;
   for (int v : inputs) {
     SAT_ASSERT(v >= 0 && size_t(v) < values_.size());
     n.setup.inputs.push_back(values_[size_t(v)].spec);

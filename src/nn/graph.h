@@ -33,8 +33,11 @@ struct Node {
 
 class Graph {
  public:
-  explicit Graph(bool training = true) : training_(training) {}
+  explicit Graph(bool training = true, DType act = DType::f32, Device device = Device::cpu)
+      : training_(training), act_(act), device_(device) {}
 
+  // A graph input; a floating input takes the activation dtype (the engine converts
+  // the loader's float32 batches on upload).
   int input(const std::string& name, Shape shape, DType dtype = DType::f32);
   int add(const std::string& name, std::unique_ptr<Layer> layer, std::vector<int> inputs);
   template <class L, class... Args>
@@ -45,6 +48,8 @@ class Graph {
   void set_logits(int v) { logits_ = v; }
 
   bool training() const { return training_; }
+  DType act() const { return act_; }
+  Device device() const { return device_; }
   int loss() const { return loss_; }
   int logits() const { return logits_; }
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -61,6 +66,8 @@ class Graph {
 
  private:
   bool training_;
+  DType act_;
+  Device device_;
   std::vector<Node> nodes_;
   std::vector<Value> values_;
   std::vector<int> inputs_;

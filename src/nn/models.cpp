@@ -142,7 +142,7 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
   BuiltModel m;
   m.config = cfg;
-  m.graph = std::make_unique<Graph>(training);
+  m.graph = std::make_unique<Graph>(training, cfg.act, cfg.device);
   Graph& g = *m.graph;
   if (cfg.tokens) {
     m.x_shape = Shape{B, cfg.seq_len};

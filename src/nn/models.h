@@ -17,6 +17,8 @@ struct ModelConfig {
   int64_t classes = 10;
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;  // GPT family
   float dropout = 0.0f;
+  Device device = Device::cpu;  // where the step runs
+  DType act = DType::f32;       // floating activations: f32, or bf16/f16 on the GPU
 };
 
 const std::vector<std::string>& model_names();

@@ -5,6 +5,10 @@
 
 #include "core/rng.h"
 
+#if SAT_HAVE_CUDA
+#include "backend/cuda/context.h"
+#endif
+
 namespace sat {
 namespace {
 int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -51,6 +55,58 @@ ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<P
   std::memset(grads_.data(), 0, grads_.bytes());
   if (optim_.bytes()) std::memset(optim_.data(), 0, optim_.bytes());
   if (states_.bytes()) std::memset(states_.data(), 0, states_.bytes());
+  p_ = params_.as<float>();
+  g_ = grads_.as<float>();
+  o_ = optim_.as<float>();
+  s_ = states_.as<uint8_t>();
+}
+
+size_t ParamStore::lp_bytes(const std::vector<ParamDecl>& params, DType lp) {
+  if (lp == DType::f32) return 0;
+  int64_t flat = 0;
+  for (auto& p : params) flat += pad16(p.spec.shape.numel());
+  return size_t(flat) * dtype_size(lp);
+}
+
+void ParamStore::to_device(Device dev, DType lp) {
+  SAT_CHECK(device_ == Device::cpu, "internal error: parameters are already on the GPU");
+  if (dev == Device::cpu) {
+    SAT_CHECK(lp == DType::f32, "--precision: bf16/f16 need --device cuda");
+    return;
+  }
+  dparams_ = DeviceBuffer(dev, params_.bytes(), "parameters");
+  dgrads_ = DeviceBuffer(dev, grads_.bytes(), "gradients");
+  doptim_ = DeviceBuffer(dev, optim_.bytes(), "optimizer state");
+  dstates_ = DeviceBuffer(dev, states_.bytes(), "model state");
+  device_copy(dparams_.data(), dev, params_.data(), Device::cpu, params_.bytes());
+  device_copy(dgrads_.data(), dev, grads_.data(), Device::cpu, grads_.bytes());
+  device_copy(doptim_.data(), dev, optim_.data(), Device::cpu, optim_.bytes());
+  device_copy(dstates_.data(), dev, states_.data(), Device::cpu, states_.bytes());
+  device_ = dev;
+  lp_dtype_ = lp;
+  p_ = dparams_.as<float>();
+  g_ = dgrads_.as<float>();
+  o_ = doptim_.as<float>();
+  s_ = dstates_.as<uint8_t>();
+  if (lp != DType::f32) {
+    lp_ = DeviceBuffer(dev, size_t(flat_) * dtype_size(lp), "low-precision parameters");
+    refresh_lp();
+  }
+}
+
+void ParamStore::refresh_lp() {
+  if (lp_dtype_ == DType::f32 || device_ == Device::cpu) return;
+#if SAT_HAVE_CUDA
+  cuda::convert(p_, DType::f32, lp_.data(), lp_dtype_, flat_, nullptr);
+  SAT_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
+void ParamStore::sync_to_host() {
+  if (device_ == Device::cpu) return;
+  device_copy(params_.data(), Device::cpu, p_, device_, params_.bytes());
+  device_copy(optim_.data(), Device::cpu, o_, device_, optim_.bytes());
+  device_copy(states_.data(), Device::cpu, s_, device_, states_.bytes());
 }
 
 int64_t ParamStore::param_count() const {
@@ -73,7 +129,7 @@ int ParamStore::find_state(const std::string& name) const {
 
 static void init_states(const ParamStore& ps) {
   for (size_t i = 0; i < ps.num_states(); ++i) {
-    Tensor t = ps.state(i);
+    Tensor t = ps.host_state(i);
     std::memset(t.ptr, 0, t.bytes());
     const ParamInit& in = ps.state_decl(i).init;
     if (t.dtype != DType::f32) continue;
@@ -83,8 +139,9 @@ static void init_states(const ParamStore& ps) {
 }
 
 void ParamStore::init(uint64_t seed) {
+  SAT_CHECK(device_ == Device::cpu, "internal error: initialise parameters before moving them to the GPU");
   for (size_t i = 0; i < decls_.size(); ++i) {
-    Tensor t = param(i);
+    Tensor t = host_param(i);
     const ParamInit& in = decls_[i].init;
     Rng rng(mix_seed(seed, fnv1a64(decls_[i].name)));
     float* p = t.f32();
@@ -105,8 +162,9 @@ void ParamStore::init(uint64_t seed) {
 // Norm weights (init ones): 1 + 0.1 v; other 1-D: 0.1 v; >= 2-D: v / sqrt(fan_in),
 // v = 2 unit(fnv1a64(name), k) - 1 in double, stored as float.
 void ParamStore::init_parity() {
+  SAT_CHECK(device_ == Device::cpu, "internal error: initialise parameters before moving them to the GPU");
   for (size_t i = 0; i < decls_.size(); ++i) {
-    Tensor t = param(i);
+    Tensor t = host_param(i);
     const ParamDecl& d = decls_[i];
     uint64_t h = fnv1a64(d.name);
     int64_t n = t.numel();
@@ -123,6 +181,7 @@ void ParamStore::init_parity() {
 
 void ParamStore::zero_optimizer_state() {
   if (optim_.bytes()) std::memset(optim_.data(), 0, optim_.bytes());
+  if (device_ != Device::cpu) device_memset(o_, device_, 0, optim_.bytes());
 }
 
 }  // namespace sat

@@ -32,8 +32,8 @@ struct Entry { std::string name; Tensor t; };
 std::vector<Entry> entries(const ParamStore& ps) {
   std::vector<Entry> e;
   for (size_t i = 0; i < ps.num_params(); ++i)
-    if (!ps.decl(i).shared) e.push_back({ps.decl(i).name, ps.param(i)});
-  for (size_t i = 0; i < ps.num_states(); ++i) e.push_back({ps.state_decl(i).name, ps.state(i)});
+    if (!ps.decl(i).shared) e.push_back({ps.decl(i).name, ps.host_param(i)});
+  for (size_t i = 0; i < ps.num_states(); ++i) e.push_back({ps.state_decl(i).name, ps.host_state(i)});
   return e;
 }
 
@@ -70,6 +70,7 @@ void save_safetensors(const std::string& path, const ParamStore& ps, const std::
 }
 
 void load_safetensors(const std::string& path, ParamStore& ps) {
+  SAT_CHECK(ps.device() == Device::cpu, "internal error: load weights before moving parameters to the GPU");
   std::ifstream f(path, std::ios::binary);
   SAT_CHECK(f, path, ": cannot open safetensors file: ", std::strerror(errno));
   f.seekg(0, std::ios::end);

@@ -10,6 +10,7 @@ namespace sat {
 
 // Writes atomically (to FILE.tmp, then renamed), so an existing file is never lost
 // to a failed write.
+// Writes the host copies: on the GPU, call ps.sync_to_host() first.
 void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name);
 // Loads every parameter and state tensor; a missing tensor, a wrong shape or dtype,
 // an unknown tensor name or a corrupt file is a sat::Error naming the file.

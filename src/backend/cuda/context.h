@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -58,8 +59,6 @@ struct CudaCtx {
   int cc_major = 0, cc_minor = 0;
 };
 
-// Default workspace for cuBLASLt/cuDNN: 32 MiB (cuBLASLt's recommendation for Hopper).
-constexpr size_t kCudaWorkspaceBytes = size_t(32) << 20;
 
 // Creates streams and handles on `device` and allocates the workspace (counted in
 // the device memory statistics). Destroy with cuda_ctx_destroy.
@@ -107,6 +106,10 @@ inline unsigned grid_for(int64_t n, int block = 256) {
 void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n, cudaStream_t stream);
 // dst[i] = value (f32, bf16 or f16 destination).
 void fill(void* dst, DType t, float value, int64_t n, cudaStream_t stream);
+// dst[i] += src[i] (same float dtype), float32 arithmetic.
+void add_into(void* dst, const void* src, DType t, int64_t n, cudaStream_t stream);
+// *x *= *scale, both f32 scalars in device memory (seeds backward with the loss scale).
+void scale_scalar(float* x, const float* scale, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace sat

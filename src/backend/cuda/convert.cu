@@ -3,6 +3,8 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/dtype.cuh"
 
+#include <type_traits>
+
 namespace sat::cuda {
 namespace {
 
@@ -17,6 +19,14 @@ __global__ void fill_kernel(D* __restrict__ d, float v, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     d[i] = from_f<D>(v);
 }
+
+template <typename T>
+__global__ void add_kernel(T* __restrict__ d, const T* __restrict__ s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[i] = from_f<T>(to_f<T>(d[i]) + to_f<T>(s[i]));
+}
+
+__global__ void scale_scalar_kernel(float* x, const float* scale) { *x *= *scale; }
 
 unsigned grid_capped(int64_t n) {
   unsigned g = grid_for(n);
@@ -58,6 +68,20 @@ void fill(void* dst, DType t, float value, int64_t n, cudaStream_t stream) {
     case DType::f16: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<__half*>(dst), value, n); break;
     default: fail("cuda::fill: unsupported dtype ", dtype_name(t));
   }
+  SAT_CUDA_LAUNCH_CHECK();
+}
+
+void add_into(void* dst, const void* src, DType t, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  dispatch_float(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    add_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src), n);
+  });
+  SAT_CUDA_LAUNCH_CHECK();
+}
+
+void scale_scalar(float* x, const float* scale, cudaStream_t stream) {
+  scale_scalar_kernel<<<1, 1, 0, stream>>>(x, scale);
   SAT_CUDA_LAUNCH_CHECK();
 }
 
