@@ -810,3 +810,237 @@ TEST(DataLoader, WorkerErrorIsRethrownAndShutdownIsClean) {
     }
   }
 }
+
+// ------------------------------------------------------------------------- data-parallel sharding
+
+namespace {
+// Sample i = {i}, label i: a batch's labels are the permutation's sample indices.
+std::unique_ptr<Dataset> label_index_dataset(int64_t n) {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int64_t i = 0; i < n; ++i) {
+    x.push_back(float(i));
+    y.push_back(int32_t(i));
+  }
+  return make_tensor_dataset(Shape{1}, std::move(x), std::move(y), Shape{}, n, "indexed");
+}
+
+// The labels of one batch, checking that x agrees with them (x = {label}, or 0 when padded).
+std::vector<int32_t> batch_labels(const Batch& b) {
+  std::vector<int32_t> y(b.y.i32(), b.y.i32() + b.y.numel());
+  for (int64_t r = 0; r < b.y.numel(); ++r) EXPECT_EQ(b.x.f32()[r], y[size_t(r)] < 0 ? 0.0f : float(y[size_t(r)]));
+  return y;
+}
+
+// All batches of one epoch, each as its labels.
+std::vector<std::vector<int32_t>> epoch_batches(BatchLoader& L, int64_t epoch) {
+  L.start_epoch(epoch);
+  std::vector<std::vector<int32_t>> out;
+  Batch b;
+  while (L.next(b)) {
+    EXPECT_EQ(b.epoch, epoch);
+    EXPECT_EQ(b.index, int64_t(out.size()));
+    EXPECT_EQ(b.y.shape, Shape{L.batch_size()});
+    out.push_back(batch_labels(b));
+    int64_t real = 0;
+    for (int32_t v : out.back()) real += v >= 0;
+    EXPECT_EQ(b.valid, real);
+    for (int64_t r = 0; r < b.valid; ++r) EXPECT_GE(out.back()[size_t(r)], 0) << "real rows come first";
+  }
+  return out;
+}
+}  // namespace
+
+TEST(DataShard, WorldOneIsTodaysLoader) {
+  // Sharding{} and an explicit rank 0 of world 1 give the loader's usual batches.
+  auto ds = label_index_dataset(23);
+  for (bool train : {true, false}) {
+    BatchLoader plain(*ds, 4, true, 9, train, 2);
+    BatchLoader sharded(*ds, 4, true, 9, train, 0, Sharding{0, 1, 1, LastBatch::drop});
+    auto a = epoch_batches(plain, 3), b = epoch_batches(sharded, 3);
+    EXPECT_EQ(a, b);
+    auto order = BatchLoader::epoch_order(23, true, 9, 3);
+    ASSERT_EQ(a.size(), train ? 5u : 6u);
+    for (size_t k = 0; k < a.size(); ++k)
+      for (size_t r = 0; r < 4; ++r) {
+        const size_t q = k * 4 + r;
+        EXPECT_EQ(a[k][r], q < 23 ? int32_t(order[q]) : -1);
+      }
+  }
+}
+
+TEST(DataShard, RanksTogetherAreOneGlobalBatch) {
+  for (int64_t n : {1, 7, 50, 97}) {
+    auto ds = label_index_dataset(n);
+    for (LastBatch last : {LastBatch::drop, LastBatch::pad}) {
+      for (int world : {1, 2, 3, 4}) {
+        for (int64_t K : {1, 2, 3}) {
+          for (int64_t b : {1, 3, 4}) {
+            const int64_t G = int64_t(world) * K * b;
+            if (last == LastBatch::drop && G > n) continue;  // an error, tested below
+            const std::string what = str_cat("n ", n, " world ", world, " K ", K, " b ", b,
+                                             last == LastBatch::pad ? " pad" : " drop");
+            const int64_t steps = last == LastBatch::pad ? (n + G - 1) / G : n / G;
+            ASSERT_EQ(BatchLoader::train_steps(n, b, K, world, last), steps) << what;
+            BatchLoader one(*ds, G, true, 17, true, 1, Sharding{0, 1, 1, last});
+            ASSERT_EQ(one.batches_per_epoch(), steps) << what;
+            for (int64_t epoch : {0, 1}) {
+              const auto order = BatchLoader::epoch_order(n, true, 17, epoch);
+              const auto global = epoch_batches(one, epoch);
+              ASSERT_EQ(int64_t(global.size()), steps) << what;
+              std::vector<std::vector<std::vector<int32_t>>> ranks;  // [rank][micro-batch] labels
+              for (int r = 0; r < world; ++r) {
+                BatchLoader L(*ds, b, true, 17, true, r % 2 ? 0 : 2, Sharding{r, world, K, last});
+                EXPECT_EQ(L.batches_per_epoch(), steps * K) << what;
+                EXPECT_EQ(L.steps_per_epoch(), steps) << what;
+                EXPECT_EQ(L.global_batch(), G) << what;
+                ranks.push_back(epoch_batches(L, epoch));
+                ASSERT_EQ(int64_t(ranks.back().size()), steps * K) << what << " rank " << r;
+              }
+              std::vector<int64_t> uses(size_t(n), 0);
+              for (int64_t k = 0; k < steps; ++k) {
+                // Rank-major concatenation of the step's micro-batches = the global batch.
+                std::vector<int32_t> cat;
+                for (int r = 0; r < world; ++r)
+                  for (int64_t m = 0; m < K; ++m) {
+                    const auto& mb = ranks[size_t(r)][size_t(k * K + m)];
+                    ASSERT_EQ(int64_t(mb.size()), b);
+                    for (int64_t j = 0; j < b; ++j) {
+                      // The documented slice: positions k*G + (r*K + m)*b + j (mod n under pad).
+                      const int64_t q = k * G + (r * K + m) * b + j;
+                      ASSERT_EQ(mb[size_t(j)], int32_t(order[size_t(q % n)])) << what << " step " << k;
+                    }
+                    cat.insert(cat.end(), mb.begin(), mb.end());
+                  }
+                ASSERT_EQ(cat, global[size_t(k)]) << what << " step " << k;
+                for (int32_t v : cat) {
+                  ASSERT_GE(v, 0) << "training batches hold real samples only";
+                  uses[size_t(v)]++;
+                }
+              }
+              // Sample use: drop leaves out exactly the last n mod G positions; pad repeats
+              // exactly the first steps*G - n positions (wrapping around when G > n).
+              std::vector<int64_t> expect(size_t(n), 0);
+              for (int64_t q = 0; q < steps * G; ++q) expect[size_t(order[size_t(q % n)])]++;
+              EXPECT_EQ(uses, expect) << what;
+              if (last == LastBatch::drop) {
+                for (int64_t q = 0; q < n; ++q)
+                  ASSERT_EQ(uses[size_t(order[size_t(q)])], q < n - n % G ? 1 : 0) << what;
+              } else if (steps * G - n <= n) {
+                for (int64_t q = 0; q < n; ++q)
+                  ASSERT_EQ(uses[size_t(order[size_t(q)])], q < steps * G - n ? 2 : 1) << what;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DataShard, AccumulationKeepsTheSingleProcessMicroBatchOrder) {
+  // World 1 with K micro-batches per step: micro-batch k*K + m is today's batch k*K + m
+  // of a loader with batch b; only the epoch's end moves to a multiple of K*b.
+  auto ds = label_index_dataset(103);
+  for (int64_t K : {2, 3, 5}) {
+    BatchLoader today(*ds, 4, true, 5, true, 2);
+    BatchLoader accum(*ds, 4, true, 5, true, 2, Sharding{0, 1, K, LastBatch::drop});
+    auto a = epoch_batches(today, 2), b = epoch_batches(accum, 2);
+    EXPECT_EQ(int64_t(b.size()), 103 / (K * 4) * K);
+    ASSERT_LE(b.size(), a.size());
+    for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[i], b[i]) << "K " << K << " micro-batch " << i;
+  }
+}
+
+TEST(DataShard, PaddedEpochCompletesEveryRank) {
+  // 10 samples, G = 2 ranks x 2 x 3 = 12: under pad one step, positions 10 and 11 are
+  // the permutation's first two samples again; rank 1's second micro-batch ends with them.
+  auto ds = label_index_dataset(10);
+  const auto order = BatchLoader::epoch_order(10, true, 3, 0);
+  BatchLoader r1(*ds, 3, true, 3, true, 2, Sharding{1, 2, 2, LastBatch::pad});
+  auto got = epoch_batches(r1, 0);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], (std::vector<int32_t>{int32_t(order[6]), int32_t(order[7]), int32_t(order[8])}));
+  EXPECT_EQ(got[1], (std::vector<int32_t>{int32_t(order[9]), int32_t(order[0]), int32_t(order[1])}));
+  // G larger than twice the data: positions wrap around more than once, still full batches.
+  BatchLoader big(*ds, 8, true, 3, true, 0, Sharding{2, 3, 1, LastBatch::pad});
+  got = epoch_batches(big, 0);
+  ASSERT_EQ(got.size(), 1u);
+  for (int64_t j = 0; j < 8; ++j) EXPECT_EQ(got[0][size_t(j)], int32_t(order[size_t((16 + j) % 10)]));
+}
+
+TEST(DataShard, GlobalBatchLargerThanTheDataIsAnErrorUnderDrop) {
+  auto ds = label_index_dataset(10);
+  expect_error([&] { BatchLoader L(*ds, 2, true, 0, true, 2, Sharding{1, 3, 2, LastBatch::drop}); },
+               {"--batch x --accum x ranks = 2 x 2 x 3 = 12", "10 samples", "indexed"});
+  expect_error([&] { BatchLoader L(*ds, 11, true, 0, true, 2); }, {"= 11", "10 samples", "indexed"});
+  EXPECT_EQ(BatchLoader::train_steps(10, 2, 2, 3, LastBatch::drop), 0);
+  BatchLoader exact(*ds, 5, true, 0, true, 2, Sharding{1, 2, 1, LastBatch::drop});  // G == n is fine
+  EXPECT_EQ(exact.batches_per_epoch(), 1);
+  // Evaluation never refuses: it pads.
+  BatchLoader eval(*ds, 4, false, 0, false, 2, Sharding{3, 4, 7, LastBatch::drop});
+  EXPECT_EQ(eval.batches_per_epoch(), 1);
+  // Bad sharding arguments.
+  expect_error([&] { BatchLoader L(*ds, 2, true, 0, true, 2, Sharding{2, 2, 1, LastBatch::drop}); },
+               {"rank 2", "< 2"});
+  expect_error([&] { BatchLoader L(*ds, 2, true, 0, true, 2, Sharding{-1, 2, 1, LastBatch::drop}); }, {"rank -1"});
+  expect_error([&] { BatchLoader L(*ds, 2, true, 0, true, 2, Sharding{0, 0, 1, LastBatch::drop}); }, {"world size 0"});
+  expect_error([&] { BatchLoader L(*ds, 2, true, 0, true, 2, Sharding{0, 1, 0, LastBatch::drop}); }, {"--accum 0"});
+}
+
+TEST(DataShard, EvaluationCoversEverySampleOnceWithEqualBatchCounts) {
+  for (int64_t n : {1, 2, 3, 7, 10, 23, 64}) {
+    auto ds = label_index_dataset(n);
+    for (int world : {1, 2, 3, 4}) {
+      for (int64_t b : {1, 3, 4, 8}) {
+        const std::string what = str_cat("n ", n, " world ", world, " b ", b);
+        const int64_t E = BatchLoader::eval_batches(n, b, world);
+        const int64_t largest = (n + world - 1) / world;
+        EXPECT_EQ(E, std::max<int64_t>(1, (largest + b - 1) / b)) << what;
+        std::vector<int32_t> seen;
+        for (int r = 0; r < world; ++r) {
+          BatchLoader L(*ds, b, false, 0, false, r % 2 ? 2 : 0, Sharding{r, world, 3, LastBatch::pad});
+          EXPECT_EQ(L.batches_per_epoch(), E) << what;
+          for (int64_t epoch : {0, 1}) {
+            auto batches = epoch_batches(L, epoch);
+            ASSERT_EQ(int64_t(batches.size()), E) << what << " rank " << r;
+            std::vector<int32_t> mine;
+            for (auto& y : batches)
+              for (int32_t v : y)
+                if (v >= 0) mine.push_back(v);
+            // A contiguous shard in file order; the first n mod world ranks get one more.
+            const int64_t size = n / world + (r < n % world ? 1 : 0);
+            ASSERT_EQ(int64_t(mine.size()), size) << what << " rank " << r;
+            for (size_t i = 1; i < mine.size(); ++i) ASSERT_EQ(mine[i], mine[i - 1] + 1) << what;
+            if (epoch == 0) seen.insert(seen.end(), mine.begin(), mine.end());
+          }
+        }
+        std::vector<int32_t> all(static_cast<size_t>(n));
+        std::iota(all.begin(), all.end(), 0);
+        EXPECT_EQ(seen, all) << what << ": rank-major shards are the test set once, in order";
+      }
+    }
+  }
+  // Shuffled evaluation shards the epoch's permutation the same way.
+  auto ds = label_index_dataset(11);
+  const auto order = BatchLoader::epoch_order(11, true, 4, 2);
+  std::vector<int32_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    BatchLoader L(*ds, 2, true, 4, false, 2, Sharding{r, 3, 1, LastBatch::drop});
+    for (auto& y : epoch_batches(L, 2))
+      for (int32_t v : y)
+        if (v >= 0) seen.push_back(v);
+  }
+  ASSERT_EQ(seen.size(), order.size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], int32_t(order[i]));
+}
+
+TEST(DataShard, BuffersDoNotDependOnSharding) {
+  auto ds = label_index_dataset(100);
+  const size_t before = mem_stats().current;
+  {
+    BatchLoader L(*ds, 5, true, 0, true, 3, Sharding{3, 4, 2, LastBatch::pad});
+    EXPECT_EQ(mem_stats().current - before, BatchLoader::buffer_bytes(*ds, 5, 3));
+  }
+  EXPECT_EQ(mem_stats().current, before);
+}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "core/rng.h"
@@ -30,16 +31,47 @@ std::vector<int64_t> BatchLoader::epoch_order(int64_t n, bool shuffle, uint64_t 
   return p;
 }
 
-BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool drop_last,
-                         int prefetch)
-    : ds_(ds), batch_(batch), shuffle_(shuffle), drop_last_(drop_last), seed_(seed), prefetch_(prefetch) {
+int64_t BatchLoader::train_steps(int64_t n, int64_t batch, int64_t accum, int world, LastBatch last) {
+  SAT_CHECK(batch >= 1 && accum >= 1 && world >= 1, "train_steps: batch ", batch, ", accum ", accum, ", world ",
+            world, ": expected positive values");
+  const int64_t g = batch * accum * int64_t(world);
+  return last == LastBatch::pad ? (n + g - 1) / g : n / g;
+}
+
+int64_t BatchLoader::eval_batches(int64_t n, int64_t batch, int world) {
+  SAT_CHECK(batch >= 1 && world >= 1, "eval_batches: batch ", batch, ", world ", world,
+            ": expected positive values");
+  const int64_t largest_shard = (n + world - 1) / world;
+  return std::max<int64_t>((largest_shard + batch - 1) / batch, 1);
+}
+
+BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool train, int prefetch,
+                         const Sharding& shard)
+    : ds_(ds), batch_(batch), shuffle_(shuffle), train_(train), seed_(seed), prefetch_(prefetch), shard_(shard) {
   SAT_CHECK(batch > 0, "batch size ", batch, " for ", ds.name(), ": expected a positive batch size");
   SAT_CHECK(prefetch >= 0, "prefetch depth ", prefetch, ": expected >= 0");
+  SAT_CHECK(shard.world >= 1, "data-parallel world size ", shard.world, ": expected at least 1 rank");
+  SAT_CHECK(shard.rank >= 0 && shard.rank < shard.world, "data-parallel rank ", shard.rank,
+            ": expected 0 <= rank < ", shard.world, " (the number of ranks)");
+  SAT_CHECK(shard.accum >= 1, "--accum ", shard.accum, ": expected a positive number of micro-batches per step");
   const int64_t n = ds.size();
   SAT_CHECK(n > 0, ds.name(), " has no samples");
-  batches_ = drop_last ? n / batch : (n + batch - 1) / batch;
-  SAT_CHECK(batches_ > 0, "batch size ", batch, " is larger than ", ds.name(), " (", n,
-            " samples): dropping the partial batch would leave no batch; expected a batch size <= ", n);
+  if (train) {
+    SAT_CHECK(shard.accum <= std::numeric_limits<int64_t>::max() / batch / shard.world,
+              "global batch --batch x --accum x ranks = ", batch, " x ", shard.accum, " x ", shard.world,
+              " is too large");
+    const int64_t g = global_batch();
+    batches_ = train_steps(n, batch, shard.accum, shard.world, shard.last) * shard.accum;
+    SAT_CHECK(batches_ > 0, "--batch x --accum x ranks = ", batch, " x ", shard.accum, " x ", shard.world, " = ", g,
+              " (global batch; batch size ", batch, ") exceeds the ", n, " samples of the training set ", ds.name(),
+              ": dropping the partial global batch would leave no batch; expected a global batch <= ", n,
+              " (or pad the last batch)");
+  } else {
+    const int64_t q = n / shard.world, rem = n % shard.world, r = shard.rank;
+    shard_begin_ = r * q + std::min<int64_t>(r, rem);
+    shard_size_ = q + (r < rem ? 1 : 0);
+    batches_ = eval_batches(n, batch, shard.world);
+  }
   x_row_bytes_ = ds.sample_bytes();
   y_row_ = ds.label_numel();
   std::vector<int64_t> xs{batch}, ys{batch};
@@ -76,17 +108,32 @@ void BatchLoader::start_epoch(int64_t epoch) {
   work_cv_.notify_one();
 }
 
+int64_t BatchLoader::position(int64_t b, int64_t row) const {
+  if (train_) {
+    // Micro-batch m of global batch k: positions k*G + (rank*K + m)*b + [0, b).
+    const int64_t K = shard_.accum, k = b / K, m = b % K;
+    const int64_t q = k * global_batch() + (int64_t(shard_.rank) * K + m) * batch_ + row;
+    return q % ds_.size();  // q >= N only under pad: the epoch's first samples again
+  }
+  const int64_t i = b * batch_ + row;  // evaluation: within this rank's contiguous shard
+  return i < shard_size_ ? shard_begin_ + i : -1;
+}
+
+int64_t BatchLoader::valid_rows(int64_t b) const {
+  if (train_) return batch_;
+  return std::clamp<int64_t>(shard_size_ - b * batch_, 0, batch_);
+}
+
 void BatchLoader::fill(int64_t b, Slot& slot) const {
-  const int64_t n = ds_.size();
   uint8_t* x = slot.x.as<uint8_t>();
   int32_t* y = slot.y.as<int32_t>();
   for (int64_t r = 0; r < batch_; ++r) {
-    const int64_t k = b * batch_ + r;
+    const int64_t k = position(b, r);
     uint8_t* xr = x + size_t(r) * x_row_bytes_;
     int32_t* yr = y + r * y_row_;
-    if (k < n) {
+    if (k >= 0) {
       ds_.get(order_[size_t(k)], xr, yr);
-    } else {  // padding of the final evaluation batch
+    } else {  // padding of an evaluation batch
       std::memset(xr, 0, x_row_bytes_);
       std::fill(yr, yr + y_row_, -1);
     }
@@ -97,7 +144,7 @@ Batch BatchLoader::make_batch(int64_t b, Slot& slot) const {
   Batch out;
   out.x = Tensor(slot.x.data(), x_shape_, ds_.sample_dtype());
   out.y = Tensor(slot.y.data(), y_shape_, DType::i32);
-  out.valid = std::min(batch_, ds_.size() - b * batch_);
+  out.valid = valid_rows(b);
   out.epoch = epoch_;
   out.index = b;
   return out;

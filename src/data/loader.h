@@ -1,19 +1,41 @@
-// BatchLoader: batches of a Dataset in a seeded order, prefetched by a background thread.
+// BatchLoader: batches of a Dataset in a seeded order, prefetched by a background thread,
+// optionally one rank's shard of a data-parallel run.
 //
 // Order of an epoch: with shuffle, the Fisher-Yates permutation drawn from
 // Rng(mix_seed(seed, epoch)) (core/rng.h):
 //     p = [0, 1, ..., N-1];  for i = N-1 down to 1: j = rng.below(i+1); swap(p[i], p[j])
-// (a peer script can reproduce it exactly); without shuffle, file order 0..N-1.
-// Batch k takes p[k*B .. k*B+B). With drop_last a partial final batch is dropped
-// (training); without it (evaluation) the final batch is padded to B rows: padded x is
-// zero and padded y is -1 (ignored by the loss), and Batch::valid says how many rows are
-// real. Every batch therefore has exactly B rows, so the static plan sees one shape.
+// (a peer script can reproduce it exactly); without shuffle, file order 0..N-1. Every
+// rank draws the same permutation (the seed does not depend on the rank).
+//
+// Training (train = true; the argument was called drop_last): micro-batch b = `batch`,
+// Sharding{rank r, world w, accum K, last}; the global batch is G = w*K*b. Global batch k
+// (optimizer step k of the epoch) covers permutation positions [k*G, (k+1)*G); rank r's
+// micro-batch m (0 <= m < K) of it is positions [k*G + (r*K + m)*b, ... + b). Rank r hands
+// out its micro-batches in the order (k, m), so Batch::index = k*K + m. Concatenating the
+// ranks' K micro-batches rank-major gives exactly batch k of a one-process loader with
+// batch G; with w = 1, K = 1 this is plain batch k = p[k*b .. k*b+b).
+//   last = drop: floor(N/G) global batches; the last N mod G positions are not used.
+//   last = pad:  ceil(N/G) global batches; the last one is completed with the epoch's first
+//                samples again (position q >= N reads p[q mod N]), so every rank gets full
+//                micro-batches of real samples.
+// Every training batch has b real rows (valid == b). With drop and N < G there would be
+// no batch at all: the constructor throws, naming G and N.
+//
+// Evaluation (train = false): the epoch's N samples are split into w contiguous shards
+// (rank r gets N/w samples, plus one when r < N mod w) and each shard is batched by b;
+// the final batch is padded to b rows: padded x is zero and padded y is -1 (ignored by
+// the loss), and Batch::valid says how many rows are real. Every sample is evaluated
+// exactly once across ranks, and every rank gets the same number of batches,
+// eval_batches(N, b, w) (ranks with fewer real batches get batches with valid == 0, all
+// y == -1), so collectives stay in step. Every batch therefore has exactly b rows, so
+// the static plan sees one shape.
 //
 // Memory: a ring of `prefetch` batch buffers (x and y per slot), allocated through
-// sat::Buffer so they are counted; buffer_bytes() predicts them exactly. A worker thread
-// fills up to `prefetch` batches ahead; the batch handed out by next() stays valid (its
-// slot is not refilled) until the following call to next() or start_epoch(). With
-// prefetch = 0 there is no thread: next() reads the batch itself into a single buffer.
+// sat::Buffer so they are counted; buffer_bytes() predicts them exactly (they hold one
+// micro-batch of b rows each, whatever the sharding). A worker thread fills up to
+// `prefetch` batches ahead; the batch handed out by next() stays valid (its slot is not
+// refilled) until the following call to next() or start_epoch(). With prefetch = 0 there
+// is no thread: next() reads the batch itself into a single buffer.
 // The worker waits on condition variables (no busy-waiting); an exception thrown while
 // reading (by Dataset::get) is rethrown by next() (after the batches read before it),
 // and again by every later next(): a loader that failed stays failed. The destructor
@@ -40,9 +62,24 @@ struct Batch {
   int64_t index = 0;   // batch number within the epoch
 };
 
+// How a training epoch ends when N is not a multiple of the global batch (see above).
+enum class LastBatch { drop, pad };
+
+// This process's part of a data-parallel run. The defaults are a single process.
+struct Sharding {
+  int rank = 0;                      // 0 <= rank < world
+  int world = 1;                     // number of ranks
+  int64_t accum = 1;                 // K: micro-batches per optimizer step (training)
+  LastBatch last = LastBatch::drop;  // training only; evaluation always pads with -1
+};
+
 class BatchLoader {
  public:
-  BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool drop_last, int prefetch = 2);
+  // `batch` is the micro-batch b; `train` selects the training order (true: global
+  // batches, the tail dropped or padded per shard.last) or evaluation (false: contiguous
+  // shards padded with -1).
+  BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool train, int prefetch = 2,
+              const Sharding& shard = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -56,28 +93,44 @@ class BatchLoader {
   // The next batch of the current epoch; false when the epoch is over.
   bool next(Batch& out);
 
+  // Batches next() hands out per epoch on this rank: training steps_per_epoch()*K
+  // micro-batches, evaluation eval_batches(N, b, w).
   int64_t batches_per_epoch() const { return batches_; }
+  // Optimizer steps (global batches) per epoch; evaluation: batches_per_epoch().
+  int64_t steps_per_epoch() const { return train_ ? batches_ / shard_.accum : batches_; }
   int64_t batch_size() const { return batch_; }
+  int64_t global_batch() const { return batch_ * shard_.accum * shard_.world; }  // G (training)
+  const Sharding& sharding() const { return shard_; }
   int64_t epoch() const { return epoch_; }
   // The sample order of the current epoch (valid after start_epoch).
   const std::vector<int64_t>& order() const { return order_; }
   // The order of any epoch, computed without touching the loader's state.
   static std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch);
+  // Global batches (optimizer steps) per training epoch of n samples; 0 under drop when
+  // n < G (the constructor refuses that).
+  static int64_t train_steps(int64_t n, int64_t batch, int64_t accum, int world, LastBatch last);
+  // Evaluation batches every rank runs: ceil(ceil(n / world) / batch).
+  static int64_t eval_batches(int64_t n, int64_t batch, int world);
 
  private:
   struct Slot {
     Buffer x, y;
   };
+  // Permutation position of row `row` of this rank's batch b, or -1 for a padded row.
+  int64_t position(int64_t b, int64_t row) const;
+  int64_t valid_rows(int64_t b) const;
   void fill(int64_t b, Slot& slot) const;  // reads batch b of the current order into slot
   void worker();
   Batch make_batch(int64_t b, Slot& slot) const;
 
   const Dataset& ds_;
   const int64_t batch_;
-  const bool shuffle_, drop_last_;
+  const bool shuffle_, train_;
   const uint64_t seed_;
   const int prefetch_;
+  const Sharding shard_;
   int64_t batches_ = 0;
+  int64_t shard_begin_ = 0, shard_size_ = 0;  // evaluation: this rank's positions
   size_t x_row_bytes_ = 0;
   int64_t y_row_ = 0;
   Shape x_shape_, y_shape_;
