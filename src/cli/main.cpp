@@ -18,6 +18,10 @@
 #include "nn/engine.h"
 #include "nn/models.h"
 #include "nn/safetensors.h"
+#include "backend/device.h"
+#include "dist/bench_comm.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
 #include "train/trainer.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -56,6 +60,8 @@ struct TrainArgs {
   bool nesterov = false, profile = false;
   uint64_t seed = 0;
   int threads = 0;
+  std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
+  double bucket_mb = 25;
   std::string init_weights, save_weights, out, normalize, eval = "on";
 };
 
@@ -132,22 +138,42 @@ int run_train(const TrainArgs& a) {
   cfg.evaluate = a.eval == "on";
   cfg.out_dir = a.out;
   cfg.profile = a.profile;
+  cfg.device = a.device;
+  cfg.precision = a.precision;
+  SAT_CHECK(a.cuda_graph == "on" || a.cuda_graph == "off", "--cuda-graph: expected on or off, got '", a.cuda_graph, "'");
+  cfg.cuda_graph = a.cuda_graph == "on";
+  SAT_CHECK(a.last_batch == "drop" || a.last_batch == "pad", "--last-batch: expected drop or pad, got '", a.last_batch, "'");
+  cfg.last_batch = a.last_batch == "pad" ? sat::LastBatch::pad : sat::LastBatch::drop;
+  cfg.bucket_mb = a.bucket_mb;
+  // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.
+  std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();
+  cfg.comm = comm.get();
+  const bool lead = comm->rank() == 0;
+  const int world = comm->size();
+  if (!lead) {
+    cfg.progress = 0;
+    cfg.out_dir.clear();
+  }
 
-  std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
+  if (lead) std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
   sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
+  SAT_CHECK(a.init_weights.empty() || a.device == "cpu" || sat::resolve_device(a.device) == sat::Device::cpu,
+            "--init-weights with --device cuda is not supported yet: load on the CPU (--device cpu)");
   if (!a.init_weights.empty()) sat::load_safetensors(a.init_weights, trainer.params());
   const auto& plan = trainer.memory_plan();
-  std::fprintf(stderr, "%lld parameters, micro-batch %lld x %lld accumulation, %d threads, predicted memory %s\n",
-               (long long)trainer.params().param_count(), (long long)a.batch, (long long)a.accum,
-               sat::cpu::num_threads(), sat::format_bytes(double(plan.total())).c_str());
+  if (lead)
+    std::fprintf(stderr, "%lld parameters, micro-batch %lld x %lld accumulation x %d rank(s), %d threads, predicted memory %s\n",
+                 (long long)trainer.params().param_count(), (long long)a.batch, (long long)a.accum, world,
+                 sat::cpu::num_threads(), sat::format_bytes(double(plan.device ? plan.device : plan.total())).c_str());
   sat::TrainResult r = trainer.run();
+  if (!lead) return 0;
   if (a.profile) std::fprintf(stderr, "%s", trainer.profile_report().c_str());
   if (!a.save_weights.empty()) {
     sat::save_safetensors(a.save_weights, trainer.params(), mc.name);
     std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
   }
 
-  const int64_t gb = a.batch * a.accum;
+  const int64_t gb = r.global_batch;
   std::printf("final train loss %.4f", r.final_train_loss);
   if (r.test) {
     std::printf(", test loss %.4f", r.test->loss);
@@ -162,11 +188,17 @@ int run_train(const TrainArgs& a) {
     s["model"] = mc.name;
     s["parameters"] = trainer.params().param_count();
     s["data"] = data.description;
-    s["device"] = "cpu";
+    s["device"] = r.device;
+    if (!r.device_name.empty()) s["device_name"] = r.device_name;
+    s["precision"] = r.precision;
     s["threads"] = sat::cpu::num_threads();
     s["batch"] = a.batch;
     s["accum"] = a.accum;
     s["global_batch"] = gb;
+    s["world_size"] = r.world_size;
+    s["comm_seconds"] = r.comm_seconds;
+    s["comm_hidden_fraction"] = r.comm_hidden_fraction;
+    s["rank_step_seconds"] = r.rank_step_seconds;
     s["steps"] = r.steps;
     s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
                       {"nesterov", cfg.optim.nesterov}, {"weight_decay", sat::resolve_optim(cfg.optim).weight_decay}};
@@ -186,6 +218,17 @@ int run_train(const TrainArgs& a) {
     s["predicted_memory_bytes"] = r.predicted_memory_bytes;
     s["peak_memory_bytes"] = r.peak_memory_bytes;
     s["memory_plan"] = plan_json(plan);
+    if (r.device == "cuda") {
+      s["device_memory_used_bytes"] = r.device_memory_used_bytes;
+      s["graph_replay"] = r.graph_replay;
+      s["kernels_per_step"] = r.kernels_per_step;
+      s["launches_per_step"] = r.launches_per_step;
+      s["gpu_utilization_mean"] = r.gpu_utilization_mean;
+      if (r.precision == "fp16") {
+        s["skipped_steps"] = r.skipped_steps;
+        s["loss_scale"] = r.loss_scale;
+      }
+    }
     s["train_seconds"] = r.train_seconds;
     s["wall_seconds"] = sat::now_seconds() - t0;
     write_json_atomic(a.out + "/summary.json", s);
@@ -265,6 +308,11 @@ int main(int argc, char** argv) {
   train->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
   train->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
   train->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
+  train->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
+  train->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (GPU: mixed precision, fp32 master weights)")->capture_default_str();
+  train->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
+  train->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")->capture_default_str();
+  train->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();
 
   std::string imodel = "mlp", iopt = "sgd";
   int64_t ibatch = 64, ivocab = 0;
@@ -293,6 +341,12 @@ int main(int argc, char** argv) {
     if (train->parsed()) return run_train(a);
     if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab);
   } catch (const sat::Error& e) {
+    const sat::dist::ProcessInfo pi = sat::dist::detect_process();
+    if (pi.distributed()) {
+      // The other ranks would wait for this one in their next collective: end the job.
+      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, e.what());
+      sat::dist::abort_job(2);
+    }
     std::fprintf(stderr, "saturate: error: %s\n", e.what());
     return 2;
   } catch (const std::bad_alloc&) {

@@ -263,6 +263,7 @@ void Engine::run_backward_nodes(bool first_micro) {
       }
     }
     if (profile_) times_[i].bwd += now_seconds() - t0;
+    if (hook_) hook_(int(i));
   }
 }
 

@@ -16,6 +16,7 @@
 // versions used by evaluation and tests.
 #pragma once
 #include <array>
+#include <functional>
 #include <vector>
 
 #include "backend/device.h"
@@ -58,6 +59,9 @@ class Engine {
   void backward(float dloss, bool first_micro);
 
   Tensor value(int v) const { return vals_[size_t(v)]; }
+  // Called after each node's backward (CPU), with the node index: data parallelism
+  // starts reducing a gradient bucket as soon as its last parameter is final.
+  void set_backward_hook(std::function<void(int)> hook) { hook_ = std::move(hook); }
   // A value as float32 on the host (synchronises on the GPU).
   std::vector<float> read_f32(int v) const;
   Device device() const { return g_.device(); }
@@ -105,6 +109,7 @@ class Engine {
   void setup_cuda();
   void destroy_cuda();
 
+  std::function<void(int)> hook_;
   Graph& g_;
   ParamStore& ps_;
   CudaCtx* cuda_ = nullptr;

@@ -39,6 +39,7 @@ class ParamStore {
     return {lp_.as<uint8_t>() + size_t(offsets_[i]) * dtype_size(lp_dtype_), decls_[i].spec.shape, lp_dtype_, device_};
   }
   int find_param(const std::string& name) const;  // -1 when absent
+  int64_t offset(size_t i) const { return offsets_[i]; }  // of parameter i in the flat arrays, in floats
 
   size_t num_states() const { return state_decls_.size(); }
   const ParamDecl& state_decl(size_t i) const { return state_decls_[i]; }

@@ -6,10 +6,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "backend/device.h"
 #include "core/alloc.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "profile/nvml.h"
+
+#if SAT_HAVE_CUDA
+#include "backend/cuda/context.h"
+#include "optim/optimizer_cuda.h"
+#endif
 
 namespace sat {
 namespace {
@@ -38,7 +46,35 @@ std::string format_duration(double s) {
   return b;
 }
 
+struct Precision { DType act = DType::f32; bool tf32 = false; bool loss_scaling = false; };
+Precision parse_precision(const std::string& p, Device dev) {
+  Precision r;
+  if (p == "fp32") return r;
+  SAT_CHECK(p == "tf32" || p == "bf16" || p == "fp16", "--precision: expected fp32, tf32, bf16 or fp16, got '", p, "'");
+  SAT_CHECK(dev == Device::cuda, "--precision ", p, " needs --device cuda (the CPU engine computes in fp32)");
+  if (p == "tf32") r.tf32 = true;
+  if (p == "bf16") r.act = DType::bf16;
+  if (p == "fp16") { r.act = DType::f16; r.loss_scaling = true; }
+  return r;
+}
+
 }  // namespace
+
+#if SAT_HAVE_CUDA
+struct Trainer::Gpu {
+  CudaCtx* ctx = nullptr;
+  std::unique_ptr<CudaOptimizer> opt;
+  std::map<int, cudaGraphExec_t> graphs;  // key: slot * 4 + first * 2 + last
+  std::map<int, int64_t> graph_kernels;
+  size_t free_before = 0;
+  ~Gpu() {
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    cuda_ctx_destroy(ctx);
+  }
+};
+#else
+struct Trainer::Gpu {};
+#endif
 
 DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
   DataOptions o;
@@ -58,7 +94,10 @@ MemoryPlan Trainer::plan_for(const Graph& g, const TrainConfig& cfg, const Datas
 }
 
 MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test) {
-  return plan_for(*build_model(mc, cfg.batch, true).graph, cfg, train, test);
+  ModelConfig m = mc;
+  m.device = resolve_device(cfg.device);
+  m.act = parse_precision(cfg.precision, m.device).act;
+  return plan_for(*build_model(m, cfg.batch, true).graph, cfg, train, test);
 }
 
 Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
@@ -66,9 +105,23 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
   SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
+  SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
   cfg_.optim = resolve_optim(cfg.optim);
   cfg_.schedule = resolve_schedule(cfg.schedule);
-  model_ = build_model(mc, cfg.batch, true);
+  if (cfg.comm) {
+    comm_ = cfg.comm;
+  } else {
+    own_comm_ = dist::make_self_comm();
+    comm_ = own_comm_.get();
+  }
+  int dev_index = 0;
+  mc_.device = resolve_device(cfg.device, &dev_index);
+  const Precision prec = parse_precision(cfg.precision, mc_.device);
+  mc_.act = prec.act;
+  SAT_CHECK(mc_.device == Device::cpu || comm_->size() == 1,
+            "data parallelism on GPUs (NCCL) is not available yet: run one process per job with --device cuda, "
+            "or --device cpu with several processes");
+  model_ = build_model(mc_, cfg.batch, true);
   check_data(mc, model_, train);
   if (test_) check_data(mc, model_, *test_);
   SAT_CHECK(train.size() >= cfg.batch, "--batch ", cfg.batch, " is larger than the training set (", train.size(),
@@ -78,13 +131,70 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   mem_reset_peak();
   params_ = std::make_unique<ParamStore>(model_.graph->params(), model_.graph->states(), optimizer_slots(cfg_.optim));
   params_->init(cfg.seed);
-  engine_ = std::make_unique<Engine>(*model_.graph, *params_);
+  // Every rank starts from rank 0's parameters and states (the same seed gives the same
+  // values already; the broadcast makes it true for any initialisation).
+  if (comm_->size() > 1) {
+    comm_->broadcast_sync(params_->flat_params(), size_t(params_->flat_size()), DType::f32, 0);
+    for (size_t i = 0; i < params_->num_states(); ++i) {
+      Tensor t = params_->host_state(i);
+      comm_->broadcast_sync(t.ptr, size_t(t.numel()), t.dtype, 0);
+    }
+  }
+#if SAT_HAVE_CUDA
+  if (mc_.device == Device::cuda) {
+    gpu_ = std::make_unique<Gpu>();
+    size_t total_b = 0;
+    SAT_CUDA_CHECK(cudaSetDevice(dev_index));
+    SAT_CUDA_CHECK(cudaMemGetInfo(&gpu_->free_before, &total_b));
+    cuda_mem_reset_peak();
+    gpu_->ctx = cuda_ctx_create(dev_index);
+    gpu_->ctx->tf32 = prec.tf32;
+    params_->to_device(Device::cuda, prec.act);
+    gpu_->opt = std::make_unique<CudaOptimizer>(cfg_.optim, params_->flat_size(), prec.act, prec.loss_scaling);
+  }
+#endif
+  engine_ = std::make_unique<Engine>(*model_.graph, *params_, gpu_ ? gpu_ctx() : nullptr);
   opt_ = std::make_unique<Optimizer>(cfg_.optim);
-  train_loader_ = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true, kPrefetch);
-  if (test_) test_loader_ = std::make_unique<BatchLoader>(*test_, cfg.batch, false, cfg.seed, false, kPrefetch);
+  const int rank = comm_->rank(), world = comm_->size();
+  train_loader_ = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true, kPrefetch,
+                                                Sharding{rank, world, cfg.accum, cfg.last_batch});
+  if (test_)
+    test_loader_ = std::make_unique<BatchLoader>(*test_, cfg.batch, false, cfg.seed, false, kPrefetch, Sharding{rank, world});
+  if (world > 1) plan_buckets();
 }
 
 Trainer::~Trainer() = default;
+
+CudaCtx* Trainer::gpu_ctx() const {
+#if SAT_HAVE_CUDA
+  return gpu_ ? gpu_->ctx : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+void Trainer::plan_buckets() {
+  // A parameter's gradient is final after the backward of the lowest-numbered node that
+  // uses it (backward runs nodes in reverse). Flat offsets follow declaration (forward)
+  // order, so buckets are cut from the end of the gradient array towards its start.
+  const Graph& g = *model_.graph;
+  std::vector<int> final_after(g.params().size(), int(g.nodes().size()));
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    for (int pid : g.nodes()[i].param_ids) final_after[size_t(pid)] = std::min(final_after[size_t(pid)], int(i));
+  const int64_t cap = std::max<int64_t>(16, int64_t(cfg_.bucket_mb * 1024 * 1024 / 4));
+  const ParamStore& ps = *params_;
+  int64_t hi = ps.flat_size();
+  int ready = int(g.nodes().size());
+  for (size_t k = ps.num_params(); k-- > 0;) {
+    const int64_t lo = ps.offset(k);
+    ready = std::min(ready, final_after[k]);
+    if (hi - lo >= cap || k == 0) {
+      buckets_.push_back({lo, hi, ready});
+      hi = lo;
+      ready = int(g.nodes().size());
+    }
+  }
+}
 
 TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step) {
   TrainResult r;
@@ -94,7 +204,9 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
             " is more than one epoch of ", train_.name(), " (", train_.size(), " samples)");
   const int64_t total = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * (per_epoch / cfg_.accum);
   SAT_CHECK(total >= 1, "--epochs/--steps: nothing to train (", cfg_.steps > 0 ? "0 steps" : "0 epochs", ")");
-  const int64_t global_batch = cfg_.batch * cfg_.accum;
+  const int64_t global_batch = cfg_.batch * cfg_.accum * comm_->size();
+  r.world_size = comm_->size();
+  r.global_batch = global_batch;
   r.warmup_excluded = cfg_.warmup_excluded >= 0 ? cfg_.warmup_excluded : std::min<int64_t>(3, total / 5);
   r.predicted_memory_bytes = plan_.total();
 
@@ -115,28 +227,25 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   train_loader_->start_epoch(epoch);
   Batch batch;
   double t_measure = 0;
+  double comm_window = 0, comm_exposed = 0, measured_step_seconds = 0;
+  const bool graphs = on_gpu() && cfg_.cuda_graph;
+  nvml::GpuSampler sampler;
+  if (on_gpu()) sampler.start(0);
   const double t_train = now_seconds();
   for (int64_t step = 0; step < total; ++step) {
     const double t0 = now_seconds();
     if (step == r.warmup_excluded) {
       t_measure = t0;
-      engine_->set_profiling(cfg_.profile);  // time layers after warm-up only
+      engine_->set_profiling(cfg_.profile && !on_gpu());  // time layers after warm-up only
+      comm_window = comm_exposed = 0;
     }
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < cfg_.accum; ++micro) {
-      while (!train_loader_->next(batch)) train_loader_->start_epoch(++epoch);
-      engine_->bind(model_.x, batch.x);
-      engine_->bind(model_.y, batch.y);
-      float loss = engine_->forward(true, mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)));
-      engine_->backward(1.0f / float(cfg_.accum), micro == 0);
-      loss_sum += loss;
-    }
-    const double loss = loss_sum / double(cfg_.accum);
-    SAT_CHECK(std::isfinite(loss), "training diverged: the loss of step ", step + 1, " is ", loss,
+    double loss = on_gpu() ? step_gpu(step, lr, epoch, batch, graphs && step >= 1, step + 1 < total)
+                           : step_cpu(step, lr, epoch, batch, comm_window, comm_exposed);
+    SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == "fp16"), "training diverged: the loss of step ", step + 1, " is ", loss,
               " (try a smaller --lr)");
-    opt_->step(*params_, lr);
     const double dt = now_seconds() - t0;
+    if (step >= r.warmup_excluded) measured_step_seconds += dt;
     StepMetrics m{step + 1, loss, lr, dt, double(global_batch) / dt};
     r.losses.push_back(loss);
     if (metrics.is_open()) {
@@ -159,8 +268,22 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
                    (long long)total, loss, double(lr), m.samples_per_second);
     }
   }
+  if (on_gpu()) sampler.stop();
   const double t_end = now_seconds();
   engine_->set_profiling(false);
+  r.comm_seconds = comm_window;
+  r.comm_hidden_fraction = comm_window > 0 ? std::clamp(1.0 - comm_exposed / comm_window, 0.0, 1.0) : 0.0;
+  {
+    const int64_t measured_steps = std::max<int64_t>(1, total - r.warmup_excluded);
+    std::vector<double> all(size_t(comm_->size()));
+    double mine = measured_step_seconds / double(measured_steps);
+    comm_->all_gather(&mine, all.data(), 1, DType::f64)->wait();
+    r.rank_step_seconds = all;
+  }
+  if (on_gpu()) {
+    finish_gpu(r);
+    if (sampler.available()) r.gpu_utilization_mean = sampler.mean_utilization();
+  }
   r.steps = total;
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();
   r.train_seconds = t_end - t_train;
@@ -171,18 +294,197 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     r.test = evaluate();
   }
   r.peak_memory_bytes = mem_stats().peak - mem_base_;
+#if SAT_HAVE_CUDA
+  if (on_gpu()) {
+    r.predicted_memory_bytes = plan_.device;
+    r.peak_memory_bytes = cuda_mem_stats().peak;
+  }
+#endif
   r.wall_seconds = now_seconds() - t_start;
   return r;
 }
 
+// One optimizer step on the CPU: accum micro-batches, then (data parallel) the
+// gradient buckets, reduced while backward runs, then the update.
+double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window,
+                         double& comm_exposed) {
+  const int world = comm_->size();
+  double loss_sum = 0;
+  std::vector<dist::WorkPtr> works;
+  std::vector<bool> launched(buckets_.size(), false);
+  double t_first = -1;
+  auto launch = [&](size_t b) {
+    if (t_first < 0) t_first = now_seconds();
+    launched[b] = true;
+    const Bucket& bk = buckets_[b];
+    works.push_back(comm_->all_reduce(params_->flat_grads() + bk.lo, size_t(bk.hi - bk.lo), DType::f32,
+                                      dist::ReduceOp::avg));
+  };
+  for (int64_t micro = 0; micro < cfg_.accum; ++micro) {
+    while (!train_loader_->next(batch)) train_loader_->start_epoch(++epoch);
+    engine_->bind(model_.x, batch.x);
+    engine_->bind(model_.y, batch.y);
+    float loss = engine_->forward(true, mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)));
+    const bool reduce = world > 1 && micro + 1 == cfg_.accum;
+    if (reduce)
+      engine_->set_backward_hook([&](int node) {
+        for (size_t b = 0; b < buckets_.size(); ++b)
+          if (!launched[b] && buckets_[b].ready_node == node) launch(b);
+      });
+    engine_->backward(1.0f / float(cfg_.accum), micro == 0);
+    engine_->set_backward_hook({});
+    loss_sum += loss;
+  }
+  double loss = loss_sum / double(cfg_.accum);
+  if (world > 1) {
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (!launched[b]) launch(b);
+    const double t_bwd_end = now_seconds();
+    for (auto& w : works) w->wait();
+    const double t_done = now_seconds();
+    comm_window += t_done - t_first;
+    comm_exposed += t_done - t_bwd_end;
+    // The reported loss is the mean over the whole global batch (equal micro-batches).
+    comm_->all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
+  }
+  if (std::isfinite(loss)) opt_->step(*params_, lr);
+  return loss;
+}
+
+#if SAT_HAVE_CUDA
+// One optimizer step on the GPU. Micro-batches alternate between the engine's two input
+// slots: while one computes, the next is staged (host copy into pinned memory) and
+// uploaded on the copy stream. With graphs, each (slot, first, last) variant of a
+// micro-batch (forward, backward and, on the last, the optimizer) is captured once and
+// replayed; the first step always runs eagerly (library heuristics, algorithm caches).
+double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next) {
+  Gpu& G = *gpu_;
+  cudaStream_t st = G.ctx->stream;
+  double loss_sum = 0;
+  auto drain = [&](int slot) {
+    if (gpu_pending_[size_t(slot)]) {
+      loss_sum += engine_->wait_slot(slot);
+      gpu_pending_[size_t(slot)] = false;
+    }
+  };
+  auto stage = [&](int slot) {
+    drain(slot);
+    while (!train_loader_->next(batch)) train_loader_->start_epoch(++epoch);
+    engine_->stage_input(slot, model_.x, batch.x);
+    engine_->stage_input(slot, model_.y, batch.y);
+    engine_->queue_upload(slot);
+  };
+  engine_->set_dloss(1.0f / float(cfg_.accum), G.opt->loss_scaling() ? G.opt->loss_scale_device() : nullptr);
+  for (int64_t micro = 0; micro < cfg_.accum; ++micro) {
+    const int slot = int(gpu_micro_ % 2);
+    const bool first = micro == 0, last = micro + 1 == cfg_.accum;
+    if (!gpu_staged_) stage(slot);
+    gpu_staged_ = false;
+    drain(slot);
+    engine_->use_slot(slot);
+    engine_->set_seed(slot, mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)));
+    auto body = [&](bool capturing) {
+      engine_->queue_forward(slot, true);
+      engine_->queue_backward(first);
+      if (last) {
+        if (capturing) G.opt->upload_lr(st);
+        G.opt->step(params_->flat_params(), params_->flat_grads(),
+                    params_->optimizer_slots() ? params_->flat_slot(0) : nullptr, params_->flat_lp(), st);
+      }
+    };
+    if (last) {
+      if (graphs) G.opt->set_lr_host(lr);
+      else G.opt->set_lr(lr, st);
+    }
+    const int key = slot * 4 + (first ? 2 : 0) + (last ? 1 : 0);
+    if (graphs) {
+      auto it = G.graphs.find(key);
+      if (it == G.graphs.end()) {
+        cudaGraph_t graph;
+        SAT_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        body(true);
+        SAT_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+        size_t n = 0;
+        SAT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+        std::vector<cudaGraphNode_t> nodes(n);
+        SAT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+        int64_t kernels = 0;
+        for (auto nd : nodes) {
+          cudaGraphNodeType t;
+          SAT_CUDA_CHECK(cudaGraphNodeGetType(nd, &t));
+          kernels += t == cudaGraphNodeTypeKernel;
+        }
+        cudaGraphExec_t exec;
+        SAT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        SAT_CUDA_CHECK(cudaGraphDestroy(graph));
+        it = G.graphs.emplace(key, exec).first;
+        G.graph_kernels[key] = kernels;
+      }
+      SAT_CUDA_CHECK(cudaGraphLaunch(it->second, st));
+    } else {
+      body(false);
+    }
+    engine_->queue_slot_done(slot);
+    gpu_pending_[size_t(slot)] = true;
+    ++gpu_micro_;
+  }
+  // Stage the next step's first micro-batch now, so its upload overlaps this step.
+  if (prefetch_next) {
+    stage(int(gpu_micro_ % 2));
+    gpu_staged_ = true;
+  }
+  drain(0);
+  drain(1);
+  return loss_sum / double(cfg_.accum);
+}
+
+void Trainer::finish_gpu(TrainResult& r) {
+  Gpu& G = *gpu_;
+  SAT_CUDA_CHECK(cudaStreamSynchronize(G.ctx->stream));
+  r.device = "cuda";
+  r.device_name = cuda_device_name(G.ctx->device);
+  r.precision = cfg_.precision;
+  r.graph_replay = !G.graphs.empty();
+  // Kernels of one step: from the captured graphs (with graphs off, capture one step's
+  // variants just to count them; nothing is launched).
+  auto kernels_of = [&](int key) -> int64_t {
+    auto it = G.graph_kernels.find(key);
+    return it == G.graph_kernels.end() ? -1 : it->second;
+  };
+  int64_t k = 0;
+  bool known = true;
+  for (int64_t micro = 0; micro < cfg_.accum; ++micro) {
+    int key = (micro == 0 ? 2 : 0) + (micro + 1 == cfg_.accum ? 1 : 0);
+    int64_t a = kernels_of(key), b = kernels_of(4 + key);
+    int64_t v = a >= 0 ? a : b;
+    if (v < 0) known = false;
+    else k += v;
+  }
+  r.kernels_per_step = known ? k : -1;
+  r.launches_per_step = r.graph_replay ? cfg_.accum : r.kernels_per_step;
+  size_t free_now = 0, total_b = 0;
+  SAT_CUDA_CHECK(cudaMemGetInfo(&free_now, &total_b));
+  r.device_memory_used_bytes = G.free_before > free_now ? G.free_before - free_now : 0;
+  auto sc = G.opt->scalars_host();
+  r.skipped_steps = sc.skipped;
+  r.loss_scale = sc.loss_scale;
+  params_->sync_to_host();
+}
+#else
+double Trainer::step_gpu(int64_t, float, int64_t&, Batch&, bool, bool) { fail("no CUDA backend"); }
+void Trainer::finish_gpu(TrainResult&) {}
+#endif
+
 EvalResult Trainer::evaluate() {
   SAT_CHECK(test_loader_, "internal error: no test split to evaluate");
   EvalResult e;
-  double loss_sum = 0;
-  int64_t correct = 0, counted = 0, rows_total = 0;
+  // Sums over this rank's shard, then over all ranks: loss * valid rows, valid rows,
+  // correct, counted, samples.
+  double sums[5] = {0, 0, 0, 0, 0};
   const bool classify = !mc_.tokens;
   test_loader_->start_epoch(0);
   Batch b;
+  std::vector<float> host_logits;
   while (test_loader_->next(b)) {
     engine_->bind(model_.x, b.x);
     engine_->bind(model_.y, b.y);
@@ -191,25 +493,28 @@ EvalResult Trainer::evaluate() {
     const int64_t rows = b.y.numel();
     int64_t valid = 0;
     for (int64_t i = 0; i < rows; ++i) valid += y[i] >= 0;
-    if (valid > 0) loss_sum += double(loss) * double(valid);
-    rows_total += valid;
-    if (classify) {
+    if (valid > 0) sums[0] += double(loss) * double(valid);
+    sums[1] += double(valid);
+    if (classify && valid > 0) {
       Tensor logits = engine_->value(model_.logits);
       const int64_t C = logits.shape[-1];
+      const float* lg = logits.device == Device::cpu ? logits.f32() : (host_logits = engine_->read_f32(model_.logits)).data();
       for (int64_t i = 0; i < rows; ++i) {
         if (y[i] < 0) continue;
-        const float* l = logits.f32() + i * C;
+        const float* l = lg + i * C;
         int64_t best = 0;
         for (int64_t c = 1; c < C; ++c)
           if (l[c] > l[best]) best = c;
-        correct += best == y[i];
-        ++counted;
+        sums[2] += best == y[i];
+        sums[3] += 1;
       }
     }
-    e.samples += b.valid;
+    sums[4] += double(b.valid);
   }
-  e.loss = rows_total ? loss_sum / double(rows_total) : NAN;
-  if (classify) e.accuracy = counted ? double(correct) / double(counted) : NAN;
+  if (comm_->size() > 1) comm_->all_reduce_sync(sums, 5, DType::f64, dist::ReduceOp::sum);
+  e.samples = int64_t(sums[4]);
+  e.loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+  if (classify) e.accuracy = sums[3] > 0 ? sums[2] / sums[3] : NAN;
   return e;
 }
 

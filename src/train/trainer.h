@@ -2,12 +2,14 @@
 // and schedule, evaluation on the test split, per-step metrics and the run summary.
 // Nothing here knows about the command line: the CLI fills a TrainConfig.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "data/dataset.h"
+#include "dist/comm.h"
 #include "data/loader.h"
 #include "nn/engine.h"
 #include "nn/models.h"
@@ -30,6 +32,16 @@ struct TrainConfig {
   std::string out_dir;       // metrics.jsonl and summary.json ("" = none)
   bool profile = false;      // time every layer; Trainer::profile_report() after run()
   int progress = -1;         // -1: a bar on a terminal, plain lines otherwise; 0: quiet; 1: lines
+  // Data parallelism: the communicator of the job (null: this process alone). Every rank
+  // trains on its slice of each global batch = world * batch * accum; gradients are
+  // averaged in buckets of bucket_mb that start reducing during backward.
+  dist::Comm* comm = nullptr;
+  LastBatch last_batch = LastBatch::drop;
+  double bucket_mb = 25;
+  // GPU: --device, --precision fp32|tf32|bf16|fp16, --cuda-graph.
+  std::string device = "cpu";
+  std::string precision = "fp32";
+  bool cuda_graph = true;
 };
 
 struct EvalResult {
@@ -57,6 +69,23 @@ struct TrainResult {
   size_t predicted_memory_bytes = 0;
   size_t peak_memory_bytes = 0;
   std::vector<double> losses;
+  // Data parallelism.
+  int world_size = 1;
+  int64_t global_batch = 0;
+  double comm_seconds = 0;          // gradient reduction: first bucket launched .. all reduced, summed over steps
+  double comm_hidden_fraction = 0;  // share of that time that overlapped backward
+  std::vector<double> rank_step_seconds;  // mean step time of every rank (measured steps)
+  // GPU.
+  std::string device = "cpu";
+  std::string device_name;
+  std::string precision = "fp32";
+  bool graph_replay = false;
+  int64_t kernels_per_step = 0;     // kernel launches of one step without a CUDA graph
+  int64_t launches_per_step = 0;    // what the host launched per step (graphs count 1)
+  size_t device_memory_used_bytes = 0;  // cudaMemGetInfo: free before the run - free after the first step
+  double gpu_utilization_mean = -1; // NVML, -1 when unavailable
+  int64_t skipped_steps = 0;        // fp16: steps skipped for inf/NaN gradients
+  double loss_scale = 0;            // fp16: final loss scale
 };
 
 // What open_dataset needs to know about a model: its input shape, classes or
@@ -94,6 +123,23 @@ class Trainer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<BatchLoader> train_loader_, test_loader_;
+  std::unique_ptr<dist::Comm> own_comm_;
+  dist::Comm* comm_ = nullptr;
+  struct Gpu;                       // the CUDA side (context, optimizer, graphs)
+  std::unique_ptr<Gpu> gpu_;
+  // Gradient buckets: flat ranges [lo, hi) of the gradient array, in launch order, each
+  // launched after the backward of node ready_node (when all its parameters are final).
+  struct Bucket { int64_t lo, hi; int ready_node; };
+  std::vector<Bucket> buckets_;
+  void plan_buckets();
+  CudaCtx* gpu_ctx() const;
+  double step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window, double& comm_exposed);
+  double step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next);
+  void finish_gpu(TrainResult& r);
+  int64_t gpu_micro_ = 0;       // micro-batches queued so far (slot = gpu_micro_ % 2)
+  bool gpu_staged_ = false;     // the next micro-batch is already staged and uploading
+  std::array<bool, 2> gpu_pending_{};
+  bool on_gpu() const { return gpu_ != nullptr; }
 };
 
 }  // namespace sat
