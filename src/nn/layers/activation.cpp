@@ -7,9 +7,9 @@ constexpr int64_t kParallelMin = 1 << 15;  // below this, thread start-up costs 
 
 void setup_unary(LayerSetup& s, const char* kind, double fwd_per_elem, double bwd_per_elem) {
   SAT_CHECK(s.inputs.size() == 1, kind, " ", s.name, ": expected 1 input, got ", s.inputs.size());
-  SAT_CHECK(s.inputs[0].dtype == DType::f32, kind, " ", s.name, ": expected an f32 input, got ",
+  SAT_CHECK(s.inputs[0].dtype == s.act, kind, " ", s.name, ": expected an ", dtype_name(s.act), " input, got ",
             dtype_name(s.inputs[0].dtype));
-  s.set_output(s.in_shape(0));
+  s.set_output(s.in_shape(0), s.act);
   const double n = double(s.in_shape(0).numel());
   s.flops_fwd = fwd_per_elem * n;
   s.flops_bwd = bwd_per_elem * n;

@@ -1,4 +1,5 @@
-// Element-wise activations. Input x and output y have the same (any) shape, f32.
+// Element-wise activations. Input x and output y have the same (any) shape and the
+// activation dtype (f32 on the CPU; f32, bf16 or f16 on the GPU, computed in float32).
 //   ReLU: y = max(x, 0); backward uses the output (kept alive until backward).
 //   GELU: PyTorch's gelu(approximate='tanh'):
 //         y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
@@ -59,6 +60,7 @@ class ReLU : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 };
 
 class GELU : public Layer {
@@ -68,6 +70,7 @@ class GELU : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 };
 
 }  // namespace sat

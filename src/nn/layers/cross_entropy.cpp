@@ -32,8 +32,8 @@ void CrossEntropy::setup(LayerSetup& s) {
             s.inputs.size());
   const TensorSpec& lg = s.inputs[0];
   const TensorSpec& lb = s.inputs[1];
-  SAT_CHECK(lg.dtype == DType::f32 && lg.shape.nd >= 1 && lg.shape[-1] > 0, "CrossEntropy ", s.name,
-            ": expected f32 logits [..., C], got ", dtype_name(lg.dtype), " ", lg.shape.str());
+  SAT_CHECK(lg.dtype == s.act && lg.shape.nd >= 1 && lg.shape[-1] > 0, "CrossEntropy ", s.name,
+            ": expected ", dtype_name(s.act), " logits [..., C], got ", dtype_name(lg.dtype), " ", lg.shape.str());
   SAT_CHECK(lb.dtype == DType::i32, "CrossEntropy ", s.name, ": expected i32 labels, got ", dtype_name(lb.dtype));
   Shape lead = lg.shape;
   lead.nd -= 1;
@@ -44,6 +44,7 @@ void CrossEntropy::setup(LayerSetup& s) {
   s.set_output({1});
   s.save({rows});             // saved 0: lse [rows]
   s.scratch_forward({rows});  // scratch_fwd 0: per-row loss [rows]
+  if (s.device == Device::cuda) s.save({1}, DType::i32);  // saved 1: count of valid labels (GPU only)
   const double n = double(lg.shape.numel());
   s.flops_fwd = 4.0 * n;
   s.flops_bwd = 4.0 * n;

@@ -8,6 +8,11 @@
 //   saved   lse [rows]: the per-row log-sum-exp, so backward needs one exp per logit and no
 //           second reduction. scratch_fwd: per-row losses [rows], summed serially in double so
 //           that the loss does not depend on the thread count.
+// Logits and din have the activation dtype (f32 on the CPU; f32, bf16 or f16 on the GPU); the
+// loss, lse and per-row losses are f32 on both devices.
+// On the GPU, labels are not checked on the host (no synchronisation in a step): a label >= C
+// gives a NaN loss and a NaN gradient row, and the count of valid labels is computed on the
+// device and kept in a GPU-only saved 1: i32 [1], read back by backward.
 // Built for GPT's [B, T, V] logits with V up to 50257: one pass for the row max, one for the
 // sum of exps (a vectorised exp), rows split over threads.
 #pragma once
@@ -22,6 +27,7 @@ class CrossEntropy : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
  private:
   int64_t classes_ = 0;

@@ -23,22 +23,22 @@ void parallel_copy(float* dst, const float* src, int64_t n) {
   }
 }
 
-void check_f32(const LayerSetup& s, const char* kind, size_t n_inputs) {
+void check_inputs(const LayerSetup& s, const char* kind, size_t n_inputs) {
   SAT_CHECK(s.inputs.size() == n_inputs, kind, " ", s.name, ": expected ", n_inputs, " input(s), got ",
             s.inputs.size());
   for (size_t i = 0; i < n_inputs; ++i)
-    SAT_CHECK(s.inputs[i].dtype == DType::f32, kind, " ", s.name, ": input ", i, " must be f32, got ",
-              dtype_name(s.inputs[i].dtype));
+    SAT_CHECK(s.inputs[i].dtype == s.act, kind, " ", s.name, ": input ", i, " must be ", dtype_name(s.act),
+              ", got ", dtype_name(s.inputs[i].dtype));
 }
 }  // namespace
 
 // ---- Add ----
 
 void Add::setup(LayerSetup& s) {
-  check_f32(s, "Add", 2);
+  check_inputs(s, "Add", 2);
   SAT_CHECK(s.in_shape(0) == s.in_shape(1), "Add ", s.name, ": inputs must have one shape, got ",
             s.in_shape(0).str(), " and ", s.in_shape(1).str());
-  s.set_output(s.in_shape(0));
+  s.set_output(s.in_shape(0), s.act);
   s.flops_fwd = double(s.in_shape(0).numel());
   s.flops_bwd = 0;
 }
@@ -60,10 +60,10 @@ void Add::backward(LayerCtx& c) {
 // ---- Flatten ----
 
 void Flatten::setup(LayerSetup& s) {
-  check_f32(s, "Flatten", 1);
+  check_inputs(s, "Flatten", 1);
   const Shape& x = s.in_shape(0);
   SAT_CHECK(x.nd >= 1, "Flatten ", s.name, ": expected an input [B, ...], got a scalar");
-  s.set_output({x[0], x[0] == 0 ? 0 : x.numel() / x[0]});
+  s.set_output({x[0], x[0] == 0 ? 0 : x.numel() / x[0]}, s.act);
 }
 
 void Flatten::forward(LayerCtx& c) { parallel_copy(c.out.f32(), c.in[0].f32(), c.out.numel()); }
@@ -79,8 +79,8 @@ Dropout::Dropout(float p) : p_(p) {
 }
 
 void Dropout::setup(LayerSetup& s) {
-  check_f32(s, "Dropout", 1);
-  s.set_output(s.in_shape(0));
+  check_inputs(s, "Dropout", 1);
+  s.set_output(s.in_shape(0), s.act);
   // FNV-1a of the layer name, mixed into the mask seed.
   uint64_t h = 1469598103934665603ull;
   for (char ch : std::string_view(s.name)) h = (h ^ uint8_t(ch)) * 1099511628211ull;

@@ -1,4 +1,5 @@
-// Simple element-wise layers (f32).
+// Simple element-wise layers, in the activation dtype (f32 on the CPU; f32, bf16 or f16 on
+// the GPU, computed in float32).
 //   Add:     inputs a, b of one shape (a residual connection) -> a + b, same shape;
 //            backward gives dout to both inputs.
 //   Flatten: [B, d1, d2, ...] -> [B, d1*d2*...] (a copy: every layer owns its output buffer).
@@ -20,6 +21,7 @@ class Add : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 };
 
 class Flatten : public Layer {
@@ -29,6 +31,7 @@ class Flatten : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 };
 
 class Dropout : public Layer {
@@ -38,11 +41,15 @@ class Dropout : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
   float p() const { return p_; }
 
  private:
   // out[i] = in[i] * (kept ? scale : 0); both forward (x -> y) and backward (dy -> dx).
   void apply(const LayerCtx& c, const float* src, float* dst, int64_t n) const;
+#if SAT_HAVE_CUDA
+  void apply_cuda(const LayerCtx& c, const Tensor& src, const Tensor& dst) const;  // the GPU twin
+#endif
   float p_;
   uint64_t name_hash_ = 0;  // so that two Dropout layers of one step draw different masks
 };

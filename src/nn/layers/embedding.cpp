@@ -64,7 +64,7 @@ void Embedding::setup(LayerSetup& s) {
   SAT_CHECK(x.shape.nd < Shape::kMaxDims, "Embedding ", s.name, ": input ", x.shape.str(), " has too many dims");
   Shape y = x.shape;
   y.d[size_t(y.nd++)] = dim_;
-  s.set_output(y);
+  s.set_output(y, s.act);
   s.param("weight", {num_, dim_}, init_);  // slot 0
   s.flops_fwd = 0;
   s.flops_bwd = double(y.numel());
@@ -102,7 +102,7 @@ void GPTEmbedding::setup(LayerSetup& s) {
             ": expected i32 tokens [B, T], got ", dtype_name(x.dtype), " ", x.shape.str());
   SAT_CHECK(x.shape[1] <= max_t_, "GPTEmbedding ", s.name, ": sequence length ", x.shape[1],
             " exceeds the model's block size ", max_t_);
-  s.set_output({x.shape[0], x.shape[1], dim_});
+  s.set_output({x.shape[0], x.shape[1], dim_}, s.act);
   s.param("wte.weight", {vocab_, dim_}, ParamInit::normal(std_));  // slot 0
   s.param("wpe.weight", {max_t_, dim_}, ParamInit::normal(std_));  // slot 1
   const double n = double(x.shape.numel() * dim_);

@@ -6,7 +6,12 @@
 //     out[b, t] = wte[tok[b, t]] + wpe[t]; params "wte.weight" [vocab, dim], "wpe.weight"
 //     [max_t, dim], init N(0, std^2). Named "transformer" by the GPT builder, so the full names
 //     are transformer.wte.weight (tied to lm_head) and transformer.wpe.weight.
-// An index outside [0, num) throws sat::Error naming it and the vocabulary size.
+// An index outside [0, num) throws sat::Error naming it and the vocabulary size (CPU).
+// On the GPU a kernel cannot throw and the step must not synchronise to check: the token
+// datasets validate every id against the vocabulary when they are opened (data/readers.cpp,
+// data/dataset.cpp), and the kernels guard the index anyway: an out-of-range id gives a row
+// of NaN (visible in the loss, never an out-of-bounds read) and no gradient.
+// Outputs have the activation dtype (f32 on the CPU); parameters and gradients are f32.
 #pragma once
 #include "nn/layer.h"
 
@@ -19,6 +24,7 @@ class Embedding : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
  private:
   int64_t num_, dim_;
@@ -33,6 +39,7 @@ class GPTEmbedding : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
  private:
   int64_t vocab_, max_t_, dim_;

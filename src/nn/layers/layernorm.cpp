@@ -17,14 +17,20 @@ LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
 void LayerNorm::setup(LayerSetup& s) {
   SAT_CHECK(s.inputs.size() == 1, "LayerNorm ", s.name, ": expected 1 input, got ", s.inputs.size());
   const TensorSpec& x = s.inputs[0];
-  SAT_CHECK(x.dtype == DType::f32 && x.shape.nd >= 1 && x.shape[-1] == dim_, "LayerNorm ", s.name,
-            ": expected an f32 input [..., ", dim_, "], got ", dtype_name(x.dtype), " ", x.shape.str());
-  s.set_output(x.shape);
+  SAT_CHECK(x.dtype == s.act && x.shape.nd >= 1 && x.shape[-1] == dim_, "LayerNorm ", s.name,
+            ": expected an ", dtype_name(s.act), " input [..., ", dim_, "], got ", dtype_name(x.dtype), " ",
+            x.shape.str());
+  s.set_output(x.shape, s.act);
   s.param("weight", {dim_}, ParamInit::ones());  // slot 0
   s.param("bias", {dim_}, ParamInit::zeros());   // slot 1
   const int64_t rows = x.shape.numel() / dim_;
   s.save({rows});  // saved 0: mean [rows]
   s.save({rows});  // saved 1: rstd [rows]
+  if (s.device == Device::cuda) {
+    const int64_t chunks = grad_chunks(rows);
+    s.scratch_backward({chunks, dim_});  // scratch_bwd 0: partial dweight per row chunk
+    s.scratch_backward({chunks, dim_});  // scratch_bwd 1: partial dbias per row chunk
+  }
   const double n = double(x.shape.numel());
   s.flops_fwd = 7.0 * n;
   s.flops_bwd = 12.0 * n;

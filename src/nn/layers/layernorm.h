@@ -2,7 +2,10 @@
 //   y = (x - mean) / sqrt(var + eps) * weight + bias, var biased (divided by dim).
 //   input  x [..., dim] (rows = numel / dim), output y [..., dim]
 //   params "weight" [dim] (ones), "bias" [dim] (zeros)
-//   saved  mean [rows], rstd [rows] = 1 / sqrt(var + eps)  (for backward)
+//   saved  mean [rows], rstd [rows] = 1 / sqrt(var + eps)  (for backward), always f32
+// x and y have the activation dtype (f32 on the CPU); statistics are float32 on both devices.
+// On the GPU, backward also declares two scratch buffers [grad_chunks(rows), dim]: per-chunk
+// partial sums of dweight and dbias, added up in a second kernel (deterministic, no atomics).
 #pragma once
 #include "nn/layer.h"
 
@@ -15,6 +18,12 @@ class LayerNorm : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
+  // Row chunks of the GPU's two-stage parameter-gradient reduction (>= 1).
+  static int64_t grad_chunks(int64_t rows) {
+    const int64_t k = (rows + 63) / 64;  // chunks of at least ~64 rows
+    return k < 1 ? 1 : (k > 128 ? 128 : k);
+  }
 
  private:
   int64_t dim_;
