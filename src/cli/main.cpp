@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/blas.h"
@@ -324,6 +325,23 @@ int main(int argc, char** argv) {
   info->add_option("--momentum", imom, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ivocab, "GPT models: vocabulary size");
 
+  int launch_n = 0;
+  auto* launch = app.add_subcommand("launch", "run N processes of saturate under mpirun: saturate launch -n N -- train ...");
+  launch->add_option("-n,--np", launch_n, "number of processes")->required();
+  launch->allow_extras();
+  launch->prefix_command();
+
+  sat::dist::BenchCommOptions bco;
+  std::string bc_backend = "mpi";
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  auto* bcomm = bench->add_subcommand("comm", "all-reduce sweep over message sizes: algorithm and bus bandwidth");
+  bench->require_subcommand(1);
+  bcomm->add_option("--min-bytes", bco.min_bytes, "smallest message")->capture_default_str();
+  bcomm->add_option("--max-bytes", bco.max_bytes, "largest message")->capture_default_str();
+  bcomm->add_option("--iters", bco.iters, "timed all-reduces per size")->capture_default_str();
+  bcomm->add_option("--warmup", bco.warmup, "untimed all-reduces per size")->capture_default_str();
+  bcomm->add_option("--backend", bc_backend, "mpi (host memory)")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -334,12 +352,30 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : info->parsed() ? "info " : "");
+                 train->parsed() ? "train " : info->parsed() ? "info " : launch->parsed() ? "launch " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
     if (train->parsed()) return run_train(a);
     if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab);
+    if (launch->parsed()) {
+      SAT_CHECK(launch_n >= 1, "-n: expected a positive number of processes, got ", launch_n);
+      std::vector<std::string> rest = launch->remaining();
+      if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+      SAT_CHECK(!rest.empty(), "saturate launch: nothing to run; usage: saturate launch -n N -- train ...");
+      auto cmd = sat::dist::mpirun_command(launch_n, rest, sat::dist::self_executable());
+      sat::dist::exec_command(cmd);
+    }
+    if (bcomm->parsed()) {
+      SAT_CHECK(bc_backend == "mpi", "--backend: expected mpi (NCCL needs a GPU build and a GPU), got '", bc_backend, "'");
+      SAT_CHECK(bco.min_bytes >= 4 && bco.min_bytes <= bco.max_bytes, "--min-bytes/--max-bytes: expected 4 <= min <= max");
+      SAT_CHECK(bco.iters >= 1, "--iters: expected at least 1");
+      auto comm = sat::dist::make_world_comm();
+      auto rows = sat::dist::bench_comm(*comm, bco, std::cout);
+      for (auto& r : rows)
+        if (!r.ok) return 1;
+      return 0;
+    }
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     if (pi.distributed()) {

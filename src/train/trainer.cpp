@@ -165,6 +165,14 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
 
 Trainer::~Trainer() = default;
 
+std::string Trainer::gpu_pci_bus_id() const {
+#if SAT_HAVE_CUDA
+  char id[64] = {0};
+  if (gpu_ && cudaDeviceGetPCIBusId(id, sizeof id, gpu_->ctx->device) == cudaSuccess) return id;
+#endif
+  return "";
+}
+
 CudaCtx* Trainer::gpu_ctx() const {
 #if SAT_HAVE_CUDA
   return gpu_ ? gpu_->ctx : nullptr;
@@ -229,8 +237,11 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   double t_measure = 0;
   double comm_window = 0, comm_exposed = 0, measured_step_seconds = 0;
   const bool graphs = on_gpu() && cfg_.cuda_graph;
-  nvml::GpuSampler sampler;
-  if (on_gpu()) sampler.start(0);
+  std::unique_ptr<GpuSampler> sampler;
+  if (on_gpu()) {
+    sampler = std::make_unique<GpuSampler>(0, gpu_pci_bus_id());
+    sampler->start();
+  }
   const double t_train = now_seconds();
   for (int64_t step = 0; step < total; ++step) {
     const double t0 = now_seconds();
@@ -268,7 +279,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
                    (long long)total, loss, double(lr), m.samples_per_second);
     }
   }
-  if (on_gpu()) sampler.stop();
+  if (sampler) sampler->stop();
   const double t_end = now_seconds();
   engine_->set_profiling(false);
   r.comm_seconds = comm_window;
@@ -282,7 +293,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   }
   if (on_gpu()) {
     finish_gpu(r);
-    if (sampler.available()) r.gpu_utilization_mean = sampler.mean_utilization();
+    if (sampler && sampler->available() && sampler->stats().util_samples > 0)
+      r.gpu_utilization_mean = sampler->stats().mean_util_pct;
   }
   r.steps = total;
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();

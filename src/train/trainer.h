@@ -83,7 +83,7 @@ struct TrainResult {
   int64_t kernels_per_step = 0;     // kernel launches of one step without a CUDA graph
   int64_t launches_per_step = 0;    // what the host launched per step (graphs count 1)
   size_t device_memory_used_bytes = 0;  // cudaMemGetInfo: free before the run - free after the first step
-  double gpu_utilization_mean = -1; // NVML, -1 when unavailable
+  double gpu_utilization_mean = -1; // NVML, in percent; -1 when unavailable
   int64_t skipped_steps = 0;        // fp16: steps skipped for inf/NaN gradients
   double loss_scale = 0;            // fp16: final loss scale
 };
@@ -133,6 +133,7 @@ class Trainer {
   std::vector<Bucket> buckets_;
   void plan_buckets();
   CudaCtx* gpu_ctx() const;
+  std::string gpu_pci_bus_id() const;
   double step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window, double& comm_exposed);
   double step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next);
   void finish_gpu(TrainResult& r);
