@@ -29,9 +29,12 @@ void BatchNorm2d::setup(LayerSetup& s) {
   s.state("running_mean", Shape{C_}, ParamInit::zeros());
   s.state("running_var", Shape{C_}, ParamInit::ones());
   s.state("num_batches_tracked", Shape{}, ParamInit::zeros(), DType::i64);
-  s.set_output(in);
-  s.save(Shape{C_});  // saved[0]: per-channel mean used by forward (batch or running)
-  s.save(Shape{C_});  // saved[1]: per-channel 1/sqrt(var + eps) used by forward
+  act_ = s.act;
+  s.set_output(in, s.act);
+  // Per-channel statistics stay f32 under every activation dtype (C floats; backward
+  // needs them exact).
+  s.save(Shape{C_}, DType::f32);  // saved[0]: per-channel mean used by forward (batch or running)
+  s.save(Shape{C_}, DType::f32);  // saved[1]: per-channel 1/sqrt(var + eps) used by forward
   const double n = double(in.numel());
   s.flops_fwd = 5.0 * n;  // two statistics passes + scale/shift
   s.flops_bwd = 7.0 * n;

@@ -1,5 +1,6 @@
 // BatchNorm2d with PyTorch's semantics: batch statistics (biased variance) in training,
 // running statistics in eval; running_var is updated with the unbiased variance.
+// GPU path in batchnorm.cu (our own kernels, one block per channel).
 #pragma once
 #include <cstdint>
 
@@ -15,6 +16,7 @@ class BatchNorm2d : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
   int64_t channels() const { return C_; }
 
@@ -22,6 +24,7 @@ class BatchNorm2d : public Layer {
   int64_t C_;
   float eps_, momentum_;
   int64_t B_ = 0, HW_ = 0;  // fixed by setup()
+  DType act_ = DType::f32;  // activation dtype (GPU: x, y, dx, dy)
 };
 
 }  // namespace sat

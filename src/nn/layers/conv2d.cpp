@@ -9,7 +9,12 @@
 // 8x8 layers) with N between kMinCols and kMaxCols.
 //
 // K = C*k*k, or fewer when some kernel taps only ever read padding (see conv2d.h): then
-// the weight is gathered into a compact [O, K] copy and dW is scattered back.
+// the weight is gathered into a compact [O, K/groups] copy and dW is scattered back.
+//
+// Channel groups: im2col rows r = c*ntaps + t, so group gi's rows are the contiguous block
+// [gi*Kg, (gi+1)*Kg) with Kg = K/groups, and its weight rows [gi*Og, (gi+1)*Og) of the
+// [O, Kg] weight: one GEMM per channel group on offset pointers (groups == 1: the same
+// single GEMM as without groups).
 //
 // Threading: BLAS calls are made outside any OpenMP region so OpenBLAS (OpenMP build)
 // threads each GEMM over the same pool; im2col, col2im, the bias and the gathers are
@@ -148,25 +153,26 @@ void col2im(float* col, int64_t ld, int64_t gn, float* dx, const Geo& g) {
     }
 }
 
-// Compact weight: wc [O, C*ntaps] = w [O, C, k, k] restricted to the live taps.
-void gather_weight(const float* w, float* wc, int64_t O, const Geo& g) {
-  const int64_t K = g.rows(), kk = g.k * g.k, full = g.C * kk;
+// Compact weight: wc [O, Cw*ntaps] = w [O, Cw, k, k] restricted to the live taps
+// (Cw = C/groups: the weight's input channels).
+void gather_weight(const float* w, float* wc, int64_t O, int64_t Cw, const Geo& g) {
+  const int64_t K = Cw * g.ntaps, kk = g.k * g.k, full = Cw * kk;
 #pragma omp parallel for schedule(static) if (O * K > kParallelMin)
   for (int64_t o = 0; o < O; ++o)
-    for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t c = 0; c < Cw; ++c)
       for (int64_t t = 0; t < g.ntaps; ++t)
         wc[o * K + c * g.ntaps + t] = w[o * full + c * kk + g.taps[t].kh * g.k + g.taps[t].kw];
 }
 
 // dw [O, C, k, k] (+)= dwc on the live taps; dead taps get 0 (or keep their value when
 // accumulating): their true gradient is exactly zero.
-void scatter_weight_grad(const float* dwc, float* dw, bool acc, int64_t O, const Geo& g) {
-  const int64_t K = g.rows(), kk = g.k * g.k, full = g.C * kk;
+void scatter_weight_grad(const float* dwc, float* dw, bool acc, int64_t O, int64_t Cw, const Geo& g) {
+  const int64_t K = Cw * g.ntaps, kk = g.k * g.k, full = Cw * kk;
 #pragma omp parallel for schedule(static) if (O * full > kParallelMin)
   for (int64_t o = 0; o < O; ++o) {
     float* d = dw + o * full;
     if (!acc) std::fill(d, d + full, 0.0f);
-    for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t c = 0; c < Cw; ++c)
       for (int64_t t = 0; t < g.ntaps; ++t)
         d[c * kk + g.taps[t].kh * g.k + g.taps[t].kw] += dwc[o * K + c * g.ntaps + t];
   }
@@ -175,12 +181,14 @@ void scatter_weight_grad(const float* dwc, float* dw, bool acc, int64_t O, const
 }  // namespace
 
 Conv2d::Conv2d(int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride, int64_t padding, bool bias,
-               std::optional<ParamInit> w_init)
-    : C_(in_ch), O_(out_ch), k_(kernel), s_(stride), p_(padding), bias_(bias) {
-  SAT_CHECK(in_ch > 0 && out_ch > 0 && kernel > 0 && stride > 0 && padding >= 0,
+               std::optional<ParamInit> w_init, int64_t groups)
+    : C_(in_ch), O_(out_ch), k_(kernel), s_(stride), p_(padding), groups_(groups), bias_(bias) {
+  SAT_CHECK(in_ch > 0 && out_ch > 0 && kernel > 0 && stride > 0 && padding >= 0 && groups > 0,
             "Conv2d: invalid configuration (in=", in_ch, ", out=", out_ch, ", kernel=", kernel,
-            ", stride=", stride, ", padding=", padding, ")");
-  float bound = 1.0f / std::sqrt(float(in_ch * kernel * kernel));
+            ", stride=", stride, ", padding=", padding, ", groups=", groups, ")");
+  SAT_CHECK(in_ch % groups == 0 && out_ch % groups == 0, "Conv2d: in (", in_ch, ") and out (", out_ch,
+            ") channels must be multiples of groups (", groups, ")");
+  float bound = 1.0f / std::sqrt(float(in_ch / groups * kernel * kernel));
   w_init_ = w_init ? *w_init : ParamInit::uniform(bound);
 }
 
@@ -195,11 +203,11 @@ void Conv2d::setup(LayerSetup& s) {
             in.str(), " (padding ", p_, ")");
   Ho_ = (H_ + 2 * p_ - k_) / s_ + 1;
   Wo_ = (W_ + 2 * p_ - k_) / s_ + 1;
-  const int64_t HW = Ho_ * Wo_, CKK = C_ * k_ * k_;
+  const int64_t HW = Ho_ * Wo_, CKK = C_ / groups_ * k_ * k_;  // CKK: weights per output channel
 
-  s.param("weight", Shape{O_, C_, k_, k_}, w_init_);
+  s.param("weight", Shape{O_, C_ / groups_, k_, k_}, w_init_);
   if (bias_) s.param("bias", Shape{O_}, ParamInit::uniform(1.0f / std::sqrt(float(CKK))));
-  s.set_output(Shape{B_, O_, Ho_, Wo_});
+  s.set_output(Shape{B_, O_, Ho_, Wo_}, s.act);
 
   // Live taps: (kh, kw) is live if some output position reads real input through it.
   taps_.clear();
@@ -226,20 +234,28 @@ void Conv2d::setup(LayerSetup& s) {
   G_ = G;
   direct_ = k_ == 1 && s_ == 1 && p_ == 0 && G_ == 1;
 
-  fwd_col_ = fwd_out_ = fwd_w_ = bwd_col_ = bwd_dout_ = bwd_w_ = bwd_dw_ = -1;
-  // forward: col [K, G*Ho*Wo] (im2col of a group); out_g [O, G*Ho*Wo] (the group's GEMM
-  // result, scattered into NCHW with the bias added); wc [O, K] (compact weight).
-  if (!direct_) fwd_col_ = s.scratch_forward(Shape{K, G_ * HW});
-  if (G_ > 1) fwd_out_ = s.scratch_forward(Shape{O_, G_ * HW});
-  if (pruned_) fwd_w_ = s.scratch_forward(Shape{O_, K});
-  // backward: col [K, G*Ho*Wo] (im2col for dW, then reused for dcol = W^T dout);
-  // dout_g [O, G*Ho*Wo] (the group's output gradient gathered into one matrix);
-  // wc, dwc [O, K] (compact weight and its gradient, summed over groups).
-  if (!direct_) bwd_col_ = s.scratch_backward(Shape{K, G_ * HW});
-  if (G_ > 1) bwd_dout_ = s.scratch_backward(Shape{O_, G_ * HW});
-  if (pruned_) {
-    bwd_w_ = s.scratch_backward(Shape{O_, K});
-    bwd_dw_ = s.scratch_backward(Shape{O_, K});
+  fwd_col_ = fwd_out_ = fwd_w_ = bwd_col_ = bwd_dout_ = bwd_w_ = bwd_dw_ = bwd_dw_lp_ = -1;
+  act_ = s.act;
+  dnn_.reset();  // descriptors follow the geometry: made again on the next GPU call
+  if (s.device == Device::cuda) {
+    // cuDNN needs no scratch of ours, except the filter gradient in a 16-bit act dtype.
+    if (s.act != DType::f32) bwd_dw_lp_ = s.scratch_backward(Shape{O_, C_ / groups_, k_, k_}, s.act);
+  } else {
+    const int64_t Kg = K / groups_;  // columns of the (compact) weight
+    // forward: col [K, G*Ho*Wo] (im2col of a group); out_g [O, G*Ho*Wo] (the group's GEMM
+    // result, scattered into NCHW with the bias added); wc [O, Kg] (compact weight).
+    if (!direct_) fwd_col_ = s.scratch_forward(Shape{K, G_ * HW});
+    if (G_ > 1) fwd_out_ = s.scratch_forward(Shape{O_, G_ * HW});
+    if (pruned_) fwd_w_ = s.scratch_forward(Shape{O_, Kg});
+    // backward: col [K, G*Ho*Wo] (im2col for dW, then reused for dcol = W^T dout);
+    // dout_g [O, G*Ho*Wo] (the group's output gradient gathered into one matrix);
+    // wc, dwc [O, Kg] (compact weight and its gradient, summed over groups).
+    if (!direct_) bwd_col_ = s.scratch_backward(Shape{K, G_ * HW});
+    if (G_ > 1) bwd_dout_ = s.scratch_backward(Shape{O_, G_ * HW});
+    if (pruned_) {
+      bwd_w_ = s.scratch_backward(Shape{O_, Kg});
+      bwd_dw_ = s.scratch_backward(Shape{O_, Kg});
+    }
   }
 
   // Nominal FLOPs (as PyTorch counts them), including taps that only see padding.
@@ -250,14 +266,15 @@ void Conv2d::setup(LayerSetup& s) {
 void Conv2d::forward(LayerCtx& c) {
   const Geo g{C_, H_, W_, k_, s_, p_, Ho_, Wo_, taps_.data(), int64_t(taps_.size())};
   const int64_t HW = g.hw(), K = g.rows(), O = O_;
+  const int64_t Kg = K / groups_, Og = O / groups_, Cw = C_ / groups_;  // per channel group
   const float* x = c.in[0].f32();  // [B, C, H, W]
   float* y = c.out.f32();          // [B, O, Ho, Wo]
-  const float* w = c.params[0].f32();  // [O, C*k*k]
+  const float* w = c.params[0].f32();  // [O, Cw*k*k]
   const float* b = bias_ ? c.params[1].f32() : nullptr;  // [O]
   if (pruned_) {
     float* wc = c.scratch[size_t(fwd_w_)].f32();
-    gather_weight(w, wc, O, g);
-    w = wc;  // [O, K]
+    gather_weight(w, wc, O, Cw, g);
+    w = wc;  // [O, Kg]
   }
 
   for (int64_t b0 = 0; b0 < B_; b0 += G_) {
@@ -276,10 +293,14 @@ void Conv2d::forward(LayerCtx& c) {
 #pragma omp parallel for schedule(static) if (O * HW > kParallelMin)
         for (int64_t o = 0; o < O; ++o) std::fill(yb + o * HW, yb + (o + 1) * HW, b[o]);
       }
-      cpu::gemm(false, false, O, N, K, 1.0f, w, K, col, N, b ? 1.0f : 0.0f, yb, HW);
+      for (int64_t gi = 0; gi < groups_; ++gi)
+        cpu::gemm(false, false, Og, N, Kg, 1.0f, w + gi * Og * Kg, Kg, col + gi * Kg * N, N, b ? 1.0f : 0.0f,
+                  yb + gi * Og * HW, HW);
     } else {
       float* t = c.scratch[size_t(fwd_out_)].f32();  // [O, gn*HW]
-      cpu::gemm(false, false, O, N, K, 1.0f, w, K, col, N, 0.0f, t, N);
+      for (int64_t gi = 0; gi < groups_; ++gi)
+        cpu::gemm(false, false, Og, N, Kg, 1.0f, w + gi * Og * Kg, Kg, col + gi * Kg * N, N, 0.0f, t + gi * Og * N,
+                  N);
 #pragma omp parallel for collapse(2) schedule(static) if (O * N > kParallelMin)
       for (int64_t im = 0; im < gn; ++im)
         for (int64_t o = 0; o < O; ++o) {
@@ -295,15 +316,16 @@ void Conv2d::forward(LayerCtx& c) {
 void Conv2d::backward(LayerCtx& c) {
   const Geo g{C_, H_, W_, k_, s_, p_, Ho_, Wo_, taps_.data(), int64_t(taps_.size())};
   const int64_t HW = g.hw(), K = g.rows(), O = O_;
+  const int64_t Kg = K / groups_, Og = O / groups_, Cw = C_ / groups_;  // per channel group
   const float* x = c.in[0].f32();      // [B, C, H, W]
   const float* dy = c.dout.f32();      // [B, O, Ho, Wo]
-  const float* w = c.params[0].f32();  // [O, K] (compact when pruned)
-  float* dw = c.grads[0].f32();        // [O, K] (the compact scratch when pruned)
+  const float* w = c.params[0].f32();  // [O, Kg] (compact when pruned)
+  float* dw = c.grads[0].f32();        // [O, Kg] (the compact scratch when pruned)
   float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;  // [B, C, H, W]
   bool acc_w = c.accumulate[0];
   if (pruned_) {
     float* wc = c.scratch[size_t(bwd_w_)].f32();
-    if (dx) gather_weight(w, wc, O, g);
+    if (dx) gather_weight(w, wc, O, Cw, g);
     w = wc;
     dw = c.scratch[size_t(bwd_dw_)].f32();
     acc_w = false;  // summed over groups here, then scattered into grads[0]
@@ -341,7 +363,8 @@ void Conv2d::backward(LayerCtx& c) {
           std::memcpy(t + o * N + im * HW, dy + ((b0 + im) * O + o) * HW, size_t(HW) * sizeof(float));
       dyg = t;
     }
-    // dW [O, K] (+)= dout_g [O, N] * col^T [N, K]; accumulated over groups.
+    // dW [O, Kg] (+)= dout_g [O, N] * col^T [N, Kg] per channel group; accumulated over
+    // groups of images.
     float* col = direct_ ? nullptr : c.scratch[size_t(bwd_col_)].f32();
     const float* colp;
     if (direct_) {
@@ -351,20 +374,22 @@ void Conv2d::backward(LayerCtx& c) {
       colp = col;
     }
     const float beta = (first && !acc_w) ? 0.0f : 1.0f;
-    cpu::gemm(false, true, O, K, N, 1.0f, dyg, N, colp, N, beta, dw, K);
+    for (int64_t gi = 0; gi < groups_; ++gi)
+      cpu::gemm(false, true, Og, Kg, N, 1.0f, dyg + gi * Og * N, N, colp + gi * Kg * N, N, beta,
+                dw + gi * Og * Kg, Kg);
     first = false;
-    // dX: dcol [K, N] = W^T [K, O] * dout_g [O, N], then col2im (overwrites dx).
+    // dX: dcol [K, N] = W^T [K, O] * dout_g [O, N] (block diagonal over channel groups),
+    // then col2im (overwrites dx).
     if (dx) {
-      if (direct_) {
-        cpu::gemm(true, false, K, N, O, 1.0f, w, K, dyg, N, 0.0f, dx + b0 * C_ * HW, N);
-      } else {
-        cpu::gemm(true, false, K, N, O, 1.0f, w, K, dyg, N, 0.0f, col, N);
-        col2im(col, N, gn, dx + b0 * C_ * H_ * W_, g);
-      }
+      float* dcol = direct_ ? dx + b0 * C_ * HW : col;
+      for (int64_t gi = 0; gi < groups_; ++gi)
+        cpu::gemm(true, false, Kg, N, Og, 1.0f, w + gi * Og * Kg, Kg, dyg + gi * Og * N, N, 0.0f,
+                  dcol + gi * Kg * N, N);
+      if (!direct_) col2im(col, N, gn, dx + b0 * C_ * H_ * W_, g);
     }
   }
-  if (B_ == 0 && !acc_w) std::fill(dw, dw + O * K, 0.0f);
-  if (pruned_) scatter_weight_grad(dw, c.grads[0].f32(), c.accumulate[0], O, g);
+  if (B_ == 0 && !acc_w) std::fill(dw, dw + O * Kg, 0.0f);
+  if (pruned_) scatter_weight_grad(dw, c.grads[0].f32(), c.accumulate[0], O, Cw, g);
 }
 
 }  // namespace sat

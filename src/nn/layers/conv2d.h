@@ -1,7 +1,10 @@
-// 2-D convolution, NCHW float32 (PyTorch's nn.Conv2d with square kernel, stride, padding;
-// no dilation, no groups). CPU path: im2col + one OpenBLAS GEMM per group of images.
+// 2-D convolution, NCHW (PyTorch's nn.Conv2d with square kernel, stride, padding and
+// groups; no dilation). CPU path: im2col + OpenBLAS GEMMs per group of images (one GEMM
+// per channel group). GPU path (conv2d.cu): cuDNN's convolution API.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -12,17 +15,21 @@ namespace sat {
 class Conv2d : public Layer {
  public:
   // w_init: nullopt = PyTorch's default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with
-  // fan_in = in_ch*kernel*kernel (the bias always uses that default).
+  // fan_in = (in_ch/groups)*kernel*kernel (the bias always uses that default).
+  // groups: channel groups (PyTorch's groups; in_ch and out_ch must be multiples of it,
+  // groups == in_ch is a depthwise convolution). The weight is [out_ch, in_ch/groups, k, k].
   Conv2d(int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t stride = 1, int64_t padding = 0,
-         bool bias = true, std::optional<ParamInit> w_init = std::nullopt);
+         bool bias = true, std::optional<ParamInit> w_init = std::nullopt, int64_t groups = 1);
 
   const char* kind() const override { return "Conv2d"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
   int64_t in_channels() const { return C_; }
   int64_t out_channels() const { return O_; }
+  int64_t groups() const { return groups_; }
   int64_t images_per_gemm() const { return G_; }  // after setup
   int64_t live_taps() const { return int64_t(taps_.size()); }  // after setup; k*k unless pruned
 
@@ -33,7 +40,7 @@ class Conv2d : public Layer {
     int64_t kh, kw, oh_lo, oh_hi, ow_lo, ow_hi, base;
   };
  private:
-  int64_t C_, O_, k_, s_, p_;
+  int64_t C_, O_, k_, s_, p_, groups_;
   bool bias_;
   ParamInit w_init_;
   // Geometry, fixed by setup().
@@ -49,6 +56,16 @@ class Conv2d : public Layer {
   int fwd_col_ = -1, fwd_out_ = -1, fwd_w_ = -1;  // forward: columns, group GEMM output, compact weight
   int bwd_col_ = -1, bwd_dout_ = -1;  // backward: columns (then their gradient), gathered dout
   int bwd_w_ = -1, bwd_dw_ = -1;      // backward (pruned only): compact weight and its gradient
+  // GPU (conv2d.cu). Activation dtype, and the backward scratch slot of the filter
+  // gradient in that dtype (bf16/f16 only: cuDNN writes the filter gradient in the
+  // filter's dtype; it is then added into the f32 gradient).
+  DType act_ = DType::f32;
+  int bwd_dw_lp_ = -1;
+  // cuDNN descriptors and the chosen algorithms, made on the first GPU call (defined in
+  // conv2d.cu; a shared_ptr so this header needs no cuDNN types).
+  struct CudnnState;
+  std::shared_ptr<CudnnState> dnn_;
+  std::mutex dnn_mu_;
 };
 
 }  // namespace sat

@@ -32,7 +32,8 @@ void MaxPool2d::setup(LayerSetup& s) {
             " larger than the padded input ", in.str());
   Ho_ = (H_ + 2 * p_ - k_) / s_ + 1;
   Wo_ = (W_ + 2 * p_ - k_) / s_ + 1;
-  s.set_output(Shape{B_, C_, Ho_, Wo_});
+  act_ = s.act;
+  s.set_output(Shape{B_, C_, Ho_, Wo_}, s.act);
   s.save(Shape{B_, C_, Ho_, Wo_}, DType::i32);  // saved[0]: argmax, index ih*W + iw in the input plane
   s.flops_fwd = double(B_ * C_ * Ho_ * Wo_) * double(k_ * k_);
   s.flops_bwd = double(B_ * C_ * Ho_ * Wo_);
@@ -97,7 +98,8 @@ void AdaptiveAvgPool2d::setup(LayerSetup& s) {
   SAT_CHECK(in.nd == 4 && in[2] > 0 && in[3] > 0, s.name, ": AdaptiveAvgPool2d expects input [B, C, H, W], got ",
             in.str());
   B_ = in[0], C_ = in[1], H_ = in[2], W_ = in[3];
-  s.set_output(Shape{B_, C_, oh_, ow_});
+  act_ = s.act;
+  s.set_output(Shape{B_, C_, oh_, ow_}, s.act);
   // Each input element is read about once per overlapping window (at most twice per axis).
   s.flops_fwd = double(B_ * C_) * double(std::max(H_, oh_) * std::max(W_, ow_));
   s.flops_bwd = s.flops_fwd;

@@ -1,4 +1,4 @@
-// Pooling layers, NCHW float32, PyTorch semantics (floor mode).
+// Pooling layers, NCHW, PyTorch semantics (floor mode). GPU path in pool.cu.
 #pragma once
 #include <cstdint>
 
@@ -17,10 +17,12 @@ class MaxPool2d : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
  private:
   int64_t k_, s_, p_;
   int64_t B_ = 0, C_ = 0, H_ = 0, W_ = 0, Ho_ = 0, Wo_ = 0;  // fixed by setup()
+  DType act_ = DType::f32;  // activation dtype (GPU)
 };
 
 // Adaptive average pooling to [out_h, out_w]: output row i averages input rows
@@ -33,10 +35,12 @@ class AdaptiveAvgPool2d : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
  private:
   int64_t oh_, ow_;
   int64_t B_ = 0, C_ = 0, H_ = 0, W_ = 0;  // fixed by setup()
+  DType act_ = DType::f32;  // activation dtype (GPU)
 };
 
 }  // namespace sat
