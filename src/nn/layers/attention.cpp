@@ -166,23 +166,41 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_head) : n_head_(n_head) {
 void CausalSelfAttention::setup(LayerSetup& s) {
   SAT_CHECK(s.inputs.size() == 1, s.name, ": CausalSelfAttention takes one input (qkv), got ", s.inputs.size());
   const Shape& x = s.in_shape(0);
-  SAT_CHECK(s.inputs[0].dtype == DType::f32, s.name, ": CausalSelfAttention expects f32 input");
+  SAT_CHECK(s.inputs[0].dtype == s.act, s.name, ": CausalSelfAttention expects ", dtype_name(s.act), " input");
   SAT_CHECK(x.nd == 3 && x[2] % 3 == 0 && x[2] > 0 && x[1] > 0,
             s.name, ": CausalSelfAttention expects qkv [B, T, 3C], got ", x.str());
   const int64_t B = x[0], T = x[1], C = x[2] / 3;
   SAT_CHECK(C % n_head_ == 0, s.name, ": CausalSelfAttention: n_embd C=", C, " is not divisible by n_head=",
             n_head_);
   const int64_t hs = C / n_head_;
-  s.set_output(Shape{B, T, C});
+  s.set_output(Shape{B, T, C}, s.act);
 
-  // Per-thread scratch slots: sized for the OpenMP threads available now (and never more
-  // than there are heads to process); forward/backward never use more threads than this.
-  const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(cpu::num_threads(), B * n_head_));
-  if (s.training) {
-    s.save(Shape{B, n_head_, T, T});             // P, kept for backward
-    s.scratch_backward(Shape{slots, T, T});      // dP, then dS in place, one per thread
+  if (s.device == Device::cuda) {
+    // GPU (attention.cu): per-head copies of q, k, v and batched GEMMs over all heads.
+    const Shape heads3{3, B, n_head_, T, hs}, heads1{B, n_head_, T, hs}, probs{B, n_head_, T, T};
+    const bool f32 = s.act == DType::f32;
+    if (s.training) s.save(probs, s.act);                 // P, kept for backward
+    s.scratch_forward(heads3, s.act);                     // 0: q, k, v as [3, B, nh, T, hs]
+    s.scratch_forward(heads1, s.act);                     // 1: y as [B, nh, T, hs]
+    if (!s.training) s.scratch_forward(probs, s.act);     // 2: P (not kept)
+    if (!f32) s.scratch_forward(probs, DType::f32);       // last: scores (under f32 computed in P)
+    if (s.training) {
+      s.scratch_backward(heads3, s.act);                  // 0: q, k, v as [3, B, nh, T, hs]
+      s.scratch_backward(heads1, s.act);                  // 1: dy as [B, nh, T, hs]
+      s.scratch_backward(heads3, s.act);                  // 2: dq, dk, dv as [3, B, nh, T, hs]
+      s.scratch_backward(probs, DType::f32);              // 3: dP (under f32 also dS, in place)
+      if (!f32) s.scratch_backward(probs, s.act);         // 4: dS
+    }
   } else {
-    s.scratch_forward(Shape{slots, T, T});       // P, one per thread (not kept)
+    // Per-thread scratch slots: sized for the OpenMP threads available now (and never more
+    // than there are heads to process); forward/backward never use more threads than this.
+    const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(cpu::num_threads(), B * n_head_));
+    if (s.training) {
+      s.save(Shape{B, n_head_, T, T});             // P, kept for backward
+      s.scratch_backward(Shape{slots, T, T});      // dP, then dS in place, one per thread
+    } else {
+      s.scratch_forward(Shape{slots, T, T});       // P, one per thread (not kept)
+    }
   }
 
   // Multiply-adds over the causal triangle (T(T+1)/2 (query, key) pairs per head):

@@ -17,6 +17,15 @@
 //  thread; forward/backward never run more threads than there are slots.
 // CPU: one OpenMP loop over (batch, head); per head, single-threaded BLAS GEMMs on row
 // blocks of the causal triangle, and vectorized softmax rows (see attention.cpp).
+// GPU (attention.cu, buffers declared only when set up for Device::cuda): q, k, v are
+// copied per head into scratch [3, B, n_head, T, hs]; strided-batched cuBLASLt GEMMs over
+// all B * n_head heads compute the full T x T scores in f32, a causal softmax kernel
+// (float32 math) writes P in the activation dtype (zeros above the diagonal; saved when
+// training), and y = P v is copied back to [B, T, C]. Backward: dv = P^T dy, dP = dy v^T
+// (f32), dS = P * (dP - rowsum(dP * P)) / sqrt(hs) in the activation dtype, dq = dS k,
+// dk = dS^T q. Scratch per call: forward 4 B T C activations plus the f32 scores
+// [B, n_head, T, T] (none under f32: computed in P); backward 7 B T C activations plus
+// dP f32 and dS [B, n_head, T, T] (dS in place in dP under f32).
 #pragma once
 #include <cstdint>
 
@@ -31,6 +40,7 @@ class CausalSelfAttention : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
   int64_t n_head() const { return n_head_; }
 
  private:

@@ -20,11 +20,11 @@ Linear::Linear(int64_t in, int64_t out, bool bias, std::optional<ParamInit> w_in
 void Linear::setup(LayerSetup& s) {
   SAT_CHECK(s.inputs.size() == 1, "Linear ", s.name, ": expected 1 input, got ", s.inputs.size());
   const TensorSpec& x = s.inputs[0];
-  SAT_CHECK(x.dtype == DType::f32 && x.shape.nd >= 1 && x.shape[-1] == in_, "Linear ", s.name,
-            ": expected an f32 input [..., ", in_, "], got ", dtype_name(x.dtype), " ", x.shape.str());
+  SAT_CHECK(x.dtype == s.act && x.shape.nd >= 1 && x.shape[-1] == in_, "Linear ", s.name, ": expected an ",
+            dtype_name(s.act), " input [..., ", in_, "], got ", dtype_name(x.dtype), " ", x.shape.str());
   Shape y = x.shape;
   y[-1] = out_;
-  s.set_output(y);
+  s.set_output(y, s.act);
   if (tied_.empty())
     s.param("weight", {out_, in_}, w_init_);       // slot 0
   else

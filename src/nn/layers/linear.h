@@ -2,6 +2,9 @@
 //   input  x [..., in]    any leading dims, flattened to rows = numel / in
 //   output y [..., out]
 //   params "weight" [out, in] (PyTorch layout), "bias" [out] (when bias = true)
+// GPU (linear.cu): cuBLASLt GEMMs on the activation dtype (x and the weight's low-precision
+// copy), the bias fused into the forward GEMM's epilogue; dW in f32 straight from the GEMM
+// (beta = 1 accumulates), db by a column-sum kernel.
 // Default inits are PyTorch's: weight and bias U(-1/sqrt(in), 1/sqrt(in)).
 // Tied weight: with tied_weight = "transformer.wte.weight" the weight is that earlier
 // parameter (GPT's lm_head shares the token embedding [vocab, dim]) and there is no bias;
@@ -22,6 +25,7 @@ class Linear : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
