@@ -325,11 +325,39 @@ int main(int argc, char** argv) {
   info->add_option("--momentum", imom, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ivocab, "GPT models: vocabulary size");
 
-  int launch_n = 0;
-  auto* launch = app.add_subcommand("launch", "run N processes of saturate under mpirun: saturate launch -n N -- train ...");
-  launch->add_option("-n,--np", launch_n, "number of processes")->required();
-  launch->allow_extras();
-  launch->prefix_command();
+  // `saturate launch -n N -- ARGS...` is parsed by hand: everything after -- belongs to
+  // the launched command, which CLI11 would otherwise try to parse.
+  if (argc >= 2 && std::string(argv[1]) == "launch") {
+    try {
+      int n = 0;
+      int i = 2;
+      std::vector<std::string> rest;
+      for (; i < argc; ++i) {
+        std::string arg = argv[i];
+        if (arg == "--") { ++i; break; }
+        if ((arg == "-n" || arg == "--np") && i + 1 < argc) {
+          char* end = nullptr;
+          long v = std::strtol(argv[++i], &end, 10);
+          SAT_CHECK(end && *end == 0 && v >= 1, "-n: expected a positive number of processes, got '", argv[i], "'");
+          n = int(v);
+        } else if (arg == "-h" || arg == "--help") {
+          std::printf("usage: saturate launch -n N -- train [options]\n"
+                      "runs N processes of saturate under mpirun, with the flags users forget\n"
+                      "(running as root, oversubscription on small machines), and prints the command\n");
+          return 0;
+        } else {
+          sat::fail("saturate launch: unexpected argument '", arg, "'; usage: saturate launch -n N -- train ...");
+        }
+      }
+      for (; i < argc; ++i) rest.push_back(argv[i]);
+      SAT_CHECK(n >= 1, "saturate launch: -n N is required; usage: saturate launch -n N -- train ...");
+      SAT_CHECK(!rest.empty(), "saturate launch: nothing to run; usage: saturate launch -n N -- train ...");
+      sat::dist::exec_command(sat::dist::mpirun_command(n, rest, sat::dist::self_executable()));
+    } catch (const sat::Error& e) {
+      std::fprintf(stderr, "saturate: error: %s\n", e.what());
+      return 2;
+    }
+  }
 
   sat::dist::BenchCommOptions bco;
   std::string bc_backend = "mpi";
@@ -352,20 +380,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : info->parsed() ? "info " : launch->parsed() ? "launch " : bcomm->parsed() ? "bench comm " : "");
+                 train->parsed() ? "train " : info->parsed() ? "info " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
     if (train->parsed()) return run_train(a);
     if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab);
-    if (launch->parsed()) {
-      SAT_CHECK(launch_n >= 1, "-n: expected a positive number of processes, got ", launch_n);
-      std::vector<std::string> rest = launch->remaining();
-      if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
-      SAT_CHECK(!rest.empty(), "saturate launch: nothing to run; usage: saturate launch -n N -- train ...");
-      auto cmd = sat::dist::mpirun_command(launch_n, rest, sat::dist::self_executable());
-      sat::dist::exec_command(cmd);
-    }
     if (bcomm->parsed()) {
       SAT_CHECK(bc_backend == "mpi", "--backend: expected mpi (NCCL needs a GPU build and a GPU), got '", bc_backend, "'");
       SAT_CHECK(bco.min_bytes >= 4 && bco.min_bytes <= bco.max_bytes, "--min-bytes/--max-bytes: expected 4 <= min <= max");
