@@ -156,7 +156,6 @@ def run_batch(args, B):
         r.update(gpt_flops_per_token(args.model))
     else:
         r["channels_last"] = args.channels_last
-    del model, fwd, opt, batches
     return r
 
 
