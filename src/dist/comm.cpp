@@ -1,0 +1,258 @@
+// Process detection from the launcher's environment, the self communicator (a world of
+// one) and validation shared by the backends.
+#include "dist/comm.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <limits>
+
+#include "core/error.h"
+
+namespace sat::dist {
+
+namespace {
+
+// An environment variable as a non-negative int, or -1 when unset. A value that is not a
+// number is a broken launcher environment: say which variable.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  SAT_CHECK(errno == 0 && end && *end == '\0' && x >= 0 && x <= std::numeric_limits<int>::max(),
+            "environment variable ", name, "='", v, "' is not a process count or rank");
+  return static_cast<int>(x);
+}
+
+// Slurm's per-node task list, "2(x3),1": the number of tasks on node `node` (-1 when the
+// string cannot be read).
+int slurm_tasks_on_node(const char* list, int node) {
+  if (!list) return -1;
+  const char* p = list;
+  int n = 0;
+  while (*p) {
+    char* end = nullptr;
+    long tasks = std::strtol(p, &end, 10);
+    if (end == p) return -1;
+    long reps = 1;
+    p = end;
+    if (*p == '(') {
+      if (p[1] != 'x') return -1;
+      reps = std::strtol(p + 2, &end, 10);
+      if (*end != ')') return -1;
+      p = end + 1;
+    }
+    if (node < n + reps) return static_cast<int>(tasks);
+    n += static_cast<int>(reps);
+    if (*p == ',') ++p;
+  }
+  return -1;
+}
+
+bool fill(ProcessInfo& info, const char* launcher, const char* rank, const char* world, const char* local_rank,
+          const char* local_world) {
+  int r = env_int(rank), w = env_int(world);
+  if (r < 0 || w < 1) return false;
+  SAT_CHECK(r < w, "environment variable ", rank, "=", r, " is not below ", world, "=", w);
+  info.rank = r;
+  info.world = w;
+  int lr = local_rank ? env_int(local_rank) : -1;
+  int lw = local_world ? env_int(local_world) : -1;
+  // Without the local variables assume one node (local = global): right for the common
+  // single-node launch, and the only use is choosing a GPU.
+  info.local_rank = lr >= 0 ? lr : r;
+  info.local_world = lw >= 1 ? lw : w;
+  if (info.local_rank >= info.local_world) info.local_world = info.local_rank + 1;
+  info.launcher = launcher;
+  return true;
+}
+
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+// A world of one. Point-to-point to itself is matched in order of posting: a send with no
+// posted recv is buffered (copied), a recv with no buffered send completes when the send
+// is posted.
+class SelfComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend_name() const override { return "self"; }
+
+  WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp) override {
+    check_dtype("all_reduce", t, true);
+    SAT_CHECK(data || count == 0, "all_reduce: null buffer");
+    return done();  // sum/avg/max/min over one rank: the data itself
+  }
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp) override {
+    check_dtype("reduce_scatter", t, true);
+    copy(recv, send, recv_count * dtype_size(t));
+    return done();
+  }
+  WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType t) override {
+    check_dtype("all_gather", t, false);
+    copy(recv, send, send_count * dtype_size(t));
+    return done();
+  }
+  WorkPtr broadcast(void* data, size_t, DType t, int root) override {
+    check_dtype("broadcast", t, false);
+    check_rank("broadcast", "root", root, 1);
+    (void)data;
+    return done();
+  }
+  WorkPtr send(const void* data, size_t count, DType t, int peer, int tag) override {
+    check_dtype("send", t, false);
+    check_rank("send", "peer", peer, 1);
+    size_t bytes = count * dtype_size(t);
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      auto& r = **it;
+      if (r.cancelled || r.tag != tag) continue;
+      SAT_CHECK(bytes <= r.bytes, "send of ", bytes, " bytes to self: the matching recv has room for ", r.bytes);
+      copy(r.data, data, bytes);
+      r.done = true;
+      recvs_.erase(it);
+      return done();
+    }
+    const char* p = static_cast<const char*>(data);
+    msgs_.push_back({tag, std::vector<char>(p, p + bytes)});
+    return done();
+  }
+  WorkPtr recv(void* data, size_t count, DType t, int peer, int tag) override {
+    check_dtype("recv", t, false);
+    check_rank("recv", "peer", peer, 1);
+    size_t bytes = count * dtype_size(t);
+    for (auto it = msgs_.begin(); it != msgs_.end(); ++it) {
+      if (it->tag != tag) continue;
+      SAT_CHECK(it->data.size() <= bytes, "recv of ", bytes, " bytes from self: the matching send has ",
+                it->data.size());
+      copy(data, it->data.data(), it->data.size());
+      msgs_.erase(it);
+      return done();
+    }
+    auto r = std::make_shared<PendingRecv>();
+    r->data = data;
+    r->bytes = bytes;
+    r->tag = tag;
+    recvs_.push_back(r);
+    return std::make_unique<RecvWork>(r);
+  }
+  WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
+                    DType t, int tag) override {
+    auto rw = recv(recv_data, recv_count, t, src, tag);
+    send(send_data, send_count, t, dst, tag);
+    rw->wait();
+    return done();
+  }
+  void barrier() override {}
+
+ private:
+  struct Msg {
+    int tag;
+    std::vector<char> data;
+  };
+  struct PendingRecv {
+    void* data = nullptr;
+    size_t bytes = 0;
+    int tag = 0;
+    bool done = false, cancelled = false;
+  };
+  class RecvWork final : public Work {
+   public:
+    explicit RecvWork(std::shared_ptr<PendingRecv> r) : r_(std::move(r)) {}
+    ~RecvWork() override { r_->cancelled = !r_->done; }
+    void wait() override {
+      SAT_CHECK(r_->done, "recv from self (tag ", r_->tag,
+                "): no matching send was posted; in a world of one the send must come first or be posted "
+                "before waiting");
+    }
+    bool done() override { return r_->done; }
+
+   private:
+    std::shared_ptr<PendingRecv> r_;
+  };
+
+  static WorkPtr done() { return std::make_unique<DoneWork>(); }
+  static void copy(void* dst, const void* src, size_t bytes) {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+
+  std::deque<Msg> msgs_;
+  std::deque<std::shared_ptr<PendingRecv>> recvs_;
+};
+
+}  // namespace
+
+ProcessInfo detect_process() {
+  ProcessInfo info;
+  // OpenMPI (mpirun, and srun with PMIx launching an OpenMPI program).
+  if (fill(info, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+           "OMPI_COMM_WORLD_LOCAL_SIZE"))
+    return info;
+  if (fill(info, "mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+           "MV2_COMM_WORLD_LOCAL_SIZE"))
+    return info;
+  // MPICH / Intel MPI hydra.
+  if (fill(info, "pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")) return info;
+  // PMIx launchers (prterun, OpenMPI 5) without the OMPI variables.
+  if (fill(info, "pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE")) return info;
+  // srun. Only a job step (SLURM_STEP_NUM_TASKS): inside an sbatch script, outside srun,
+  // SLURM_NTASKS is the allocation's size while the script itself is one process.
+  if (std::getenv("SLURM_STEP_NUM_TASKS") &&
+      fill(info, "slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", nullptr)) {
+    int node = env_int("SLURM_NODEID");
+    int lw = slurm_tasks_on_node(std::getenv("SLURM_STEP_TASKS_PER_NODE"), node < 0 ? 0 : node);
+    if (lw > info.local_rank) info.local_world = lw;
+    return info;
+  }
+  return ProcessInfo{};
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+double comm_timeout_seconds() {
+  static const double t = [] {
+    const char* v = std::getenv("SAT_COMM_TIMEOUT");
+    if (!v || !*v) return 30.0;
+    char* end = nullptr;
+    double x = std::strtod(v, &end);
+    SAT_CHECK(end && *end == '\0' && x >= 0, "SAT_COMM_TIMEOUT='", v, "' is not a number of seconds (0 = none)");
+    return x;
+  }();
+  return t;
+}
+
+void check_dtype(const char* op, DType t, bool reduction) {
+  if (!reduction) return;  // data movement works on any dtype (as bytes)
+  SAT_CHECK(t == DType::f32 || t == DType::f64 || t == DType::i32 || t == DType::i64, op, ": dtype ",
+            dtype_name(t), " cannot be reduced (f32, f64, i32, i64)");
+}
+
+void check_rank(const char* op, const char* what, int r, int size) {
+  SAT_CHECK(r >= 0 && r < size, op, ": ", what, " rank ", r, " is not in [0, ", size, ")");
+}
+
+std::unique_ptr<Comm> make_self_comm() { return std::make_unique<SelfComm>(); }
+
+std::unique_ptr<Comm> make_world_comm() {
+  ProcessInfo p = detect_process();
+  if (!p.distributed()) return make_self_comm();
+  SAT_CHECK(have_mpi(), "launched as rank ", p.rank, " of ", p.world, " (", p.launcher,
+            ") but this saturate was built without MPI: apt-get install libopenmpi-dev and rebuild");
+  return make_mpi_comm();
+}
+
+}  // namespace sat::dist

@@ -1,0 +1,127 @@
+// The communication layer of data-parallel training: a communicator (Comm) over the
+// processes of one job, with the collectives that training needs (all-reduce of the
+// gradients, reduce-scatter/all-gather for sharded optimizers, broadcast of the initial
+// parameters) plus point-to-point send/recv. Nothing here knows about layers or training.
+//
+// Backends:
+//   self  — a world of one process; every op is a copy or a no-op. Always available.
+//   mpi   — MPI_COMM_WORLD on host memory (mpi_comm.cpp). Every MPI call runs on one
+//           dedicated communication thread, so nonblocking ops progress while the caller
+//           computes. Needs SAT_HAVE_MPI.
+//   nccl  — device memory, ops enqueued on a CUDA stream (nccl_comm.h).
+//
+// Rules that every backend shares:
+//   * Collectives must be issued in the same order with the same counts/dtypes/ops on every
+//     rank (as in MPI and NCCL). A Comm is used from one thread at a time.
+//   * Buffers passed to a nonblocking op must stay alive and untouched until its Work has
+//     completed (wait() returned or done() returned true). Destroying a Work that has not
+//     completed waits for it, so a dropped handle never leaves an op writing into freed
+//     memory.
+//   * Work::wait() has a watchdog: when an op does not complete within the communication
+//     timeout (comm_timeout_seconds(): env SAT_COMM_TIMEOUT, default 30 s, 0 = none) the
+//     process prints which rank, op and size hung and aborts the whole job, since a peer
+//     has most likely died and the job can never make progress again.
+//   * ReduceOp::avg is sum / size(), done by the backend (integer types: truncating
+//     division).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace sat::dist {
+
+// Where this process stands in a job, read from the launcher's environment variables only
+// (OpenMPI's mpirun, MPICH/Intel MPI hydra, MVAPICH2, Slurm's srun). A plain `saturate
+// train` sees world 1 and an empty launcher, and never needs to initialise MPI.
+struct ProcessInfo {
+  int rank = 0, world = 1;             // global rank and number of processes
+  int local_rank = 0, local_world = 1;  // the same on this node (selects the GPU)
+  std::string launcher;                 // "openmpi", "mvapich2", "pmi", "slurm" or "" (none)
+  bool distributed() const { return world > 1; }
+};
+ProcessInfo detect_process();
+
+enum class ReduceOp { sum, avg, max, min };
+const char* reduce_op_name(ReduceOp op);
+
+// The communication timeout in seconds (env SAT_COMM_TIMEOUT, default 30; 0 = wait
+// forever). Read once.
+double comm_timeout_seconds();
+
+// A handle to a nonblocking op.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the op has completed. Throws sat::Error when the op failed; aborts the
+  // job (see above) when it does not complete within the communication timeout.
+  virtual void wait() = 0;
+  // Whether the op has completed (never blocks; a failed op counts as completed and its
+  // error is thrown by wait()).
+  virtual bool done() = 0;
+};
+using WorkPtr = std::unique_ptr<Work>;
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend_name() const = 0;  // "self", "mpi", "nccl"
+  // Where the buffers of the ops live: host memory (self, mpi) or device memory (nccl).
+  virtual Device device() const { return Device::cpu; }
+
+  // In place: data[0, count) becomes op over the data of all ranks.
+  virtual WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) = 0;
+  // send holds size() blocks of recv_count elements; rank r receives in recv the reduction
+  // of block r over all ranks. send and recv must not overlap.
+  virtual WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) = 0;
+  // Every rank contributes send_count elements; recv (size() * send_count elements) holds
+  // them in rank order on every rank. In place when send == recv + rank() * send_count
+  // elements; otherwise send and recv must not overlap.
+  virtual WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType t) = 0;
+  // data of rank root is copied to every rank.
+  virtual WorkPtr broadcast(void* data, size_t count, DType t, int root) = 0;
+  // Point to point. Messages between two ranks with the same tag arrive in the order they
+  // were sent. The NCCL backend has no tags (must be 0) and runs a send and the matching
+  // recv only when both are posted: where ranks send to each other at once (a ring, an
+  // exchange) use send_recv, which posts both halves together on every backend.
+  virtual WorkPtr send(const void* data, size_t count, DType t, int peer, int tag = 0) = 0;
+  virtual WorkPtr recv(void* data, size_t count, DType t, int peer, int tag = 0) = 0;
+  virtual WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count,
+                            int src, DType t, int tag = 0) = 0;
+  // Blocks until every rank has entered the barrier (with the watchdog of wait()).
+  virtual void barrier() = 0;
+
+  // Blocking conveniences.
+  void all_reduce_sync(void* data, size_t count, DType t, ReduceOp op) { all_reduce(data, count, t, op)->wait(); }
+  void broadcast_sync(void* data, size_t count, DType t, int root) { broadcast(data, count, t, root)->wait(); }
+};
+
+// A world of one process: ops are copies or no-ops. Always available.
+std::unique_ptr<Comm> make_self_comm();
+
+// MPI_COMM_WORLD (a duplicate of it, so that several communicators never mix messages).
+// Initialises MPI on first use (MPI_Init_thread on the communication thread) and finalises
+// it at exit. Throws sat::Error "this saturate was built without MPI" when SAT_HAVE_MPI is 0.
+std::unique_ptr<Comm> make_mpi_comm();
+
+// Whether this build has the MPI backend.
+bool have_mpi();
+
+// The communicator for this process: MPI when launched by an MPI launcher with world > 1
+// (detect_process()), the self communicator otherwise.
+std::unique_ptr<Comm> make_world_comm();
+
+// Ends the whole job after a fatal error on this rank: MPI_Abort when MPI is initialised
+// (so the other ranks do not wait for this one until their watchdog fires), exit(code)
+// otherwise. Prints nothing itself.
+[[noreturn]] void abort_job(int code);
+
+// Validation shared by the backends (throws sat::Error naming the op).
+void check_dtype(const char* op, DType t, bool reduction);
+void check_rank(const char* op, const char* what, int r, int size);
+
+}  // namespace sat::dist

@@ -1,0 +1,108 @@
+#include "dist/launch.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "core/error.h"
+
+namespace sat::dist {
+
+namespace {
+
+void add_env(std::vector<std::string>& cmd, bool openmpi, const std::string& name, const std::string& value) {
+  if (openmpi) {
+    cmd.push_back("-x");
+    cmd.push_back(name + "=" + value);
+  } else {
+    cmd.push_back("-genv");
+    cmd.push_back(name);
+    cmd.push_back(value);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> mpirun_command(int n, const std::vector<std::string>& saturate_args,
+                                        const std::string& self_exe, const LaunchOptions& o) {
+  SAT_CHECK(n >= 1, "launch: the number of processes must be at least 1 (got ", n, ")");
+  int threads = o.hardware_threads > 0 ? o.hardware_threads : int(std::thread::hardware_concurrency());
+  if (threads < 1) threads = 1;
+  bool root = o.as_root >= 0 ? o.as_root != 0 : geteuid() == 0;
+  bool oversubscribed = n > threads;
+
+  std::vector<std::string> cmd{"mpirun"};
+  cmd.push_back(o.openmpi ? "-np" : "-n");
+  cmd.push_back(std::to_string(n));
+  if (o.openmpi) {
+    if (oversubscribed) cmd.push_back("--oversubscribe");
+    if (root) cmd.push_back("--allow-run-as-root");
+    cmd.push_back("--bind-to");
+    cmd.push_back("none");
+  }
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  add_env(cmd, o.openmpi, "OMP_NUM_THREADS", omp && *omp ? omp : std::to_string(std::max(1, threads / n)));
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  if (wait && *wait)
+    add_env(cmd, o.openmpi, "OMP_WAIT_POLICY", wait);
+  else if (oversubscribed)
+    add_env(cmd, o.openmpi, "OMP_WAIT_POLICY", "passive");
+  const char* timeout = std::getenv("SAT_COMM_TIMEOUT");
+  if (timeout && *timeout) add_env(cmd, o.openmpi, "SAT_COMM_TIMEOUT", timeout);
+  cmd.insert(cmd.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  cmd.push_back(self_exe);
+  cmd.insert(cmd.end(), saturate_args.begin(), saturate_args.end());
+  return cmd;
+}
+
+std::string command_line(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) {
+    if (!s.empty()) s += ' ';
+    bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                                   "-_./=:,+@%") == std::string::npos;
+    if (plain) {
+      s += a;
+    } else {
+      s += '\'';
+      for (char ch : a) s += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      s += '\'';
+    }
+  }
+  return s;
+}
+
+void exec_command(const std::vector<std::string>& argv) {
+  SAT_CHECK(!argv.empty(), "launch: empty command");
+  if (geteuid() == 0) {
+    // OpenMPI 4's environment form of --allow-run-as-root (harmless elsewhere).
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  std::cerr << "saturate: running " << command_line(argv) << std::endl;
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  int e = errno;
+  if (e == ENOENT) {
+    if (argv[0] == "mpirun" || argv[0] == "mpiexec")
+      fail("saturate launch needs mpirun: apt-get install openmpi-bin");
+    fail("launch: ", argv[0], " not found");
+  }
+  fail("launch: cannot run ", argv[0], ": ", std::strerror(e));
+}
+
+std::string self_executable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  SAT_CHECK(n > 0, "cannot read /proc/self/exe: ", std::strerror(errno));
+  return std::string(buf, size_t(n));
+}
+
+}  // namespace sat::dist

@@ -1,0 +1,621 @@
+// The communication layer (src/dist/). Runs as one process (the self communicator, and
+// the MPI communicator as a world of one) and, registered by CMake as dist_np2/3/4, under
+// mpirun with 2, 3 and 4 processes: every test on the world communicator checks results
+// exactly (sums of small integers are exact in float).
+//
+// Hidden child modes (used by the DistFailure tests, which launch this binary under
+// mpirun): SAT_TEST_DIE_RANK=R makes rank R SIGKILL itself in the middle of a loop of
+// all-reduces; SAT_TEST_HANG_RANK=R makes rank R stop taking part (it sleeps), so the
+// others' watchdog must end the job; SAT_TEST_ABORT_RANK=R makes rank R end the job with
+// abort_job(2) (what the CLI does on an error); SAT_TEST_EXIT_RANK=R makes rank R exit(2)
+// (no test: its MPI_Finalize waits for the others, who wait for it, until the watchdog).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/bench_comm.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
+
+using namespace sat;
+using namespace sat::dist;
+
+namespace {
+
+// ---- hidden child modes ---------------------------------------------------------------
+
+int env_rank(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : -1;
+}
+
+int run_child_mode() {
+  int die = env_rank("SAT_TEST_DIE_RANK"), hang = env_rank("SAT_TEST_HANG_RANK");
+  int quit = env_rank("SAT_TEST_EXIT_RANK"), abort = env_rank("SAT_TEST_ABORT_RANK");
+  if (die < 0 && hang < 0 && quit < 0 && abort < 0) return 0;
+  auto c = make_mpi_comm();
+  std::vector<float> buf(256 * 1024);
+  for (int it = 0; it < 100000; ++it) {
+    if (it == 20 && c->rank() == die) {
+      std::fprintf(stderr, "test_dist child: SIGKILL to myself (SAT_TEST_DIE_RANK) at unix time %.3f\n",
+                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+      std::fflush(stderr);
+      raise(SIGKILL);
+    }
+    if (it == 20 && c->rank() == hang) {
+      std::fprintf(stderr, "test_dist child: sleeping instead of the all-reduce (SAT_TEST_HANG_RANK)\n");
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::seconds(600));
+    }
+    if (it == 20 && c->rank() == quit) {
+      std::fprintf(stderr, "test_dist child: exit(2) instead of the all-reduce (SAT_TEST_EXIT_RANK)\n");
+      std::exit(2);
+    }
+    if (it == 20 && c->rank() == abort) {
+      std::fprintf(stderr, "test_dist child: abort_job(2) instead of the all-reduce (SAT_TEST_ABORT_RANK)\n");
+      abort_job(2);
+    }
+    c->all_reduce_sync(buf.data(), buf.size(), DType::f32, ReduceOp::sum);
+  }
+  std::exit(0);  // not reached in the failure tests
+}
+const int g_child_mode = run_child_mode();
+
+// ---- helpers --------------------------------------------------------------------------
+
+// The communicator of the whole test process: MPI when built with it (a world of one when
+// not launched by mpirun), the self communicator otherwise.
+Comm& world() {
+  static std::unique_ptr<Comm> c = [] {
+    (void)g_child_mode;
+    return have_mpi() ? make_mpi_comm() : make_self_comm();
+  }();
+  return *c;
+}
+
+// Rank-dependent small integers (negative ones too).
+int64_t value(int rank, size_t i) { return int64_t((i * 7 + size_t(rank) * 13) % 23) - 7 + rank; }
+
+template <typename T>
+DType dtype_of();
+template <>
+DType dtype_of<float>() { return DType::f32; }
+template <>
+DType dtype_of<double>() { return DType::f64; }
+template <>
+DType dtype_of<int32_t>() { return DType::i32; }
+template <>
+DType dtype_of<int64_t>() { return DType::i64; }
+
+template <typename T>
+T expected(ReduceOp op, int n, size_t i) {
+  T acc = static_cast<T>(value(0, i));
+  for (int r = 1; r < n; ++r) {
+    T v = static_cast<T>(value(r, i));
+    if (op == ReduceOp::sum || op == ReduceOp::avg) acc = static_cast<T>(acc + v);
+    if (op == ReduceOp::max) acc = std::max(acc, v);
+    if (op == ReduceOp::min) acc = std::min(acc, v);
+  }
+  if (op == ReduceOp::avg) acc = static_cast<T>(acc / static_cast<T>(n));
+  return acc;
+}
+
+const size_t kCounts[] = {0, 1, 7, 1000, 65537};
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+
+template <typename T>
+void check_all_reduce(Comm& c) {
+  for (size_t count : kCounts) {
+    for (ReduceOp op : kOps) {
+      std::vector<T> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(value(c.rank(), i));
+      c.all_reduce_sync(buf.data(), count, dtype_of<T>(), op);
+      size_t bad = 0;
+      for (size_t i = 0; i < count; ++i) bad += buf[i] != expected<T>(op, c.size(), i);
+      EXPECT_EQ(bad, 0u) << dtype_name(dtype_of<T>()) << " " << reduce_op_name(op) << " count " << count;
+    }
+  }
+}
+
+// A little computation for the caller thread while an op is in flight.
+double compute_for(std::chrono::milliseconds ms) {
+  auto end = std::chrono::steady_clock::now() + ms;
+  double acc = 0;
+  while (std::chrono::steady_clock::now() < end)
+    for (int i = 1; i < 10000; ++i) acc += std::sqrt(double(i));
+  return acc;
+}
+
+struct EnvGuard {
+  std::vector<std::pair<std::string, std::string>> saved;
+  std::vector<std::string> unset_names;
+  explicit EnvGuard(std::initializer_list<const char*> names) {
+    for (const char* n : names) {
+      const char* v = std::getenv(n);
+      if (v)
+        saved.emplace_back(n, v);
+      else
+        unset_names.push_back(n);
+      unsetenv(n);
+    }
+  }
+  ~EnvGuard() {
+    for (auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
+    for (auto& n : unset_names) unsetenv(n.c_str());
+  }
+};
+
+}  // namespace
+
+// ---- process detection ----------------------------------------------------------------
+
+TEST(DistProcess, DetectsLaunchersFromEnvironment) {
+  EnvGuard g{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+             "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+             "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE"};
+  ProcessInfo p = detect_process();
+  EXPECT_EQ(p.rank, 0);
+  EXPECT_EQ(p.world, 1);
+  EXPECT_EQ(p.launcher, "");
+  EXPECT_FALSE(p.distributed());
+
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  p = detect_process();
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.world, 8);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.local_world, 2);
+  EXPECT_EQ(p.launcher, "openmpi");
+  setenv("OMPI_COMM_WORLD_RANK", "x", 1);
+  EXPECT_THROW(detect_process(), Error);
+  setenv("OMPI_COMM_WORLD_RANK", "8", 1);
+  EXPECT_THROW(detect_process(), Error);  // rank not below size
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+
+  setenv("PMI_RANK", "2", 1);
+  setenv("PMI_SIZE", "4", 1);
+  p = detect_process();
+  EXPECT_EQ(p.launcher, "pmi");
+  EXPECT_EQ(p.rank, 2);
+  EXPECT_EQ(p.local_rank, 2);  // no local variables: one node assumed
+  EXPECT_EQ(p.local_world, 4);
+  unsetenv("PMI_RANK");
+  unsetenv("PMI_SIZE");
+
+  // Inside an sbatch script (no job step) Slurm's variables do not make a world.
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  EXPECT_EQ(detect_process().world, 1);
+  setenv("SLURM_PROCID", "4", 1);
+  setenv("SLURM_STEP_NUM_TASKS", "5", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_NODEID", "1", 1);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "3,2", 1);
+  p = detect_process();
+  EXPECT_EQ(p.launcher, "slurm");
+  EXPECT_EQ(p.rank, 4);
+  EXPECT_EQ(p.world, 5);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.local_world, 2);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2),1", 1);
+  EXPECT_EQ(detect_process().local_world, 2);
+}
+
+// ---- the self communicator ------------------------------------------------------------
+
+TEST(DistSelf, CollectivesAreCopies) {
+  auto c = make_self_comm();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->size(), 1);
+  EXPECT_STREQ(c->backend_name(), "self");
+  check_all_reduce<float>(*c);
+  check_all_reduce<int64_t>(*c);
+  std::vector<int32_t> a{1, 2, 3}, b(3);
+  c->reduce_scatter(a.data(), b.data(), 3, DType::i32, ReduceOp::sum)->wait();
+  EXPECT_EQ(b, a);
+  std::fill(b.begin(), b.end(), 0);
+  c->all_gather(a.data(), b.data(), 3, DType::i32)->wait();
+  EXPECT_EQ(b, a);
+  c->all_gather(b.data(), b.data(), 3, DType::i32)->wait();  // in place
+  EXPECT_EQ(b, a);
+  c->broadcast(a.data(), 3, DType::i32, 0)->wait();
+  EXPECT_THROW(c->broadcast(a.data(), 3, DType::i32, 1), Error);
+  EXPECT_THROW(c->all_reduce(a.data(), 3, DType::u8, ReduceOp::sum), Error);
+  c->barrier();
+}
+
+TEST(DistSelf, SendRecvToItselfInOrderPerTag) {
+  auto c = make_self_comm();
+  int x1 = 1, x2 = 2, x3 = 3, y = 0, z = 0, w = 0;
+  c->send(&x1, 1, DType::i32, 0, 5)->wait();
+  c->send(&x2, 1, DType::i32, 0, 6)->wait();
+  c->send(&x3, 1, DType::i32, 0, 5)->wait();
+  c->recv(&y, 1, DType::i32, 0, 6)->wait();
+  c->recv(&z, 1, DType::i32, 0, 5)->wait();
+  c->recv(&w, 1, DType::i32, 0, 5)->wait();
+  EXPECT_EQ(y, 2);
+  EXPECT_EQ(z, 1);
+  EXPECT_EQ(w, 3);
+  // A recv posted first completes when the send arrives.
+  auto r = c->recv(&y, 1, DType::i32, 0, 0);
+  EXPECT_FALSE(r->done());
+  EXPECT_THROW(r->wait(), Error);  // nothing can ever send it
+  c->send(&x3, 1, DType::i32, 0, 0);
+  EXPECT_TRUE(r->done());
+  EXPECT_EQ(y, 3);
+  c->send_recv(&x1, 1, 0, &z, 1, 0, DType::i32)->wait();
+  EXPECT_EQ(z, 1);
+  EXPECT_THROW(c->send(&x1, 1, DType::i32, 1), Error);
+}
+
+TEST(DistSelf, BenchRowsAreOk) {
+  auto c = make_self_comm();
+  BenchCommOptions o;
+  o.min_bytes = 4;
+  o.max_bytes = 1 << 16;
+  o.step = 4;
+  o.iters = 2;
+  o.warmup = 1;
+  std::ostringstream os;
+  auto rows = bench_comm(*c, o, os);
+  ASSERT_EQ(rows.size(), 8u);  // 4 B .. 64 KiB by 4
+  for (auto& r : rows) {
+    EXPECT_TRUE(r.ok);
+    EXPECT_EQ(r.count * 4, r.bytes);
+    EXPECT_EQ(r.busbw_gbs, 0.0);  // one rank moves nothing
+  }
+  EXPECT_NE(os.str().find("busbw"), std::string::npos);
+  EXPECT_EQ(os.str().find("WRONG"), std::string::npos);
+}
+
+TEST(DistSelf, WithoutMpiTheMpiCommunicatorSaysSo) {
+  if (have_mpi()) GTEST_SKIP() << "built with MPI";
+  try {
+    make_mpi_comm();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built without MPI"), std::string::npos);
+  }
+}
+
+// ---- the world communicator (MPI; every rank runs these) -------------------------------
+
+TEST(Dist, WorldMatchesLauncher) {
+  Comm& c = world();
+  ProcessInfo p = detect_process();
+  if (have_mpi()) {
+    EXPECT_STREQ(c.backend_name(), "mpi");
+    EXPECT_EQ(c.size(), p.world);
+    EXPECT_EQ(c.rank(), p.rank);
+  }
+  int n = c.size();
+  int32_t ranks = c.rank();
+  c.all_reduce_sync(&ranks, 1, DType::i32, ReduceOp::sum);
+  EXPECT_EQ(ranks, n * (n - 1) / 2);
+}
+
+TEST(Dist, AllReduceEveryDtypeOpAndSize) {
+  Comm& c = world();
+  check_all_reduce<float>(c);
+  check_all_reduce<double>(c);
+  check_all_reduce<int32_t>(c);
+  check_all_reduce<int64_t>(c);
+}
+
+TEST(Dist, NonblockingOpsProgressWhileTheCallerComputes) {
+  Comm& c = world();
+  const size_t n = 1 << 20;  // 4 MiB
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = float(value(c.rank(), i));
+    b[i] = float(value(c.rank(), i + 1));
+  }
+  auto wa = c.all_reduce(a.data(), n, DType::f32, ReduceOp::sum);
+  auto wb = c.all_reduce(b.data(), n, DType::f32, ReduceOp::max);
+  // The caller makes no communication call: the ops must complete on their own.
+  double acc = 0;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!(wa->done() && wb->done()) && std::chrono::steady_clock::now() < until)
+    acc += compute_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(wa->done() && wb->done()) << "nonblocking all-reduces made no progress without wait() " << acc;
+  wb->wait();  // any order
+  wa->wait();
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += a[i] != expected<float>(ReduceOp::sum, c.size(), i);
+    bad += b[i] != expected<float>(ReduceOp::max, c.size(), i + 1);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(Dist, ManyOpsInFlightCompleteInOrder) {
+  Comm& c = world();
+  const int k = 16;
+  std::vector<std::vector<int64_t>> bufs(k);
+  std::vector<WorkPtr> works;
+  for (int j = 0; j < k; ++j) {
+    bufs[j].assign(size_t(100 + j), value(c.rank(), size_t(j)));
+    works.push_back(c.all_reduce(bufs[j].data(), bufs[j].size(), DType::i64, ReduceOp::sum));
+  }
+  works.back()->wait();
+  for (int j = 0; j < k; ++j) EXPECT_TRUE(works[j]->done()) << j;  // FIFO: the last done means all done
+  for (int j = 0; j < k; ++j)
+    for (int64_t v : bufs[j]) ASSERT_EQ(v, expected<int64_t>(ReduceOp::sum, c.size(), size_t(j)));
+}
+
+TEST(Dist, DroppedWorkHandleStillCompletes) {
+  Comm& c = world();
+  std::vector<int32_t> a(1000, c.rank() + 1);
+  c.all_reduce(a.data(), a.size(), DType::i32, ReduceOp::sum);  // handle dropped: its destructor waits
+  for (int32_t v : a) ASSERT_EQ(v, c.size() * (c.size() + 1) / 2);
+}
+
+TEST(Dist, ReduceScatterAllGatherRoundTrip) {
+  Comm& c = world();
+  const int n = c.size();
+  for (size_t block : {size_t(0), size_t(1), size_t(5), size_t(1023)}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      std::vector<float> send(block * size_t(n)), part(block), full(block * size_t(n), -1.f);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = float(value(c.rank(), i));
+      c.reduce_scatter(send.data(), part.data(), block, DType::f32, op)->wait();
+      size_t bad = 0;
+      for (size_t i = 0; i < block; ++i) bad += part[i] != expected<float>(op, n, size_t(c.rank()) * block + i);
+      EXPECT_EQ(bad, 0u) << "reduce_scatter " << reduce_op_name(op) << " block " << block;
+      c.all_gather(part.data(), full.data(), block, DType::f32)->wait();
+      bad = 0;
+      for (size_t i = 0; i < full.size(); ++i) bad += full[i] != expected<float>(op, n, i);
+      EXPECT_EQ(bad, 0u) << "all_gather after reduce_scatter " << reduce_op_name(op) << " block " << block;
+    }
+    // In place: each rank's block already sits at its place in the output.
+    std::vector<int64_t> inplace(block * size_t(n), -1);
+    for (size_t i = 0; i < block; ++i) inplace[size_t(c.rank()) * block + i] = value(c.rank(), i);
+    c.all_gather(inplace.data() + size_t(c.rank()) * block, inplace.data(), block, DType::i64)->wait();
+    size_t bad = 0;
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < block; ++i) bad += inplace[size_t(r) * block + i] != value(r, i);
+    EXPECT_EQ(bad, 0u) << "in-place all_gather block " << block;
+  }
+}
+
+TEST(Dist, BroadcastFromFirstAndLastRank) {
+  Comm& c = world();
+  for (int root : {0, c.size() - 1}) {
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(100003)}) {
+      std::vector<double> d(count);
+      std::vector<uint8_t> u(count);
+      for (size_t i = 0; i < count; ++i) {
+        d[i] = double(value(c.rank(), i));
+        u[i] = uint8_t(value(c.rank(), i) + 50);
+      }
+      auto w1 = c.broadcast(d.data(), count, DType::f64, root);
+      auto w2 = c.broadcast(u.data(), count, DType::u8, root);
+      w1->wait();
+      w2->wait();
+      size_t bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        bad += d[i] != double(value(root, i));
+        bad += u[i] != uint8_t(value(root, i) + 50);
+      }
+      EXPECT_EQ(bad, 0u) << "root " << root << " count " << count;
+    }
+  }
+  EXPECT_THROW(c.broadcast(nullptr, 0, DType::f32, c.size()), Error);
+}
+
+TEST(Dist, SendRecvRing) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (size_t count : {size_t(0), size_t(1), size_t(9), size_t(300000)}) {
+    std::vector<int32_t> out(count), in(count, -1), in2(count, -1);
+    for (size_t i = 0; i < count; ++i) out[i] = int32_t(value(r, i));
+    // Separate send and recv, both posted before either is waited for.
+    auto ws = c.send(out.data(), count, DType::i32, next, 3);
+    auto wr = c.recv(in.data(), count, DType::i32, prev, 3);
+    wr->wait();
+    ws->wait();
+    // The combined exchange, the other way round the ring.
+    c.send_recv(out.data(), count, prev, in2.data(), count, next, DType::i32, 4)->wait();
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) {
+      bad += in[i] != int32_t(value(prev, i));
+      bad += in2[i] != int32_t(value(next, i));
+    }
+    EXPECT_EQ(bad, 0u) << "count " << count;
+  }
+  // Tags: two messages to the same peer, received in the opposite order of sending.
+  int64_t a = 100 + r, b = 200 + r, x = 0, y = 0;
+  auto s1 = c.send(&a, 1, DType::i64, next, 1);
+  auto s2 = c.send(&b, 1, DType::i64, next, 2);
+  auto r2 = c.recv(&y, 1, DType::i64, prev, 2);
+  auto r1 = c.recv(&x, 1, DType::i64, prev, 1);
+  r1->wait();
+  r2->wait();
+  s1->wait();
+  s2->wait();
+  EXPECT_EQ(x, 100 + prev);
+  EXPECT_EQ(y, 200 + prev);
+}
+
+TEST(Dist, BarrierAndASecondCommunicator) {
+  Comm& c = world();
+  for (int i = 0; i < 5; ++i) c.barrier();
+  if (!have_mpi()) return;
+  auto c2 = make_mpi_comm();
+  EXPECT_EQ(c2->size(), c.size());
+  EXPECT_EQ(c2->rank(), c.rank());
+  // Interleaved ops on the two communicators do not mix.
+  int32_t x = c.rank(), y = 10 * c.rank();
+  auto w1 = c.all_reduce(&x, 1, DType::i32, ReduceOp::max);
+  auto w2 = c2->all_reduce(&y, 1, DType::i32, ReduceOp::sum);
+  w2->wait();
+  w1->wait();
+  EXPECT_EQ(x, c.size() - 1);
+  EXPECT_EQ(y, 10 * c.size() * (c.size() - 1) / 2);
+}
+
+TEST(Dist, BenchCommRowsAreOk) {
+  Comm& c = world();
+  BenchCommOptions o;
+  o.min_bytes = 4 << 10;
+  o.max_bytes = 256 << 10;
+  o.step = 4;
+  o.iters = 3;
+  o.warmup = 1;
+  std::ostringstream os;
+  auto rows = bench_comm(c, o, os);
+  ASSERT_EQ(rows.size(), 4u);
+  for (auto& r : rows) {
+    EXPECT_TRUE(r.ok) << r.bytes;
+    EXPECT_EQ(r.count * 4, r.bytes);
+    EXPECT_GT(r.time_us, 0.0);
+    EXPECT_NEAR(r.busbw_gbs, r.algbw_gbs * 2.0 * (c.size() - 1) / c.size(), 1e-9);
+  }
+  if (c.rank() == 0) {
+    EXPECT_NE(os.str().find("262144"), std::string::npos) << os.str();
+    EXPECT_NE(os.str().find(" ok"), std::string::npos) << os.str();
+  } else {
+    EXPECT_EQ(os.str(), "");  // the table is rank 0's
+  }
+}
+
+// ---- launch ---------------------------------------------------------------------------
+
+TEST(DistLaunch, MpirunCommandAddsTheForgottenFlags) {
+  EnvGuard g{"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "SAT_COMM_TIMEOUT"};
+  LaunchOptions o;
+  o.hardware_threads = 2;
+  o.as_root = 1;
+  auto cmd = mpirun_command(4, {"train", "--epochs", "1"}, "/x/saturate", o);
+  std::string line = command_line(cmd);
+  EXPECT_EQ(cmd.front(), "mpirun");
+  EXPECT_NE(line.find("-np 4"), std::string::npos) << line;
+  EXPECT_NE(line.find("--oversubscribe"), std::string::npos) << line;
+  EXPECT_NE(line.find("--allow-run-as-root"), std::string::npos) << line;
+  EXPECT_NE(line.find("--bind-to none"), std::string::npos) << line;
+  EXPECT_NE(line.find("-x OMP_NUM_THREADS=1"), std::string::npos) << line;
+  EXPECT_NE(line.find("-x OMP_WAIT_POLICY=passive"), std::string::npos) << line;
+  EXPECT_NE(line.find("/x/saturate train --epochs 1"), std::string::npos) << line;
+  EXPECT_EQ(line.substr(line.size() - std::string("/x/saturate train --epochs 1").size()),
+            "/x/saturate train --epochs 1");
+
+  o.hardware_threads = 16;
+  o.as_root = 0;
+  setenv("SAT_COMM_TIMEOUT", "90", 1);
+  line = command_line(mpirun_command(2, {"train"}, "/x/saturate", o));
+  EXPECT_EQ(line.find("--oversubscribe"), std::string::npos) << line;
+  EXPECT_EQ(line.find("--allow-run-as-root"), std::string::npos) << line;
+  EXPECT_EQ(line.find("OMP_WAIT_POLICY"), std::string::npos) << line;
+  EXPECT_NE(line.find("-x OMP_NUM_THREADS=8"), std::string::npos) << line;
+  EXPECT_NE(line.find("-x SAT_COMM_TIMEOUT=90"), std::string::npos) << line;
+  setenv("OMP_NUM_THREADS", "3", 1);
+  line = command_line(mpirun_command(2, {}, "/x/saturate", o));
+  EXPECT_NE(line.find("-x OMP_NUM_THREADS=3"), std::string::npos) << line;
+
+  o.openmpi = false;
+  line = command_line(mpirun_command(2, {}, "/x/saturate", o));
+  EXPECT_NE(line.find("mpirun -n 2 -genv OMP_NUM_THREADS 3"), std::string::npos) << line;
+  EXPECT_THROW(mpirun_command(0, {}, "/x/saturate"), Error);
+  EXPECT_EQ(command_line({"a b", "it's", "plain"}), "'a b' 'it'\\''s' plain");
+}
+
+TEST(DistLaunch, MissingMpirunIsAClearError) {
+  EnvGuard g{"PATH"};
+  setenv("PATH", "/nonexistent-saturate-test", 1);
+  try {
+    exec_command({"mpirun", "-np", "2", "true"});
+    FAIL() << "exec returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("saturate launch needs mpirun: apt-get install openmpi-bin"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- failure: a rank that dies or hangs ends the whole job ----------------------------
+
+#ifdef SAT_MPIEXEC
+namespace {
+
+struct ChildResult {
+  int status = -1;  // exit status of the shell that ran mpirun (124: the outer timeout)
+  double seconds = 0;
+  std::string output;
+};
+
+// Runs this test binary under `mpirun -np 2` with the given child mode, bounded by an outer
+// timeout, in a clean environment (this process may itself be an MPI singleton).
+ChildResult run_child(const std::string& mode_env) {
+  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin";
+  std::string cmd = "env -i PATH='" + path +
+                    "' HOME=/tmp OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                    "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive SAT_COMM_TIMEOUT=3 " +
+                    mode_env + " timeout -k 5 60 " SAT_MPIEXEC " --oversubscribe -np 2 " + self_executable() +
+                    " 2>&1";
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* f = popen(cmd.c_str(), "r");
+  ChildResult res;
+  if (!f) return res;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) res.output.append(buf, n);
+  int st = pclose(f);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return res;
+}
+
+bool skip_failure_tests() { return detect_process().distributed(); }
+
+}  // namespace
+
+TEST(DistFailure, KilledRankEndsTheJob) {
+  if (skip_failure_tests()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  ChildResult r = run_child("SAT_TEST_DIE_RANK=1");
+  std::printf("mpirun exit status %d after %.1f s; its output:\n%s\n", r.status, r.seconds, r.output.c_str());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, 124) << "the job did not end by itself";
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << "the output does not name the failed rank";
+}
+
+TEST(DistFailure, HungRankTripsTheWatchdog) {
+  if (skip_failure_tests()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  ChildResult r = run_child("SAT_TEST_HANG_RANK=1");
+  std::printf("mpirun exit status %d after %.1f s; its output:\n%s\n", r.status, r.seconds, r.output.c_str());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, 124) << "the job did not end by itself";
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_NE(r.output.find("saturate: rank 0: all_reduce (sum) of 1048576 bytes did not complete within 3 s"),
+            std::string::npos);
+}
+
+TEST(DistFailure, AbortJobEndsTheJobAtOnce) {
+  if (skip_failure_tests()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  ChildResult r = run_child("SAT_TEST_ABORT_RANK=1");
+  std::printf("mpirun exit status %d after %.1f s; its output:\n%s\n", r.status, r.seconds, r.output.c_str());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << "the output does not name the failed rank";
+  EXPECT_EQ(r.output.find("did not complete"), std::string::npos) << "the watchdog, not abort_job, ended the job";
+}
+#endif
