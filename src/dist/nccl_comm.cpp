@@ -369,7 +369,7 @@ class NcclComm final : public Comm {
       }
     }
     if (r == ncclSuccess) return;
-    std::string last = comm_ ? ncclGetLastError(comm_) : "";
+    std::string last = last_error();
     // A bad argument or usage leaves the communicator intact; anything else (system,
     // network, remote, internal, CUDA errors) does not.
     if (r != ncclInvalidArgument && r != ncclInvalidUsage) abort_comm();
@@ -383,7 +383,7 @@ class NcclComm final : public Comm {
     ncclResult_t q = ncclCommGetAsyncError(comm_, &s);
     if (q != ncclSuccess) s = q;
     if (s == ncclSuccess || s == ncclInProgress) return;
-    std::string last = ncclGetLastError(comm_);
+    std::string last = last_error();
     abort_comm();
     fail("saturate: rank ", rank_, ": ", op, " of ", bytes, " bytes failed: ", ncclGetErrorString(s),
          last.empty() ? "" : ": ", last, " (NCCL communicator aborted)");
@@ -397,6 +397,11 @@ class NcclComm final : public Comm {
     std::fflush(stderr);
     abort_comm();
     throw Error(msg + " (NCCL communicator aborted)");
+  }
+
+  std::string last_error() const {
+    const char* l = comm_ ? ncclGetLastError(comm_) : nullptr;
+    return l ? l : "";
   }
 
   void abort_comm() {
