@@ -6,7 +6,8 @@
 // Hidden child modes (used by the DistFailure tests, which launch this binary under
 // mpirun): SAT_TEST_DIE_RANK=R makes rank R SIGKILL itself in the middle of a loop of
 // all-reduces; SAT_TEST_HANG_RANK=R makes rank R stop taking part (it sleeps), so the
-// others' watchdog must end the job.
+// others' watchdog must end the job; SAT_TEST_ABORT_RANK=R makes rank R end the job with
+// abort_job(2); SAT_TEST_EXIT_RANK=R makes rank R exit(2), as the CLI does on an error.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -28,6 +29,8 @@
 #include "dist/bench_comm.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
+#include "dist/nccl_comm.h"
+#include "cuda_harness.h"
 
 using namespace sat;
 using namespace sat::dist;
@@ -43,12 +46,14 @@ int env_rank(const char* name) {
 
 int run_child_mode() {
   int die = env_rank("SAT_TEST_DIE_RANK"), hang = env_rank("SAT_TEST_HANG_RANK");
-  if (die < 0 && hang < 0) return 0;
+  int quit = env_rank("SAT_TEST_EXIT_RANK"), abort = env_rank("SAT_TEST_ABORT_RANK");
+  if (die < 0 && hang < 0 && quit < 0 && abort < 0) return 0;
   auto c = make_mpi_comm();
   std::vector<float> buf(256 * 1024);
   for (int it = 0; it < 100000; ++it) {
     if (it == 20 && c->rank() == die) {
-      std::fprintf(stderr, "test_dist child: SIGKILL to myself (SAT_TEST_DIE_RANK)\n");
+      std::fprintf(stderr, "test_dist child: SIGKILL to myself (SAT_TEST_DIE_RANK) at unix time %.3f\n",
+                   std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
       std::fflush(stderr);
       raise(SIGKILL);
     }
@@ -56,6 +61,14 @@ int run_child_mode() {
       std::fprintf(stderr, "test_dist child: sleeping instead of the all-reduce (SAT_TEST_HANG_RANK)\n");
       std::fflush(stderr);
       std::this_thread::sleep_for(std::chrono::seconds(600));
+    }
+    if (it == 20 && c->rank() == quit) {
+      std::fprintf(stderr, "test_dist child: exit(2) instead of the all-reduce (SAT_TEST_EXIT_RANK)\n");
+      std::exit(2);
+    }
+    if (it == 20 && c->rank() == abort) {
+      std::fprintf(stderr, "test_dist child: abort_job(2) instead of the all-reduce (SAT_TEST_ABORT_RANK)\n");
+      abort_job(2);
     }
     c->all_reduce_sync(buf.data(), buf.size(), DType::f32, ReduceOp::sum);
   }
@@ -486,6 +499,57 @@ TEST(Dist, BenchCommRowsAreOk) {
   }
 }
 
+// ---- NCCL: a world of one (bootstrapped over the self communicator; needs a GPU) -------
+
+TEST(DistNccl, WithoutNcclTheBuildSaysSo) {
+  if (have_nccl()) GTEST_SKIP() << "built with NCCL";
+  auto self = make_self_comm();
+  EXPECT_THROW(make_nccl_comm(*self, 0, nullptr), Error);
+}
+
+#if SAT_HAVE_CUDA
+TEST(DistNccl, WorldOfOneOnTheGpu) {
+  SAT_REQUIRE_GPU();
+  if (!have_nccl()) GTEST_SKIP() << "built without NCCL";
+  auto self = make_self_comm();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    auto c = make_nccl_comm(*self, 0, stream);
+    EXPECT_STREQ(c->backend_name(), "nccl");
+    EXPECT_EQ(c->device(), Device::cuda);
+    EXPECT_EQ(c->size(), 1);
+    const size_t n = 1001;
+    std::vector<float> h(2 * n), out(2 * n);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = float(value(0, i));
+    float* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 2 * n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, h.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    for (ReduceOp op : kOps) c->all_reduce(d, n, DType::f32, op)->wait();  // one rank: unchanged
+    c->broadcast(d, n, DType::f32, 0)->wait();
+    c->reduce_scatter(d, d + n, n, DType::f32, ReduceOp::sum)->wait();   // copy of the first half
+    c->all_gather(d, d, n, DType::f32)->wait();                          // in place
+    c->send_recv(d, n, 0, d + n, n, 0, DType::f32)->wait();               // to itself
+    c->barrier();
+    ASSERT_EQ(cudaMemcpy(out.data(), d, 2 * n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t bad = 0;
+    for (size_t i = 0; i < 2 * n; ++i) bad += out[i] != h[i % n];
+    EXPECT_EQ(bad, 0u);
+    EXPECT_THROW(c->send(d, 1, DType::f32, 0, 7), Error);  // no tags
+    BenchCommOptions o;
+    o.max_bytes = 1 << 20;
+    o.step = 4;
+    o.iters = 3;
+    std::ostringstream os;
+    for (auto& r : bench_comm(*c, o, os)) EXPECT_TRUE(r.ok) << r.bytes;
+    std::printf("%s", os.str().c_str());
+    cudaFree(d);
+  }
+  cudaStreamDestroy(stream);
+}
+#endif
+
 // ---- launch ---------------------------------------------------------------------------
 
 TEST(DistLaunch, MpirunCommandAddsTheForgottenFlags) {
@@ -557,7 +621,7 @@ ChildResult run_child(const std::string& mode_env) {
   std::string cmd = "env -i PATH='" + path +
                     "' HOME=/tmp OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
                     "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive SAT_COMM_TIMEOUT=3 " +
-                    mode_env + " timeout -k 5 60 " SAT_MPIEXEC " --oversubscribe -np 2 " + self_executable() +
+                    mode_env + " timeout -k 5 60 " SAT_MPIEXEC " -np 2 " + self_executable() +
                     " 2>&1";
   auto t0 = std::chrono::steady_clock::now();
   FILE* f = popen(cmd.c_str(), "r");
@@ -595,5 +659,29 @@ TEST(DistFailure, HungRankTripsTheWatchdog) {
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_NE(r.output.find("saturate: rank 0: all_reduce (sum) of 1048576 bytes did not complete within 3 s"),
             std::string::npos);
+}
+
+TEST(DistFailure, ExitWithAnErrorEndsTheJobAtOnce) {
+  if (skip_failure_tests()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  ChildResult r = run_child("SAT_TEST_EXIT_RANK=1");
+  std::printf("mpirun exit status %d after %.1f s; its output:\n%s\n", r.status, r.seconds, r.output.c_str());
+#ifdef __GLIBC__
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("saturate: rank 1 exits with status 2: ending the job"), std::string::npos);
+  EXPECT_EQ(r.output.find("did not complete"), std::string::npos) << "the watchdog, not the exit, ended the job";
+#else
+  EXPECT_NE(r.status, 0);
+#endif
+  EXPECT_LT(r.seconds, 30.0);
+}
+
+TEST(DistFailure, AbortJobEndsTheJobAtOnce) {
+  if (skip_failure_tests()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  ChildResult r = run_child("SAT_TEST_ABORT_RANK=1");
+  std::printf("mpirun exit status %d after %.1f s; its output:\n%s\n", r.status, r.seconds, r.output.c_str());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << "the output does not name the failed rank";
+  EXPECT_EQ(r.output.find("did not complete"), std::string::npos) << "the watchdog, not abort_job, ended the job";
 }
 #endif

@@ -117,7 +117,8 @@ std::unique_ptr<Comm> make_world_comm();
 
 // Ends the whole job after a fatal error on this rank: MPI_Abort when MPI is initialised
 // (so the other ranks do not wait for this one until their watchdog fires), exit(code)
-// otherwise. Prints nothing itself.
+// otherwise. Prints nothing itself. (With glibc, exit() or a return from main with a
+// non-zero status does the same once MPI is initialised.)
 [[noreturn]] void abort_job(int code);
 
 // Validation shared by the backends (throws sat::Error naming the op).

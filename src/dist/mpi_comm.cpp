@@ -21,6 +21,12 @@
 // MPI_THREAD_SERIALIZED allows, and acceptable for an abort (OpenMPI's MPI_Abort only
 // tells the launcher to kill the job and exits); should it hang anyway, a last-resort
 // timer _exit()s the process 10 s later.
+//
+// Exit. MPI is finalised on the communication thread when the process exits normally.
+// MPI_Finalize waits for every rank, so a rank that exits early because of an error would
+// sit in it while the others wait for that rank in a collective, until their watchdog
+// fires. An exit with a non-zero status (glibc's on_exit sees it) therefore calls
+// MPI_Abort instead: the launcher ends the job at once and names the rank.
 #include "dist/comm.h"
 
 #include <cstdio>
@@ -120,10 +126,14 @@ struct OpState {
 };
 
 [[noreturn]] void watchdog_abort(const OpState& st, double timeout) {
-  std::fprintf(stderr,
-               "saturate: rank %d: %s of %zu bytes did not complete within %g s; a peer rank has probably failed "
-               "(SAT_COMM_TIMEOUT sets the limit)\n",
-               st.rank, st.name.c_str(), st.bytes, timeout);
+  std::string what = st.name;
+  if (st.bytes) what += str_cat(" of ", st.bytes, " bytes");
+  const char* why = st.name == "MPI_Finalize"
+                        ? "other ranks are probably still waiting for this one (a rank that fails should end the "
+                          "job with abort_job)"
+                        : "a peer rank has probably failed";
+  std::fprintf(stderr, "saturate: rank %d: %s did not complete within %g s; %s (SAT_COMM_TIMEOUT sets the limit)\n",
+               st.rank, what.c_str(), timeout, why);
   std::fflush(stderr);
   // Last resort, should MPI_Abort hang (it is called from outside the communication thread).
   std::thread([] {
@@ -179,6 +189,13 @@ class MpiRuntime {
 
   static MpiRuntime& instance() {
     static MpiRuntime rt;  // finalises MPI when the process exits
+#ifdef __GLIBC__
+    // Registered after rt's destructor, so it runs before it: an exit with a non-zero
+    // status (an error on this rank) aborts the job instead of entering MPI_Finalize,
+    // which would wait for ranks that are themselves waiting for this one.
+    static const bool on_error_exit = (on_exit(abort_on_error_exit, nullptr), true);
+    (void)on_error_exit;
+#endif
     return rt;
   }
 
@@ -208,9 +225,10 @@ class MpiRuntime {
   }
 
   // Communication thread only: request r completes part of st.
-  void track(MPI_Request r, const std::shared_ptr<OpState>& st) {
+  void track(MPI_Request r, const std::shared_ptr<OpState>& st, bool is_recv) {
     reqs_.push_back(r);
     req_ops_.push_back(st);
+    req_recv_.push_back(is_recv);
     ++st->outstanding;
   }
 
@@ -245,6 +263,19 @@ class MpiRuntime {
     std::shared_ptr<OpState> st;
     Task task;
   };
+
+  static void abort_on_error_exit(int status, void*) {
+    if (status == 0) return;
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!inited || fin) return;
+    std::fflush(stdout);
+    std::fprintf(stderr, "saturate: rank %d exits with status %d: ending the job\n", instance_rank(), status);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);  // from the exiting thread; see the top of this file
+  }
+  static int instance_rank();
 
   MpiRuntime() {
     thread_ = std::thread([this] { main(); });
@@ -338,12 +369,13 @@ class MpiRuntime {
     // left to MPI.
     for (size_t i = 0; i < reqs_.size(); ++i) {
       if (reqs_[i] == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&reqs_[i]);
+      if (req_recv_[i]) MPI_Cancel(&reqs_[i]);
       MPI_Request_free(&reqs_[i]);
       req_ops_[i]->complete("cancelled: MPI is being finalised");
     }
     reqs_.clear();
     req_ops_.clear();
+    req_recv_.clear();
   }
 
   // Tests the requests in flight; completes ops whose requests are all done. Returns
@@ -364,10 +396,12 @@ class MpiRuntime {
       if (!req_ops_[i]) continue;
       reqs_[j] = reqs_[i];
       req_ops_[j] = std::move(req_ops_[i]);
+      req_recv_[j] = req_recv_[i];
       ++j;
     }
     reqs_.resize(j);
     req_ops_.resize(j);
+    req_recv_.resize(j);
     return true;
   }
 
@@ -391,8 +425,11 @@ class MpiRuntime {
   // Communication thread only.
   std::vector<MPI_Request> reqs_;
   std::vector<std::shared_ptr<OpState>> req_ops_;
+  std::vector<bool> req_recv_;
   std::vector<int> idx_;
 };
+
+int MpiRuntime::instance_rank() { return instance().world_rank(); }
 
 class MpiComm final : public Comm {
  public:
@@ -516,7 +553,7 @@ class MpiComm final : public Comm {
       size_t n = std::min(kMaxChunk, total - off);
       MPI_Request r;
       MPI_Isend(p + off * esize, static_cast<int>(n), mpi_type(t), peer, tag, comm_, &r);
-      rt_.track(r, st);
+      rt_.track(r, st, false);
       off += n;
     } while (off < total);
   }
@@ -528,7 +565,7 @@ class MpiComm final : public Comm {
       size_t n = std::min(kMaxChunk, total - off);
       MPI_Request r;
       MPI_Irecv(p + off * esize, static_cast<int>(n), mpi_type(t), peer, tag, comm_, &r);
-      rt_.track(r, st);
+      rt_.track(r, st, true);
       off += n;
     } while (off < total);
   }

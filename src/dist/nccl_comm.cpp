@@ -1,0 +1,445 @@
+// The NCCL backend (see nccl_comm.h). Compiled with the CUDA backend and NCCL; it needs no
+// MPI itself (any host communicator bootstraps it), so a world of one also runs on a GPU
+// machine without MPI.
+#include "dist/nccl_comm.h"
+
+#include "core/error.h"
+
+#if SAT_HAVE_CUDA && SAT_HAVE_NCCL
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "backend/cuda/context.h"
+
+namespace sat::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void nccl_fail(ncclResult_t r, const char* call, const char* file, int line, int rank,
+                            const char* last = nullptr) {
+  std::string detail = last && *last ? str_cat(": ", last) : std::string();
+  throw Error(str_cat("NCCL error", rank >= 0 ? str_cat(" on rank ", rank) : std::string(), ": ",
+                      ncclGetErrorString(r), detail, " (", call, " at ", file, ":", line, ")"));
+}
+
+// For NCCL calls that take no communicator (or before it exists).
+#define SAT_NCCL_CHECK(call)                                                                   \
+  do {                                                                                         \
+    ncclResult_t sat_r_ = (call);                                                              \
+    if (sat_r_ != ncclSuccess) ::sat::dist::nccl_fail(sat_r_, #call, __FILE__, __LINE__, -1); \
+  } while (0)
+
+// For calls on the communicator: ncclInProgress is polled to completion, errors abort the
+// communicator (when fatal) and throw naming call, file and line.
+#define SAT_NCCL_CALL(call, op, bytes) finish((call), #call, __FILE__, __LINE__, (op), (bytes))
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+void check_nccl_dtype(const char* op, DType t, bool reduction) {
+  if (!reduction) return;
+  SAT_CHECK(t != DType::u8, op, ": dtype u8 cannot be reduced");
+}
+
+// Makes `dev` current for the scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    SAT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != dev) SAT_CUDA_CHECK(cudaSetDevice(dev));
+    else prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// Polling with back-off: yields first, then sleeps up to 100 us.
+class Backoff {
+ public:
+  void pause() {
+    if (n_++ < 200) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(n_ < 1000 ? 10 : 100));
+    }
+  }
+
+ private:
+  int n_ = 0;
+};
+
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(Comm& boot, int dev, cudaStream_t stream) : rank_(boot.rank()), size_(boot.size()), dev_(dev), stream_(stream) {
+    SAT_CHECK(boot.device() == Device::cpu, "make_nccl_comm: the bootstrap communicator must work on host memory (",
+              boot.backend_name(), " does not)");
+    int ndev = 0;
+    SAT_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    SAT_CHECK(dev >= 0 && dev < ndev, "make_nccl_comm: CUDA device ", dev, " does not exist (", ndev, " devices)");
+    DeviceGuard g(dev_);
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) SAT_NCCL_CHECK(ncclGetUniqueId(&id));
+    boot.broadcast_sync(&id, sizeof id, DType::u8, 0);
+
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;  // no call may hang the host beyond the timeout
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      nccl_fail(r, "ncclCommInitRankConfig", __FILE__, __LINE__, rank_, last);
+    }
+    finish(r, "ncclCommInitRankConfig", __FILE__, __LINE__, "ncclCommInitRank", 0);
+    SAT_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
+    SAT_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(int32_t)));
+  }
+
+  ~NcclComm() override {
+    try {
+      DeviceGuard g(dev_);
+      if (comm_) {
+        // Flush the communicator's work, then free it; on any failure abort instead.
+        bool ok = true;
+        try {
+          SAT_NCCL_CALL(ncclCommFinalize(comm_), "ncclCommFinalize", 0);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "saturate: rank %d: %s\n", rank_, e.what());
+          ok = false;
+        }
+        if (comm_) {
+          if (ok)
+            ncclCommDestroy(comm_);
+          else
+            ncclCommAbort(comm_);
+        }
+        comm_ = nullptr;
+      }
+      if (scratch_) cudaFree(scratch_);
+    } catch (...) {
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend_name() const override { return "nccl"; }
+  Device device() const override { return Device::cuda; }
+
+  WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) override {
+    check_nccl_dtype("all_reduce", t, true);
+    std::string name = str_cat("all_reduce (", reduce_op_name(op), ")");
+    size_t bytes = count * dtype_size(t);
+    if (count == 0) return std::make_unique<DoneWork>();
+    start(name);
+    DeviceGuard g(dev_);
+    SAT_NCCL_CALL(ncclAllReduce(data, data, count, nccl_type(t), nccl_op(op), comm_, stream_), name, bytes);
+    return record(std::move(name), bytes);
+  }
+
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) override {
+    check_nccl_dtype("reduce_scatter", t, true);
+    std::string name = str_cat("reduce_scatter (", reduce_op_name(op), ")");
+    size_t bytes = recv_count * dtype_size(t) * size_t(size_);
+    if (recv_count == 0) return std::make_unique<DoneWork>();
+    start(name);
+    DeviceGuard g(dev_);
+    SAT_NCCL_CALL(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_), name, bytes);
+    return record(std::move(name), bytes);
+  }
+
+  WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType t) override {
+    size_t bytes = send_count * dtype_size(t) * size_t(size_);
+    if (send_count == 0) return std::make_unique<DoneWork>();
+    start("all_gather");
+    DeviceGuard g(dev_);
+    // In place when send == recv + rank * send_count, NCCL's own convention.
+    SAT_NCCL_CALL(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, stream_), "all_gather", bytes);
+    return record("all_gather", bytes);
+  }
+
+  WorkPtr broadcast(void* data, size_t count, DType t, int root) override {
+    check_rank("broadcast", "root", root, size_);
+    std::string name = str_cat("broadcast from rank ", root);
+    size_t bytes = count * dtype_size(t);
+    if (count == 0) return std::make_unique<DoneWork>();
+    start(name);
+    DeviceGuard g(dev_);
+    SAT_NCCL_CALL(ncclBroadcast(data, data, count, nccl_type(t), root, comm_, stream_), name, bytes);
+    return record(std::move(name), bytes);
+  }
+
+  WorkPtr send(const void* data, size_t count, DType t, int peer, int tag) override {
+    check_p2p("send", peer, tag);
+    std::string name = str_cat("send to rank ", peer);
+    size_t bytes = count * dtype_size(t);
+    if (count == 0) return std::make_unique<DoneWork>();
+    start(name);
+    DeviceGuard g(dev_);
+    SAT_NCCL_CALL(ncclSend(data, count, nccl_type(t), peer, comm_, stream_), name, bytes);
+    return record(std::move(name), bytes);
+  }
+
+  WorkPtr recv(void* data, size_t count, DType t, int peer, int tag) override {
+    check_p2p("recv", peer, tag);
+    std::string name = str_cat("recv from rank ", peer);
+    size_t bytes = count * dtype_size(t);
+    if (count == 0) return std::make_unique<DoneWork>();
+    start(name);
+    DeviceGuard g(dev_);
+    SAT_NCCL_CALL(ncclRecv(data, count, nccl_type(t), peer, comm_, stream_), name, bytes);
+    return record(std::move(name), bytes);
+  }
+
+  WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
+                    DType t, int tag) override {
+    check_p2p("send_recv", dst, tag);
+    check_p2p("send_recv", src, tag);
+    std::string name = str_cat("send_recv (to rank ", dst, ", from rank ", src, ")");
+    size_t bytes = (send_count + recv_count) * dtype_size(t);
+    if (send_count == 0 && recv_count == 0) return std::make_unique<DoneWork>();
+    start(name);
+    DeviceGuard g(dev_);
+    // Both halves in one group, so that NCCL runs them together; the group is always closed,
+    // whatever the calls inside it answer.
+    ncclResult_t r0 = ncclGroupStart();
+    ncclResult_t r1 = send_count ? ncclSend(send_data, send_count, nccl_type(t), dst, comm_, stream_) : ncclSuccess;
+    ncclResult_t r2 = recv_count ? ncclRecv(recv_data, recv_count, nccl_type(t), src, comm_, stream_) : ncclSuccess;
+    ncclResult_t r3 = r0 == ncclSuccess ? ncclGroupEnd() : ncclSuccess;
+    finish(r0, "ncclGroupStart()", __FILE__, __LINE__, name, bytes);
+    finish(r1, "ncclSend(send_data, send_count, nccl_type(t), dst, comm_, stream_)", __FILE__, __LINE__, name, bytes);
+    finish(r2, "ncclRecv(recv_data, recv_count, nccl_type(t), src, comm_, stream_)", __FILE__, __LINE__, name, bytes);
+    finish(r3, "ncclGroupEnd()", __FILE__, __LINE__, name, bytes);
+    return record(std::move(name), bytes);
+  }
+
+  void barrier() override {
+    start("barrier");
+    {
+      DeviceGuard g(dev_);
+      SAT_NCCL_CALL(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier", 0);
+    }
+    record("barrier", 0)->wait();
+  }
+
+  // --- used by NcclWork ---
+
+  // Waits for ev: polls it, NCCL's asynchronous errors and the deadline.
+  void wait_event(cudaEvent_t ev, const std::string& op, size_t bytes) {
+    auto deadline = deadline_from_now();
+    Backoff b;
+    for (;;) {
+      cudaError_t e = cudaEventQuery(ev);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) SAT_CUDA_CHECK(e);
+      check_async(op, bytes);
+      if (Clock::now() > deadline) timeout(op, bytes);
+      b.pause();
+    }
+  }
+  // Never blocks and never throws: a failure counts as done (wait() reports it).
+  bool event_done(cudaEvent_t ev) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) return true;
+    if (!comm_) return true;
+    ncclResult_t s = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &s) != ncclSuccess) return true;
+    return s != ncclSuccess && s != ncclInProgress;
+  }
+
+ private:
+  class NcclWork final : public Work {
+   public:
+    NcclWork(NcclComm* c, cudaEvent_t ev, std::string op, size_t bytes)
+        : c_(c), ev_(ev), op_(std::move(op)), bytes_(bytes) {}
+    ~NcclWork() override {
+      if (!done_) {
+        try {
+          wait();
+        } catch (...) {
+        }
+      }
+      cudaEventDestroy(ev_);
+    }
+    void wait() override {
+      if (done_) return;
+      c_->wait_event(ev_, op_, bytes_);
+      done_ = true;
+    }
+    bool done() override { return done_ || c_->event_done(ev_); }
+
+   private:
+    NcclComm* c_;
+    cudaEvent_t ev_;
+    std::string op_;
+    size_t bytes_;
+    bool done_ = false;
+  };
+
+  void check_p2p(const char* op, int peer, int tag) const {
+    check_rank(op, "peer", peer, size_);
+    SAT_CHECK(tag == 0, op, ": the NCCL backend has no message tags (got tag ", tag, ")");
+  }
+
+  void start(const std::string& op) const {
+    SAT_CHECK(comm_, "rank ", rank_, ": ", op, ": the NCCL communicator was aborted after an earlier failure");
+  }
+
+  Clock::time_point deadline_from_now() const {
+    double t = comm_timeout_seconds();
+    if (t <= 0) return Clock::time_point::max();
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
+  }
+
+  // The Work of the op just enqueued: an event recorded after it on the stream.
+  WorkPtr record(std::string op, size_t bytes) {
+    DeviceGuard g(dev_);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    SAT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return std::make_unique<DoneWork>();  // runs with the graph
+    cudaEvent_t ev = nullptr;
+    SAT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, stream_);
+    if (e != cudaSuccess) {
+      cudaEventDestroy(ev);
+      SAT_CUDA_CHECK(e);
+    }
+    return std::make_unique<NcclWork>(this, ev, std::move(op), bytes);
+  }
+
+  // The result of an NCCL call on the communicator: ncclInProgress is polled to completion
+  // (with the deadline); an error aborts the communicator when it is fatal and throws.
+  void finish(ncclResult_t r, const char* call, const char* file, int line, const std::string& op, size_t bytes) {
+    if (r == ncclInProgress) {
+      auto deadline = deadline_from_now();
+      Backoff b;
+      for (;;) {
+        ncclResult_t s = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(comm_, &s);
+        if (q != ncclSuccess) {
+          r = q;
+          break;
+        }
+        if (s != ncclInProgress) {
+          r = s;
+          break;
+        }
+        if (Clock::now() > deadline) timeout(op, bytes);
+        b.pause();
+      }
+    }
+    if (r == ncclSuccess) return;
+    std::string last = last_error();
+    // A bad argument or usage leaves the communicator intact; anything else (system,
+    // network, remote, internal, CUDA errors) does not.
+    if (r != ncclInvalidArgument && r != ncclInvalidUsage) abort_comm();
+    nccl_fail(r, call, file, line, rank_, str_cat(op, last.empty() ? "" : ": ", last).c_str());
+  }
+
+  // An asynchronous error (a peer died, the network failed) while waiting.
+  void check_async(const std::string& op, size_t bytes) {
+    start(op);
+    ncclResult_t s = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(comm_, &s);
+    if (q != ncclSuccess) s = q;
+    if (s == ncclSuccess || s == ncclInProgress) return;
+    std::string last = last_error();
+    abort_comm();
+    fail("saturate: rank ", rank_, ": ", op, " of ", bytes, " bytes failed: ", ncclGetErrorString(s),
+         last.empty() ? "" : ": ", last, " (NCCL communicator aborted)");
+  }
+
+  [[noreturn]] void timeout(const std::string& op, size_t bytes) {
+    std::string msg = str_cat("saturate: rank ", rank_, ": ", op, " of ", bytes, " bytes did not complete within ",
+                              comm_timeout_seconds(),
+                              " s; a peer rank has probably failed (SAT_COMM_TIMEOUT sets the limit)");
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    std::fflush(stderr);
+    abort_comm();
+    throw Error(msg + " (NCCL communicator aborted)");
+  }
+
+  std::string last_error() const {
+    const char* l = comm_ ? ncclGetLastError(comm_) : nullptr;
+    return l ? l : "";
+  }
+
+  void abort_comm() {
+    if (!comm_) return;
+    ncclCommAbort(comm_);  // the stuck kernels exit; the communicator is gone
+    comm_ = nullptr;
+  }
+
+  int rank_, size_, dev_;
+  cudaStream_t stream_;
+  ncclComm_t comm_ = nullptr;
+  int32_t* scratch_ = nullptr;  // the barrier's all-reduce
+};
+
+}  // namespace
+
+bool have_nccl() { return true; }
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device, CUstream_st* stream) {
+  return std::make_unique<NcclComm>(boot, cuda_device, stream);
+}
+
+}  // namespace sat::dist
+
+#else  // no NCCL in this build
+
+namespace sat::dist {
+
+bool have_nccl() { return false; }
+
+std::unique_ptr<Comm> make_nccl_comm(Comm&, int, CUstream_st*) {
+#if SAT_HAVE_CUDA
+  throw Error("this saturate was built without NCCL (set SAT_NCCL_ROOT to an NCCL install and rebuild)");
+#else
+  throw Error("this saturate was built without the CUDA backend, so without NCCL");
+#endif
+}
+
+}  // namespace sat::dist
+
+#endif
