@@ -585,8 +585,11 @@ std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
   MPI_Initialized(&inited);
   MPI_Finalized(&fin);
   std::fflush(stdout);
-  std::fflush(stderr);
   if (inited && !fin) {
+    // Name the rank ourselves: mpirun's own "MPI_ABORT was invoked on rank N" goes
+    // through its help-message system, which can fail to print (seen under load).
+    std::fprintf(stderr, "saturate: rank %d ends the job with status %d\n", detect_process().rank, code);
+    std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }
