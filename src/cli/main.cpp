@@ -156,10 +156,10 @@ int run_train(const TrainArgs& a) {
     cfg.out_dir.clear();
   }
 
-  if (lead) std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
-  sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
   SAT_CHECK(a.init_weights.empty() || a.device == "cpu" || sat::resolve_device(a.device) == sat::Device::cpu,
             "--init-weights with --device cuda is not supported yet: load on the CPU (--device cpu)");
+  if (lead) std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
+  sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
   if (!a.init_weights.empty()) sat::load_safetensors(a.init_weights, trainer.params());
   const auto& plan = trainer.memory_plan();
   if (lead)

@@ -105,7 +105,7 @@ MemoryPlan Engine::plan_memory(const Graph& g, int optimizer_slots, size_t input
       if (sp.dtype == DType::bf16 || sp.dtype == DType::f16) slots += size_t(sp.shape.numel()) * 4;
     }
     slots *= Engine::kInputSlots;
-    slots += g.nodes().size() * 8 + 64;  // per-node seeds, loss gradient
+    slots += g.nodes().size() * 8;  // per-node seeds
     const size_t lp = ParamStore::lp_bytes(g.params(), g.act());
     m.by_kind[size_t(MemKind::lp_params)] = lp;
     m.by_kind[size_t(MemKind::workspace)] = kCudaWorkspaceBytes;
@@ -338,7 +338,6 @@ void Engine::setup_cuda() {
   }
   const size_t n = g_.nodes().size();
   seeds_dev_ = DeviceBuffer(Device::cuda, std::max<size_t>(n, 1) * 8, "seeds");
-  dloss_dev_ = DeviceBuffer(Device::cuda, 64, "loss gradient");
   for (int s = 0; s < kInputSlots; ++s) {
     seeds_host_[size_t(s)] = PinnedBuffer(std::max<size_t>(n, 1) * 8);
     loss_host_[size_t(s)] = PinnedBuffer(64);

@@ -118,7 +118,7 @@ class Engine {
   // buffer (== it unless a float input is converted to bf16/f16), pinned staging.
   struct InputSlot { DeviceBuffer dev, raw; PinnedBuffer staging; Tensor value; };
   std::vector<std::array<InputSlot, kInputSlots>> slots_;  // per graph input (g.inputs() order)
-  DeviceBuffer seeds_dev_, dloss_dev_;                     // u64 per node; f32 scalar
+  DeviceBuffer seeds_dev_;  // u64 per node
   std::array<PinnedBuffer, kInputSlots> seeds_host_, loss_host_;
   PinnedBuffer dloss_host_;
   const float* dloss_scale_ = nullptr;

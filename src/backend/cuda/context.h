@@ -102,6 +102,15 @@ inline unsigned grid_for(int64_t n, int block = 256) {
   return unsigned(g < 1 ? 1 : g);
 }
 
+// Grid for a grid-stride loop over n elements with `block` threads: enough blocks to
+// cover n, capped (the loop covers the rest), at least 1.
+inline unsigned grid_stride_blocks(int64_t n, int block = 256) {
+  int64_t g = (n + block - 1) / block;
+  if (g < 1) g = 1;
+  if (g > 65535 * 4) g = 65535 * 4;
+  return unsigned(g);
+}
+
 // dst[i] = (dst dtype) src[i] for f32, bf16 and f16 in any combination, on `stream`.
 void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n, cudaStream_t stream);
 // dst[i] = value (f32, bf16 or f16 destination).

@@ -28,17 +28,12 @@ __global__ void add_kernel(T* __restrict__ d, const T* __restrict__ s, int64_t n
 
 __global__ void scale_scalar_kernel(float* x, const float* scale) { *x *= *scale; }
 
-unsigned grid_capped(int64_t n) {
-  unsigned g = grid_for(n);
-  return g > 65535u * 4 ? 65535u * 4 : g;
-}
-
 template <typename S>
 void convert_from(const S* s, void* d, DType dt, int64_t n, cudaStream_t st) {
   switch (dt) {
-    case DType::f32: convert_kernel<<<grid_capped(n), 256, 0, st>>>(s, static_cast<float*>(d), n); break;
-    case DType::bf16: convert_kernel<<<grid_capped(n), 256, 0, st>>>(s, static_cast<__nv_bfloat16*>(d), n); break;
-    case DType::f16: convert_kernel<<<grid_capped(n), 256, 0, st>>>(s, static_cast<__half*>(d), n); break;
+    case DType::f32: convert_kernel<<<grid_stride_blocks(n), 256, 0, st>>>(s, static_cast<float*>(d), n); break;
+    case DType::bf16: convert_kernel<<<grid_stride_blocks(n), 256, 0, st>>>(s, static_cast<__nv_bfloat16*>(d), n); break;
+    case DType::f16: convert_kernel<<<grid_stride_blocks(n), 256, 0, st>>>(s, static_cast<__half*>(d), n); break;
     default: fail("cuda::convert: unsupported destination dtype ", dtype_name(dt));
   }
   SAT_CUDA_LAUNCH_CHECK();
@@ -63,9 +58,9 @@ void convert(const void* src, DType st, void* dst, DType dt, int64_t n, cudaStre
 void fill(void* dst, DType t, float value, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   switch (t) {
-    case DType::f32: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<float*>(dst), value, n); break;
-    case DType::bf16: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), value, n); break;
-    case DType::f16: fill_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<__half*>(dst), value, n); break;
+    case DType::f32: fill_kernel<<<grid_stride_blocks(n), 256, 0, stream>>>(static_cast<float*>(dst), value, n); break;
+    case DType::bf16: fill_kernel<<<grid_stride_blocks(n), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), value, n); break;
+    case DType::f16: fill_kernel<<<grid_stride_blocks(n), 256, 0, stream>>>(static_cast<__half*>(dst), value, n); break;
     default: fail("cuda::fill: unsupported dtype ", dtype_name(t));
   }
   SAT_CUDA_LAUNCH_CHECK();
@@ -75,7 +70,7 @@ void add_into(void* dst, const void* src, DType t, int64_t n, cudaStream_t strea
   if (n <= 0) return;
   dispatch_float(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_kernel<<<grid_capped(n), 256, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src), n);
+    add_kernel<<<grid_stride_blocks(n), 256, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src), n);
   });
   SAT_CUDA_LAUNCH_CHECK();
 }

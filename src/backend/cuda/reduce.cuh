@@ -74,13 +74,4 @@ inline int row_threads(int64_t n, int max_threads = 512) {
   return int(t);
 }
 
-// Grid for a grid-stride loop over n elements with `block` threads: enough blocks to
-// cover n, capped (the loop covers the rest), at least 1.
-inline unsigned grid_stride_blocks(int64_t n, int block = 256) {
-  int64_t g = (n + block - 1) / block;
-  if (g < 1) g = 1;
-  if (g > 65535 * 4) g = 65535 * 4;
-  return unsigned(g);
-}
-
 }  // namespace sat::cuda

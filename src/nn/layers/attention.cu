@@ -13,11 +13,6 @@
 namespace sat {
 namespace {
 
-unsigned grid_capped(int64_t n) {
-  unsigned g = cuda::grid_for(n);
-  return g > 65535u * 4 ? 65535u * 4 : g;
-}
-
 // dst [W, B, H, T, D] <- src [B, T, W, H, D] (qkv: W = 3; dy: W = 1).
 template <typename T>
 __global__ void split_heads_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t B, int64_t Tn, int64_t W,
@@ -142,7 +137,7 @@ void CausalSelfAttention::forward_cuda(LayerCtx& c) {
 
   cuda::dispatch_float(t, [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    split_heads_kernel<E><<<grid_capped(3 * hsz), 256, 0, st>>>(static_cast<const E*>(c.in[0].ptr),
+    split_heads_kernel<E><<<cuda::grid_stride_blocks(3 * hsz), 256, 0, st>>>(static_cast<const E*>(c.in[0].ptr),
                                                                static_cast<E*>(qkvh), d.B, T, 3, d.nh, hs);
   });
   SAT_CUDA_LAUNCH_CHECK();
@@ -158,7 +153,7 @@ void CausalSelfAttention::forward_cuda(LayerCtx& c) {
   cuda::gemm_batched(c.cuda, false, false, T, hs, T, P, t, T * T, v, t, T * hs, yh, t, T * hs, heads, 1.0f, 0.0f);
   cuda::dispatch_float(t, [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    merge_heads_kernel<E><<<grid_capped(hsz), 256, 0, st>>>(static_cast<const E*>(yh), static_cast<E*>(c.out.ptr),
+    merge_heads_kernel<E><<<cuda::grid_stride_blocks(hsz), 256, 0, st>>>(static_cast<const E*>(yh), static_cast<E*>(c.out.ptr),
                                                            d.B, T, 1, d.nh, hs);
   });
   SAT_CUDA_LAUNCH_CHECK();
@@ -188,10 +183,10 @@ void CausalSelfAttention::backward_cuda(LayerCtx& c) {
 
   cuda::dispatch_float(t, [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    split_heads_kernel<E><<<grid_capped(3 * hsz), 256, 0, st>>>(static_cast<const E*>(c.in[0].ptr),
+    split_heads_kernel<E><<<cuda::grid_stride_blocks(3 * hsz), 256, 0, st>>>(static_cast<const E*>(c.in[0].ptr),
                                                                static_cast<E*>(qkvh), d.B, T, 3, d.nh, hs);
     SAT_CUDA_LAUNCH_CHECK();
-    split_heads_kernel<E><<<grid_capped(hsz), 256, 0, st>>>(static_cast<const E*>(c.dout.ptr), static_cast<E*>(dyh),
+    split_heads_kernel<E><<<cuda::grid_stride_blocks(hsz), 256, 0, st>>>(static_cast<const E*>(c.dout.ptr), static_cast<E*>(dyh),
                                                            d.B, T, 1, d.nh, hs);
     SAT_CUDA_LAUNCH_CHECK();
   });
@@ -212,7 +207,7 @@ void CausalSelfAttention::backward_cuda(LayerCtx& c) {
   cuda::gemm_batched(c.cuda, true, false, T, hs, T, dS, t, T * T, q, t, T * hs, dk, t, T * hs, heads, 1.0f, 0.0f);
   cuda::dispatch_float(t, [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    merge_heads_kernel<E><<<grid_capped(3 * hsz), 256, 0, st>>>(static_cast<const E*>(dqkvh),
+    merge_heads_kernel<E><<<cuda::grid_stride_blocks(3 * hsz), 256, 0, st>>>(static_cast<const E*>(dqkvh),
                                                                static_cast<E*>(c.din[0].ptr), d.B, T, 3, d.nh, hs);
   });
   SAT_CUDA_LAUNCH_CHECK();

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "backend/cuda/context.h"
+#include "backend/cuda/reduce.cuh"
 #include "backend/cuda/dtype.cuh"
 #include "nn/layers/batchnorm.h"
 
@@ -17,23 +18,6 @@ namespace sat {
 namespace {
 
 constexpr int kBlock = 512;  // threads per channel block (a multiple of 32, at most 1024)
-
-// Sum of v over the block (blockDim.x a multiple of 32); every thread gets the result.
-// Every thread of the block must call it. sh: 32 floats of shared memory.
-__device__ float block_sum(float v, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  const int lane = int(threadIdx.x) & 31, wid = int(threadIdx.x) >> 5, nw = int(blockDim.x) >> 5;
-  __syncthreads();  // sh may still be read by the previous call
-  if (lane == 0) sh[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float r = lane < nw ? sh[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) r += __shfl_down_sync(0xffffffffu, r, o);
-    if (lane == 0) sh[0] = r;
-  }
-  __syncthreads();
-  return sh[0];
-}
 
 // Element i of channel ch's n = B*HW elements (image b = i / HW, pixel i % HW).
 __device__ __forceinline__ int64_t chan_index(int64_t i, int64_t ch, int64_t C, int64_t HW) {
@@ -48,13 +32,12 @@ __global__ void bn_forward_kernel(const T* __restrict__ x, T* __restrict__ y, co
                                   const float* __restrict__ bias, float* __restrict__ rm, float* __restrict__ rv,
                                   float* __restrict__ mean_s, float* __restrict__ invstd_s, int64_t* nbt, int64_t B,
                                   int64_t C, int64_t HW, float eps, float momentum, bool train) {
-  __shared__ float sh[32];
   const int64_t ch = blockIdx.x, n = B * HW;
   double mean, invstd;  // the same value in every thread
   if (train) {
     float part = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) part += cuda::to_f<T>(x[chan_index(i, ch, C, HW)]);
-    const float sum = block_sum(part, sh);
+    const float sum = cuda::block_sum(part);
     mean = double(sum) / double(n);
     const float mf = float(mean);
     part = 0.0f;
@@ -62,7 +45,7 @@ __global__ void bn_forward_kernel(const T* __restrict__ x, T* __restrict__ y, co
       const float d = cuda::to_f<T>(x[chan_index(i, ch, C, HW)]) - mf;
       part += d * d;
     }
-    const double sq = double(block_sum(part, sh));
+    const double sq = double(cuda::block_sum(part));
     const double var = sq / double(n);  // biased: normalisation uses it
     invstd = 1.0 / sqrt(var + double(eps));
     if (threadIdx.x == 0) {
@@ -93,7 +76,6 @@ __global__ void bn_backward_kernel(const T* __restrict__ x, const T* __restrict_
                                    const float* __restrict__ w, const float* __restrict__ mean_s,
                                    const float* __restrict__ invstd_s, float* __restrict__ dw, float* __restrict__ db,
                                    int64_t B, int64_t C, int64_t HW, bool acc_w, bool acc_b, bool train) {
-  __shared__ float sh[32];
   const int64_t ch = blockIdx.x, n = B * HW;
   const float mean = mean_s[ch], invstd = invstd_s[ch];
   float a0 = 0.0f, a1 = 0.0f;  // sum(dy), sum(dy * (x - mean))
@@ -103,8 +85,8 @@ __global__ void bn_backward_kernel(const T* __restrict__ x, const T* __restrict_
     a0 += g;
     a1 += g * (cuda::to_f<T>(x[k]) - mean);
   }
-  const double sdy = block_sum(a0, sh);
-  const double sdyx = block_sum(a1, sh);
+  const double sdy = cuda::block_sum(a0);
+  const double sdyx = cuda::block_sum(a1);
   const double sdy_xhat = sdyx * double(invstd);  // sum(dy * xhat)
   if (threadIdx.x == 0) {
     dw[ch] = acc_w ? dw[ch] + float(sdy_xhat) : float(sdy_xhat);

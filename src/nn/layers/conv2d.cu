@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cuda/context.h"
+#include "backend/cuda/reduce.cuh"
 #include "backend/cuda/dtype.cuh"
 #include "nn/layers/conv2d.h"
 
@@ -29,11 +30,6 @@ namespace sat {
 namespace {
 
 constexpr int kBlock = 256;
-
-unsigned grid_capped(int64_t n) {
-  unsigned g = cuda::grid_for(n, kBlock);
-  return g > 65535u * 4 ? 65535u * 4 : g;
-}
 
 cudnnDataType_t dnn_type(DType t) {
   switch (t) {
@@ -50,23 +46,6 @@ int to_int(int64_t v, const char* what) {
   return int(v);
 }
 
-// Sum of v over the block (blockDim.x a multiple of 32); every thread gets the result.
-// Every thread of the block must call it. sh: 32 floats of shared memory.
-__device__ float block_sum(float v, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  const int lane = int(threadIdx.x) & 31, wid = int(threadIdx.x) >> 5, nw = int(blockDim.x) >> 5;
-  __syncthreads();  // sh may still be read by the previous call
-  if (lane == 0) sh[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float r = lane < nw ? sh[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) r += __shfl_down_sync(0xffffffffu, r, o);
-    if (lane == 0) sh[0] = r;
-  }
-  __syncthreads();
-  return sh[0];
-}
-
 // y [B, O, HW] += bias[o] (bias f32).
 template <typename T>
 __global__ void add_bias_kernel(T* __restrict__ y, const float* __restrict__ bias, int64_t O, int64_t HW,
@@ -81,14 +60,13 @@ __global__ void add_bias_kernel(T* __restrict__ y, const float* __restrict__ bia
 template <typename T>
 __global__ void bias_grad_kernel(const T* __restrict__ dy, float* __restrict__ db, int64_t B, int64_t O,
                                  int64_t HW, bool acc) {
-  __shared__ float sh[32];
   const int64_t o = blockIdx.x, n = B * HW;
   float part = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t b = i / HW, j = i - b * HW;
     part += cuda::to_f<T>(dy[(b * O + o) * HW + j]);
   }
-  const float sum = block_sum(part, sh);
+  const float sum = cuda::block_sum(part);
   if (threadIdx.x == 0) db[o] = acc ? db[o] + sum : sum;
 }
 
@@ -248,7 +226,7 @@ void Conv2d::forward_cuda(LayerCtx& c) {
     const float* b = c.params[1].f32();
     cuda::dispatch_float(act_, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      add_bias_kernel<T><<<grid_capped(n), kBlock, 0, cx.stream>>>(static_cast<T*>(c.out.ptr), b, O_, Ho_ * Wo_, n);
+      add_bias_kernel<T><<<cuda::grid_stride_blocks(n, kBlock), kBlock, 0, cx.stream>>>(static_cast<T*>(c.out.ptr), b, O_, Ho_ * Wo_, n);
       SAT_CUDA_LAUNCH_CHECK();
     });
   }
@@ -289,7 +267,7 @@ void Conv2d::backward_cuda(LayerCtx& c) {
       SAT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cx.dnn, &one, st.x, c.in[0].ptr, st.y, c.dout.ptr,
                                                      st.bwd_filter, st.filter_algo, cx.workspace, st.filter_ws,
                                                      &zero, st.w, tmp));
-      grad_from_lp_kernel<T><<<grid_capped(nw), kBlock, 0, cx.stream>>>(tmp, dw, nw, c.accumulate[0]);
+      grad_from_lp_kernel<T><<<cuda::grid_stride_blocks(nw, kBlock), kBlock, 0, cx.stream>>>(tmp, dw, nw, c.accumulate[0]);
       SAT_CUDA_LAUNCH_CHECK();
     }
   });

@@ -17,11 +17,6 @@ namespace {
 
 constexpr int kBlock = 256;
 
-unsigned grid_capped(int64_t n) {
-  unsigned g = cuda::grid_for(n, kBlock);
-  return g > 65535u * 4 ? 65535u * 4 : g;
-}
-
 __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -144,7 +139,7 @@ void MaxPool2d::forward_cuda(LayerCtx& c) {
   cudaStream_t st = c.cuda->stream;
   cuda::dispatch_float(act_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    maxpool_fwd_kernel<T><<<grid_capped(total), kBlock, 0, st>>>(static_cast<const T*>(c.in[0].ptr),
+    maxpool_fwd_kernel<T><<<cuda::grid_stride_blocks(total, kBlock), kBlock, 0, st>>>(static_cast<const T*>(c.in[0].ptr),
                                                                  static_cast<T*>(c.out.ptr), c.saved[0].i32(), total,
                                                                  H_, W_, Ho_, Wo_, k_, s_, p_);
     SAT_CUDA_LAUNCH_CHECK();
@@ -160,7 +155,7 @@ void MaxPool2d::backward_cuda(LayerCtx& c) {
   cudaStream_t st = c.cuda->stream;
   cuda::dispatch_float(act_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    maxpool_bwd_kernel<T><<<grid_capped(total), kBlock, 0, st>>>(static_cast<const T*>(c.dout.ptr),
+    maxpool_bwd_kernel<T><<<cuda::grid_stride_blocks(total, kBlock), kBlock, 0, st>>>(static_cast<const T*>(c.dout.ptr),
                                                                  c.saved[0].i32(), static_cast<T*>(c.din[0].ptr),
                                                                  total, H_, W_, Ho_, Wo_, k_, s_, p_);
     SAT_CUDA_LAUNCH_CHECK();
@@ -175,7 +170,7 @@ void AdaptiveAvgPool2d::forward_cuda(LayerCtx& c) {
   cudaStream_t st = c.cuda->stream;
   cuda::dispatch_float(act_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    avgpool_fwd_kernel<T><<<grid_capped(total), kBlock, 0, st>>>(static_cast<const T*>(c.in[0].ptr),
+    avgpool_fwd_kernel<T><<<cuda::grid_stride_blocks(total, kBlock), kBlock, 0, st>>>(static_cast<const T*>(c.in[0].ptr),
                                                                  static_cast<T*>(c.out.ptr), total, H_, W_, oh_, ow_);
     SAT_CUDA_LAUNCH_CHECK();
   });
@@ -190,7 +185,7 @@ void AdaptiveAvgPool2d::backward_cuda(LayerCtx& c) {
   cudaStream_t st = c.cuda->stream;
   cuda::dispatch_float(act_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    avgpool_bwd_kernel<T><<<grid_capped(total), kBlock, 0, st>>>(static_cast<const T*>(c.dout.ptr),
+    avgpool_bwd_kernel<T><<<cuda::grid_stride_blocks(total, kBlock), kBlock, 0, st>>>(static_cast<const T*>(c.dout.ptr),
                                                                  static_cast<T*>(c.din[0].ptr), total, H_, W_, oh_,
                                                                  ow_);
     SAT_CUDA_LAUNCH_CHECK();
