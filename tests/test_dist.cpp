@@ -233,6 +233,8 @@ TEST(DistSelf, CollectivesAreCopies) {
   std::vector<int32_t> a{1, 2, 3}, b(3);
   c->reduce_scatter(a.data(), b.data(), 3, DType::i32, ReduceOp::sum)->wait();
   EXPECT_EQ(b, a);
+  c->reduce_scatter(b.data(), b.data(), 3, DType::i32, ReduceOp::avg)->wait();  // in place
+  EXPECT_EQ(b, a);
   std::fill(b.begin(), b.end(), 0);
   c->all_gather(a.data(), b.data(), 3, DType::i32)->wait();
   EXPECT_EQ(b, a);
@@ -385,6 +387,16 @@ TEST(Dist, ReduceScatterAllGatherRoundTrip) {
       bad = 0;
       for (size_t i = 0; i < full.size(); ++i) bad += full[i] != expected<float>(op, n, i);
       EXPECT_EQ(bad, 0u) << "all_gather after reduce_scatter " << reduce_op_name(op) << " block " << block;
+    }
+    // In place, as ZeRO-1 uses it: the reduced block lands at the rank's own place.
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      std::vector<float> buf(block * size_t(n));
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = float(value(c.rank(), i));
+      float* mine = buf.data() + size_t(c.rank()) * block;
+      c.reduce_scatter(buf.data(), mine, block, DType::f32, op)->wait();
+      size_t bad = 0;
+      for (size_t i = 0; i < block; ++i) bad += mine[i] != expected<float>(op, n, size_t(c.rank()) * block + i);
+      EXPECT_EQ(bad, 0u) << "in-place reduce_scatter " << reduce_op_name(op) << " block " << block;
     }
     // In place: each rank's block already sits at its place in the output.
     std::vector<int64_t> inplace(block * size_t(n), -1);

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
+#include <memory>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -362,6 +365,109 @@ TEST(BatchNorm2d, TrainingForwardBackwardMatchReference) {
   }
   EXPECT_LT(ey, 1e-4);
   EXPECT_LT(edx, 1e-4);
+}
+
+namespace {
+
+// Replicas as threads: sum() gathers every replica's vector, waits for all of them and
+// adds them in replica order (the order an MPI reduction of two ranks would use).
+class ThreadReplicas {
+ public:
+  explicit ThreadReplicas(int n) : slots_(size_t(n)), bar_(n) {
+    for (int r = 0; r < n; ++r) views_.push_back(std::make_unique<View>(this, r));
+  }
+  sat::ReplicaSum* view(int r) { return views_[size_t(r)].get(); }
+  int calls() const { return calls_; }
+
+ private:
+  struct View : sat::ReplicaSum {
+    View(ThreadReplicas* g, int r) : g(g), r(r) {}
+    void sum(double* v, size_t n) override { g->sum(r, v, n); }
+    ThreadReplicas* g;
+    int r;
+  };
+  void sum(int r, double* v, size_t n) {
+    slots_[size_t(r)].assign(v, v + n);
+    bar_.arrive_and_wait();
+    for (size_t i = 0; i < n; ++i) {
+      double acc = 0;
+      for (auto& s : slots_) acc += s.at(i);
+      v[i] = acc;
+    }
+    if (r == 0) ++calls_;
+    bar_.arrive_and_wait();
+  }
+  std::vector<std::vector<double>> slots_;
+  std::barrier<> bar_;
+  std::vector<std::unique_ptr<View>> views_;
+  int calls_ = 0;
+};
+
+}  // namespace
+
+TEST(BatchNorm2d, SynchronisedStatisticsMatchOneBatch) {
+  // One BatchNorm over a batch of 6 against two replicas of 3 rows each whose statistics
+  // are summed over both (--sync-bn): the same outputs, input gradients and running
+  // statistics, and parameter gradients that add up to the whole batch's.
+  const int64_t B = 6, R = 2, C = 3, H = 4, W = 5, plane = C * H * W;
+  sat::BatchNorm2d full_bn(C);
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{B, C, H, W}, DType::f32, 0, 1, true, 2.0f}};
+  LayerRig full(full_bn, opt);
+  std::vector<std::unique_ptr<sat::BatchNorm2d>> bns;
+  std::vector<std::unique_ptr<LayerRig>> reps;
+  OpCheck ropt = opt;
+  ropt.inputs = {InputSpec{Shape{B / R, C, H, W}}};
+  ThreadReplicas group(static_cast<int>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    bns.push_back(std::make_unique<sat::BatchNorm2d>(C));
+    reps.push_back(std::make_unique<LayerRig>(*bns.back(), ropt));
+    auto& c = reps.back()->ctx();
+    const auto& f = full.ctx();
+    std::copy_n(f.in[0].f32() + r * (B / R) * plane, (B / R) * plane, c.in[0].f32());
+    std::copy_n(f.dout.f32() + r * (B / R) * plane, (B / R) * plane, c.dout.f32());
+    for (size_t p = 0; p < 2; ++p) std::copy_n(f.params[p].f32(), C, c.params[p].f32());
+    c.replicas = group.view(int(r));
+  }
+  full.forward();
+  full.backward();
+  auto run = [&](bool fwd) {
+    std::vector<std::thread> ts;
+    for (auto& rig : reps) ts.emplace_back([&rig, fwd] { fwd ? void(rig->forward()) : rig->backward(); });
+    for (auto& t : ts) t.join();
+  };
+  run(true);
+  run(false);
+  EXPECT_EQ(group.calls(), 3) << "forward sums mean and variance terms, backward the gradient terms";
+  const auto& f = full.ctx();
+  double eo = 0, edx = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const auto& c = reps[size_t(r)]->ctx();
+    for (int64_t i = 0; i < (B / R) * plane; ++i) {
+      eo = std::max(eo, double(std::fabs(c.out.f32()[i] - f.out.f32()[r * (B / R) * plane + i])));
+      edx = std::max(edx, double(std::fabs(c.din[0].f32()[i] - f.din[0].f32()[r * (B / R) * plane + i])));
+    }
+    for (int64_t ch = 0; ch < C; ++ch) {
+      EXPECT_NEAR(c.states[0].f32()[ch], f.states[0].f32()[ch], 1e-6) << "running_mean " << ch;
+      EXPECT_NEAR(c.states[1].f32()[ch], f.states[1].f32()[ch], 1e-6) << "running_var " << ch;
+    }
+    EXPECT_TRUE(reps[size_t(r)]->guards_intact());
+  }
+  EXPECT_LT(eo, 1e-5);
+  EXPECT_LT(edx, 1e-5);
+  for (size_t p = 0; p < 2; ++p)
+    for (int64_t ch = 0; ch < C; ++ch) {
+      double s = 0;
+      for (auto& rig : reps) s += rig->ctx().grads[p].f32()[ch];
+      EXPECT_NEAR(s, f.grads[p].f32()[ch], 1e-4) << (p ? "bias" : "weight") << " grad " << ch;
+    }
+  // Without synchronisation each replica normalises with its own statistics: different.
+  for (auto& rig : reps) rig->ctx().replicas = nullptr;
+  reps[0]->forward();
+  double diff = 0;
+  for (int64_t i = 0; i < (B / R) * plane; ++i)
+    diff = std::max(diff, double(std::fabs(reps[0]->ctx().out.f32()[i] - f.out.f32()[i])));
+  EXPECT_GT(diff, 1e-3);
 }
 
 // ------------------------------------------------------------------ Pooling

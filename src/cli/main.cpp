@@ -63,6 +63,8 @@ struct TrainArgs {
   int threads = 0;
   std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
   double bucket_mb = 25;
+  bool sync_bn = false;
+  int zero = 0;
   std::string init_weights, save_weights, out, normalize, eval = "on";
 };
 
@@ -146,6 +148,8 @@ int run_train(const TrainArgs& a) {
   SAT_CHECK(a.last_batch == "drop" || a.last_batch == "pad", "--last-batch: expected drop or pad, got '", a.last_batch, "'");
   cfg.last_batch = a.last_batch == "pad" ? sat::LastBatch::pad : sat::LastBatch::drop;
   cfg.bucket_mb = a.bucket_mb;
+  cfg.sync_bn = a.sync_bn;
+  cfg.zero = a.zero;
   // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.
   std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();
   cfg.comm = comm.get();
@@ -200,6 +204,9 @@ int run_train(const TrainArgs& a) {
     s["comm_seconds"] = r.comm_seconds;
     s["comm_hidden_fraction"] = r.comm_hidden_fraction;
     s["rank_step_seconds"] = r.rank_step_seconds;
+    s["sync_bn"] = a.sync_bn;
+    s["zero"] = a.zero;
+    s["optimizer_state_bytes"] = plan.by_kind[size_t(sat::MemKind::optimizer_state)];
     s["steps"] = r.steps;
     s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
                       {"nesterov", cfg.optim.nesterov}, {"weight_decay", sat::resolve_optim(cfg.optim).weight_decay}};
@@ -238,7 +245,10 @@ int run_train(const TrainArgs& a) {
   return 0;
 }
 
-int run_info(const std::string& model, int64_t batch, const std::string& optimizer, double momentum, int64_t vocab) {
+int run_info(const std::string& model, int64_t batch, const std::string& optimizer, double momentum, int64_t vocab,
+             int ranks, int zero) {
+  SAT_CHECK(ranks >= 1, "--ranks: expected a positive number of data-parallel ranks, got ", ranks);
+  SAT_CHECK(zero == 0 || zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", zero);
   TrainArgs a;
   a.model = model;
   a.vocab = vocab;
@@ -248,11 +258,12 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
   cfg.batch = batch;
   cfg.optim.name = optimizer;
   cfg.optim.momentum = float(momentum);
+  cfg.zero = zero;
   int slots = sat::optimizer_slots(sat::resolve_optim(cfg.optim));
   // The plan of `saturate train` on data of the model's default shape (synthetic data
   // is generated on demand, so opening it costs nothing): loader rings included.
   sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
-  sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get());
+  sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), ranks);
   const auto& g = *m.graph;
   std::printf("model       %s\n", mc.name.c_str());
   std::printf("input       %s %s per micro-batch of %lld\n", m.x_shape.str().c_str(), sat::dtype_name(m.x_dtype), (long long)batch);
@@ -260,8 +271,9 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
   std::printf("layers      %zu\n", g.nodes().size());
   std::printf("FLOPs       %.4g per sample forward, %.4g per sample training step (forward + backward)\n",
               g.flops_forward() / double(batch), sat::train_flops_per_sample(m, batch));
-  std::printf("memory plan (micro-batch %lld, optimizer %s%s):\n", (long long)batch, optimizer.c_str(),
-              slots ? (" with " + std::to_string(slots) + " state slot(s)").c_str() : "");
+  std::printf("memory plan per rank (micro-batch %lld, optimizer %s%s%s):\n", (long long)batch, optimizer.c_str(),
+              slots ? (" with " + std::to_string(slots) + " state slot(s)").c_str() : "",
+              zero ? (", ZeRO-1 over " + std::to_string(ranks) + " rank(s)").c_str() : "");
   for (int k = 0; k < int(sat::MemKind::kCount); ++k)
     if (p.by_kind[size_t(k)])
       std::printf("  %-30s %12zu  %s\n", sat::mem_kind_name(sat::MemKind(k)), p.by_kind[size_t(k)],
@@ -269,6 +281,17 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
   std::printf("  %-30s %12zu  %s  (transient kinds above share it by lifetime)\n", "step arena", p.transient,
               sat::format_bytes(double(p.transient)).c_str());
   std::printf("  %-30s %12zu  %s\n", "total", p.total(), sat::format_bytes(double(p.total())).c_str());
+  if (zero && slots) {
+    sat::TrainConfig whole = cfg;
+    whole.zero = 0;
+    const sat::MemoryPlan w = sat::Trainer::plan(mc, whole, *data.train, data.test.get(), ranks);
+    const size_t saved = w.total() - p.total();
+    std::printf("ZeRO-1 saves %s per rank (optimizer state %s instead of %s; %.1f%% of the total)\n",
+                sat::format_bytes(double(saved)).c_str(),
+                sat::format_bytes(double(p.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
+                sat::format_bytes(double(w.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
+                100.0 * double(saved) / double(w.total()));
+  }
   return 0;
 }
 
@@ -314,16 +337,21 @@ int main(int argc, char** argv) {
   train->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
   train->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")->capture_default_str();
   train->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();
+  train->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
+  train->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
 
   std::string imodel = "mlp", iopt = "sgd";
   int64_t ibatch = 64, ivocab = 0;
   double imom = 0;
+  int iranks = 1, izero = 0;
   auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model");
   info->add_option("--model", imodel, "model")->capture_default_str();
   info->add_option("--batch", ibatch, "micro-batch size")->capture_default_str();
   info->add_option("--optimizer", iopt, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
   info->add_option("--momentum", imom, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ivocab, "GPT models: vocabulary size");
+  info->add_option("--ranks", iranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
+  info->add_option("--zero", izero, "1: optimizer state sharded over the ranks (ZeRO-1)")->capture_default_str();
 
   // `saturate launch -n N -- ARGS...` is parsed by hand: everything after -- belongs to
   // the launched command, which CLI11 would otherwise try to parse.
@@ -385,7 +413,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) return run_train(a);
-    if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab);
+    if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab, iranks, izero);
     if (bcomm->parsed()) {
       SAT_CHECK(bc_backend == "mpi", "--backend: expected mpi (NCCL needs a GPU build and a GPU), got '", bc_backend, "'");
       SAT_CHECK(bco.min_bytes >= 4 && bco.min_bytes <= bco.max_bytes, "--min-bytes/--max-bytes: expected 4 <= min <= max");

@@ -76,7 +76,8 @@ class Comm {
   // In place: data[0, count) becomes op over the data of all ranks.
   virtual WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) = 0;
   // send holds size() blocks of recv_count elements; rank r receives in recv the reduction
-  // of block r over all ranks. send and recv must not overlap.
+  // of block r over all ranks. In place when recv == send + rank() * recv_count elements
+  // (the rest of send is then clobbered); otherwise send and recv must not overlap.
   virtual WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) = 0;
   // Every rank contributes send_count elements; recv (size() * send_count elements) holds
   // them in rank order on every rank. In place when send == recv + rank() * send_count

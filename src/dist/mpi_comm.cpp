@@ -471,9 +471,18 @@ class MpiComm final : public Comm {
     check_dtype("reduce_scatter", t, true);
     int n = to_int("reduce_scatter", recv_count);
     SAT_CHECK((send && recv) || recv_count == 0, "reduce_scatter: null buffer");
-    return submit(str_cat("reduce_scatter (", reduce_op_name(op), ")"), recv_count * dtype_size(t) * size_,
+    const size_t block = recv_count * dtype_size(t);
+    const bool in_place = recv == static_cast<const char*>(send) + size_t(rank_) * block;
+    return submit(str_cat("reduce_scatter (", reduce_op_name(op), ")"), block * size_,
                   [=, this](const std::shared_ptr<OpState>&) {
-                    MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op), comm_);
+                    if (in_place) {
+                      // MPI leaves the in-place result at the start of the buffer.
+                      void* all = const_cast<void*>(send);
+                      MPI_Reduce_scatter_block(MPI_IN_PLACE, all, n, mpi_type(t), mpi_op(op), comm_);
+                      if (recv != all) std::memmove(recv, all, block);
+                    } else {
+                      MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op), comm_);
+                    }
                     if (op == ReduceOp::avg) divide(recv, recv_count, t, size_);
                   });
   }

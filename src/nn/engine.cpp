@@ -83,9 +83,9 @@ StepBuffers plan_step(const Graph& g) {
 
 }  // namespace
 
-MemoryPlan Engine::plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes) {
+MemoryPlan Engine::plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes, int optimizer_shards) {
   MemoryPlan m;
-  auto sizes = ParamStore::predict(g.params(), g.states(), optimizer_slots);
+  auto sizes = ParamStore::predict(g.params(), g.states(), optimizer_slots, optimizer_shards);
   m.by_kind[size_t(MemKind::parameters)] = sizes.params;
   m.by_kind[size_t(MemKind::gradients)] = g.training() ? sizes.grads : 0;
   m.by_kind[size_t(MemKind::optimizer_state)] = sizes.optimizer;
@@ -205,6 +205,11 @@ float Engine::forward(bool training, uint64_t seed) {
   run_forward_nodes(training, seed);
   if (g_.loss() < 0) return std::nanf("");
   return vals_[size_t(g_.loss())].f32()[0];
+}
+
+void Engine::set_replica_sum(ReplicaSum* r) {
+  SAT_CHECK(!r || device() == Device::cpu, "statistics over the global batch (--sync-bn) need the CPU engine");
+  for (NodeRun& run : runs_) run.ctx.replicas = r;
 }
 
 void Engine::run_forward_nodes(bool training, uint64_t seed) {

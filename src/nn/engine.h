@@ -49,7 +49,8 @@ class Engine {
   // buffers. On the GPU the device part (parameters, their low-precision copy,
   // gradients, optimizer state, the step arena, the input slots and the library
   // workspace) is also returned in MemoryPlan::device.
-  static MemoryPlan plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes);
+  // optimizer_shards: ZeRO-1, optimizer state for one of that many shards (ParamStore).
+  static MemoryPlan plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes, int optimizer_shards = 1);
 
   void bind(int value, const Tensor& t);  // a graph input: points at a loader batch
   // Runs forward; returns the loss value (NaN if the graph has no loss).
@@ -62,6 +63,9 @@ class Engine {
   // Called after each node's backward (CPU), with the node index: data parallelism
   // starts reducing a gradient bucket as soon as its last parameter is final.
   void set_backward_hook(std::function<void(int)> hook) { hook_ = std::move(hook); }
+  // Layers that can use statistics of the global batch (BatchNorm) sum them over the
+  // replicas through r (CPU; null: per-replica statistics). r must outlive its use.
+  void set_replica_sum(ReplicaSum* r);
   // A value as float32 on the host (synchronises on the GPU).
   std::vector<float> read_f32(int v) const;
   Device device() const { return g_.device(); }

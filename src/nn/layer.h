@@ -31,6 +31,16 @@ namespace sat {
 
 struct CudaCtx;  // backend/cuda/context.h: stream, library handles, workspace
 
+// Sums across the replicas of a data-parallel job, for layers whose forward needs
+// statistics of the global batch (synchronised BatchNorm). Every replica calls sum() at
+// the same points with the same n; on return v[0, n) holds the sum over all replicas.
+// The trainer provides one over its communicator (--sync-bn); null: this replica alone.
+class ReplicaSum {
+ public:
+  virtual ~ReplicaSum() = default;
+  virtual void sum(double* v, size_t n) = 0;
+};
+
 struct TensorSpec {
   Shape shape;
   DType dtype = DType::f32;
@@ -105,6 +115,7 @@ struct LayerCtx {
   std::vector<Tensor> scratch;  // scratch_fwd during forward, scratch_bwd during backward
   bool training = true;
   uint64_t seed = 0;            // per step and micro-batch; same in forward and backward
+  ReplicaSum* replicas = nullptr;  // CPU: statistics over the global batch (see ReplicaSum)
   // GPU only. Under a CUDA graph, seed is frozen at capture: kernels that need a
   // per-step seed read it from *seed_dev (a u64 in device memory) instead.
   CudaCtx* cuda = nullptr;

@@ -14,14 +14,17 @@ namespace {
 int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 size_t pad64(size_t n) { return (n + 63) / 64 * 64; }
 
-void layout(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, std::vector<int64_t>* offs,
-            int64_t* flat, std::vector<size_t>* soffs, size_t* sbytes) {
+// shards: the flat length is a multiple of 16 * shards, so that every optimizer shard
+// has the same length and starts on a 64-byte boundary.
+void layout(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int shards,
+            std::vector<int64_t>* offs, int64_t* flat, std::vector<size_t>* soffs, size_t* sbytes) {
   int64_t f = 0;
   for (auto& p : params) {
     if (offs) offs->push_back(f);
     f += pad16(p.spec.shape.numel());
   }
-  *flat = f;
+  const int64_t unit = 16 * int64_t(shards);
+  *flat = (f + unit - 1) / unit * unit;
   size_t b = 0;
   for (auto& s : states) {
     if (soffs) soffs->push_back(b);
@@ -32,24 +35,29 @@ void layout(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& 
 }  // namespace
 
 ParamStore::Sizes ParamStore::predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states,
-                                      int slots) {
+                                      int slots, int shards) {
+  SAT_CHECK(shards >= 1, "internal error: optimizer shards must be positive");
   int64_t flat;
   size_t sb;
-  layout(params, states, nullptr, &flat, nullptr, &sb);
+  layout(params, states, shards, nullptr, &flat, nullptr, &sb);
   Sizes s;
   s.params = size_t(flat) * 4;
   s.grads = size_t(flat) * 4;
-  s.optimizer = size_t(flat) * 4 * size_t(slots);
+  s.optimizer = size_t(flat / shards) * 4 * size_t(slots);
   s.states = sb;
   return s;
 }
 
-ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int slots)
+ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int slots,
+                       int shards, int shard)
     : decls_(params), state_decls_(states), slots_(slots) {
-  layout(params, states, &offsets_, &flat_, &state_offsets_, &state_bytes_);
+  SAT_CHECK(shards >= 1 && shard >= 0 && shard < shards, "internal error: optimizer shard ", shard, " of ", shards);
+  layout(params, states, shards, &offsets_, &flat_, &state_offsets_, &state_bytes_);
+  shard_len_ = flat_ / shards;
+  shard_begin_ = shard_len_ * shard;
   params_ = Buffer(size_t(flat_) * 4, "parameters");
   grads_ = Buffer(size_t(flat_) * 4, "gradients");
-  optim_ = Buffer(size_t(flat_) * 4 * size_t(slots), "optimizer state");
+  optim_ = Buffer(size_t(shard_len_) * 4 * size_t(slots), "optimizer state");
   states_ = Buffer(state_bytes_, "model state");
   std::memset(params_.data(), 0, params_.bytes());
   std::memset(grads_.data(), 0, grads_.bytes());

@@ -16,11 +16,16 @@ namespace sat {
 
 class ParamStore {
  public:
-  ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots);
+  // ZeRO-1: with shards > 1 this store keeps optimizer state only for its shard (number
+  // `shard`) of the flat arrays: the flat length is padded to a multiple of 16 * shards
+  // and cut into `shards` equal, contiguous pieces.
+  ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots,
+             int shards = 1, int shard = 0);
 
   // Bytes each part will take, without allocating.
   struct Sizes { size_t params = 0, grads = 0, optimizer = 0, states = 0; size_t total() const { return params + grads + optimizer + states; } };
-  static Sizes predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots);
+  static Sizes predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots,
+                       int shards = 1);
 
   // Initialise parameters by their ParamInit (seeded per name) and states by theirs.
   void init(uint64_t seed);
@@ -52,7 +57,11 @@ class ParamStore {
   int64_t flat_size() const { return flat_; }
   float* flat_params() const { return p_; }
   float* flat_grads() const { return g_; }
-  float* flat_slot(int s) const { return o_ + int64_t(s) * flat_; }
+  // Optimizer slot s covers this store's shard: flat elements [shard_begin(),
+  // shard_begin() + shard_len()) (the whole array without sharding).
+  float* flat_slot(int s) const { return o_ + int64_t(s) * shard_len_; }
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_len() const { return shard_len_; }
   void* flat_lp() const { return lp_dtype_ == DType::f32 ? static_cast<void*>(p_) : lp_.data(); }
   DType lp_dtype() const { return lp_dtype_; }
   int optimizer_slots() const { return slots_; }
@@ -81,6 +90,7 @@ class ParamStore {
   std::vector<int64_t> offsets_;        // in floats
   std::vector<size_t> state_offsets_;   // in bytes
   int64_t flat_ = 0;
+  int64_t shard_begin_ = 0, shard_len_ = 0;
   size_t state_bytes_ = 0;
   int slots_ = 0;
   Buffer params_, grads_, optim_, states_;   // host arrays

@@ -24,9 +24,10 @@ int optimizer_slots(const OptimConfig& c) {
 
 void Optimizer::step(ParamStore& ps, float lr) {
   ++t_;
-  const int64_t n = ps.flat_size();
-  float* p = ps.flat_params();
-  const float* g = ps.flat_grads();
+  // The flat arrays, or under ZeRO-1 this rank's shard of them (the slots cover it).
+  const int64_t n = ps.shard_len();
+  float* p = ps.flat_params() + ps.shard_begin();
+  const float* g = ps.flat_grads() + ps.shard_begin();
   const float wd = c_.weight_decay;
   if (c_.name == "sgd") {
     // torch.optim.SGD: d = g + wd p; buf = momentum buf + d (buf = d on the first step);

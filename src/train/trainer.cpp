@@ -87,17 +87,26 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
   return o;
 }
 
-MemoryPlan Trainer::plan_for(const Graph& g, const TrainConfig& cfg, const Dataset& train, const Dataset* test) {
+struct Trainer::CommReplicaSum : ReplicaSum {
+  explicit CommReplicaSum(dist::Comm& c) : comm(c) {}
+  void sum(double* v, size_t n) override { comm.all_reduce_sync(v, n, DType::f64, dist::ReduceOp::sum); }
+  dist::Comm& comm;
+};
+
+MemoryPlan Trainer::plan_for(const Graph& g, const TrainConfig& cfg, const Dataset& train, const Dataset* test,
+                             int world) {
   size_t inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch);
   if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
-  return Engine::plan_memory(g, optimizer_slots(resolve_optim(cfg.optim)), inputs);
+  return Engine::plan_memory(g, optimizer_slots(resolve_optim(cfg.optim)), inputs, cfg.zero >= 1 ? world : 1);
 }
 
-MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test) {
+MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test,
+                         int world) {
   ModelConfig m = mc;
   m.device = resolve_device(cfg.device);
   m.act = parse_precision(cfg.precision, m.device).act;
-  return plan_for(*build_model(m, cfg.batch, true).graph, cfg, train, test);
+  if (world <= 0) world = cfg.comm ? cfg.comm->size() : 1;
+  return plan_for(*build_model(m, cfg.batch, true).graph, cfg, train, test, world);
 }
 
 Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
@@ -106,6 +115,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
   SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
+  SAT_CHECK(cfg.zero == 0 || cfg.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", cfg.zero);
   cfg_.optim = resolve_optim(cfg.optim);
   cfg_.schedule = resolve_schedule(cfg.schedule);
   if (cfg.comm) {
@@ -126,10 +136,13 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   if (test_) check_data(mc, model_, *test_);
   SAT_CHECK(train.size() >= cfg.batch, "--batch ", cfg.batch, " is larger than the training set (", train.size(),
             " samples of ", train.name(), ")");
-  plan_ = plan_for(*model_.graph, cfg_, train, test_);
+  SAT_CHECK(mc_.device == Device::cpu || !cfg.sync_bn, "--sync-bn needs --device cpu (GPU data parallelism is not available yet)");
+  const int shards = cfg.zero >= 1 ? comm_->size() : 1;
+  plan_ = plan_for(*model_.graph, cfg_, train, test_, comm_->size());
   mem_base_ = mem_stats().current;
   mem_reset_peak();
-  params_ = std::make_unique<ParamStore>(model_.graph->params(), model_.graph->states(), optimizer_slots(cfg_.optim));
+  params_ = std::make_unique<ParamStore>(model_.graph->params(), model_.graph->states(), optimizer_slots(cfg_.optim),
+                                         shards, shards > 1 ? comm_->rank() : 0);
   params_->init(cfg.seed);
   // Every rank starts from rank 0's parameters and states (the same seed gives the same
   // values already; the broadcast makes it true for any initialisation).
@@ -154,13 +167,17 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   }
 #endif
   engine_ = std::make_unique<Engine>(*model_.graph, *params_, gpu_ ? gpu_ctx() : nullptr);
+  if (cfg.sync_bn && comm_->size() > 1) {
+    replica_sum_ = std::make_unique<CommReplicaSum>(*comm_);
+    engine_->set_replica_sum(replica_sum_.get());
+  }
   opt_ = std::make_unique<Optimizer>(cfg_.optim);
   const int rank = comm_->rank(), world = comm_->size();
   train_loader_ = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true, kPrefetch,
                                                 Sharding{rank, world, cfg.accum, cfg.last_batch});
   if (test_)
     test_loader_ = std::make_unique<BatchLoader>(*test_, cfg.batch, false, cfg.seed, false, kPrefetch, Sharding{rank, world});
-  if (world > 1) plan_buckets();
+  if (world > 1 && cfg.zero == 0) plan_buckets();
 }
 
 Trainer::~Trainer() = default;
@@ -301,6 +318,13 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   r.train_seconds = t_end - t_train;
   const int64_t measured = total - r.warmup_excluded;
   r.samples_per_second = measured > 0 ? double(measured * global_batch) / (t_end - t_measure) : 0;
+  // Per-rank BatchNorm statistics differ between ranks: evaluate (and save) rank 0's,
+  // as DDP does by broadcasting its buffers.
+  if (comm_->size() > 1 && !on_gpu() && !(cfg_.sync_bn))
+    for (size_t i = 0; i < params_->num_states(); ++i) {
+      Tensor t = params_->host_state(i);
+      comm_->broadcast_sync(t.ptr, size_t(t.numel()), t.dtype, 0);
+    }
   if (test_) {
     if (progress) std::fprintf(stderr, "evaluating on %s (%lld samples)\n", test_->name().c_str(), (long long)test_->size());
     r.test = evaluate();
@@ -325,6 +349,7 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
   std::vector<dist::WorkPtr> works;
   std::vector<bool> launched(buckets_.size(), false);
   double t_first = -1;
+  const bool zero = cfg_.zero >= 1 && world > 1;
   auto launch = [&](size_t b) {
     if (t_first < 0) t_first = now_seconds();
     launched[b] = true;
@@ -337,7 +362,7 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
     engine_->bind(model_.x, batch.x);
     engine_->bind(model_.y, batch.y);
     float loss = engine_->forward(true, mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)));
-    const bool reduce = world > 1 && micro + 1 == cfg_.accum;
+    const bool reduce = world > 1 && !zero && micro + 1 == cfg_.accum;
     if (reduce)
       engine_->set_backward_hook([&](int node) {
         for (size_t b = 0; b < buckets_.size(); ++b)
@@ -349,17 +374,32 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
   }
   double loss = loss_sum / double(cfg_.accum);
   if (world > 1) {
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      if (!launched[b]) launch(b);
     const double t_bwd_end = now_seconds();
-    for (auto& w : works) w->wait();
+    if (zero) {
+      // ZeRO-1: each rank gets the average gradient of its shard only, and updates it.
+      if (t_first < 0) t_first = t_bwd_end;
+      float* g = params_->flat_grads();
+      comm_->reduce_scatter(g, g + params_->shard_begin(), size_t(params_->shard_len()), DType::f32,
+                            dist::ReduceOp::avg)->wait();
+    } else {
+      for (size_t b = 0; b < buckets_.size(); ++b)
+        if (!launched[b]) launch(b);
+      for (auto& w : works) w->wait();
+    }
     const double t_done = now_seconds();
     comm_window += t_done - t_first;
     comm_exposed += t_done - t_bwd_end;
     // The reported loss is the mean over the whole global batch (equal micro-batches).
     comm_->all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
   }
-  if (std::isfinite(loss)) opt_->step(*params_, lr);
+  if (std::isfinite(loss)) {
+    opt_->step(*params_, lr);
+    // ZeRO-1: every rank updated its shard; gather the whole parameter array back.
+    if (zero) {
+      float* p = params_->flat_params();
+      comm_->all_gather(p + params_->shard_begin(), p, size_t(params_->shard_len()), DType::f32)->wait();
+    }
+  }
   return loss;
 }
 

@@ -38,6 +38,12 @@ struct TrainConfig {
   dist::Comm* comm = nullptr;
   LastBatch last_batch = LastBatch::drop;
   double bucket_mb = 25;
+  // BatchNorm statistics over the global batch (summed over ranks in forward and
+  // backward) instead of each rank's micro-batch.
+  bool sync_bn = false;
+  // ZeRO stage: 0 = every rank keeps the whole optimizer state; 1 = each rank keeps
+  // 1/world of it, gradients are reduce-scattered and the updated parameters all-gathered.
+  int zero = 0;
   // GPU: --device, --precision fp32|tf32|bf16|fp16, --cuda-graph.
   std::string device = "cpu";
   std::string precision = "fp32";
@@ -99,7 +105,10 @@ class Trainer {
   ~Trainer();
 
   // Memory the run needs, computed from the plan before anything is allocated.
-  static MemoryPlan plan(const ModelConfig& model, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
+  // world: the number of data-parallel ranks (0: cfg.comm's, or 1); it shards the
+  // optimizer state under ZeRO-1.
+  static MemoryPlan plan(const ModelConfig& model, const TrainConfig& cfg, const Dataset& train, const Dataset* test,
+                         int world = 0);
 
   ParamStore& params() { return *params_; }
   const BuiltModel& model() const { return model_; }
@@ -110,7 +119,10 @@ class Trainer {
   std::string profile_report() const { return engine_->profile_report(); }
 
  private:
-  static MemoryPlan plan_for(const Graph& g, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
+  static MemoryPlan plan_for(const Graph& g, const TrainConfig& cfg, const Dataset& train, const Dataset* test,
+                             int world);
+  struct CommReplicaSum;            // --sync-bn over the communicator
+  std::unique_ptr<ReplicaSum> replica_sum_;
 
   ModelConfig mc_;
   TrainConfig cfg_;

@@ -1,6 +1,8 @@
 // BatchNorm2d forward and backward. One OpenMP iteration per channel: a channel's
 // statistics, output and gradients touch only that channel's planes.
 // Sums are taken per plane in float (vectorisable, HW terms) and across planes in double.
+// The passes over channels are separate loops so that, with synchronised statistics,
+// the per-channel sums can be summed over the replicas between them.
 #include "nn/layers/batchnorm.h"
 
 #include <cmath>
@@ -35,6 +37,12 @@ void BatchNorm2d::setup(LayerSetup& s) {
   // needs them exact).
   s.save(Shape{C_}, DType::f32);  // saved[0]: per-channel mean used by forward (batch or running)
   s.save(Shape{C_}, DType::f32);  // saved[1]: per-channel 1/sqrt(var + eps) used by forward
+  if (s.device == Device::cpu) {
+    // Per-channel sums in double (plus a value count), summed over replicas under --sync-bn.
+    s.scratch_forward(Shape{C_ + 1}, DType::f64);
+    s.scratch_forward(Shape{C_ + 1}, DType::f64);
+    s.scratch_backward(Shape{2 * C_ + 1}, DType::f64);
+  }
   const double n = double(in.numel());
   s.flops_fwd = 5.0 * n;  // two statistics passes + scale/shift
   s.flops_bwd = 7.0 * n;
@@ -51,25 +59,33 @@ void BatchNorm2d::forward(LayerCtx& c) {
   float* mean_s = c.saved[0].f32();
   float* invstd_s = c.saved[1].f32();
   const bool train = c.training;
+  const bool par = B * C * HW > kParallelMin;
+  // Training: per-channel sums of x, then of (x - mean)^2, each summed over the replicas
+  // when statistics are synchronised (the last element carries the value count).
+  double* sum = c.scratch[0].f64();  // [C + 1]
+  double* sq = c.scratch[1].f64();   // [C + 1]
+  double count = double(n);
   if (train) {
-    SAT_CHECK(n > 1, "BatchNorm2d: expected more than 1 value per channel when training, got input [", B, ", ",
-              C, ", ", HW, " pixels]");
-  }
-  const float m = momentum_;
-#pragma omp parallel for schedule(static) if (B * C * HW > kParallelMin)
-  for (int64_t ch = 0; ch < C; ++ch) {
-    double mean, invstd;
-    if (train) {
-      double sum = 0;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t ch = 0; ch < C; ++ch) {
+      double acc = 0;
       for (int64_t b = 0; b < B; ++b) {
         const float* p = x + (b * C + ch) * HW;
         float part = 0;
         for (int64_t j = 0; j < HW; ++j) part += p[j];
-        sum += part;
+        acc += part;
       }
-      mean = sum / double(n);
-      const float mf = float(mean);
-      double sq = 0;
+      sum[ch] = acc;
+    }
+    sum[C] = count;
+    if (c.replicas) c.replicas->sum(sum, size_t(C + 1));
+    count = sum[C];
+    SAT_CHECK(count > 1, "BatchNorm2d: expected more than 1 value per channel when training, got input [", B,
+              ", ", C, ", ", HW, " pixels]");
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t ch = 0; ch < C; ++ch) {
+      const float mf = float(sum[ch] / count);
+      double acc = 0;
       for (int64_t b = 0; b < B; ++b) {
         const float* p = x + (b * C + ch) * HW;
         float part = 0;
@@ -77,12 +93,23 @@ void BatchNorm2d::forward(LayerCtx& c) {
           float d = p[j] - mf;
           part += d * d;
         }
-        sq += part;
+        acc += part;
       }
-      const double var = sq / double(n);  // biased: normalisation uses it
+      sq[ch] = acc;
+    }
+    sq[C] = 0;
+    if (c.replicas) c.replicas->sum(sq, size_t(C + 1));
+  }
+  const float m = momentum_;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t ch = 0; ch < C; ++ch) {
+    double mean, invstd;
+    if (train) {
+      mean = sum[ch] / count;
+      const double var = sq[ch] / count;  // biased: normalisation uses it
       invstd = 1.0 / std::sqrt(var + double(eps_));
       rm[ch] = float((1.0 - m) * rm[ch] + m * mean);
-      rv[ch] = float((1.0 - m) * rv[ch] + m * (sq / double(n - 1)));  // unbiased
+      rv[ch] = float((1.0 - m) * rv[ch] + m * (sq[ch] / (count - 1)));  // unbiased
     } else {
       mean = rm[ch];
       invstd = 1.0 / std::sqrt(double(rv[ch]) + double(eps_));
@@ -113,10 +140,15 @@ void BatchNorm2d::backward(LayerCtx& c) {
   const float* invstd_s = c.saved[1].f32();
   float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;
   const bool train = c.training;
-#pragma omp parallel for schedule(static) if (B * C * HW > kParallelMin)
+  const bool par = B * C * HW > kParallelMin;
+  // sums[ch] = sum(dy), sums[C + ch] = sum(dy * (x - mean)) over this replica's batch;
+  // the parameter gradients are this replica's (data parallelism averages them), while
+  // dx needs the sums over the batch the statistics came from.
+  double* sums = c.scratch[0].f64();  // [2C + 1]
+#pragma omp parallel for schedule(static) if (par)
   for (int64_t ch = 0; ch < C; ++ch) {
-    const float mean = mean_s[ch], invstd = invstd_s[ch];
-    double sdy = 0, sdyx = 0;  // sum(dy), sum(dy * (x - mean))
+    const float mean = mean_s[ch];
+    double sdy = 0, sdyx = 0;
     for (int64_t b = 0; b < B; ++b) {
       const float* p = x + (b * C + ch) * HW;
       const float* g = dy + (b * C + ch) * HW;
@@ -128,16 +160,26 @@ void BatchNorm2d::backward(LayerCtx& c) {
       sdy += a0;
       sdyx += a1;
     }
-    const double sdy_xhat = sdyx * invstd;  // sum(dy * xhat)
+    const double sdy_xhat = sdyx * invstd_s[ch];  // sum(dy * xhat)
     dw[ch] = acc_w ? dw[ch] + float(sdy_xhat) : float(sdy_xhat);
     db[ch] = acc_b ? db[ch] + float(sdy) : float(sdy);
-    if (!dx) continue;
+    sums[ch] = sdy;
+    sums[C + ch] = sdyx;
+  }
+  if (!dx) return;
+  sums[2 * C] = double(n);
+  if (train && c.replicas) c.replicas->sum(sums, size_t(2 * C + 1));
+  const double count = sums[2 * C];
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t ch = 0; ch < C; ++ch) {
+    const float mean = mean_s[ch], invstd = invstd_s[ch];
+    const double sdy = sums[ch], sdy_xhat = sums[C + ch] * invstd;
     const double a = double(w[ch]) * invstd;
     float k_dy = float(a), k_x = 0, k_c = 0;  // dx = k_dy*dy + k_x*(x - mean) + k_c
     if (train) {
       // dx = a * (dy - mean(dy) - xhat * mean(dy * xhat)): the batch statistics depend on x.
-      k_c = float(-a * sdy / double(n));
-      k_x = float(-a * invstd * sdy_xhat / double(n));
+      k_c = float(-a * sdy / count);
+      k_x = float(-a * invstd * sdy_xhat / count);
     }
     for (int64_t b = 0; b < B; ++b) {
       const float* p = x + (b * C + ch) * HW;
