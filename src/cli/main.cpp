@@ -291,6 +291,8 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
                 sat::format_bytes(double(p.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
                 sat::format_bytes(double(w.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
                 100.0 * double(saved) / double(w.total()));
+  } else if (zero) {
+    std::printf("ZeRO-1 saves nothing here: %s keeps no optimizer state\n", optimizer.c_str());
   }
   return 0;
 }
