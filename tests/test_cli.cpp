@@ -88,6 +88,11 @@ TEST(Cli, UnknownModelAndFlag) {
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --lr 0"), "--lr");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --weight-decay -1"), "--weight-decay");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --threads -2"), "--threads");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --zero 2"), "--zero");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --bucket-mb 0"), "--bucket-mb");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --last-batch keep"), "--last-batch");
+  expect_user_error(saturate("info --model mlp --zero 3"), "--zero");
+  expect_user_error(saturate("info --model mlp --ranks 0"), "--ranks");
 }
 
 TEST(Cli, MissingTruncatedAndWrongMagicDatasets) {
