@@ -1,0 +1,99 @@
+// Finding the batch size: the largest micro-batch that fits a memory budget, computed
+// from the exact memory plan (nothing that could fail is tried); a few timed probes at
+// geometrically spaced micro-batches up to it; the throughput knee; the gradient noise
+// scale measured while training; and the learning rate scaled to the chosen batch.
+//
+// Data flow: tune() reads the model, the data and a TuneConfig, runs short Trainer runs
+// (the same engine that trains afterwards) and returns a TuneResult; tune_json() and
+// tune_html() only format a TuneResult. Under mpirun every rank runs tune() in lockstep
+// (probes are data-parallel runs) and rank 0's choice is broadcast, so all ranks agree.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "nn/models.h"
+#include "train/trainer.h"
+
+namespace sat {
+
+struct TuneConfig {
+  // Bytes each rank may use. 0: the GPU's free memory less a reserve, or on the CPU the
+  // available system memory less a reserve.
+  size_t memory_budget = 0;
+  int64_t global_batch = 0;            // 0: free; otherwise kept (micro-batch x accum x ranks)
+  std::string objective = "throughput";  // throughput | goodput
+  double knee = 0.03;                  // smallest micro-batch within this of the best throughput
+  int64_t max_micro_batch = 0;         // 0: no cap beyond memory and the training set
+  double probe_seconds = 0.4;          // timed seconds per probe (after one warm-up step)
+  int noise_steps = 12;                // training steps that measure the gradient noise scale
+  // Learning-rate scaling: base.optim.lr is the user's rate at this global batch.
+  int64_t lr_batch = 64;
+  int progress = 1;                    // 0: quiet; 1: a line per probe on stderr
+};
+
+// One micro-batch size considered.
+struct TuneCandidate {
+  int64_t micro_batch = 0;
+  size_t predicted_memory_bytes = 0;  // the plan (per rank)
+  size_t measured_peak_bytes = 0;     // 0 when not probed
+  double samples_per_second = 0;      // global; 0 when not probed
+  double statistical_efficiency = 1;  // Pollux: (noise + B0) / (noise + B), B0 = smallest global batch
+  double goodput = 0;                 // samples_per_second * statistical_efficiency
+  int timed_steps = 0;
+  bool probed = false;
+  bool fits = true;                   // predicted_memory_bytes <= budget
+};
+
+struct TuneChoice {
+  int64_t micro_batch = 0, accum = 1, global_batch = 0;
+  float lr = 0;                // scaled from the user's lr at lr_batch
+  std::string lr_rule;         // "linear (SGD)" | "square root (Adam family)"
+  double warmup_fraction = 0;  // of the training steps, linear warm-up (0: none)
+  std::string reason;          // one sentence a user can read
+};
+
+// One step of the noise-scale measurement (two-batch estimator).
+struct NoisePoint {
+  int64_t step = 0;
+  double small_sq = 0, big_sq = 0;  // |G_small|^2, |G_big|^2
+  int64_t b_small = 0, b_big = 0;
+  double estimate = 0;              // B_simple from the smoothed sums so far (0 until defined)
+};
+
+struct TuneResult {
+  std::string model, data, device;
+  int world = 1;
+  size_t budget = 0;                  // bytes per rank
+  std::string budget_source;          // "--memory-budget", "free GPU memory less 5%", ...
+  int64_t max_micro_batch = 0;        // largest that the plan fits in the budget
+  size_t max_predicted_bytes = 0;
+  size_t confirm_peak_bytes = 0;      // the confirming step at max_micro_batch
+  int failed_allocations = 0;         // allocations refused by the budget during tuning
+  std::vector<TuneCandidate> candidates;  // every probed size, ascending (plus max)
+  int probes = 0;                     // timed probes run
+  double knee = 0.03;
+  std::string objective;
+  int64_t requested_global_batch = 0;
+  double noise_scale = 0;             // B_simple; 0 when it could not be measured
+  std::vector<NoisePoint> noise;
+  TuneChoice choice;
+  double tuning_seconds = 0;
+};
+
+// Runs the whole tuning. `base` supplies everything but batch/accum/steps (optimizer,
+// seed, device, precision, comm). Throws sat::Error on bad settings (exit 2 in the CLI),
+// e.g. when not even a micro-batch of 1 fits the budget.
+TuneResult tune(const ModelConfig& model, const TrainConfig& base, const Dataset& train, const TuneConfig& cfg);
+
+// The learning rate for global batch `batch`, given `lr` at `ref_batch`: linear for SGD,
+// square root for AdamW. Sets rule to a short description.
+float scale_lr(const std::string& optimizer, float lr, int64_t ref_batch, int64_t batch, std::string* rule = nullptr);
+
+// Formats: tune.json (the fields listed in the README) and a self-contained HTML report
+// with inline SVG plots (tune_report.cpp).
+std::string tune_json(const TuneResult& r);
+std::string tune_html(const TuneResult& r);
+
+}  // namespace sat
