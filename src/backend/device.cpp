@@ -1,6 +1,7 @@
 #include "backend/device.h"
 
 #include <cstdlib>
+#include <fstream>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -56,6 +57,46 @@ std::string cuda_unavailable_reason() {
 #else
   return "saturate was built without the CUDA backend";
 #endif
+}
+
+size_t cuda_free_memory(int device) {
+#if SAT_HAVE_CUDA
+  if (cuda_device_count() <= device) return 0;
+  size_t free_b = 0, total_b = 0;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return 0;
+  if (cudaSetDevice(device) != cudaSuccess) return 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = 0;
+  cudaSetDevice(prev);
+  return free_b;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+void device_mem_set_budget(Device d, size_t bytes) {
+  if (d == Device::cpu) return mem_set_budget(bytes);
+#if SAT_HAVE_CUDA
+  cuda_mem_set_budget(bytes);
+#endif
+}
+
+size_t device_mem_failed(Device d) {
+  if (d == Device::cpu) return mem_stats().failed;
+#if SAT_HAVE_CUDA
+  return cuda_mem_failed();
+#else
+  return 0;
+#endif
+}
+
+size_t host_available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("MemAvailable:", 0) == 0) return size_t(std::strtoull(line.c_str() + 13, nullptr, 10)) * 1024;
+  return 0;
 }
 
 Device resolve_device(const std::string& name, int* index) {

@@ -16,6 +16,16 @@ int cuda_device_count();      // 0 without the backend, a driver or a GPU
 std::string cuda_device_name(int device);  // "NVIDIA H100 80GB HBM3"
 // The reason no GPU is usable ("no CUDA driver", "built without CUDA", ...); "" if one is.
 std::string cuda_unavailable_reason();
+// Free memory on GPU `device` in bytes (cudaMemGetInfo); 0 without a usable GPU.
+size_t cuda_free_memory(int device);
+// The memory budget of a device's allocations (0 = none): host buffers (core/alloc.h)
+// or GPU buffers. An allocation beyond it throws OutOfMemory and is counted in
+// device_mem_failed().
+void device_mem_set_budget(Device d, size_t bytes);
+size_t device_mem_failed(Device d);
+// Available host memory (MemAvailable of /proc/meminfo); 0 when unknown.
+size_t host_available_memory();
+
 // The --device choice: "cpu", "cuda", "cuda:N" or "auto" (cuda when a GPU is present).
 // Throws sat::Error naming --device for an unknown name or a missing GPU.
 Device resolve_device(const std::string& name, int* index = nullptr);

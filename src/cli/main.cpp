@@ -1,4 +1,4 @@
-// The `saturate` command: train and info. User mistakes print one clear line and
+// The `saturate` command: train, tune, info, launch and bench. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
 #include <unistd.h>
@@ -24,6 +24,7 @@
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "train/trainer.h"
+#include "tune/tune.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -55,7 +56,8 @@ void select_blas_kernels(char** argv) {
 
 struct TrainArgs {
   std::string model = "mlp", data = "fashion-mnist", optimizer = "sgd", schedule = "constant", shuffle = "on";
-  int64_t batch = 64, accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
+  std::string batch = "64";  // a number or "auto"
+  int64_t accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
   bool nesterov = false, profile = false;
@@ -65,6 +67,10 @@ struct TrainArgs {
   double bucket_mb = 25;
   bool sync_bn = false;
   int zero = 0;
+  // Tuning (saturate tune, --batch auto).
+  std::string memory_budget, objective = "throughput";
+  int64_t global_batch = 0, lr_batch = 64;
+  double knee = 0.03;
   std::string init_weights, save_weights, out, normalize, eval = "on";
 };
 
@@ -98,7 +104,74 @@ ordered_json plan_json(const sat::MemoryPlan& p) {
   return j;
 }
 
-int run_train(const TrainArgs& a) {
+// "8GiB", "512MiB", "2G" (binary), "1.5GB", "500MB" (decimal) or plain bytes.
+size_t parse_bytes(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  double mult = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"M", 1048576.0}, {"MiB", 1048576.0},
+      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  for (auto& [u, m] : units)
+    if (unit == u) mult = m;
+  SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x), flag,
+            ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes), got '", v, "'");
+  return size_t(x * mult);
+}
+
+int64_t parse_batch(const std::string& v) {
+  char* end = nullptr;
+  const long long b = std::strtoll(v.c_str(), &end, 10);
+  SAT_CHECK(!v.empty() && end && *end == 0 && b >= 1, "--batch: expected a positive micro-batch size or 'auto', got '",
+            v, "'");
+  return b;
+}
+
+sat::TuneConfig tune_config(const TrainArgs& a) {
+  sat::TuneConfig t;
+  if (!a.memory_budget.empty()) t.memory_budget = parse_bytes("--memory-budget", a.memory_budget);
+  SAT_CHECK(a.global_batch >= 0, "--global-batch: expected a positive number, got ", a.global_batch);
+  t.global_batch = a.global_batch;
+  t.objective = a.objective;
+  t.knee = a.knee;
+  SAT_CHECK(a.lr_batch >= 1, "--lr-batch: expected a positive batch size, got ", a.lr_batch);
+  t.lr_batch = a.lr_batch;
+  return t;
+}
+
+// Writes DIR/tune.json and DIR/tune.html (atomically: a failed run keeps the old ones).
+void write_tune_files(const std::string& dir, const sat::TuneResult& r) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SAT_CHECK(!ec, "--out: cannot create directory ", dir, ": ", ec.message());
+  for (auto [name, text] : {std::pair{"tune.json", sat::tune_json(r)}, std::pair{"tune.html", sat::tune_html(r)}}) {
+    const std::string path = dir + "/" + name, tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << text;
+      SAT_CHECK(f.good(), "--out: cannot write ", tmp);
+    }
+    std::filesystem::rename(tmp, path, ec);
+    SAT_CHECK(!ec, "--out: cannot write ", path, ": ", ec.message());
+  }
+}
+
+// The cache of `--batch auto`: one tune.json per model, data, device, precision, ranks,
+// budget and tuning settings, under $XDG_CACHE_HOME/saturate/tune (~/.cache by default).
+std::string tune_cache_path(const std::string& key) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::string base = xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  return base + "/saturate/tune/" + hex + ".json";
+}
+
+int run_train(const TrainArgs& a, bool tune_only = false) {
   const double t0 = sat::now_seconds();
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
   sat::cpu::set_num_threads(a.threads);
@@ -122,7 +195,9 @@ int run_train(const TrainArgs& a) {
   }
 
   sat::TrainConfig cfg;
-  cfg.batch = a.batch;
+  const bool auto_batch = tune_only || a.batch == "auto";
+  cfg.batch = auto_batch ? 1 : parse_batch(a.batch);
+  SAT_CHECK(auto_batch || a.global_batch == 0, "--global-batch needs --batch auto (or saturate tune)");
   cfg.accum = a.accum;
   cfg.epochs = a.epochs;
   cfg.steps = a.steps;
@@ -162,13 +237,101 @@ int run_train(const TrainArgs& a) {
 
   SAT_CHECK(a.init_weights.empty() || a.device == "cpu" || sat::resolve_device(a.device) == sat::Device::cpu,
             "--init-weights with --device cuda is not supported yet: load on the CPU (--device cpu)");
-  if (lead) std::fprintf(stderr, "saturate train: %s on %s\n", mc.name.c_str(), data.description.c_str());
+  if (lead) std::fprintf(stderr, "saturate %s: %s on %s\n", tune_only ? "tune" : "train", mc.name.c_str(), data.description.c_str());
+  const sat::TuneConfig tcfg = tune_config(a);
+  if (auto_batch) {
+    SAT_CHECK(a.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");
+    sat::TuneResult tr;
+    bool cached = false;
+    const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
+                                         "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
+                                         a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval);
+    const std::string cache = tune_cache_path(key);
+    if (!tune_only) {
+      // Rank 0 reads the cache and tells the others whether to tune.
+      double hit[4] = {0, 0, 0, 0};
+      if (lead && std::filesystem::exists(cache)) {
+        try {
+          std::ifstream f(cache);
+          auto j = nlohmann::json::parse(f);
+          const auto& c = j.at("choice");
+          hit[0] = 1;
+          hit[1] = c.at("micro_batch").get<double>();
+          hit[2] = c.at("accum").get<double>();
+          hit[3] = c.at("lr").get<double>();
+          tr.choice.reason = c.at("reason").get<std::string>();
+          tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
+          tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
+        } catch (const std::exception&) {
+          hit[0] = 0;  // unreadable: tune again and overwrite it
+        }
+      }
+      comm->broadcast_sync(hit, 4, sat::DType::f64, 0);
+      if (hit[0] > 0) {
+        cached = true;
+        tr.choice.micro_batch = int64_t(hit[1]);
+        tr.choice.accum = int64_t(hit[2]);
+        tr.choice.lr = float(hit[3]);
+        tr.choice.global_batch = tr.choice.micro_batch * tr.choice.accum * world;
+        if (lead) std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n", cache.c_str());
+      }
+    }
+    if (!cached) {
+      sat::TrainConfig base = cfg;
+      tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, [&] {
+        sat::TuneConfig t = tcfg;
+        t.progress = lead ? 1 : 0;
+        return t;
+      }());
+      if (lead) {
+        try {
+          write_tune_files(std::filesystem::path(cache).parent_path().string() + "/" +
+                               std::filesystem::path(cache).stem().string(), tr);
+          std::filesystem::copy_file(std::filesystem::path(cache).parent_path().string() + "/" +
+                                         std::filesystem::path(cache).stem().string() + "/tune.json",
+                                     cache, std::filesystem::copy_options::overwrite_existing);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "tune: could not cache the result (%s); carrying on\n", e.what());
+        }
+        if (!a.out.empty()) write_tune_files(a.out, tr);
+      }
+    }
+    const auto& ch = tr.choice;
+    if (lead) {
+      std::printf("tune: micro-batch %lld x %lld accumulation x %d rank(s) = global batch %lld, lr %.4g (%s from %g at "
+                  "batch %lld)\ntune: %s\n",
+                  (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, double(ch.lr),
+                  ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)a.lr_batch, ch.reason.c_str());
+      if (!cached && !a.out.empty())
+        std::printf("tune: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
+      std::fflush(stdout);
+    }
+    if (tune_only) return 0;
+    cfg.batch = ch.micro_batch;
+    cfg.accum = ch.accum;
+    cfg.optim.lr = ch.lr;
+    if (ch.warmup_fraction > 0) {
+      const int64_t per_epoch = data.train->size() / ch.global_batch;
+      const int64_t total = a.steps > 0 ? a.steps : a.epochs * per_epoch;
+      cfg.schedule.warmup = std::max<int64_t>(a.warmup, int64_t(std::ceil(ch.warmup_fraction * double(total))));
+    }
+  }
+  if (!tcfg.memory_budget) {
+    // no budget: nothing to enforce
+  } else {
+    const sat::MemoryPlan pl = sat::Trainer::plan(mc, cfg, *data.train, cfg.evaluate ? data.test.get() : nullptr, world);
+    const size_t need = pl.device ? pl.device : pl.total();
+    SAT_CHECK(need <= tcfg.memory_budget, "--memory-budget: micro-batch ", cfg.batch, " needs ",
+              sat::format_bytes(double(need)), " per rank, more than the budget of ",
+              sat::format_bytes(double(tcfg.memory_budget)), ": use a smaller --batch, or --batch auto");
+    sat::device_mem_set_budget(sat::resolve_device(a.device), tcfg.memory_budget + sat::mem_stats().current);
+  }
   sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
   if (!a.init_weights.empty()) sat::load_safetensors(a.init_weights, trainer.params());
   const auto& plan = trainer.memory_plan();
   if (lead)
     std::fprintf(stderr, "%lld parameters, micro-batch %lld x %lld accumulation x %d rank(s), %d threads, predicted memory %s\n",
-                 (long long)trainer.params().param_count(), (long long)a.batch, (long long)a.accum, world,
+                 (long long)trainer.params().param_count(), (long long)cfg.batch, (long long)cfg.accum, world,
                  sat::cpu::num_threads(), sat::format_bytes(double(plan.device ? plan.device : plan.total())).c_str());
   sat::TrainResult r = trainer.run();
   if (!lead) return 0;
@@ -197,8 +360,8 @@ int run_train(const TrainArgs& a) {
     if (!r.device_name.empty()) s["device_name"] = r.device_name;
     s["precision"] = r.precision;
     s["threads"] = sat::cpu::num_threads();
-    s["batch"] = a.batch;
-    s["accum"] = a.accum;
+    s["batch"] = cfg.batch;
+    s["accum"] = cfg.accum;
     s["global_batch"] = gb;
     s["world_size"] = r.world_size;
     s["comm_seconds"] = r.comm_seconds;
@@ -222,7 +385,7 @@ int run_train(const TrainArgs& a) {
     s["samples_per_second_note"] = "excludes the first " + std::to_string(r.warmup_excluded) + " steps (warm-up)";
     s["warmup_steps_excluded"] = r.warmup_excluded;
     if (mc.tokens) s["tokens_per_second"] = r.samples_per_second * double(mc.seq_len);
-    s["flops_per_sample"] = sat::train_flops_per_sample(trainer.model(), a.batch);
+    s["flops_per_sample"] = sat::train_flops_per_sample(trainer.model(), cfg.batch);
     s["predicted_memory_bytes"] = r.predicted_memory_bytes;
     s["peak_memory_bytes"] = r.peak_memory_bytes;
     s["memory_plan"] = plan_json(plan);
@@ -297,6 +460,48 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
   return 0;
 }
 
+// The options of `train`, shared by `tune` (which trains short probes the same way).
+void add_train_options(CLI::App* t, TrainArgs& a) {
+  t->add_option("--model", a.model, "mlp | convnet | resnet18 | gpt-mini | gpt2-124m")->capture_default_str();
+  t->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] | synthetic[:CxHxW]")->capture_default_str();
+  t->add_option("--batch", a.batch, "micro-batch size, or auto: tune it first (cached)")->capture_default_str();
+  t->add_option("--accum", a.accum, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
+  auto* epochs = t->add_option("--epochs", a.epochs, "epochs to train")->capture_default_str();
+  auto* steps = t->add_option("--steps", a.steps, "optimizer steps to train (instead of --epochs)");
+  epochs->excludes(steps);
+  t->add_option("--lr", a.lr, "learning rate (default 0.01 for sgd, 0.001 for adamw)");
+  t->add_option("--optimizer", a.optimizer, "sgd | adamw")->capture_default_str();
+  t->add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
+  t->add_flag("--nesterov", a.nesterov, "Nesterov momentum (SGD)");
+  t->add_option("--weight-decay", a.weight_decay, "weight decay (default: PyTorch's, 0 for sgd, 0.01 for adamw)");
+  t->add_option("--schedule", a.schedule, "constant | step | cosine")->capture_default_str();
+  t->add_option("--warmup", a.warmup, "linear learning-rate warm-up steps")->capture_default_str();
+  t->add_option("--step-size", a.step_size, "step schedule: decay every N steps (default: a third of the run)");
+  t->add_option("--gamma", a.gamma, "step schedule: decay factor")->capture_default_str();
+  t->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
+  t->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  t->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();
+  t->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255");
+  t->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
+  t->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
+  t->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
+  t->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
+  t->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
+  t->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
+  t->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
+  t->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (GPU: mixed precision, fp32 master weights)")->capture_default_str();
+  t->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
+  t->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")->capture_default_str();
+  t->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();
+  t->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
+  t->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
+  t->add_option("--memory-budget", a.memory_budget, "bytes per rank (8GiB, 512MiB, ...): an allocation beyond it is an error; the tuner fits in it");
+  t->add_option("--global-batch", a.global_batch, "with --batch auto: keep this global batch (micro-batch x accum x ranks)");
+  t->add_option("--objective", a.objective, "with --batch auto: throughput | goodput (throughput x statistical efficiency)")->capture_default_str();
+  t->add_option("--knee", a.knee, "with --batch auto: the smallest micro-batch within this fraction of the best throughput")->capture_default_str();
+  t->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, sqrt AdamW)")->capture_default_str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,41 +511,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // A repeated flag takes its last value, as argparse does.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  TrainArgs a;
+  TrainArgs a, ta;
   auto* train = app.add_subcommand("train", "train a model");
-  train->add_option("--model", a.model, "mlp | convnet | resnet18 | gpt-mini | gpt2-124m")->capture_default_str();
-  train->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] | synthetic[:CxHxW]")->capture_default_str();
-  train->add_option("--batch", a.batch, "micro-batch size")->capture_default_str();
-  train->add_option("--accum", a.accum, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
-  auto* epochs = train->add_option("--epochs", a.epochs, "epochs to train")->capture_default_str();
-  auto* steps = train->add_option("--steps", a.steps, "optimizer steps to train (instead of --epochs)");
-  epochs->excludes(steps);
-  train->add_option("--lr", a.lr, "learning rate (default 0.01 for sgd, 0.001 for adamw)");
-  train->add_option("--optimizer", a.optimizer, "sgd | adamw")->capture_default_str();
-  train->add_option("--momentum", a.momentum, "SGD momentum")->capture_default_str();
-  train->add_flag("--nesterov", a.nesterov, "Nesterov momentum (SGD)");
-  train->add_option("--weight-decay", a.weight_decay, "weight decay (default: PyTorch's, 0 for sgd, 0.01 for adamw)");
-  train->add_option("--schedule", a.schedule, "constant | step | cosine")->capture_default_str();
-  train->add_option("--warmup", a.warmup, "linear learning-rate warm-up steps")->capture_default_str();
-  train->add_option("--step-size", a.step_size, "step schedule: decay every N steps (default: a third of the run)");
-  train->add_option("--gamma", a.gamma, "step schedule: decay factor")->capture_default_str();
-  train->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
-  train->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
-  train->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();
-  train->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255");
-  train->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
-  train->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
-  train->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
-  train->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
-  train->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
-  train->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
-  train->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
-  train->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (GPU: mixed precision, fp32 master weights)")->capture_default_str();
-  train->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
-  train->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")->capture_default_str();
-  train->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();
-  train->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
-  train->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
+  add_train_options(train, a);
+  auto* tune = app.add_subcommand("tune", "find the micro-batch, accumulation and learning rate for a memory budget");
+  add_train_options(tune, ta);
 
   std::string imodel = "mlp", iopt = "sgd";
   int64_t ibatch = 64, ivocab = 0;
@@ -410,11 +585,16 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : info->parsed() ? "info " : bcomm->parsed() ? "bench comm " : "");
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
     if (train->parsed()) return run_train(a);
+    if (tune->parsed()) {
+      SAT_CHECK(tune->count("--batch") == 0 && tune->count("--accum") == 0,
+                "--batch/--accum: saturate tune chooses them (give --global-batch to keep a global batch)");
+      return run_train(ta, true);
+    }
     if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab, iranks, izero);
     if (bcomm->parsed()) {
       SAT_CHECK(bc_backend == "mpi", "--backend: expected mpi (NCCL needs a GPU build and a GPU), got '", bc_backend, "'");

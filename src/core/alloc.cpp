@@ -17,10 +17,12 @@ std::unordered_map<void*, size_t> g_sizes;
 
 void* mem_alloc(size_t bytes, const char* what) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_stats.budget && g_stats.current + bytes > g_stats.budget)
+  if (g_stats.budget && g_stats.current + bytes > g_stats.budget) {
+    g_stats.failed++;
     throw OutOfMemory(str_cat("out of memory: allocating ", format_bytes(double(bytes)), " for ", what,
                               " would exceed the memory budget of ", format_bytes(double(g_stats.budget)),
                               " (", format_bytes(double(g_stats.current)), " in use)"));
+  }
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded ? rounded : 64);
   if (!p) throw OutOfMemory(str_cat("out of memory: the system refused ", format_bytes(double(bytes)), " for ", what));

@@ -14,6 +14,7 @@ struct MemoryStats {
   size_t peak = 0;      // high-water mark since the last reset_peak()
   size_t budget = 0;    // 0 = unlimited
   size_t allocations = 0;
+  size_t failed = 0;    // allocations refused by the budget
 };
 
 // 64-byte aligned allocation, counted. `what` names the buffer in error messages.

@@ -116,6 +116,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
   SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
   SAT_CHECK(cfg.zero == 0 || cfg.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", cfg.zero);
+  SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
   cfg_.optim = resolve_optim(cfg.optim);
   cfg_.schedule = resolve_schedule(cfg.schedule);
   if (cfg.comm) {
@@ -227,7 +228,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const int64_t per_epoch = train_loader_->batches_per_epoch();
   SAT_CHECK(per_epoch >= cfg_.accum || cfg_.steps > 0, "--accum ", cfg_.accum, " x --batch ", cfg_.batch,
             " is more than one epoch of ", train_.name(), " (", train_.size(), " samples)");
-  const int64_t total = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * (per_epoch / cfg_.accum);
+  int64_t total = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * (per_epoch / cfg_.accum);
   SAT_CHECK(total >= 1, "--epochs/--steps: nothing to train (", cfg_.steps > 0 ? "0 steps" : "0 epochs", ")");
   const int64_t global_batch = cfg_.batch * cfg_.accum * comm_->size();
   r.world_size = comm_->size();
@@ -269,7 +270,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     }
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
     double loss = on_gpu() ? step_gpu(step, lr, epoch, batch, graphs && step >= 1, step + 1 < total)
-                           : step_cpu(step, lr, epoch, batch, comm_window, comm_exposed);
+                           : step_cpu(step, lr, epoch, batch, comm_window, comm_exposed,
+                                      cfg_.measure_noise ? &r.grad_norms : nullptr);
     SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == "fp16"), "training diverged: the loss of step ", step + 1, " is ", loss,
               " (try a smaller --lr)");
     const double dt = now_seconds() - t0;
@@ -283,6 +285,12 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       metrics << line << std::flush;
     }
     if (on_step) on_step(m);
+    if (cfg_.time_limit > 0 && step + 1 < total && step >= r.warmup_excluded + 1) {
+      // Every rank stops at the same step: rank 0's clock decides.
+      double stop = now_seconds() - t_measure >= cfg_.time_limit ? 1 : 0;
+      if (comm_->size() > 1) comm_->broadcast_sync(&stop, 1, DType::f64, 0);
+      if (stop > 0) total = step + 1;
+    }
     if (progress == 2) {
       double frac = double(step + 1) / double(total);
       double elapsed = now_seconds() - t_train;
@@ -342,8 +350,17 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
 
 // One optimizer step on the CPU: accum micro-batches, then (data parallel) the
 // gradient buckets, reduced while backward runs, then the update.
+namespace {
+double squared_norm(const float* g, int64_t n) {
+  double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+  for (int64_t i = 0; i < n; ++i) s += double(g[i]) * double(g[i]);
+  return s;
+}
+}  // namespace
+
 double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window,
-                         double& comm_exposed) {
+                         double& comm_exposed, std::vector<GradNormSample>* norms) {
   const int world = comm_->size();
   double loss_sum = 0;
   std::vector<dist::WorkPtr> works;
@@ -371,6 +388,12 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
     engine_->backward(1.0f / float(cfg_.accum), micro == 0);
     engine_->set_backward_hook({});
     loss_sum += loss;
+    // Noise scale: this rank's first micro-batch alone (backward scaled it by 1/accum).
+    if (norms && micro == 0) {
+      const double k = double(cfg_.accum);
+      norms->push_back({k * k * squared_norm(params_->flat_grads(), params_->flat_size()), 0, cfg_.batch,
+                        cfg_.batch * cfg_.accum * world});
+    }
   }
   double loss = loss_sum / double(cfg_.accum);
   if (world > 1) {
@@ -391,6 +414,18 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
     comm_exposed += t_done - t_bwd_end;
     // The reported loss is the mean over the whole global batch (equal micro-batches).
     comm_->all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
+  }
+  if (norms) {
+    // The global batch's gradient (under ZeRO-1 each rank holds its shard of it).
+    GradNormSample& ns = norms->back();
+    double v[2] = {ns.small_sq, zero ? squared_norm(params_->flat_grads() + params_->shard_begin(), params_->shard_len())
+                                     : squared_norm(params_->flat_grads(), params_->flat_size())};
+    if (world > 1) {
+      comm_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::avg);
+      if (zero) comm_->all_reduce_sync(v + 1, 1, DType::f64, dist::ReduceOp::sum);
+    }
+    ns.small_sq = v[0];
+    ns.big_sq = v[1];
   }
   if (std::isfinite(loss)) {
     opt_->step(*params_, lr);

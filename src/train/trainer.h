@@ -44,6 +44,13 @@ struct TrainConfig {
   // ZeRO stage: 0 = every rank keeps the whole optimizer state; 1 = each rank keeps
   // 1/world of it, gradients are reduce-scattered and the updated parameters all-gathered.
   int zero = 0;
+  // Stop after the first step at which the measured steps (after warm-up) have run this
+  // many seconds (0: run all steps); at least 2 steps are measured. Used by the tuner's
+  // probes; all ranks stop at the same step.
+  double time_limit = 0;
+  // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared
+  // norm of the first micro-batch's gradient and of the whole global batch's (CPU).
+  bool measure_noise = false;
   // GPU: --device, --precision fp32|tf32|bf16|fp16, --cuda-graph.
   std::string device = "cpu";
   std::string precision = "fp32";
@@ -54,6 +61,13 @@ struct EvalResult {
   double loss = 0;
   double accuracy = -1;  // classification only
   int64_t samples = 0;
+};
+
+// One step's inputs to the two-batch estimator of the gradient noise scale.
+struct GradNormSample {
+  double small_sq = 0;   // |gradient of one micro-batch|^2 (mean over ranks)
+  double big_sq = 0;     // |gradient of the global batch|^2
+  int64_t b_small = 0, b_big = 0;
 };
 
 struct StepMetrics {
@@ -75,6 +89,7 @@ struct TrainResult {
   size_t predicted_memory_bytes = 0;
   size_t peak_memory_bytes = 0;
   std::vector<double> losses;
+  std::vector<GradNormSample> grad_norms;  // with measure_noise
   // Data parallelism.
   int world_size = 1;
   int64_t global_batch = 0;
@@ -146,7 +161,8 @@ class Trainer {
   void plan_buckets();
   CudaCtx* gpu_ctx() const;
   std::string gpu_pci_bus_id() const;
-  double step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window, double& comm_exposed);
+  double step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window, double& comm_exposed,
+                  std::vector<GradNormSample>* norms);
   double step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next);
   void finish_gpu(TrainResult& r);
   int64_t gpu_micro_ = 0;       // micro-batches queued so far (slot = gpu_micro_ % 2)

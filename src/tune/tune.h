@@ -82,10 +82,35 @@ struct TuneResult {
   double tuning_seconds = 0;
 };
 
+// The two-batch estimator of the gradient noise scale B_simple = tr(Sigma) / |G|^2
+// (McCandlish et al., "An Empirical Model of Large-Batch Training", appendix A): from
+// squared gradient norms at two batch sizes b < B,
+//   |G|^2 ~ (B |G_B|^2 - b |G_b|^2) / (B - b),   tr(Sigma) ~ (|G_b|^2 - |G_B|^2) / (1/b - 1/B),
+// each unbiased; both are averaged over steps before their ratio is taken.
+class NoiseScale {
+ public:
+  void add(double small_sq, int64_t b_small, double big_sq, int64_t b_big);
+  int count() const { return n_; }
+  double gradient_sq() const { return n_ ? g2_ / n_ : 0; }  // |G|^2
+  double trace() const { return n_ ? s_ / n_ : 0; }          // tr(Sigma)
+  double estimate() const;  // B_simple; 0 while |G|^2 or tr(Sigma) is not positive
+
+ private:
+  double g2_ = 0, s_ = 0;
+  int n_ = 0;
+};
+
+// Pollux's statistical efficiency of global batch `batch` relative to `ref`:
+// (noise + ref) / (noise + batch); 1 when the noise scale is unknown (0).
+double statistical_efficiency(double noise_scale, int64_t ref, int64_t batch);
+
 // Runs the whole tuning. `base` supplies everything but batch/accum/steps (optimizer,
 // seed, device, precision, comm). Throws sat::Error on bad settings (exit 2 in the CLI),
 // e.g. when not even a micro-batch of 1 fits the budget.
-TuneResult tune(const ModelConfig& model, const TrainConfig& base, const Dataset& train, const TuneConfig& cfg);
+// `test` (may be null): the evaluation split of the training that follows, whose loader
+// buffers count in the memory that must fit.
+TuneResult tune(const ModelConfig& model, const TrainConfig& base, const Dataset& train, const Dataset* test,
+                const TuneConfig& cfg);
 
 // The learning rate for global batch `batch`, given `lr` at `ref_batch`: linear for SGD,
 // square root for AdamW. Sets rule to a short description.

@@ -18,11 +18,30 @@ void cuda_fail(const char* what, const char* call, const char* file, int line) {
 namespace {
 std::mutex g_mu;
 std::unordered_map<void*, size_t> g_sizes;
-size_t g_in_use = 0, g_peak = 0;
+size_t g_in_use = 0, g_peak = 0, g_budget = 0, g_failed = 0;
 }  // namespace
+
+void cuda_mem_set_budget(size_t bytes) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_budget = bytes;
+}
+
+size_t cuda_mem_failed() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_failed;
+}
 
 void* cuda_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (g_budget && g_in_use + bytes > g_budget) {
+      ++g_failed;
+      throw OutOfMemory(str_cat("out of memory: allocating ", format_bytes(double(bytes)),
+                                " on the GPU would exceed the memory budget of ", format_bytes(double(g_budget)),
+                                " (", format_bytes(double(g_in_use)), " in use)"));
+    }
+  }
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {

@@ -72,6 +72,9 @@ void cuda_free(void* p);
 struct CudaMemStats { size_t in_use = 0, peak = 0; };
 CudaMemStats cuda_mem_stats();
 void cuda_mem_reset_peak();
+// A budget for cuda_alloc (0 = none): beyond it, OutOfMemory before cudaMalloc is asked.
+void cuda_mem_set_budget(size_t bytes);
+size_t cuda_mem_failed();  // allocations refused by the budget so far
 
 // Owns one device allocation.
 class CudaBuffer {
