@@ -196,3 +196,59 @@ TEST(Cli, Gpt2SmallTrainsOneStep) {
   EXPECT_NEAR(loss, std::log(50257.0), 0.5);  // an untrained model predicts ~uniformly
   EXPECT_LE(s["peak_memory_bytes"].get<double>(), s["predicted_memory_bytes"].get<double>());
 }
+
+TEST(Cli, TuneAndBudgetMistakesAreClearErrors) {
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget lots"), "--memory-budget");
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 1KiB"), "--memory-budget");
+  expect_user_error(saturate("tune --model mlp --data synthetic --batch 8"), "--batch");
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 64MiB --objective speed"), "--objective");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --global-batch 64"), "--global-batch");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --batch 4096 --memory-budget 20MiB"),
+                    "--memory-budget");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --batch auto --accum 2"), "--accum");
+}
+
+TEST(Cli, TuneWritesItsReportAndBatchAutoReusesIt) {
+  fs::path d = tmpdir("tune"), cache = tmpdir("tune_cache");
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  CmdResult t = saturate("tune --model mlp --data synthetic --memory-budget 40MiB --threads 1 --out " + d.string());
+  ASSERT_EQ(t.status, 0) << t.out;
+  std::ifstream jf(d / "tune.json");
+  auto j = nlohmann::json::parse(jf);
+  const int64_t micro = j["choice"]["micro_batch"].get<int64_t>();
+  EXPECT_GE(micro, 1);
+  EXPECT_LE(micro, j["max_micro_batch"].get<int64_t>());
+  EXPECT_LE(j["confirm_peak_bytes"].get<double>(), 40.0 * 1024 * 1024);
+  EXPECT_EQ(j["failed_allocations"], 0);
+  EXPECT_GT(j["candidates"].size(), 2u);
+  EXPECT_TRUE(fs::exists(d / "tune.html"));
+  EXPECT_NE(t.out.find("tune: micro-batch"), std::string::npos) << t.out;
+
+  // --batch auto tunes (and caches), then trains with the choice; the second run reuses it.
+  fs::path o1 = tmpdir("auto1"), o2 = tmpdir("auto2");
+  const std::string run = "train --model mlp --data synthetic --batch auto --memory-budget 40MiB --steps 3 --threads 1 ";
+  auto with_env = [&](const std::string& args) {
+    std::string cmd = env + "OMP_WAIT_POLICY=passive " + SAT_BINARY + " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    CmdResult r{-1, ""};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return r;
+  };
+  CmdResult r1 = with_env(run + "--out " + o1.string());
+  ASSERT_EQ(r1.status, 0) << r1.out;
+  EXPECT_EQ(r1.out.find("cached"), std::string::npos) << r1.out;
+  EXPECT_TRUE(fs::exists(o1 / "tune.json"));
+  CmdResult r2 = with_env(run + "--out " + o2.string());
+  ASSERT_EQ(r2.status, 0) << r2.out;
+  EXPECT_NE(r2.out.find("using the cached choice"), std::string::npos) << r2.out;
+  auto s1 = nlohmann::json::parse(std::ifstream(o1 / "summary.json"));
+  auto s2 = nlohmann::json::parse(std::ifstream(o2 / "summary.json"));
+  EXPECT_EQ(s1["batch"], s2["batch"]);
+  EXPECT_EQ(s1["accum"], s2["accum"]);
+  EXPECT_EQ(s1["optimizer"]["lr"], s2["optimizer"]["lr"]);
+  EXPECT_LE(s1["peak_memory_bytes"].get<double>(), 40.0 * 1024 * 1024);
+}

@@ -282,3 +282,37 @@ TEST(DataParallelFailure, KillingOneRankOfTrainingEndsTheJob) {
   EXPECT_NE(out.find("saturate train: gpt-mini"), std::string::npos) << "training never started";
 }
 #endif
+
+// ---- the tuner under mpirun: every rank takes the same choice ----------------------------
+
+#include "tune/tune.h"
+
+TEST(DataParallel, TuneAgreesOnEveryRankAndKeepsTheGlobalBatch) {
+  if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R dp_train)";
+  Comm& w = world();
+  sat::cpu::set_num_threads(1);
+  auto mc = sat::model_config("mlp");
+  auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
+  sat::TrainConfig base;
+  base.comm = &w;
+  base.progress = 0;
+  sat::TuneConfig t;
+  t.memory_budget = size_t(64) << 20;
+  t.global_batch = 48;  // 24 per rank with 2 ranks, 12 with 4
+  t.probe_seconds = 0.05;
+  t.noise_steps = 3;
+  t.progress = 0;
+  sat::TuneResult r = sat::tune(mc, base, *data.train, nullptr, t);
+  EXPECT_EQ(r.world, w.size());
+  EXPECT_EQ(r.choice.global_batch, 48);
+  EXPECT_EQ(r.choice.micro_batch * r.choice.accum * w.size(), 48);
+  int64_t mine[3] = {r.choice.micro_batch, r.choice.accum, int64_t(std::lround(r.noise_scale * 1000))};
+  std::vector<int64_t> all(size_t(3 * w.size()));
+  w.all_gather(mine, all.data(), 3, sat::DType::i64)->wait();
+  for (int k = 0; k < w.size(); ++k)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(all[size_t(3 * k + i)], mine[i]) << "rank " << k << " field " << i;
+  if (w.rank() == 0)
+    std::printf("tune over %d ranks: micro-batch %lld x accum %lld, noise scale %.1f\n", w.size(),
+                (long long)r.choice.micro_batch, (long long)r.choice.accum, r.noise_scale);
+  w.barrier();
+}

@@ -273,7 +273,18 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
         tr.choice.accum = int64_t(hit[2]);
         tr.choice.lr = float(hit[3]);
         tr.choice.global_batch = tr.choice.micro_batch * tr.choice.accum * world;
-        if (lead) std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n", cache.c_str());
+        if (lead) {
+          std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n", cache.c_str());
+          // The report of the cached tuning goes with this run's output too.
+          const std::filesystem::path dir = std::filesystem::path(cache).parent_path() / std::filesystem::path(cache).stem();
+          std::error_code ec;
+          if (!a.out.empty() && std::filesystem::exists(dir / "tune.html")) {
+            std::filesystem::create_directories(a.out, ec);
+            for (const char* f : {"tune.json", "tune.html"})
+              std::filesystem::copy_file(dir / f, std::filesystem::path(a.out) / f,
+                                         std::filesystem::copy_options::overwrite_existing, ec);
+          }
+        }
       }
     }
     if (!cached) {
@@ -302,7 +313,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
                   "batch %lld)\ntune: %s\n",
                   (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, double(ch.lr),
                   ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)a.lr_batch, ch.reason.c_str());
-      if (!cached && !a.out.empty())
+      if (!a.out.empty() && std::filesystem::exists(a.out + "/tune.html"))
         std::printf("tune: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
       std::fflush(stdout);
     }

@@ -225,9 +225,9 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
     cand.micro_batch = b;
     TrainConfig c = probe_config(base, b, 1, 1);
     cand.predicted_memory_bytes = predicted(mc, c, train, nullptr, world);
-    // Plateau: two sizes in a row without a gain beyond the knee; larger ones are only
-    // planned (their memory is known), not timed.
-    if (flat < 2) {
+    // Plateau: three sizes in a row (a factor of 8) without a gain beyond the knee;
+    // larger ones are only planned (their memory is known), not timed.
+    if (flat < 3) {
       Probe p = run_probe(b, 1, 200, cfg.probe_seconds, false, nullptr, base.optim.lr);
       ++r.probes;
       agree(comm, &p.sps, 1, DType::f64);
@@ -326,12 +326,18 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
       if (c->samples_per_second > fastest->samples_per_second) fastest = c;
     ch.micro_batch = pick->micro_batch;
     ch.global_batch = ch.micro_batch * world;
-    std::snprintf(buf, sizeof buf,
-                  "micro-batch %lld is the smallest within %d%% of the best measured throughput (%.0f samples/s at "
-                  "%lld; %.0f here): larger batches cost memory for little speed. The largest that fits the budget "
-                  "is %lld",
-                  (long long)ch.micro_batch, pct, fastest->samples_per_second, (long long)fastest->micro_batch,
-                  pick->samples_per_second, (long long)r.max_micro_batch);
+    if (fastest == pick)
+      std::snprintf(buf, sizeof buf,
+                    "micro-batch %lld gave the best measured throughput (%.0f samples/s) and no smaller one came "
+                    "within %d%% of it. The largest that fits the budget is %lld",
+                    (long long)ch.micro_batch, pick->samples_per_second, pct, (long long)r.max_micro_batch);
+    else
+      std::snprintf(buf, sizeof buf,
+                    "micro-batch %lld is the smallest within %d%% of the best measured throughput (%.0f samples/s here, "
+                    "%.0f at %lld): larger batches cost memory for little speed. The largest that fits the budget is "
+                    "%lld",
+                    (long long)ch.micro_batch, pct, pick->samples_per_second, fastest->samples_per_second,
+                    (long long)fastest->micro_batch, (long long)r.max_micro_batch);
     ch.reason = buf;
     if (cfg.objective == "goodput") ch.reason += " (goodput needs the noise scale, which could not be measured here)";
   }

@@ -1,0 +1,207 @@
+// The batch-size tuner: the noise-scale estimator against a closed form, budgets that
+// admit only small batches (the tuner stays inside them with no refused allocation and
+// the plan matches every measured peak), learning-rate scaling, and budget enforcement.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/blas.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "nn/models.h"
+#include "train/trainer.h"
+#include "tune/tune.h"
+
+namespace {
+
+using sat::TuneConfig;
+using sat::TuneResult;
+
+// Linear regression y = x.w* + e with x ~ N(0, I_d), e ~ N(0, s^2) and the loss
+// (x.w - y)^2 / 2: the per-sample gradient at w = w* + d is g = (x.d - e) x, so
+// G = d and Sigma = |d|^2 I + d d^T + s^2 I (Isserlis), hence
+// B_simple = tr(Sigma) / |G|^2 = ((D + 1) |d|^2 + D s^2) / |d|^2.
+TEST(NoiseScale, MatchesTheClosedFormOfLinearRegression) {
+  for (double noise_var : {0.0, 4.0}) {
+    const int D = 20, b = 16, B = 128, steps = 400;
+    sat::Rng rng(11);
+    std::vector<double> delta(D);
+    double d2 = 0;
+    for (auto& v : delta) v = rng.normal(), d2 += v * v;
+    for (auto& v : delta) v /= std::sqrt(d2);  // |d| = 1
+    const double truth = (D + 1) + D * noise_var;
+    sat::NoiseScale ns;
+    std::vector<double> x(D), gs(D), gb(D);
+    for (int s = 0; s < steps; ++s) {
+      std::fill(gs.begin(), gs.end(), 0.0);
+      std::fill(gb.begin(), gb.end(), 0.0);
+      for (int i = 0; i < B; ++i) {
+        double xd = 0;
+        for (int k = 0; k < D; ++k) x[k] = rng.normal(), xd += x[k] * delta[k];
+        const double r = xd - std::sqrt(noise_var) * rng.normal();
+        for (int k = 0; k < D; ++k) {
+          gb[k] += r * x[k] / B;
+          if (i < b) gs[k] += r * x[k] / b;  // the first micro-batch of the step
+        }
+      }
+      double s2 = 0, b2 = 0;
+      for (int k = 0; k < D; ++k) s2 += gs[k] * gs[k], b2 += gb[k] * gb[k];
+      ns.add(s2, b, b2, B);
+    }
+    std::printf("noise variance %.0f: B_simple estimate %.1f, closed form %.1f (|G|^2 %.3f, tr %.1f)\n", noise_var,
+                ns.estimate(), truth, ns.gradient_sq(), ns.trace());
+    EXPECT_NEAR(ns.estimate(), truth, 0.2 * truth);
+    EXPECT_NEAR(ns.gradient_sq(), 1.0, 0.2);
+  }
+}
+
+TEST(NoiseScale, UndefinedUntilBothTermsArePositive) {
+  sat::NoiseScale ns;
+  EXPECT_EQ(ns.estimate(), 0);
+  ns.add(1.0, 4, 1.0, 8);  // no difference between the batch sizes: tr(Sigma) = 0
+  EXPECT_EQ(ns.estimate(), 0);
+  EXPECT_THROW(ns.add(1.0, 8, 1.0, 8), sat::Error);
+  EXPECT_DOUBLE_EQ(sat::statistical_efficiency(0, 8, 64), 1.0);
+  EXPECT_NEAR(sat::statistical_efficiency(100, 8, 64), 108.0 / 164.0, 1e-12);
+}
+
+TEST(Tune, LearningRateRules) {
+  std::string rule;
+  EXPECT_FLOAT_EQ(sat::scale_lr("sgd", 0.1f, 64, 256, &rule), 0.4f);
+  EXPECT_EQ(rule, "linear (SGD)");
+  EXPECT_FLOAT_EQ(sat::scale_lr("adamw", 1e-3f, 64, 256, &rule), 2e-3f);
+  EXPECT_EQ(rule, "square root (Adam family)");
+  EXPECT_FLOAT_EQ(sat::scale_lr("sgd", 0.1f, 64, 16), 0.025f);
+}
+
+struct Problem {
+  sat::ModelConfig mc;
+  sat::DataSplit data;
+  sat::TrainConfig base;
+};
+
+Problem setup(const std::string& model) {
+  sat::cpu::set_num_threads(2);
+  Problem s{sat::model_config(model), {}, {}};
+  s.data = sat::open_dataset("synthetic", sat::data_options_for(s.mc, 0));
+  s.base.optim.lr = 0.01f;
+  s.base.progress = 0;
+  return s;
+}
+
+size_t plan_at(const Problem& s, int64_t b) {
+  sat::TrainConfig c = s.base;
+  c.batch = b;
+  c.evaluate = false;
+  return sat::Trainer::plan(s.mc, c, *s.data.train, nullptr, 1).total();
+}
+
+TuneConfig quick(size_t budget) {
+  TuneConfig t;
+  t.memory_budget = budget;
+  t.probe_seconds = 0.05;
+  t.noise_steps = 3;
+  t.progress = 0;
+  return t;
+}
+
+// A budget exactly at the plan of micro-batch X admits X and nothing larger.
+void expect_stays_within(const std::string& model, int64_t X) {
+  Problem s = setup(model);
+  const size_t budget = plan_at(s, X);
+  ASSERT_GT(plan_at(s, X + 1), budget) << "the plan must grow with the batch";
+  TuneResult r = sat::tune(s.mc, s.base, *s.data.train, nullptr, quick(budget));
+  std::printf("%s, budget %zu bytes (micro-batch %lld): max %lld, chose %lld, %d probes, confirm peak %zu, %.1f s\n",
+              model.c_str(), budget, (long long)X, (long long)r.max_micro_batch, (long long)r.choice.micro_batch,
+              r.probes, r.confirm_peak_bytes, r.tuning_seconds);
+  EXPECT_EQ(r.max_micro_batch, X) << model;
+  EXPECT_LE(r.choice.micro_batch, X);
+  EXPECT_GE(r.choice.micro_batch, 1);
+  EXPECT_EQ(r.failed_allocations, 0);
+  EXPECT_GT(r.confirm_peak_bytes, 0u);
+  EXPECT_LE(r.confirm_peak_bytes, budget);
+  EXPECT_LE(r.probes, int(std::floor(std::log2(double(X)))) + 2);
+  EXPECT_EQ(sat::mem_stats().budget, 0u) << "the tuner must lift its budget when done";
+  int probed = 0;
+  for (auto& c : r.candidates) {
+    EXPECT_LE(c.micro_batch, X);
+    EXPECT_LE(c.predicted_memory_bytes, budget);
+    if (!c.probed) continue;
+    ++probed;
+    EXPECT_GT(c.samples_per_second, 0);
+    EXPECT_LE(c.measured_peak_bytes, c.predicted_memory_bytes) << model << " micro-batch " << c.micro_batch;
+    EXPECT_GE(double(c.measured_peak_bytes), 0.98 * double(c.predicted_memory_bytes)) << c.micro_batch;
+  }
+  EXPECT_EQ(probed, r.probes);
+}
+
+TEST(Tune, StaysWithinBudgetsThatAdmitOnlySmallBatches) {
+  expect_stays_within("mlp", 37);
+  expect_stays_within("mlp", 300);
+  expect_stays_within("convnet", 12);
+  expect_stays_within("gpt-mini", 3);
+}
+
+TEST(Tune, KeepsTheGlobalBatch) {
+  Problem s = setup("mlp");
+  TuneConfig t = quick(plan_at(s, 40));
+  t.global_batch = 96;  // micro-batches that divide 96 and fit: 1, 2, 3, 4, 6, 8, ..., 32
+  TuneResult r = sat::tune(s.mc, s.base, *s.data.train, nullptr, t);
+  EXPECT_EQ(r.choice.global_batch, 96);
+  EXPECT_EQ(r.choice.micro_batch * r.choice.accum, 96);
+  EXPECT_LE(r.choice.micro_batch, 40);
+  EXPECT_EQ(96 % r.choice.micro_batch, 0);
+  EXPECT_FLOAT_EQ(r.choice.lr, 0.01f * 96 / 64);
+  EXPECT_NE(r.choice.reason.find("global batch 96 kept"), std::string::npos) << r.choice.reason;
+  // The fastest probed divisor was chosen.
+  double chosen = 0;
+  for (auto& c : r.candidates)
+    if (c.micro_batch == r.choice.micro_batch) chosen = c.samples_per_second;
+  for (auto& c : r.candidates) {
+    if (c.probed) {
+      EXPECT_LE(c.samples_per_second, chosen) << c.micro_batch;
+    }
+  }
+}
+
+TEST(Tune, MeasuresTheNoiseScaleAndGoodput) {
+  Problem s = setup("mlp");
+  TuneConfig t = quick(plan_at(s, 64));
+  t.objective = "goodput";
+  t.noise_steps = 6;
+  TuneResult r = sat::tune(s.mc, s.base, *s.data.train, nullptr, t);
+  EXPECT_EQ(r.noise.size(), 6u);
+  EXPECT_GT(r.noise_scale, 0);
+  for (auto& c : r.candidates) {
+    EXPECT_LE(c.statistical_efficiency, 1.0);
+    EXPECT_GT(c.statistical_efficiency, 0.0);
+    if (c.probed) {
+      EXPECT_NEAR(c.goodput, c.samples_per_second * c.statistical_efficiency, 1e-9 * c.goodput);
+    }
+  }
+  EXPECT_NE(r.choice.reason.find("goodput"), std::string::npos) << r.choice.reason;
+}
+
+TEST(Tune, BudgetBelowOneSampleIsAClearError) {
+  Problem s = setup("mlp");
+  try {
+    sat::tune(s.mc, s.base, *s.data.train, nullptr, quick(1 << 20));
+    FAIL() << "tune accepted a 1 MiB budget";
+  } catch (const sat::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--memory-budget"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MemoryBudget, AnAllocationBeyondItIsRefusedAndCounted) {
+  const size_t before = sat::mem_stats().failed;
+  sat::mem_set_budget(sat::mem_stats().current + 1000);
+  EXPECT_THROW(sat::Buffer(2000, "test buffer"), sat::OutOfMemory);
+  { sat::Buffer ok(500, "small"); }
+  sat::mem_set_budget(0);
+  EXPECT_EQ(sat::mem_stats().failed, before + 1);
+}
+
+}  // namespace
