@@ -354,7 +354,8 @@ std::string tune_html(const TuneResult& r) {
        "</b> &times; accumulation <b>" + i64(ch.accum) + "</b> &times; " +
        fmt("%d rank%s", r.world, r.world == 1 ? "" : "s") + " = global batch <b>" +
        i64(ch.global_batch) + "</b></div>\n";
-  h += "<p>learning rate <b>" + dec("%.4g", ch.lr) + "</b> (" + esc(ch.lr_rule) + " scaling), warm-up " +
+  h += "<p>learning rate <b>" + dec("%.4g", ch.lr) + "</b> &middot; scaling rule: " + esc(ch.lr_rule) +
+       " &middot; warm-up " +
        (ch.warmup_fraction > 0 ? fmt("%.3g%% of the steps (linear)", 100 * ch.warmup_fraction) : std::string("none")) +
        "</p>\n<p class=\"reason\">" + esc(ch.reason) + "</p>\n</div>\n";
 
