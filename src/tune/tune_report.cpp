@@ -1,0 +1,398 @@
+// The tuner's reports: tune.json (every number the tuner measured; non-finite values as
+// null) and one self-contained HTML page with inline SVG plots: no scripts, fonts, styles
+// or images from elsewhere, so it opens offline and can be attached to a ticket.
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/alloc.h"
+#include "tune/tune.h"
+
+namespace sat {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Pts = std::vector<std::pair<double, double>>;
+
+ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
+
+__attribute__((format(printf, 1, 2))) std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s)
+    o += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;"
+       : c == '\'' ? "&#39;" : std::string(1, c);
+  return o;
+}
+
+bool pos(double v) { return std::isfinite(v) && v > 0; }
+std::string i64(int64_t v) { return fmt("%lld", (long long)v); }
+
+// Three significant digits and an SI suffix: 1234 -> "1.23k"; a dash when not a number.
+std::string si(double v) {
+  if (!std::isfinite(v)) return "&ndash;";
+  const char* suffix[] = {"", "k", "M", "G", "T"};
+  int k = 0;
+  while (std::fabs(v) >= 999.5 && k < 4) { v /= 1000; ++k; }
+  return fmt("%.3g%s", v, suffix[k]);
+}
+
+// printf of one number, a dash when it is not finite.
+std::string dec(const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : "&ndash;"; }
+
+std::string bytes_or_dash(size_t b) { return b ? format_bytes(double(b)) : "&ndash;"; }
+
+// One plot axis. Linear axes run over round ticks (1-2-5 steps; byte axes in KiB, MiB, ...
+// as the data needs); log2 axes put a tick on powers of two.
+struct Axis {
+  bool log2 = false, bytes = false;
+  double lo = 0, hi = 1, step = 1;  // in axis space (log2 of the value on a log2 axis)
+  double unit = 1;                  // bytes: the power of 1024 the ticks are written in
+  double frac(double v) const { return ((log2 ? std::log2(v) : v) - lo) / (hi - lo); }
+  std::vector<double> ticks() const {  // by index, so a step lost in rounding cannot loop
+    std::vector<double> t;
+    double first = std::ceil(lo / step - 1e-9);
+    for (double a; t.size() < 50 && (a = (first + double(t.size())) * step) <= hi + 1e-9 * step;)
+      t.push_back(log2 ? std::exp2(a) : a);
+    return t;
+  }
+  std::string label(double v) const {
+    if (std::fabs(v) < 1e-9 * step) return "0";
+    if (!bytes) return log2 ? fmt("%.0f", v) : si(v);
+    const char* names[] = {" B", " KiB", " MiB", " GiB", " TiB"};
+    return fmt("%g", v / unit) + names[int(std::lround(std::log2(unit) / 10))];
+  }
+};
+
+// A linear axis over [lo, hi] widened to whole ticks; an axis of training `steps` is widened
+// by 3% on each side instead and never ticks between two steps.
+Axis linear(double lo, double hi, bool bytes, bool steps = false) {
+  if (!(hi > lo)) hi = lo + 1, lo = lo >= 1 ? lo - 1 : lo;
+  Axis a;
+  a.bytes = bytes;
+  while (bytes && a.unit < 0x1p40 && std::max(std::fabs(lo), std::fabs(hi)) >= a.unit * 1024) a.unit *= 1024;
+  double raw = (hi - lo) / a.unit / 5, e = std::pow(10, std::floor(std::log10(raw))), f = raw / e;  // 1-2-5 steps
+  a.step = std::max(steps ? 1.0 : 0.0, (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * e * a.unit);
+  a.lo = steps ? lo - 0.03 * (hi - lo) : std::floor(lo / a.step) * a.step;
+  a.hi = steps ? hi + 0.03 * (hi - lo) : std::max(std::ceil(hi / a.step) * a.step, a.lo + a.step);
+  return a;
+}
+
+Axis log2_axis(double lo, double hi) {  // lo, hi > 0
+  Axis a;
+  a.log2 = true;
+  a.lo = std::floor(std::log2(lo));
+  a.hi = std::ceil(std::log2(hi));
+  if (a.hi - a.lo < 1) a.lo = std::max(0.0, a.lo - 1), a.hi = a.lo + 2;  // no micro-batch below 1
+  a.step = std::max(1.0, std::ceil((a.hi - a.lo) / 12));
+  a.lo -= 0.3, a.hi += 0.3;  // keeps the end points off the frame
+  return a;
+}
+
+constexpr const char *kBlue = "#1f6fb4", *kGreen = "#2a9d4b", *kOrange = "#e07b00", *kRed = "#d62728",
+                      *kGrey = "#777", *kPurple = "#7b3fa0";
+// A white outline under the labels on lines, so they stay legible where they cross a curve.
+constexpr const char* kHalo = "paint-order=\"stroke\" stroke=\"#fff\" stroke-width=\"3\"";
+
+// An SVG plot: frame, grid, ticks and axis labels on construction; series, reference
+// lines and legend entries on request. Points that are not finite, not positive in y, or
+// not positive in x on a log2 axis are left out.
+struct Plot {
+  static constexpr double W = 720, H = 330, L = 72, R = 24, T = 46, B = 50;
+  Axis x, y;
+  std::string s;
+  double legend_x = L;
+
+  double px(double v) const { return L + x.frac(v) * (W - L - R); }
+  double py(double v) const { return H - B - y.frac(v) * (H - T - B); }
+  bool ok(double a, double b) const { return std::isfinite(a) && pos(b) && (!x.log2 || a > 0); }
+
+  Plot(Axis xa, Axis ya, const std::string& xlabel, const std::string& ylabel) : x(std::move(xa)), y(std::move(ya)) {
+    s = fmt("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+            "font-size=\"12\" style=\"max-width:100%%;height:auto\">\n", W, H, W, H);
+    s += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#fcfcfc\" stroke=\"#999\"/>\n", L, T,
+             W - L - R, H - T - B);
+    for (double t : x.ticks())
+      s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e2e2e2\"/>"
+               "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+               px(t), T, px(t), H - B, px(t), H - B + 16, x.label(t).c_str());
+    for (double t : y.ticks())
+      s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e2e2e2\"/>"
+               "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+               L, py(t), W - R, py(t), L - 6, py(t) + 4, y.label(t).c_str());
+    s += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", L + (W - L - R) / 2, H - 12,
+             esc(xlabel).c_str());
+    s += fmt("<text transform=\"translate(16 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
+             T + (H - T - B) / 2, esc(ylabel).c_str());
+  }
+  // A marker: o filled circle, h hollow circle, s square.
+  static std::string marker(double X, double Y, const char* colour, char shape, double r = 4) {
+    if (shape == 's')
+      return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>", X - r, Y - r, 2 * r,
+                 2 * r, colour);
+    return fmt("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>", X, Y, r,
+               shape == 'h' ? "#fff" : colour, colour);
+  }
+  // A legend entry: a line sample (unless `dash` is null), a marker (unless `shape` is 0) or both.
+  void legend(const std::string& label, const char* colour, const char* dash, char shape = 'o') {
+    if (dash)
+      s += fmt("<line x1=\"%.1f\" y1=\"14\" x2=\"%.1f\" y2=\"14\" stroke=\"%s\" stroke-width=\"2\" "
+               "stroke-dasharray=\"%s\"/>", legend_x, legend_x + 22, colour, dash);
+    if (shape) s += marker(legend_x + 11, 14, colour, shape);
+    s += fmt("<text x=\"%.1f\" y=\"18\">%s</text>\n", legend_x + 27, esc(label).c_str());
+    legend_x += 42 + 6.6 * double(label.size());
+  }
+  void line(Pts p, const char* colour, const char* dash = "") {
+    std::erase_if(p, [&](auto& q) { return !ok(q.first, q.second); });
+    std::sort(p.begin(), p.end());
+    if (p.size() < 2) return;
+    s += fmt("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"%s\" points=\"", colour,
+             dash);
+    for (auto& [a, b] : p) s += fmt("%.1f,%.1f ", px(a), py(b));
+    s += "\"/>\n";
+  }
+  void dots(const Pts& p, const char* colour, char shape = 'o', double r = 4) {
+    for (auto& [a, b] : p)
+      if (ok(a, b))
+        s += "<g><title>" + x.label(a) + ": " + y.label(b) + "</title>" + marker(px(a), py(b), colour, shape, r) +
+             "</g>\n";
+  }
+  // The label (if any) sits at the left end of the frame, above the line or `below` it.
+  void hline(double v, const char* colour, const char* dash, const std::string& label, bool below = false) {
+    if (!std::isfinite(v) || y.frac(v) < 0 || y.frac(v) > 1) return;
+    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
+             "stroke-dasharray=\"%s\"/><text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" %s>%s</text>\n",
+             L, py(v), W - R, py(v), colour, dash, L + 4, below ? py(v) + 15 : py(v) - 5, colour, kHalo,
+             esc(label).c_str());
+  }
+  // row 0: the label above the frame; row 1: just inside its top edge.
+  void vline(double v, const char* colour, const char* dash, const std::string& label, int row) {
+    if (!ok(v, 1) || x.frac(v) < 0 || x.frac(v) > 1) return;
+    double X = px(v);
+    bool right = x.frac(v) > 0.75;
+    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
+             "stroke-dasharray=\"%s\"/><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" fill=\"%s\" "
+             "font-weight=\"bold\" %s>%s</text>\n",
+             X, T, X, H - B, colour, dash, right ? X - 4 : X + 4, row ? T + 14 : T - 6, right ? "end" : "start",
+             colour, kHalo, esc(label).c_str());
+  }
+  // Closes the plot, with `empty` written across it when nothing could be drawn.
+  std::string done(bool drawn, const char* empty) const {
+    return s + (drawn ? "" : fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#999\">%s</text>\n",
+                                 L + (W - L - R) / 2, T + (H - T - B) / 2, empty)) + "</svg>\n";
+  }
+};
+
+double top_of(const Pts& p, double other = 0) {
+  double m = pos(other) ? other : 0;
+  for (auto& q : p) if (pos(q.second)) m = std::max(m, q.second);
+  return m;
+}
+
+// Micro-batches on a log2 axis, from every candidate, the choice and the largest fit.
+Axis micro_axis(const TuneResult& r) {
+  double lo = INFINITY, hi = 0;
+  auto add = [&](double v) { if (pos(v)) lo = std::min(lo, v), hi = std::max(hi, v); };
+  for (auto& c : r.candidates) add(double(c.micro_batch));
+  add(double(r.choice.micro_batch));
+  add(double(r.max_micro_batch));
+  return hi > 0 ? log2_axis(lo, hi) : log2_axis(1, 1);
+}
+
+void mark_choice(Plot& p, const TuneResult& r) {
+  p.vline(double(r.max_micro_batch), kGrey, "2,3", "max fits " + i64(r.max_micro_batch), 1);
+  p.vline(double(r.choice.micro_batch), kOrange, "", "chosen " + i64(r.choice.micro_batch), 0);
+}
+
+std::string throughput_plot(const TuneResult& r) {
+  bool good = r.objective == "goodput";
+  Pts thr, gp, chosen;
+  for (auto& c : r.candidates) {
+    if (!c.probed) continue;
+    thr.push_back({double(c.micro_batch), c.samples_per_second});
+    gp.push_back({double(c.micro_batch), c.goodput});
+    if (c.micro_batch == r.choice.micro_batch)
+      chosen.push_back({double(c.micro_batch), good ? c.goodput : c.samples_per_second});
+  }
+  double best = top_of(good ? gp : thr), top = std::max(top_of(thr), good ? top_of(gp) : 0);
+  Plot p(micro_axis(r), linear(0, top > 0 ? top * 1.1 : 1, false), "micro-batch per rank (log2 scale)",
+         "samples / s (all ranks)");
+  p.legend("throughput", kBlue, "");
+  if (good) p.legend("goodput (throughput x statistical efficiency)", kGreen, "6,3");
+  p.legend("chosen", kOrange, nullptr);
+  if (best > 0 && pos(1 - r.knee))
+    p.hline((1 - r.knee) * best, kGrey, "6,4",
+            fmt("knee: %g%% of the best%s", 100 * (1 - r.knee), good ? " goodput" : ""), true);
+  mark_choice(p, r);
+  p.line(thr, kBlue);
+  p.dots(thr, kBlue);
+  if (good) p.line(gp, kGreen, "6,3"), p.dots(gp, kGreen);
+  p.dots(chosen, kOrange, 'o', 6);
+  return p.done(top > 0, "no throughput measured");
+}
+
+std::string memory_plot(const TuneResult& r) {
+  Pts pred, over, peak;
+  for (auto& c : r.candidates) {
+    (c.fits ? pred : over).push_back({double(c.micro_batch), double(c.predicted_memory_bytes)});
+    if (c.probed) peak.push_back({double(c.micro_batch), double(c.measured_peak_bytes)});
+  }
+  Pts all = pred;
+  all.insert(all.end(), over.begin(), over.end());
+  double top = std::max(top_of(all, double(r.budget)), top_of(peak));
+  Plot p(micro_axis(r), linear(0, top > 0 ? top * 1.1 : 1, true), "micro-batch per rank (log2 scale)",
+         "bytes per rank");
+  p.legend("predicted (memory plan)", kBlue, "");
+  p.legend("measured peak", kGreen, nullptr, 's');
+  if (!over.empty()) p.legend("predicted, over the budget", kRed, nullptr, 'h');
+  if (r.budget) p.hline(double(r.budget), kRed, "", "budget " + format_bytes(double(r.budget)));
+  mark_choice(p, r);
+  p.line(all, kBlue);
+  p.dots(pred, kBlue);
+  p.dots(over, kRed, 'h');
+  p.dots(peak, kGreen, 's');
+  return p.done(top > 0, "no memory figures");
+}
+
+std::string noise_plot(const TuneResult& r) {
+  Pts est;
+  double lo = INFINITY, hi = -INFINITY;
+  for (auto& n : r.noise) {
+    est.push_back({double(n.step), n.estimate});
+    lo = std::min(lo, double(n.step)), hi = std::max(hi, double(n.step));
+  }
+  double top = top_of(est, r.noise_scale);
+  Plot p(linear(lo, hi, false, true), linear(0, top > 0 ? top * 1.15 : 1, false), "training step",
+         "B_simple (samples)");
+  p.legend("estimate so far", kPurple, "");
+  if (pos(r.noise_scale)) {
+    p.legend("final: B_simple = " + si(r.noise_scale), kOrange, "6,4", 0);
+    p.hline(r.noise_scale, kOrange, "6,4", "");
+  }
+  p.line(est, kPurple);
+  p.dots(est, kPurple);
+  return p.done(top > 0, "the estimate was never defined");
+}
+
+const char* kStyle = R"(
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:780px;margin:2em auto;padding:0 1em}
+body{color:#222;line-height:1.45}
+h1{font-size:1.5em;margin-bottom:.3em}h2{font-size:1.15em;margin-top:1.8em}
+table{border-collapse:collapse;font-size:.9em}td,th{padding:3px 9px;text-align:right;border-bottom:1px solid #ddd}
+table.meta td{text-align:left;border:none;padding:1px 12px 1px 0}table.meta td:first-child{color:#666}
+th{background:#f2f2f2}tr.chosen td{background:#fff1dc;font-weight:bold}
+.choice{background:#fff6e8;border-left:5px solid #e07b00;padding:.6em 1.1em;margin:1.4em 0}
+.choice .big{font-size:1.25em}.reason{font-style:italic}.note{color:#555;font-size:.92em}
+)";
+
+}  // namespace
+
+std::string tune_json(const TuneResult& r) {
+  ojson j = {{"model", r.model}, {"data", r.data}, {"device", r.device}, {"world_size", r.world},
+             {"memory_budget_bytes", uint64_t(r.budget)}, {"budget_source", r.budget_source},
+             {"max_micro_batch", r.max_micro_batch}, {"max_predicted_bytes", uint64_t(r.max_predicted_bytes)},
+             {"confirm_peak_bytes", uint64_t(r.confirm_peak_bytes)}, {"failed_allocations", r.failed_allocations},
+             {"objective", r.objective}, {"knee", num(r.knee)},
+             {"requested_global_batch", r.requested_global_batch ? ojson(r.requested_global_batch) : ojson(nullptr)}};
+  j["candidates"] = ojson::array();
+  for (auto& c : r.candidates)
+    j["candidates"].push_back(
+        {{"micro_batch", c.micro_batch}, {"predicted_memory_bytes", uint64_t(c.predicted_memory_bytes)},
+         {"measured_peak_bytes", uint64_t(c.measured_peak_bytes)}, {"samples_per_second", num(c.samples_per_second)},
+         {"statistical_efficiency", num(c.statistical_efficiency)}, {"goodput", num(c.goodput)},
+         {"timed_steps", c.timed_steps}, {"probed", c.probed}, {"fits", c.fits}});
+  const TuneChoice& ch = r.choice;
+  j["choice"] = {{"micro_batch", ch.micro_batch}, {"accum", ch.accum}, {"global_batch", ch.global_batch},
+                 {"lr", num(ch.lr)}, {"lr_rule", ch.lr_rule}, {"warmup_fraction", num(ch.warmup_fraction)},
+                 {"reason", ch.reason}};
+  j["noise_scale"] = r.noise_scale != 0 ? num(r.noise_scale) : ojson(nullptr);
+  j["noise"] = ojson::array();
+  for (auto& n : r.noise)
+    j["noise"].push_back({{"step", n.step}, {"small_sq", num(n.small_sq)}, {"big_sq", num(n.big_sq)},
+                          {"b_small", n.b_small}, {"b_big", n.b_big}, {"estimate", num(n.estimate)}});
+  j["probes"] = r.probes;
+  j["tuning_seconds"] = num(r.tuning_seconds);
+  // Names come from the user: invalid UTF-8 is replaced rather than thrown on.
+  return j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
+}
+
+std::string tune_html(const TuneResult& r) {
+  const TuneChoice& ch = r.choice;
+  auto row = [](const char* k, const std::string& v) {
+    return std::string("<tr><td>") + k + "</td><td>" + v + "</td></tr>\n";
+  };
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+                  "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>saturate tune: " +
+                  esc(r.model) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
+  h += "<h1>Batch-size tuning: " + esc(r.model) + "</h1>\n<table class=\"meta\">\n";
+  h += row("model", esc(r.model)) + row("data", esc(r.data)) + row("device", esc(r.device));
+  h += row("ranks", fmt("%d", r.world));
+  h += row("memory budget", format_bytes(double(r.budget)) + " per rank (" + esc(r.budget_source) + ")");
+  h += row("largest fitting micro-batch",
+           i64(r.max_micro_batch) + " (plan " + bytes_or_dash(r.max_predicted_bytes) +
+               ", confirming step peaked at " + bytes_or_dash(r.confirm_peak_bytes) + ")");
+  h += row("objective", esc(r.objective) + ", knee " + dec("%g%%", 100 * r.knee));
+  if (r.requested_global_batch) h += row("requested global batch", i64(r.requested_global_batch));
+  h += row("tuning", fmt("%d timed probes in ", r.probes) + dec("%.1f s", r.tuning_seconds));
+  h += row("allocations refused by the budget", fmt("%d", r.failed_allocations));
+  h += "</table>\n";
+
+  h += "<div class=\"choice\">\n<div class=\"big\">micro-batch <b>" + i64(ch.micro_batch) +
+       "</b> &times; accumulation <b>" + i64(ch.accum) + "</b> &times; " +
+       fmt("%d rank%s", r.world, r.world == 1 ? "" : "s") + " = global batch <b>" +
+       i64(ch.global_batch) + "</b></div>\n";
+  h += "<p>learning rate <b>" + dec("%.4g", ch.lr) + "</b> &middot; scaling rule: " + esc(ch.lr_rule) +
+       " &middot; warm-up " +
+       (ch.warmup_fraction > 0 ? fmt("%.3g%% of the steps (linear)", 100 * ch.warmup_fraction) : std::string("none")) +
+       "</p>\n<p class=\"reason\">" + esc(ch.reason) + "</p>\n</div>\n";
+
+  h += "<h2>Throughput</h2>\n" + throughput_plot(r);
+  h += "<p class=\"note\">Timed probes only; the dashed line is the knee threshold: the tuner takes the smallest "
+       "micro-batch whose " + esc(r.objective) + " reaches it.</p>\n";
+  h += "<h2>Memory</h2>\n" + memory_plot(r);
+  h += "<p class=\"note\">Circles: the memory plan (hollow red: over the budget); squares: the peak measured while "
+       "probing.</p>\n";
+  if (!r.noise.empty()) {
+    h += "<h2>Gradient noise scale</h2>\n" + noise_plot(r);
+    h += "<p class=\"note\">The simple noise scale B<sub>simple</sub> = tr(&Sigma;) / |G|&sup2; compares the "
+         "variance of per-sample gradients with the squared norm of the true gradient, estimated from the gradient "
+         "norms at two batch sizes. Batches well below B<sub>simple</sub> use samples efficiently (twice the batch, "
+         "nearly half the steps); well above it, returns diminish: more samples per step buy hardly fewer steps.";
+    if (pos(r.noise_scale) && ch.global_batch > 0)
+      h += " The chosen global batch of " + i64(ch.global_batch) + " is " +
+           fmt("%.2g", double(ch.global_batch) / r.noise_scale) + "&times; B<sub>simple</sub>.";
+    h += "</p>\n";
+  }
+
+  h += "<h2>Candidates</h2>\n<table>\n<tr><th>micro-batch</th><th>predicted memory</th><th>measured peak</th>"
+       "<th>samples/s</th><th>statistical efficiency</th><th>goodput</th><th>timed steps</th><th>probed</th>"
+       "<th>fits</th></tr>\n";
+  for (auto& c : r.candidates) {
+    std::string no = "&ndash;";
+    h += c.micro_batch == ch.micro_batch ? "<tr class=\"chosen\">" : "<tr>";
+    for (const std::string& v : {i64(c.micro_batch), format_bytes(double(c.predicted_memory_bytes)),
+                                 bytes_or_dash(c.measured_peak_bytes), c.probed ? si(c.samples_per_second) : no,
+                                 dec("%.3f", c.statistical_efficiency), c.probed ? si(c.goodput) : no,
+                                 fmt("%d", c.timed_steps), std::string(c.probed ? "yes" : "no"),
+                                 std::string(c.fits ? "yes" : "no")})
+      h += "<td>" + v + "</td>";
+    h += "</tr>\n";
+  }
+  h += "</table>\n</body>\n</html>\n";
+  return h;
+}
+
+}  // namespace sat

@@ -1,0 +1,249 @@
+// The tuner's reports from a hand-made TuneResult: tune.json has every documented key
+// in order and turns what is not a number into null; the HTML page is self-contained
+// (nothing fetched from elsewhere), escapes user text, and copes with one candidate,
+// equal throughputs, NaN values and a missing noise trace.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tune/tune.h"
+
+namespace {
+
+constexpr size_t MiB = size_t(1) << 20;
+
+sat::TuneResult example() {
+  sat::TuneResult r;
+  r.model = "res<b>&net";
+  r.data = "cifar10 \"train\"";
+  r.device = "NVIDIA H100 80GB HBM3";
+  r.world = 2;
+  r.budget = 8192 * MiB;
+  r.budget_source = "--memory-budget";
+  r.max_micro_batch = 200;
+  r.max_predicted_bytes = 7900 * MiB;
+  r.confirm_peak_bytes = 7700 * MiB;
+  r.failed_allocations = 0;
+  r.knee = 0.03;
+  r.objective = "throughput";
+  for (int64_t mb : {1, 2, 4, 8, 16, 32, 64, 128, 200, 512}) {
+    sat::TuneCandidate c;
+    c.micro_batch = mb;
+    c.predicted_memory_bytes = 300 * MiB + size_t(mb) * 38 * MiB;
+    c.fits = c.predicted_memory_bytes <= r.budget;
+    c.probed = c.fits;
+    if (c.probed) {
+      c.measured_peak_bytes = c.predicted_memory_bytes * 97 / 100;
+      c.samples_per_second = 2 * 9000.0 * double(mb) / double(mb + 6);
+      c.statistical_efficiency = (400.0 + 2) / (400.0 + 2.0 * double(mb));
+      c.goodput = c.samples_per_second * c.statistical_efficiency;
+      c.timed_steps = int(40 / std::sqrt(double(mb))) + 3;
+      r.probes++;
+    }
+    r.candidates.push_back(c);
+  }
+  r.choice.micro_batch = 64;
+  r.choice.accum = 2;
+  r.choice.global_batch = 256;
+  r.choice.lr = 0.0021f;
+  r.choice.lr_rule = "square root (Adam family)";
+  r.choice.warmup_fraction = 0.05;
+  r.choice.reason = "64 <b>& is the smallest micro-batch within 3% of the best throughput";
+  for (int s = 0; s < 12; ++s) {
+    sat::NoisePoint n;
+    n.step = s;
+    n.b_small = 64, n.b_big = 256;
+    n.small_sq = 2.0 + 0.1 * s, n.big_sq = 0.9 + 0.05 * s;
+    n.estimate = s == 0 ? 0 : 410.0 + 600.0 / (s + 1) * ((s % 2) ? 1 : -0.5);
+    r.noise.push_back(n);
+  }
+  r.noise_scale = 412.5;
+  r.tuning_seconds = 14.25;
+  return r;
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+// What every page must satisfy: one document, nothing external, balanced SVGs, no NaN
+// or infinity written as a coordinate, and the JSON parses.
+void check_valid(const sat::TuneResult& r, size_t plots) {
+  std::string h = sat::tune_html(r);
+  EXPECT_EQ(h.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(h.find("</html>"), std::string::npos);
+  EXPECT_EQ(count(h, "<svg"), plots);
+  EXPECT_EQ(count(h, "</svg>"), plots);
+  EXPECT_EQ(count(h, "http://"), 0u);
+  EXPECT_EQ(count(h, "https://"), 0u);
+  EXPECT_EQ(count(h, "<script"), 0u);
+  EXPECT_EQ(count(h, "nan"), 0u);
+  EXPECT_EQ(count(h, "inf"), 0u);
+  EXPECT_TRUE(nlohmann::json::parse(sat::tune_json(r)).is_object());
+}
+
+TEST(TuneReport, JsonHasEveryKeyInOrder) {
+  sat::TuneResult r = example();
+  auto j = nlohmann::ordered_json::parse(sat::tune_json(r));
+  std::vector<std::string> keys;
+  for (auto& [k, v] : j.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"model", "data", "device", "world_size", "memory_budget_bytes",
+                                            "budget_source", "max_micro_batch", "max_predicted_bytes",
+                                            "confirm_peak_bytes", "failed_allocations", "objective", "knee",
+                                            "requested_global_batch", "candidates", "choice", "noise_scale", "noise",
+                                            "probes", "tuning_seconds"}));
+  EXPECT_EQ(j["model"], "res<b>&net");
+  EXPECT_EQ(j["data"], "cifar10 \"train\"");
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["memory_budget_bytes"], 8192 * MiB);
+  EXPECT_EQ(j["budget_source"], "--memory-budget");
+  EXPECT_EQ(j["max_micro_batch"], 200);
+  EXPECT_EQ(j["max_predicted_bytes"], 7900 * MiB);
+  EXPECT_EQ(j["confirm_peak_bytes"], 7700 * MiB);
+  EXPECT_EQ(j["objective"], "throughput");
+  EXPECT_DOUBLE_EQ(j["knee"].get<double>(), 0.03);
+  EXPECT_TRUE(j["requested_global_batch"].is_null());
+  ASSERT_EQ(j["candidates"].size(), r.candidates.size());
+  std::vector<std::string> ckeys;
+  for (auto& [k, v] : j["candidates"][0].items()) ckeys.push_back(k);
+  EXPECT_EQ(ckeys, (std::vector<std::string>{"micro_batch", "predicted_memory_bytes", "measured_peak_bytes",
+                                             "samples_per_second", "statistical_efficiency", "goodput", "timed_steps",
+                                             "probed", "fits"}));
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    auto& c = j["candidates"][i];
+    EXPECT_EQ(c["micro_batch"], r.candidates[i].micro_batch);
+    EXPECT_EQ(c["predicted_memory_bytes"], r.candidates[i].predicted_memory_bytes);
+    EXPECT_EQ(c["measured_peak_bytes"], r.candidates[i].measured_peak_bytes);
+    EXPECT_DOUBLE_EQ(c["samples_per_second"].get<double>(), r.candidates[i].samples_per_second);
+    EXPECT_DOUBLE_EQ(c["goodput"].get<double>(), r.candidates[i].goodput);
+    EXPECT_EQ(c["timed_steps"], r.candidates[i].timed_steps);
+    EXPECT_EQ(c["probed"], r.candidates[i].probed);
+    EXPECT_EQ(c["fits"], r.candidates[i].fits);
+  }
+  EXPECT_EQ(j["candidates"].back()["fits"], false);
+  auto& ch = j["choice"];
+  std::vector<std::string> chkeys;
+  for (auto& [k, v] : ch.items()) chkeys.push_back(k);
+  EXPECT_EQ(chkeys, (std::vector<std::string>{"micro_batch", "accum", "global_batch", "lr", "lr_rule",
+                                              "warmup_fraction", "reason"}));
+  EXPECT_EQ(ch["micro_batch"], 64);
+  EXPECT_EQ(ch["accum"], 2);
+  EXPECT_EQ(ch["global_batch"], 256);
+  EXPECT_NEAR(ch["lr"].get<double>(), 0.0021, 1e-9);
+  EXPECT_EQ(ch["lr_rule"], "square root (Adam family)");
+  EXPECT_DOUBLE_EQ(ch["warmup_fraction"].get<double>(), 0.05);
+  EXPECT_EQ(ch["reason"], r.choice.reason);
+  EXPECT_DOUBLE_EQ(j["noise_scale"].get<double>(), 412.5);
+  ASSERT_EQ(j["noise"].size(), 12u);
+  std::vector<std::string> nkeys;
+  for (auto& [k, v] : j["noise"][3].items()) nkeys.push_back(k);
+  EXPECT_EQ(nkeys, (std::vector<std::string>{"step", "small_sq", "big_sq", "b_small", "b_big", "estimate"}));
+  EXPECT_EQ(j["noise"][3]["step"], 3);
+  EXPECT_EQ(j["noise"][3]["b_big"], 256);
+  EXPECT_DOUBLE_EQ(j["noise"][3]["estimate"].get<double>(), r.noise[3].estimate);
+  EXPECT_EQ(j["probes"], r.probes);
+  EXPECT_DOUBLE_EQ(j["tuning_seconds"].get<double>(), 14.25);
+}
+
+TEST(TuneReport, JsonWritesNullForZeroNoiseScaleAndNonFiniteNumbers) {
+  sat::TuneResult r = example();
+  r.noise_scale = 0;
+  r.requested_global_batch = 512;
+  r.candidates[0].samples_per_second = NAN;
+  r.candidates[1].goodput = INFINITY;
+  r.candidates[2].statistical_efficiency = -INFINITY;
+  r.noise[4].estimate = NAN;
+  r.choice.lr = NAN;
+  r.tuning_seconds = NAN;
+  std::string s = sat::tune_json(r);
+  auto j = nlohmann::json::parse(s);
+  EXPECT_TRUE(j["noise_scale"].is_null());
+  EXPECT_EQ(j["requested_global_batch"], 512);
+  EXPECT_TRUE(j["candidates"][0]["samples_per_second"].is_null());
+  EXPECT_TRUE(j["candidates"][1]["goodput"].is_null());
+  EXPECT_TRUE(j["candidates"][2]["statistical_efficiency"].is_null());
+  EXPECT_TRUE(j["noise"][4]["estimate"].is_null());
+  EXPECT_TRUE(j["choice"]["lr"].is_null());
+  EXPECT_TRUE(j["tuning_seconds"].is_null());
+  EXPECT_EQ(s.find("NaN"), std::string::npos);
+  EXPECT_EQ(s.find("nan"), std::string::npos);
+}
+
+TEST(TuneReport, HtmlIsSelfContainedEscapedAndMarksBudgetAndChoice) {
+  sat::TuneResult r = example();
+  std::string h = sat::tune_html(r);
+  std::ofstream("/tmp/tune_example.html") << h;
+  check_valid(r, 3);
+  EXPECT_NE(h.find(">budget 8.0 GiB<"), std::string::npos);
+  EXPECT_NE(h.find(">chosen 64<"), std::string::npos);
+  EXPECT_NE(h.find(">max fits 200<"), std::string::npos);
+  EXPECT_NE(h.find("knee: 97% of the best"), std::string::npos);
+  EXPECT_NE(h.find("final: B_simple = 412"), std::string::npos);
+  EXPECT_NE(h.find("Gradient noise scale"), std::string::npos);
+  EXPECT_NE(h.find("res&lt;b&gt;&amp;net"), std::string::npos);
+  EXPECT_NE(h.find("64 &lt;b&gt;&amp; is the smallest"), std::string::npos);
+  EXPECT_NE(h.find("cifar10 &quot;train&quot;"), std::string::npos);
+  EXPECT_EQ(h.find("<b>&"), std::string::npos);
+  EXPECT_EQ(h.find("res<b>"), std::string::npos);
+  EXPECT_NE(h.find("NVIDIA H100 80GB HBM3"), std::string::npos);
+  EXPECT_NE(h.find("8.0 GiB per rank (--memory-budget)"), std::string::npos);
+  EXPECT_NE(h.find("14.2 s"), std::string::npos);
+  EXPECT_NE(h.find("square root (Adam family)"), std::string::npos);
+  EXPECT_NE(h.find("<tr class=\"chosen\"><td>64</td>"), std::string::npos);
+  EXPECT_EQ(count(h, "<tr class=\"chosen\">"), 1u);
+  EXPECT_EQ(count(h.substr(h.find("<h2>Candidates")), "<tr"), r.candidates.size() + 1 /* header */);
+  EXPECT_EQ(h.find("goodput (throughput"), std::string::npos);  // only for the goodput objective
+
+  r.objective = "goodput";
+  h = sat::tune_html(r);
+  EXPECT_NE(h.find("goodput (throughput"), std::string::npos);
+  EXPECT_NE(h.find("of the best goodput"), std::string::npos);
+  check_valid(r, 3);
+}
+
+TEST(TuneReport, EdgeCasesGiveValidPages) {
+  sat::TuneResult one = example();  // one candidate, nothing measured about the noise
+  one.candidates.resize(1);
+  one.choice.micro_batch = one.max_micro_batch = 1;
+  one.noise.clear();
+  one.noise_scale = 0;
+  check_valid(one, 2);
+  EXPECT_EQ(sat::tune_html(one).find("Gradient noise scale"), std::string::npos);
+  EXPECT_NE(sat::tune_html(one).find(">chosen 1<"), std::string::npos);
+
+  sat::TuneResult flat = example();  // all throughputs equal
+  for (auto& c : flat.candidates) c.samples_per_second = c.goodput = 1234;
+  check_valid(flat, 3);
+  flat.objective = "goodput";
+  check_valid(flat, 3);
+
+  sat::TuneResult bad = example();  // NaN, infinite, zero and negative values are left out
+  bad.candidates[0].samples_per_second = NAN;
+  bad.candidates[1].samples_per_second = -5;
+  bad.candidates[2].samples_per_second = INFINITY;
+  bad.candidates[3].goodput = NAN;
+  bad.candidates[4].statistical_efficiency = NAN;
+  bad.candidates[5].predicted_memory_bytes = 0;
+  bad.knee = NAN;
+  bad.noise[2].estimate = NAN;
+  bad.noise[3].estimate = -1;
+  bad.noise_scale = NAN;
+  bad.tuning_seconds = NAN;
+  check_valid(bad, 3);
+
+  sat::TuneResult none;  // nothing at all: a default result
+  check_valid(none, 2);
+  sat::TuneResult unmeasured = example();  // probes that measured nothing, an undefined estimate
+  for (auto& c : unmeasured.candidates) c.samples_per_second = c.goodput = 0, c.measured_peak_bytes = 0;
+  for (auto& n : unmeasured.noise) n.estimate = 0;
+  unmeasured.budget = 0;
+  check_valid(unmeasured, 3);
+  EXPECT_NE(sat::tune_html(unmeasured).find("no throughput measured"), std::string::npos);
+}
+
+}  // namespace
