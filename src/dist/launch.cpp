@@ -46,7 +46,17 @@ std::vector<std::string> mpirun_command(int n, const std::vector<std::string>& s
     cmd.push_back("none");
   }
   const char* omp = std::getenv("OMP_NUM_THREADS");
-  add_env(cmd, o.openmpi, "OMP_NUM_THREADS", omp && *omp ? omp : std::to_string(std::max(1, threads / n)));
+  const std::string omp_threads = omp && *omp ? omp : std::to_string(std::max(1, threads / n));
+  // Each rank also has a communication thread, which OpenMPI keeps spinning while a
+  // reduction waits for a peer. When the compute threads fill every core it steals one
+  // from backward; yielding when idle gave 11% more samples/s for gpt-mini with 1 MiB
+  // buckets on 2 ranks x 1 thread on 2 cores (bench/dp/scaling).
+  if (o.openmpi && int64_t(n) * std::max(1, std::atoi(omp_threads.c_str())) >= threads) {
+    cmd.push_back("--mca");
+    cmd.push_back("mpi_yield_when_idle");
+    cmd.push_back("1");
+  }
+  add_env(cmd, o.openmpi, "OMP_NUM_THREADS", omp_threads);
   const char* wait = std::getenv("OMP_WAIT_POLICY");
   if (wait && *wait)
     add_env(cmd, o.openmpi, "OMP_WAIT_POLICY", wait);

@@ -365,10 +365,10 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
   double loss_sum = 0;
   std::vector<dist::WorkPtr> works;
   std::vector<bool> launched(buckets_.size(), false);
-  double t_first = -1;
+  double t_first = -1, cpu_first = 0;
   const bool zero = cfg_.zero >= 1 && world > 1;
   auto launch = [&](size_t b) {
-    if (t_first < 0) t_first = now_seconds();
+    if (t_first < 0) t_first = now_seconds(), cpu_first = thread_cpu_seconds();
     launched[b] = true;
     const Bucket& bk = buckets_[b];
     works.push_back(comm_->all_reduce(params_->flat_grads() + bk.lo, size_t(bk.hi - bk.lo), DType::f32,
@@ -397,10 +397,10 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
   }
   double loss = loss_sum / double(cfg_.accum);
   if (world > 1) {
-    const double t_bwd_end = now_seconds();
+    const double t_bwd_end = now_seconds(), cpu_bwd_end = thread_cpu_seconds();
     if (zero) {
       // ZeRO-1: each rank gets the average gradient of its shard only, and updates it.
-      if (t_first < 0) t_first = t_bwd_end;
+      if (t_first < 0) t_first = t_bwd_end, cpu_first = cpu_bwd_end;
       float* g = params_->flat_grads();
       comm_->reduce_scatter(g, g + params_->shard_begin(), size_t(params_->shard_len()), DType::f32,
                             dist::ReduceOp::avg)->wait();
@@ -410,8 +410,13 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
       for (auto& w : works) w->wait();
     }
     const double t_done = now_seconds();
-    comm_window += t_done - t_first;
-    comm_exposed += t_done - t_bwd_end;
+    // Hidden: the part of the reduction's window during which this thread computed the
+    // rest of backward. Its CPU time counts, not the wall time: on a busy machine the
+    // thread may wait for a core after starting the reduction, which overlaps nothing.
+    const double window = t_done - t_first;
+    const double overlapped = std::clamp(std::min(t_bwd_end - t_first, cpu_bwd_end - cpu_first), 0.0, window);
+    comm_window += window;
+    comm_exposed += window - overlapped;
     // The reported loss is the mean over the whole global batch (equal micro-batches).
     comm_->all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
   }
