@@ -285,7 +285,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       metrics << line << std::flush;
     }
     if (on_step) on_step(m);
-    if (cfg_.time_limit > 0 && step + 1 < total && step >= r.warmup_excluded + 1) {
+    if (cfg_.time_limit > 0 && step + 1 < total && step >= r.warmup_excluded + 2) {
       // Every rank stops at the same step: rank 0's clock decides.
       double stop = now_seconds() - t_measure >= cfg_.time_limit ? 1 : 0;
       if (comm_->size() > 1) comm_->broadcast_sync(&stop, 1, DType::f64, 0);

@@ -45,7 +45,7 @@ struct TrainConfig {
   // 1/world of it, gradients are reduce-scattered and the updated parameters all-gathered.
   int zero = 0;
   // Stop after the first step at which the measured steps (after warm-up) have run this
-  // many seconds (0: run all steps); at least 2 steps are measured. Used by the tuner's
+  // many seconds (0: run all steps); at least 3 steps are measured. Used by the tuner's
   // probes; all ranks stop at the same step.
   double time_limit = 0;
   // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared

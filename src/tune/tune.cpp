@@ -179,8 +179,17 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
     c.optim.lr = lr;
     try {
       Trainer t(mc, c, train, nullptr);
-      TrainResult tr = t.run();
+      // The median step time of the timed steps: one step delayed by other work on the
+      // machine must not move the estimate.
+      std::vector<double> secs;
+      TrainResult tr = t.run([&](const StepMetrics& m) {
+        if (m.step > c.warmup_excluded) secs.push_back(m.seconds);
+      });
       p.sps = tr.samples_per_second;
+      if (!secs.empty()) {
+        std::nth_element(secs.begin(), secs.begin() + long(secs.size() / 2), secs.end());
+        p.sps = double(micro * accum * world) / secs[secs.size() / 2];
+      }
       p.peak = tr.peak_memory_bytes;
       p.steps = int(tr.steps - tr.warmup_excluded);
       if (norms) *norms = tr.grad_norms;

@@ -26,7 +26,8 @@ struct TuneConfig {
   std::string objective = "throughput";  // throughput | goodput
   double knee = 0.03;                  // smallest micro-batch within this of the best throughput
   int64_t max_micro_batch = 0;         // 0: no cap beyond memory and the training set
-  double probe_seconds = 0.4;          // timed seconds per probe (after one warm-up step)
+  double probe_seconds = 0.3;          // timed seconds per probe (after one warm-up step; at least 3
+                                       // timed steps; throughput from the median step time)
   int noise_steps = 12;                // training steps that measure the gradient noise scale
   // Learning-rate scaling: base.optim.lr is the user's rate at this global batch.
   int64_t lr_batch = 64;
