@@ -245,7 +245,8 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     bool cached = false;
     const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
                                          "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
-                                         a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval);
+                                         a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
+                                         sat::cpu::num_threads());
     const std::string cache = tune_cache_path(key);
     if (!tune_only) {
       // Rank 0 reads the cache and tells the others whether to tune.
@@ -335,7 +336,9 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     SAT_CHECK(need <= tcfg.memory_budget, "--memory-budget: micro-batch ", cfg.batch, " needs ",
               sat::format_bytes(double(need)), " per rank, more than the budget of ",
               sat::format_bytes(double(tcfg.memory_budget)), ": use a smaller --batch, or --batch auto");
-    sat::device_mem_set_budget(sat::resolve_device(a.device), tcfg.memory_budget + sat::mem_stats().current);
+    // Host buffers that exist before training (none of the plan's) do not count.
+    const sat::Device dev = sat::resolve_device(a.device);
+    sat::device_mem_set_budget(dev, tcfg.memory_budget + (dev == sat::Device::cpu ? sat::mem_stats().current : 0));
   }
   sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
   if (!a.init_weights.empty()) sat::load_safetensors(a.init_weights, trainer.params());
