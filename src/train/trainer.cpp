@@ -348,8 +348,6 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   return r;
 }
 
-// One optimizer step on the CPU: accum micro-batches, then (data parallel) the
-// gradient buckets, reduced while backward runs, then the update.
 namespace {
 double squared_norm(const float* g, int64_t n) {
   double s = 0;
@@ -359,6 +357,9 @@ double squared_norm(const float* g, int64_t n) {
 }
 }  // namespace
 
+// One optimizer step on the CPU: accum micro-batches, then (data parallel) the
+// gradient buckets, reduced while backward runs (ZeRO-1: reduce-scattered after it),
+// then the update.
 double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window,
                          double& comm_exposed, std::vector<GradNormSample>* norms) {
   const int world = comm_->size();
