@@ -20,8 +20,9 @@ struct CmdResult {
   std::string out;
 };
 
-CmdResult saturate(const std::string& args) {
-  std::string cmd = std::string("OMP_WAIT_POLICY=passive ") + SAT_BINARY + " " + args + " 2>&1";
+// env: extra NAME=VALUE assignments for the command, each followed by a space.
+CmdResult saturate(const std::string& args, const std::string& env = "") {
+  std::string cmd = env + "OMP_WAIT_POLICY=passive " + SAT_BINARY + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   CmdResult r{-1, ""};
   char buf[4096];
@@ -227,22 +228,11 @@ TEST(Cli, TuneWritesItsReportAndBatchAutoReusesIt) {
   // --batch auto tunes (and caches), then trains with the choice; the second run reuses it.
   fs::path o1 = tmpdir("auto1"), o2 = tmpdir("auto2");
   const std::string run = "train --model mlp --data synthetic --batch auto --memory-budget 40MiB --steps 3 --threads 1 ";
-  auto with_env = [&](const std::string& args) {
-    std::string cmd = env + "OMP_WAIT_POLICY=passive " + SAT_BINARY + " " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    CmdResult r{-1, ""};
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    int st = pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return r;
-  };
-  CmdResult r1 = with_env(run + "--out " + o1.string());
+  CmdResult r1 = saturate(run + "--out " + o1.string(), env);
   ASSERT_EQ(r1.status, 0) << r1.out;
   EXPECT_EQ(r1.out.find("cached"), std::string::npos) << r1.out;
   EXPECT_TRUE(fs::exists(o1 / "tune.json"));
-  CmdResult r2 = with_env(run + "--out " + o2.string());
+  CmdResult r2 = saturate(run + "--out " + o2.string(), env);
   ASSERT_EQ(r2.status, 0) << r2.out;
   EXPECT_NE(r2.out.find("using the cached choice"), std::string::npos) << r2.out;
   auto s1 = nlohmann::json::parse(std::ifstream(o1 / "summary.json"));

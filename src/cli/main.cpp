@@ -158,9 +158,10 @@ void write_tune_files(const std::string& dir, const sat::TuneResult& r) {
   }
 }
 
-// The cache of `--batch auto`: one tune.json per model, data, device, precision, ranks,
-// budget and tuning settings, under $XDG_CACHE_HOME/saturate/tune (~/.cache by default).
-std::string tune_cache_path(const std::string& key) {
+// The cache of `--batch auto`: one directory (tune.json, tune.html) per model, data,
+// device, precision, ranks, budget and tuning settings, under
+// $XDG_CACHE_HOME/saturate/tune (~/.cache by default).
+std::string tune_cache_dir(const std::string& key) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
@@ -168,7 +169,7 @@ std::string tune_cache_path(const std::string& key) {
   std::string base = xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-  return base + "/saturate/tune/" + hex + ".json";
+  return base + "/saturate/tune/" + hex;
 }
 
 int run_train(const TrainArgs& a, bool tune_only = false) {
@@ -247,13 +248,13 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
                                          "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
                                          a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
                                          sat::cpu::num_threads());
-    const std::string cache = tune_cache_path(key);
+    const std::filesystem::path cache = tune_cache_dir(key);
     if (!tune_only) {
       // Rank 0 reads the cache and tells the others whether to tune.
       double hit[4] = {0, 0, 0, 0};
-      if (lead && std::filesystem::exists(cache)) {
+      if (lead && std::filesystem::exists(cache / "tune.json")) {
         try {
-          std::ifstream f(cache);
+          std::ifstream f(cache / "tune.json");
           auto j = nlohmann::json::parse(f);
           const auto& c = j.at("choice");
           hit[0] = 1;
@@ -275,14 +276,14 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
         tr.choice.lr = float(hit[3]);
         tr.choice.global_batch = tr.choice.micro_batch * tr.choice.accum * world;
         if (lead) {
-          std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n", cache.c_str());
+          std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n",
+                       (cache / "tune.json").c_str());
           // The report of the cached tuning goes with this run's output too.
-          const std::filesystem::path dir = std::filesystem::path(cache).parent_path() / std::filesystem::path(cache).stem();
           std::error_code ec;
-          if (!a.out.empty() && std::filesystem::exists(dir / "tune.html")) {
+          if (!a.out.empty() && std::filesystem::exists(cache / "tune.html")) {
             std::filesystem::create_directories(a.out, ec);
             for (const char* f : {"tune.json", "tune.html"})
-              std::filesystem::copy_file(dir / f, std::filesystem::path(a.out) / f,
+              std::filesystem::copy_file(cache / f, std::filesystem::path(a.out) / f,
                                          std::filesystem::copy_options::overwrite_existing, ec);
           }
         }
@@ -297,11 +298,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
       }());
       if (lead) {
         try {
-          write_tune_files(std::filesystem::path(cache).parent_path().string() + "/" +
-                               std::filesystem::path(cache).stem().string(), tr);
-          std::filesystem::copy_file(std::filesystem::path(cache).parent_path().string() + "/" +
-                                         std::filesystem::path(cache).stem().string() + "/tune.json",
-                                     cache, std::filesystem::copy_options::overwrite_existing);
+          write_tune_files(cache.string(), tr);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "tune: could not cache the result (%s); carrying on\n", e.what());
         }
@@ -328,9 +325,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
       cfg.schedule.warmup = std::max<int64_t>(a.warmup, int64_t(std::ceil(ch.warmup_fraction * double(total))));
     }
   }
-  if (!tcfg.memory_budget) {
-    // no budget: nothing to enforce
-  } else {
+  if (tcfg.memory_budget) {
     const sat::MemoryPlan pl = sat::Trainer::plan(mc, cfg, *data.train, cfg.evaluate ? data.test.get() : nullptr, world);
     const size_t need = pl.device ? pl.device : pl.total();
     SAT_CHECK(need <= tcfg.memory_budget, "--memory-budget: micro-batch ", cfg.batch, " needs ",
