@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "backend/device.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -92,6 +94,12 @@ TEST(Cli, UnknownModelAndFlag) {
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --zero 2"), "--zero");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --bucket-mb 0"), "--bucket-mb");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --last-batch keep"), "--last-batch");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --dist-backend gloo"), "--dist-backend");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --device cpu --dist-backend nccl"),
+                    "--dist-backend nccl needs --device cuda");
+  expect_user_error(saturate("bench comm --backend gloo"), "--backend");
+  if (sat::cuda_device_count() == 0)  // no GPU (or no NCCL in this build): a clear error, not a crash
+    expect_user_error(saturate("bench comm --backend nccl"), "--backend nccl");
   expect_user_error(saturate("info --model mlp --zero 3"), "--zero");
   expect_user_error(saturate("info --model mlp --ranks 0"), "--ranks");
 }

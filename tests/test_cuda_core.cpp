@@ -60,3 +60,37 @@ TEST(CudaCore, AllocationsAreCountedAndOutOfMemoryIsAnError) {
   EXPECT_THROW(CudaBuffer(size_t(1) << 50), OutOfMemory);
 }
 #endif
+
+#if SAT_HAVE_CUDA
+// The squared norm of the noise-scale estimator: float64 sums against the host's, the
+// loss scale divided out, and the same double on a second run (fixed reduction shape).
+TEST(CudaCore, SumSquaresMatchesTheHostAndIsDeterministic) {
+  SAT_REQUIRE_GPU();
+  CudaBuffer out(2 * sizeof(double)), partials(cuda::kSumSquaresPartials * sizeof(double)), scale(sizeof(float));
+  const float s = 256.0f;
+  SAT_CUDA_CHECK(cudaMemcpy(scale.get(), &s, sizeof s, cudaMemcpyHostToDevice));
+  for (int64_t n : {1, 7, 255, 257, 65536, 1000003}) {
+    std::vector<float> h(static_cast<size_t>(n));
+    Rng rng(static_cast<uint64_t>(n) + 11);
+    double want = 0;
+    for (auto& v : h) {
+      v = rng.normal();
+      want += double(v) * double(v);
+    }
+    CudaBuffer x(static_cast<size_t>(n) * 4);
+    SAT_CUDA_CHECK(cudaMemcpy(x.get(), h.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+    double* o = static_cast<double*>(out.get());
+    cuda::sum_squares(static_cast<const float*>(x.get()), n, nullptr, o, static_cast<double*>(partials.get()), nullptr);
+    cuda::sum_squares(static_cast<const float*>(x.get()), n, static_cast<const float*>(scale.get()), o + 1,
+                      static_cast<double*>(partials.get()), nullptr);
+    double got[2];
+    SAT_CUDA_CHECK(cudaMemcpy(got, o, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT_NEAR(got[0], want, 1e-12 * want + 1e-300) << "n=" << n;
+    EXPECT_NEAR(got[1], want / (double(s) * s), 1e-12 * want / (double(s) * s)) << "n=" << n;
+    cuda::sum_squares(static_cast<const float*>(x.get()), n, nullptr, o + 1, static_cast<double*>(partials.get()), nullptr);
+    double again[2];
+    SAT_CUDA_CHECK(cudaMemcpy(again, o, sizeof again, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(again[1], got[0]) << "n=" << n;
+  }
+}
+#endif

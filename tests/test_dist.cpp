@@ -30,7 +30,6 @@
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
-#include "cuda_harness.h"
 
 using namespace sat;
 using namespace sat::dist;
@@ -519,48 +518,7 @@ TEST(DistNccl, WithoutNcclTheBuildSaysSo) {
   EXPECT_THROW(make_nccl_comm(*self, 0, nullptr), Error);
 }
 
-#if SAT_HAVE_CUDA
-TEST(DistNccl, WorldOfOneOnTheGpu) {
-  SAT_REQUIRE_GPU();
-  if (!have_nccl()) GTEST_SKIP() << "built without NCCL";
-  auto self = make_self_comm();
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  {
-    auto c = make_nccl_comm(*self, 0, stream);
-    EXPECT_STREQ(c->backend_name(), "nccl");
-    EXPECT_EQ(c->device(), Device::cuda);
-    EXPECT_EQ(c->size(), 1);
-    const size_t n = 1001;
-    std::vector<float> h(2 * n), out(2 * n);
-    for (size_t i = 0; i < h.size(); ++i) h[i] = float(value(0, i));
-    float* d = nullptr;
-    ASSERT_EQ(cudaMalloc(&d, 2 * n * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d, h.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    for (ReduceOp op : kOps) c->all_reduce(d, n, DType::f32, op)->wait();  // one rank: unchanged
-    c->broadcast(d, n, DType::f32, 0)->wait();
-    c->reduce_scatter(d, d + n, n, DType::f32, ReduceOp::sum)->wait();   // copy of the first half
-    c->all_gather(d, d, n, DType::f32)->wait();                          // in place
-    c->send_recv(d, n, 0, d + n, n, 0, DType::f32)->wait();               // to itself
-    c->barrier();
-    ASSERT_EQ(cudaMemcpy(out.data(), d, 2 * n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-    size_t bad = 0;
-    for (size_t i = 0; i < 2 * n; ++i) bad += out[i] != h[i % n];
-    EXPECT_EQ(bad, 0u);
-    EXPECT_THROW(c->send(d, 1, DType::f32, 0, 7), Error);  // no tags
-    BenchCommOptions o;
-    o.max_bytes = 1 << 20;
-    o.step = 4;
-    o.iters = 3;
-    std::ostringstream os;
-    for (auto& r : bench_comm(*c, o, os)) EXPECT_TRUE(r.ok) << r.bytes;
-    std::printf("%s", os.str().c_str());
-    cudaFree(d);
-  }
-  cudaStreamDestroy(stream);
-}
-#endif
+// DistNccl.WorldOfOneOnTheGpu is in test_cuda_dist.cpp (scripts/gpu-check runs test_cuda_*).
 
 // ---- launch ---------------------------------------------------------------------------
 

@@ -222,3 +222,26 @@ TEST(Safetensors, RoundTripAndClearErrors) {
   EXPECT_THROW(sat::load_safetensors(mlp_path, c), sat::Error);
   std::filesystem::remove_all(dir);
 }
+
+// --dist-backend is checked before anything is allocated, with the flag in the message.
+TEST(DistBackend, UnknownOrMismatchedBackendIsAClearError) {
+  auto mc = sat::model_config("mlp");
+  auto data = synthetic_for(mc);
+  sat::TrainConfig cfg;
+  cfg.device = "cpu";
+  cfg.progress = 0;
+  auto message = [&] {
+    try {
+      sat::Trainer t(mc, cfg, *data.train, nullptr);
+    } catch (const sat::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  cfg.dist_backend = "gloo";
+  EXPECT_NE(message().find("--dist-backend: expected auto, mpi or nccl, got 'gloo'"), std::string::npos) << message();
+  cfg.dist_backend = "nccl";
+  EXPECT_NE(message().find("--dist-backend nccl needs --device cuda"), std::string::npos) << message();
+  cfg.dist_backend = "mpi";  // a world of one on the CPU: nothing to reduce, accepted
+  EXPECT_EQ(message(), "(accepted)");
+}

@@ -23,6 +23,7 @@
 #include "dist/bench_comm.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
+#include "dist/nccl_comm.h"
 #include "train/trainer.h"
 #include "tune/tune.h"
 
@@ -65,6 +66,7 @@ struct TrainArgs {
   int threads = 0;
   std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
   double bucket_mb = 25;
+  std::string dist_backend = "auto";
   bool sync_bn = false;
   int zero = 0;
   // Tuning (saturate tune, --batch auto).
@@ -224,6 +226,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   SAT_CHECK(a.last_batch == "drop" || a.last_batch == "pad", "--last-batch: expected drop or pad, got '", a.last_batch, "'");
   cfg.last_batch = a.last_batch == "pad" ? sat::LastBatch::pad : sat::LastBatch::drop;
   cfg.bucket_mb = a.bucket_mb;
+  cfg.dist_backend = a.dist_backend;
   cfg.sync_bn = a.sync_bn;
   cfg.zero = a.zero;
   // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.
@@ -373,6 +376,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     s["accum"] = cfg.accum;
     s["global_batch"] = gb;
     s["world_size"] = r.world_size;
+    s["comm_backend"] = r.comm_backend;
     s["comm_seconds"] = r.comm_seconds;
     s["comm_hidden_fraction"] = r.comm_hidden_fraction;
     s["rank_step_seconds"] = r.rank_step_seconds;
@@ -502,6 +506,9 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
   t->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")->capture_default_str();
   t->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();
+  t->add_option("--dist-backend", a.dist_backend,
+                "data parallel: auto | mpi | nccl (auto: mpi on the CPU, nccl on GPUs; nccl with one rank runs the NCCL path alone)")
+      ->capture_default_str();
   t->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
   t->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
   t->add_option("--memory-budget", a.memory_budget, "bytes per rank (8GiB, 512MiB, ...): an allocation beyond it is an error; the tuner fits in it");
@@ -582,7 +589,7 @@ int main(int argc, char** argv) {
   bcomm->add_option("--max-bytes", bco.max_bytes, "largest message")->capture_default_str();
   bcomm->add_option("--iters", bco.iters, "timed all-reduces per size")->capture_default_str();
   bcomm->add_option("--warmup", bco.warmup, "untimed all-reduces per size")->capture_default_str();
-  bcomm->add_option("--backend", bc_backend, "mpi (host memory)")->capture_default_str();
+  bcomm->add_option("--backend", bc_backend, "mpi (host memory) | nccl (GPU memory, one GPU per rank)")->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -606,11 +613,21 @@ int main(int argc, char** argv) {
     }
     if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab, iranks, izero);
     if (bcomm->parsed()) {
-      SAT_CHECK(bc_backend == "mpi", "--backend: expected mpi (NCCL needs a GPU build and a GPU), got '", bc_backend, "'");
+      SAT_CHECK(bc_backend == "mpi" || bc_backend == "nccl", "--backend: expected mpi or nccl, got '", bc_backend, "'");
       SAT_CHECK(bco.min_bytes >= 4 && bco.min_bytes <= bco.max_bytes, "--min-bytes/--max-bytes: expected 4 <= min <= max");
       SAT_CHECK(bco.iters >= 1, "--iters: expected at least 1");
       auto comm = sat::dist::make_world_comm();
-      auto rows = sat::dist::bench_comm(*comm, bco, std::cout);
+      std::unique_ptr<sat::dist::Comm> nccl;
+      if (bc_backend == "nccl") {
+        SAT_CHECK(sat::dist::have_nccl(), "--backend nccl: this saturate was built without NCCL");
+        const int ngpu = sat::cuda_device_count();
+        SAT_CHECK(ngpu > 0, "--backend nccl: no usable GPU (", sat::cuda_unavailable_reason(), ")");
+        const sat::dist::ProcessInfo pi = sat::dist::detect_process();
+        SAT_CHECK(pi.local_world <= ngpu, "--backend nccl: ", pi.local_world, " ranks on this node but ", ngpu,
+                  " GPU(s); NCCL needs a GPU of its own for every rank");
+        nccl = sat::dist::make_nccl_comm(*comm, pi.local_rank);  // one GPU per rank, by local rank
+      }
+      auto rows = sat::dist::bench_comm(nccl ? *nccl : *comm, bco, std::cout);
       for (auto& r : rows)
         if (!r.ok) return 1;
       return 0;

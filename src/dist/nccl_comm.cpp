@@ -424,6 +424,54 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device, CUstream_st* s
   return std::make_unique<NcclComm>(boot, cuda_device, stream);
 }
 
+namespace {
+// A communicator with the stream it runs on: the stream outlives the communicator.
+class OwnStreamComm final : public Comm {
+ public:
+  OwnStreamComm(Comm& boot, int dev) {
+    int ndev = 0;
+    SAT_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    SAT_CHECK(dev >= 0 && dev < ndev, "make_nccl_comm: CUDA device ", dev, " does not exist (", ndev, " devices)");
+    DeviceGuard g(dev);
+    SAT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    try {
+      c_ = std::make_unique<NcclComm>(boot, dev, stream_);
+    } catch (...) {
+      cudaStreamDestroy(stream_);
+      throw;
+    }
+  }
+  ~OwnStreamComm() override {
+    c_.reset();
+    cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  const char* backend_name() const override { return c_->backend_name(); }
+  Device device() const override { return c_->device(); }
+  WorkPtr all_reduce(void* d, size_t n, DType t, ReduceOp op) override { return c_->all_reduce(d, n, t, op); }
+  WorkPtr reduce_scatter(const void* s, void* r, size_t n, DType t, ReduceOp op) override {
+    return c_->reduce_scatter(s, r, n, t, op);
+  }
+  WorkPtr all_gather(const void* s, void* r, size_t n, DType t) override { return c_->all_gather(s, r, n, t); }
+  WorkPtr broadcast(void* d, size_t n, DType t, int root) override { return c_->broadcast(d, n, t, root); }
+  WorkPtr send(const void* d, size_t n, DType t, int peer, int tag) override { return c_->send(d, n, t, peer, tag); }
+  WorkPtr recv(void* d, size_t n, DType t, int peer, int tag) override { return c_->recv(d, n, t, peer, tag); }
+  WorkPtr send_recv(const void* sd, size_t sn, int dst, void* rd, size_t rn, int src, DType t, int tag) override {
+    return c_->send_recv(sd, sn, dst, rd, rn, src, t, tag);
+  }
+  void barrier() override { c_->barrier(); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Comm> c_;
+};
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device) {
+  return std::make_unique<OwnStreamComm>(boot, cuda_device);
+}
+
 }  // namespace sat::dist
 
 #else  // no NCCL in this build
@@ -439,6 +487,8 @@ std::unique_ptr<Comm> make_nccl_comm(Comm&, int, CUstream_st*) {
   throw Error("this saturate was built without the CUDA backend, so without NCCL");
 #endif
 }
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device) { return make_nccl_comm(boot, cuda_device, nullptr); }
 
 }  // namespace sat::dist
 

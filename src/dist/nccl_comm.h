@@ -33,5 +33,8 @@ bool have_nccl();
 
 // Throws sat::Error when the build has no NCCL, or when NCCL fails (naming call, file, line).
 std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device, CUstream_st* stream);
+// The same on a stream of its own (non-blocking, created on cuda_device, destroyed with the
+// communicator): for callers that order nothing else after the ops (bench comm).
+std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device);
 
 }  // namespace sat::dist

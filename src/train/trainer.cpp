@@ -12,6 +12,7 @@
 #include "core/alloc.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "dist/nccl_comm.h"
 #include "profile/nvml.h"
 
 #if SAT_HAVE_CUDA
@@ -67,7 +68,27 @@ struct Trainer::Gpu {
   std::map<int, cudaGraphExec_t> graphs;  // key: slot * 4 + first * 2 + last
   std::map<int, int64_t> graph_kernels;
   size_t free_before = 0;
+  // Gradient reduction over NCCL: on its own stream, so that buckets reduce while the
+  // compute stream runs the rest of backward. Each bucket's all-reduce waits for an event
+  // recorded on the compute stream after its last gradient; the compute stream waits for
+  // `reduced` (recorded after the last bucket) before the optimizer. Under graph capture
+  // the events fork the comm stream into the graph and join it back.
+  std::unique_ptr<dist::Comm> nccl;
+  cudaStream_t comm_stream = nullptr;
+  std::vector<cudaEvent_t> bucket_ready;
+  cudaEvent_t reduced = nullptr;
+  std::vector<dist::WorkPtr> works;  // this step's eager reductions (complete once the step is)
+  // measure_noise: the two squared norms of a step, and the sum's scratch (device).
+  double* norms = nullptr;
+  double* norm_partials = nullptr;
   ~Gpu() {
+    works.clear();
+    nccl.reset();
+    for (auto e : bucket_ready) cudaEventDestroy(e);
+    if (reduced) cudaEventDestroy(reduced);
+    if (comm_stream) cudaStreamDestroy(comm_stream);
+    if (norms) cudaFree(norms);
+    if (norm_partials) cudaFree(norm_partials);
     for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
     cuda_ctx_destroy(ctx);
   }
@@ -129,15 +150,32 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   mc_.device = resolve_device(cfg.device, &dev_index);
   const Precision prec = parse_precision(cfg.precision, mc_.device);
   mc_.act = prec.act;
-  SAT_CHECK(mc_.device == Device::cpu || comm_->size() == 1,
-            "data parallelism on GPUs (NCCL) is not available yet: run one process per job with --device cuda, "
-            "or --device cpu with several processes");
+  const std::string& be = cfg.dist_backend;
+  SAT_CHECK(be == "auto" || be == "mpi" || be == "nccl", "--dist-backend: expected auto, mpi or nccl, got '", be, "'");
+  const int world = comm_->size();
+  SAT_CHECK(mc_.device == Device::cuda || be != "nccl",
+            "--dist-backend nccl needs --device cuda (NCCL reduces GPU memory; the CPU engine reduces over mpi)");
+  SAT_CHECK(mc_.device == Device::cpu || be != "mpi" || world == 1,
+            "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
+            "auto or nccl)");
+  SAT_CHECK(mc_.device == Device::cpu || cfg.zero == 0 || world == 1,
+            "--zero 1 needs --device cpu for now (ZeRO-1 on GPUs is not built yet)");
+  SAT_CHECK(mc_.device == Device::cpu || !cfg.sync_bn || world == 1,
+            "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
+  const bool gpu_nccl = mc_.device == Device::cuda && (be == "nccl" || world > 1);
+  // One GPU per rank, picked by the rank's place on its node (as torchrun's LOCAL_RANK).
+  if (mc_.device == Device::cuda && world > 1 && cfg.device.find(':') == std::string::npos) {
+    const dist::ProcessInfo pi = dist::detect_process();
+    const int ngpu = cuda_device_count();
+    SAT_CHECK(pi.local_world <= ngpu, "--device ", cfg.device, ": ", pi.local_world, " ranks on this node but ", ngpu,
+              " GPU(s); NCCL needs a GPU of its own for every rank");
+    dev_index = pi.local_rank;
+  }
   model_ = build_model(mc_, cfg.batch, true);
   check_data(mc, model_, train);
   if (test_) check_data(mc, model_, *test_);
   SAT_CHECK(train.size() >= cfg.batch, "--batch ", cfg.batch, " is larger than the training set (", train.size(),
             " samples of ", train.name(), ")");
-  SAT_CHECK(mc_.device == Device::cpu || !cfg.sync_bn, "--sync-bn needs --device cpu (GPU data parallelism is not available yet)");
   const int shards = cfg.zero >= 1 ? comm_->size() : 1;
   plan_ = plan_for(*model_.graph, cfg_, train, test_, comm_->size());
   mem_base_ = mem_stats().current;
@@ -165,7 +203,20 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     gpu_->ctx->tf32 = prec.tf32;
     params_->to_device(Device::cuda, prec.act);
     gpu_->opt = std::make_unique<CudaOptimizer>(cfg_.optim, params_->flat_size(), prec.act, prec.loss_scaling);
+    if (gpu_nccl) {
+      int least = 0, greatest = 0;
+      SAT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      SAT_CUDA_CHECK(cudaStreamCreateWithPriority(&gpu_->comm_stream, cudaStreamNonBlocking, greatest));
+      SAT_CUDA_CHECK(cudaEventCreateWithFlags(&gpu_->reduced, cudaEventDisableTiming));
+      gpu_->nccl = dist::make_nccl_comm(*comm_, dev_index, gpu_->comm_stream);
+    }
+    if (cfg.measure_noise) {
+      SAT_CUDA_CHECK(cudaMalloc(&gpu_->norms, 2 * sizeof(double)));
+      SAT_CUDA_CHECK(cudaMalloc(&gpu_->norm_partials, cuda::kSumSquaresPartials * sizeof(double)));
+    }
   }
+#else
+  (void)gpu_nccl;
 #endif
   engine_ = std::make_unique<Engine>(*model_.graph, *params_, gpu_ ? gpu_ctx() : nullptr);
   if (cfg.sync_bn && comm_->size() > 1) {
@@ -173,12 +224,18 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     engine_->set_replica_sum(replica_sum_.get());
   }
   opt_ = std::make_unique<Optimizer>(cfg_.optim);
-  const int rank = comm_->rank(), world = comm_->size();
+  const int rank = comm_->rank();
   train_loader_ = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true, kPrefetch,
                                                 Sharding{rank, world, cfg.accum, cfg.last_batch});
   if (test_)
     test_loader_ = std::make_unique<BatchLoader>(*test_, cfg.batch, false, cfg.seed, false, kPrefetch, Sharding{rank, world});
-  if (world > 1 && cfg.zero == 0) plan_buckets();
+  if ((world > 1 || gpu_nccl) && cfg.zero == 0) plan_buckets();
+#if SAT_HAVE_CUDA
+  if (gpu_ && gpu_->nccl) {
+    gpu_->bucket_ready.resize(buckets_.size());
+    for (auto& e : gpu_->bucket_ready) SAT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+#endif
 }
 
 Trainer::~Trainer() = default;
@@ -269,7 +326,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       comm_window = comm_exposed = 0;
     }
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
-    double loss = on_gpu() ? step_gpu(step, lr, epoch, batch, graphs && step >= 1, step + 1 < total)
+    double loss = on_gpu() ? step_gpu(step, lr, epoch, batch, graphs && step >= 1, step + 1 < total,
+                                      cfg_.measure_noise ? &r.grad_norms : nullptr)
                            : step_cpu(step, lr, epoch, batch, comm_window, comm_exposed,
                                       cfg_.measure_noise ? &r.grad_norms : nullptr);
     SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == "fp16"), "training diverged: the loss of step ", step + 1, " is ", loss,
@@ -307,6 +365,10 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   if (sampler) sampler->stop();
   const double t_end = now_seconds();
   engine_->set_profiling(false);
+  r.comm_backend = comm_->size() > 1 ? comm_->backend_name() : "";
+#if SAT_HAVE_CUDA
+  if (gpu_ && gpu_->nccl) r.comm_backend = gpu_->nccl->backend_name();
+#endif
   r.comm_seconds = comm_window;
   r.comm_hidden_fraction = comm_window > 0 ? std::clamp(1.0 - comm_exposed / comm_window, 0.0, 1.0) : 0.0;
   {
@@ -316,6 +378,22 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     comm_->all_gather(&mine, all.data(), 1, DType::f64)->wait();
     r.rank_step_seconds = all;
   }
+  // Per-rank BatchNorm statistics differ between ranks: evaluate (and save) rank 0's,
+  // as DDP does by broadcasting its buffers.
+  if (comm_->size() > 1 && !cfg_.sync_bn)
+    for (size_t i = 0; i < params_->num_states(); ++i) {
+      if (on_gpu()) {
+#if SAT_HAVE_CUDA
+        // The states live on the GPU: broadcast there (the last step has finished: step_gpu
+        // waited for it), before finish_gpu copies them to the host.
+        Tensor t = params_->state(i);
+        gpu_->nccl->broadcast(t.ptr, size_t(t.numel()), t.dtype, 0)->wait();
+#endif
+      } else {
+        Tensor t = params_->host_state(i);
+        comm_->broadcast_sync(t.ptr, size_t(t.numel()), t.dtype, 0);
+      }
+    }
   if (on_gpu()) {
     finish_gpu(r);
     if (sampler && sampler->available() && sampler->stats().util_samples > 0)
@@ -326,13 +404,6 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   r.train_seconds = t_end - t_train;
   const int64_t measured = total - r.warmup_excluded;
   r.samples_per_second = measured > 0 ? double(measured * global_batch) / (t_end - t_measure) : 0;
-  // Per-rank BatchNorm statistics differ between ranks: evaluate (and save) rank 0's,
-  // as DDP does by broadcasting its buffers.
-  if (comm_->size() > 1 && !on_gpu() && !(cfg_.sync_bn))
-    for (size_t i = 0; i < params_->num_states(); ++i) {
-      Tensor t = params_->host_state(i);
-      comm_->broadcast_sync(t.ptr, size_t(t.numel()), t.dtype, 0);
-    }
   if (test_) {
     if (progress) std::fprintf(stderr, "evaluating on %s (%lld samples)\n", test_->name().c_str(), (long long)test_->size());
     r.test = evaluate();
@@ -450,10 +521,23 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
 // uploaded on the copy stream. With graphs, each (slot, first, last) variant of a
 // micro-batch (forward, backward and, on the last, the optimizer) is captured once and
 // replayed; the first step always runs eagerly (library heuristics, algorithm caches).
-double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next) {
+double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next,
+                         std::vector<GradNormSample>* norms) {
   Gpu& G = *gpu_;
   cudaStream_t st = G.ctx->stream;
   double loss_sum = 0;
+  const float* scale = G.opt->loss_scaling() ? G.opt->loss_scale_device() : nullptr;
+  // Gradient buckets over NCCL (see Gpu): each bucket's all-reduce is queued on the comm
+  // stream as soon as backward has queued its last gradient.
+  std::vector<bool> launched(buckets_.size(), false);
+  auto launch = [&](size_t b) {
+    launched[b] = true;
+    const Bucket& bk = buckets_[b];
+    SAT_CUDA_CHECK(cudaEventRecord(G.bucket_ready[b], st));
+    SAT_CUDA_CHECK(cudaStreamWaitEvent(G.comm_stream, G.bucket_ready[b], 0));
+    G.works.push_back(G.nccl->all_reduce(params_->flat_grads() + bk.lo, size_t(bk.hi - bk.lo), DType::f32,
+                                         dist::ReduceOp::avg));
+  };
   auto drain = [&](int slot) {
     if (gpu_pending_[size_t(slot)]) {
       loss_sum += engine_->wait_slot(slot);
@@ -478,8 +562,27 @@ double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, b
     engine_->set_seed(slot, mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)));
     auto body = [&](bool capturing) {
       engine_->queue_forward(slot, true);
+      if (last && G.nccl) {
+        std::fill(launched.begin(), launched.end(), false);
+        engine_->set_backward_hook([&](int node) {
+          for (size_t b = 0; b < buckets_.size(); ++b)
+            if (!launched[b] && buckets_[b].ready_node == node) launch(b);
+        });
+      }
       engine_->queue_backward(first);
+      engine_->set_backward_hook({});
+      // Noise scale: this rank's first micro-batch alone (backward scaled it by 1/accum).
+      if (norms && first)
+        cuda::sum_squares(params_->flat_grads(), params_->flat_size(), scale, G.norms, G.norm_partials, st);
       if (last) {
+        if (G.nccl) {
+          for (size_t b = 0; b < buckets_.size(); ++b)
+            if (!launched[b]) launch(b);
+          SAT_CUDA_CHECK(cudaEventRecord(G.reduced, G.comm_stream));
+          SAT_CUDA_CHECK(cudaStreamWaitEvent(st, G.reduced, 0));
+        }
+        if (norms)
+          cuda::sum_squares(params_->flat_grads(), params_->flat_size(), scale, G.norms + 1, G.norm_partials, st);
         if (capturing) G.opt->upload_lr(st);
         G.opt->step(params_->flat_params(), params_->flat_grads(),
                     params_->optimizer_slots() ? params_->flat_slot(0) : nullptr, params_->flat_lp(), st);
@@ -528,7 +631,22 @@ double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, b
   }
   drain(0);
   drain(1);
-  return loss_sum / double(cfg_.accum);
+  G.works.clear();  // complete: the compute stream waited for them before the optimizer
+  double loss = loss_sum / double(cfg_.accum);
+  const int world = comm_->size();
+  // The reported loss is the mean over the whole global batch (equal micro-batches).
+  if (world > 1) comm_->all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
+  if (norms) {
+    double v[2] = {0, 0};
+    SAT_CUDA_CHECK(cudaMemcpy(v, G.norms, sizeof v, cudaMemcpyDeviceToHost));
+    const double k = double(cfg_.accum);
+    v[0] *= k * k;
+    if (world > 1) comm_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::avg);
+    // fp16: a step skipped for inf/NaN gradients has no usable norms.
+    if (std::isfinite(v[0]) && std::isfinite(v[1]))
+      norms->push_back({v[0], v[1], cfg_.batch, cfg_.batch * cfg_.accum * world});
+  }
+  return loss;
 }
 
 void Trainer::finish_gpu(TrainResult& r) {
@@ -564,7 +682,9 @@ void Trainer::finish_gpu(TrainResult& r) {
   params_->sync_to_host();
 }
 #else
-double Trainer::step_gpu(int64_t, float, int64_t&, Batch&, bool, bool) { fail("no CUDA backend"); }
+double Trainer::step_gpu(int64_t, float, int64_t&, Batch&, bool, bool, std::vector<GradNormSample>*) {
+  fail("no CUDA backend");
+}
 void Trainer::finish_gpu(TrainResult&) {}
 #endif
 

@@ -49,8 +49,13 @@ struct TrainConfig {
   // probes; all ranks stop at the same step.
   double time_limit = 0;
   // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared
-  // norm of the first micro-batch's gradient and of the whole global batch's (CPU).
+  // norm of the first micro-batch's gradient and of the whole global batch's.
   bool measure_noise = false;
+  // Where gradients are reduced: "auto" (host memory over `comm` on the CPU; GPU memory
+  // over NCCL, bootstrapped over `comm`, on GPUs with more than one rank), "mpi" (host
+  // memory; CPU only) or "nccl" (GPU only; also with one rank, where the reduction is a
+  // copy: a check that the NCCL path changes nothing).
+  std::string dist_backend = "auto";
   // GPU: --device, --precision fp32|tf32|bf16|fp16, --cuda-graph.
   std::string device = "cpu";
   std::string precision = "fp32";
@@ -92,9 +97,12 @@ struct TrainResult {
   std::vector<GradNormSample> grad_norms;  // with measure_noise
   // Data parallelism.
   int world_size = 1;
+  std::string comm_backend;         // what reduced the gradients: "mpi", "nccl", or "" (one process)
   int64_t global_batch = 0;
-  double comm_seconds = 0;          // gradient reduction: first bucket launched .. all reduced, summed over steps
-  double comm_hidden_fraction = 0;  // share of that time that overlapped backward
+  // Gradient reduction, first bucket launched .. all reduced, summed over the measured
+  // steps, and the share of it that overlapped backward (CPU; not measured on GPUs: 0).
+  double comm_seconds = 0;
+  double comm_hidden_fraction = 0;
   std::vector<double> rank_step_seconds;  // mean step time of every rank (measured steps)
   // GPU.
   std::string device = "cpu";
@@ -163,7 +171,8 @@ class Trainer {
   std::string gpu_pci_bus_id() const;
   double step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window, double& comm_exposed,
                   std::vector<GradNormSample>* norms);
-  double step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next);
+  double step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, bool graphs, bool prefetch_next,
+                  std::vector<GradNormSample>* norms);
   void finish_gpu(TrainResult& r);
   int64_t gpu_micro_ = 0;       // micro-batches queued so far (slot = gpu_micro_ % 2)
   bool gpu_staged_ = false;     // the next micro-batch is already staged and uploading

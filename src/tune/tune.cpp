@@ -278,7 +278,7 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
 
   // ---- the gradient noise scale, measured at the chosen micro-batch ----------------------
   const int64_t noise_micro = pick->micro_batch;
-  if (cfg.noise_steps > 0 && dev == Device::cpu && train.size() >= 2 * noise_micro * world) {
+  if (cfg.noise_steps > 0 && train.size() >= 2 * noise_micro * world) {
     std::vector<GradNormSample> norms;
     std::string rule;
     const float lr = scale_lr(base.optim.name, base.optim.lr, cfg.lr_batch, 2 * noise_micro * world);

@@ -122,6 +122,12 @@ void fill(void* dst, DType t, float value, int64_t n, cudaStream_t stream);
 void add_into(void* dst, const void* src, DType t, int64_t n, cudaStream_t stream);
 // *x *= *scale, both f32 scalars in device memory (seeds backward with the loss scale).
 void scale_scalar(float* x, const float* scale, cudaStream_t stream);
+// *out = sum(x[i]^2) / (*scale)^2 in float64 (scale: an f32 scalar in device memory, or
+// null for 1), deterministic for a given n. partials: kSumSquaresPartials doubles of
+// device scratch. Capturable. (The gradient noise scale's squared norms, unscaled by
+// the fp16 loss scale.)
+constexpr int kSumSquaresPartials = 256;
+void sum_squares(const float* x, int64_t n, const float* scale, double* out, double* partials, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace sat

@@ -2,6 +2,7 @@
 // to their low-precision copies, results back to f32 for checks).
 #include "backend/cuda/context.h"
 #include "backend/cuda/dtype.cuh"
+#include "backend/cuda/reduce.cuh"
 
 #include <type_traits>
 
@@ -27,6 +28,28 @@ __global__ void add_kernel(T* __restrict__ d, const T* __restrict__ s, int64_t n
 }
 
 __global__ void scale_scalar_kernel(float* x, const float* scale) { *x *= *scale; }
+
+// Sum of squares in two fixed-shape stages (kSumSquaresPartials blocks, then one), so the
+// result does not depend on timing: the same input gives the same double every run.
+__global__ void sumsq_partial_kernel(const float* __restrict__ x, int64_t n, double* __restrict__ partials) {
+  double s = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void sumsq_final_kernel(const double* __restrict__ partials, int np, const float* scale, double* out) {
+  double s = 0;
+  for (int i = int(threadIdx.x); i < np; i += int(blockDim.x)) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    const double k = scale ? double(*scale) : 1.0;
+    *out = s / (k * k);
+  }
+}
 
 template <typename S>
 void convert_from(const S* s, void* d, DType dt, int64_t n, cudaStream_t st) {
@@ -77,6 +100,13 @@ void add_into(void* dst, const void* src, DType t, int64_t n, cudaStream_t strea
 
 void scale_scalar(float* x, const float* scale, cudaStream_t stream) {
   scale_scalar_kernel<<<1, 1, 0, stream>>>(x, scale);
+  SAT_CUDA_LAUNCH_CHECK();
+}
+
+void sum_squares(const float* x, int64_t n, const float* scale, double* out, double* partials, cudaStream_t stream) {
+  sumsq_partial_kernel<<<kSumSquaresPartials, 256, 0, stream>>>(x, n, partials);
+  SAT_CUDA_LAUNCH_CHECK();
+  sumsq_final_kernel<<<1, 256, 0, stream>>>(partials, kSumSquaresPartials, scale, out);
   SAT_CUDA_LAUNCH_CHECK();
 }
 
