@@ -100,6 +100,7 @@ TEST(Cli, UnknownModelAndFlag) {
   expect_user_error(saturate("bench comm --backend gloo"), "--backend");
   if (sat::cuda_device_count() == 0)  // no GPU (or no NCCL in this build): a clear error, not a crash
     expect_user_error(saturate("bench comm --backend nccl"), "--backend nccl");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --noise-scale"), "--noise-scale needs --accum 2");
   expect_user_error(saturate("info --model mlp --zero 3"), "--zero");
   expect_user_error(saturate("info --model mlp --ranks 0"), "--ranks");
 }
@@ -169,6 +170,33 @@ TEST(Cli, TrainWritesSummaryAndMetrics) {
     for (auto key : {"loss", "lr", "samples_per_second"}) EXPECT_TRUE(m.contains(key)) << line;
   }
   EXPECT_EQ(n, 6);
+}
+
+// --noise-scale: every metrics line has the smoothed estimate so far, and summary.json
+// the last one.
+TEST(Cli, NoiseScaleIsMeasuredDuringTraining) {
+  fs::path d = tmpdir("noise");
+  CmdResult r = saturate("train --model mlp --data synthetic --batch 16 --accum 2 --steps 30 --lr 0.05 --threads 1 --eval off "
+                         "--noise-scale --out " + d.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("gradient noise scale"), std::string::npos) << r.out;
+  std::ifstream mf(d / "metrics.jsonl");
+  std::string line;
+  double last = -1;
+  int n = 0;
+  while (std::getline(mf, line)) {
+    auto m = nlohmann::json::parse(line);
+    ASSERT_TRUE(m.contains("noise_scale")) << line;
+    last = m["noise_scale"].get<double>();
+    EXPECT_GE(last, 0) << line;
+    ++n;
+  }
+  EXPECT_EQ(n, 30);
+  std::ifstream sf(d / "summary.json");
+  auto s = nlohmann::json::parse(sf);
+  ASSERT_TRUE(s["noise_scale"].is_number()) << s.dump();
+  EXPECT_GT(s["noise_scale"].get<double>(), 0);
+  EXPECT_NEAR(s["noise_scale"].get<double>(), last, 1e-5 * last);
 }
 
 TEST(Cli, GptSummaryHasTokensPerSecond) {

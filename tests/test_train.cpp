@@ -15,6 +15,7 @@
 #include "nn/models.h"
 #include "nn/safetensors.h"
 #include "optim/optimizer.h"
+#include "train/noise.h"
 #include "train/trainer.h"
 
 namespace {
@@ -244,4 +245,37 @@ TEST(DistBackend, UnknownOrMismatchedBackendIsAClearError) {
   EXPECT_NE(message().find("--dist-backend nccl needs --device cuda"), std::string::npos) << message();
   cfg.dist_backend = "mpi";  // a world of one on the CPU: nothing to reduce, accepted
   EXPECT_EQ(message(), "(accepted)");
+}
+
+// measure_noise during training: each step's metrics carry the moving average of the
+// estimator over the steps so far, the result its last value.
+TEST(NoiseDuringTraining, StepMetricsFollowTheMovingAverageOfTheNorms) {
+  sat::cpu::set_num_threads(2);
+  auto mc = sat::model_config("mlp");
+  auto data = synthetic_for(mc);
+  sat::TrainConfig cfg;
+  cfg.batch = 16;
+  cfg.accum = 2;
+  cfg.steps = 25;
+  cfg.optim.lr = 0.05f;
+  cfg.evaluate = false;
+  cfg.progress = 0;
+  cfg.measure_noise = true;
+  sat::Trainer t(mc, cfg, *data.train, nullptr);
+  std::vector<double> seen;
+  sat::TrainResult r = t.run([&](const sat::StepMetrics& m) { seen.push_back(m.noise_scale); });
+  ASSERT_EQ(r.grad_norms.size(), 25u);
+  ASSERT_EQ(seen.size(), 25u);
+  sat::NoiseScale ema(cfg.noise_decay);
+  for (size_t i = 0; i < r.grad_norms.size(); ++i) {
+    const auto& g = r.grad_norms[i];
+    EXPECT_EQ(g.b_small, 16);
+    EXPECT_EQ(g.b_big, 32);
+    EXPECT_GT(g.small_sq, 0);
+    ema.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
+    EXPECT_DOUBLE_EQ(seen[i], ema.estimate()) << "step " << i + 1;
+  }
+  EXPECT_DOUBLE_EQ(r.noise_scale, ema.estimate());
+  EXPECT_GT(r.noise_scale, 0);
+  std::printf("mlp, micro-batch 16 x 2: noise scale %.3g after 25 steps\n", r.noise_scale);
 }

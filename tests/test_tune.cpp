@@ -24,38 +24,75 @@ using sat::TuneResult;
 // (x.w - y)^2 / 2: the per-sample gradient at w = w* + d is g = (x.d - e) x, so
 // G = d and Sigma = |d|^2 I + d d^T + s^2 I (Isserlis), hence
 // B_simple = tr(Sigma) / |G|^2 = ((D + 1) |d|^2 + D s^2) / |d|^2.
-TEST(NoiseScale, MatchesTheClosedFormOfLinearRegression) {
-  for (double noise_var : {0.0, 4.0}) {
-    const int D = 20, b = 16, B = 128, steps = 400;
-    sat::Rng rng(11);
-    std::vector<double> delta(D);
+struct LinearRegression {
+  static constexpr int D = 20, b = 16, B = 128;
+  sat::Rng rng{11};
+  std::vector<double> delta = std::vector<double>(D), x = std::vector<double>(D), gs = std::vector<double>(D),
+                      gb = std::vector<double>(D);
+  LinearRegression() {
     double d2 = 0;
     for (auto& v : delta) v = rng.normal(), d2 += v * v;
     for (auto& v : delta) v /= std::sqrt(d2);  // |d| = 1
-    const double truth = (D + 1) + D * noise_var;
-    sat::NoiseScale ns;
-    std::vector<double> x(D), gs(D), gb(D);
-    for (int s = 0; s < steps; ++s) {
-      std::fill(gs.begin(), gs.end(), 0.0);
-      std::fill(gb.begin(), gb.end(), 0.0);
-      for (int i = 0; i < B; ++i) {
-        double xd = 0;
-        for (int k = 0; k < D; ++k) x[k] = rng.normal(), xd += x[k] * delta[k];
-        const double r = xd - std::sqrt(noise_var) * rng.normal();
-        for (int k = 0; k < D; ++k) {
-          gb[k] += r * x[k] / B;
-          if (i < b) gs[k] += r * x[k] / b;  // the first micro-batch of the step
-        }
+  }
+  static double truth(double noise_var) { return (D + 1) + D * noise_var; }
+  // One step: the squared norms of the first micro-batch's gradient (b) and the step's (B).
+  void step(sat::NoiseScale& ns, double noise_var) {
+    std::fill(gs.begin(), gs.end(), 0.0);
+    std::fill(gb.begin(), gb.end(), 0.0);
+    for (int i = 0; i < B; ++i) {
+      double xd = 0;
+      for (int k = 0; k < D; ++k) x[k] = rng.normal(), xd += x[k] * delta[k];
+      const double r = xd - std::sqrt(noise_var) * rng.normal();
+      for (int k = 0; k < D; ++k) {
+        gb[k] += r * x[k] / B;
+        if (i < b) gs[k] += r * x[k] / b;  // the first micro-batch of the step
       }
-      double s2 = 0, b2 = 0;
-      for (int k = 0; k < D; ++k) s2 += gs[k] * gs[k], b2 += gb[k] * gb[k];
-      ns.add(s2, b, b2, B);
     }
+    double s2 = 0, b2 = 0;
+    for (int k = 0; k < D; ++k) s2 += gs[k] * gs[k], b2 += gb[k] * gb[k];
+    ns.add(s2, b, b2, B);
+  }
+};
+
+TEST(NoiseScale, MatchesTheClosedFormOfLinearRegression) {
+  for (double noise_var : {0.0, 4.0}) {
+    LinearRegression lr;
+    const double truth = LinearRegression::truth(noise_var);
+    sat::NoiseScale ns;
+    for (int s = 0; s < 400; ++s) lr.step(ns, noise_var);
     std::printf("noise variance %.0f: B_simple estimate %.1f, closed form %.1f (|G|^2 %.3f, tr %.1f)\n", noise_var,
                 ns.estimate(), truth, ns.gradient_sq(), ns.trace());
     EXPECT_NEAR(ns.estimate(), truth, 0.2 * truth);
     EXPECT_NEAR(ns.gradient_sq(), 1.0, 0.2);
   }
+}
+
+// Training's moving averages (decay 0.95) follow a noise scale that changes: after the
+// label noise grows from 0 to 4, the estimate moves from 21 to 101, while the plain mean
+// over all steps stays in between.
+TEST(NoiseScale, MovingAverageFollowsAChangingNoiseScale) {
+  LinearRegression lr;
+  sat::NoiseScale ema(0.95), mean;
+  for (int s = 0; s < 300; ++s) {
+    lr.step(ema, 0.0);
+    lr.step(mean, 0.0);
+  }
+  const double before = ema.estimate();
+  for (int s = 0; s < 300; ++s) {
+    lr.step(ema, 4.0);
+    lr.step(mean, 4.0);
+  }
+  std::printf("moving average: %.1f before (truth %.0f), %.1f after (truth %.0f); plain mean after: %.1f\n", before,
+              LinearRegression::truth(0), ema.estimate(), LinearRegression::truth(4), mean.estimate());
+  EXPECT_NEAR(before, LinearRegression::truth(0), 0.3 * LinearRegression::truth(0));
+  EXPECT_NEAR(ema.estimate(), LinearRegression::truth(4), 0.3 * LinearRegression::truth(4));
+  EXPECT_LT(mean.estimate(), 0.8 * LinearRegression::truth(4));
+  // Bias-corrected: after a single step the average is that step's value, whatever the decay.
+  sat::NoiseScale one(0.95), plain;
+  one.add(3.0, 4, 2.0, 8);  // |G|^2 = (16 - 12) / 4 = 1, tr = (3 - 2) / (1/4 - 1/8) = 8
+  plain.add(3.0, 4, 2.0, 8);
+  EXPECT_DOUBLE_EQ(one.estimate(), 8.0);
+  EXPECT_DOUBLE_EQ(plain.estimate(), 8.0);
 }
 
 TEST(NoiseScale, UndefinedUntilBothTermsArePositive) {

@@ -61,7 +61,7 @@ struct TrainArgs {
   int64_t accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
-  bool nesterov = false, profile = false;
+  bool nesterov = false, profile = false, noise_scale = false;
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
@@ -327,7 +327,19 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
       const int64_t total = a.steps > 0 ? a.steps : a.epochs * per_epoch;
       cfg.schedule.warmup = std::max<int64_t>(a.warmup, int64_t(std::ceil(ch.warmup_fraction * double(total))));
     }
+    if (a.noise_scale && cfg.accum == 1 && cfg.batch % 2 == 0) {
+      // The estimator needs two micro-batches per step: the same global batch as halves.
+      cfg.batch /= 2;
+      cfg.accum = 2;
+      if (lead)
+        std::fprintf(stderr, "--noise-scale: training runs micro-batch %lld x 2 accumulation (the same global batch) "
+                     "to measure it\n", (long long)cfg.batch);
+    }
   }
+  SAT_CHECK(!a.noise_scale || cfg.accum >= 2, "--noise-scale needs --accum 2 or more: the estimator compares one "
+            "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
+            " --accum 2 instead of --batch ", cfg.batch, ")");
+  cfg.measure_noise = a.noise_scale;
   if (tcfg.memory_budget) {
     const sat::MemoryPlan pl = sat::Trainer::plan(mc, cfg, *data.train, cfg.evaluate ? data.test.get() : nullptr, world);
     const size_t need = pl.device ? pl.device : pl.total();
@@ -362,6 +374,14 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s\n", r.samples_per_second,
               (long long)r.warmup_excluded, sat::format_bytes(double(r.predicted_memory_bytes)).c_str(),
               sat::format_bytes(double(r.peak_memory_bytes)).c_str());
+  if (cfg.measure_noise) {
+    if (r.noise_scale > 0)
+      std::printf("gradient noise scale %.4g at the end (smoothed over %zu steps): this run's global batch %lld is "
+                  "%.3gx it\n", r.noise_scale, r.grad_norms.size(), (long long)gb, double(gb) / r.noise_scale);
+    else
+      std::printf("gradient noise scale: not measurable yet (the estimates of |G|^2 and tr(Sigma) are not both "
+                  "positive after %zu steps)\n", r.grad_norms.size());
+  }
 
   if (!a.out.empty()) {
     ordered_json s;
@@ -394,6 +414,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
       if (r.test->accuracy >= 0) s["test_accuracy"] = r.test->accuracy;
       s["test_samples"] = r.test->samples;
     }
+    if (cfg.measure_noise) s["noise_scale"] = r.noise_scale > 0 ? ordered_json(r.noise_scale) : ordered_json(nullptr);
     s["samples_per_second"] = r.samples_per_second;
     s["samples_per_second_note"] = "excludes the first " + std::to_string(r.warmup_excluded) + " steps (warm-up)";
     s["warmup_steps_excluded"] = r.warmup_excluded;
@@ -530,6 +551,9 @@ int main(int argc, char** argv) {
   TrainArgs a, ta;
   auto* train = app.add_subcommand("train", "train a model");
   add_train_options(train, a);
+  train->add_flag("--noise-scale", a.noise_scale,
+                  "measure the gradient noise scale every step (needs --accum 2 or more; with --batch auto it halves the "
+                  "micro-batch): metrics.jsonl and summary.json");
   auto* tune = app.add_subcommand("tune", "find the micro-batch, accumulation and learning rate for a memory budget");
   add_train_options(tune, ta);
 

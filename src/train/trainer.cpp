@@ -14,6 +14,7 @@
 #include "core/timer.h"
 #include "dist/nccl_comm.h"
 #include "profile/nvml.h"
+#include "train/noise.h"
 
 #if SAT_HAVE_CUDA
 #include "backend/cuda/context.h"
@@ -317,6 +318,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     sampler = std::make_unique<GpuSampler>(0, gpu_pci_bus_id());
     sampler->start();
   }
+  NoiseScale noise(cfg_.noise_decay);
   const double t_train = now_seconds();
   for (int64_t step = 0; step < total; ++step) {
     const double t0 = now_seconds();
@@ -335,12 +337,22 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     const double dt = now_seconds() - t0;
     if (step >= r.warmup_excluded) measured_step_seconds += dt;
     StepMetrics m{step + 1, loss, lr, dt, double(global_batch) / dt};
+    if (cfg_.measure_noise) {
+      // A step without norms (fp16: skipped for inf/NaN gradients) leaves the estimate as it was.
+      if (size_t(noise.count()) < r.grad_norms.size()) {
+        const GradNormSample& g = r.grad_norms.back();
+        noise.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
+      }
+      m.noise_scale = noise.estimate();
+    }
     r.losses.push_back(loss);
     if (metrics.is_open()) {
-      char line[256];
-      std::snprintf(line, sizeof line, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_second\": %.6g, \"seconds\": %.6g}\n",
-                    (long long)m.step, m.loss, m.lr, m.samples_per_second, m.seconds);
-      metrics << line << std::flush;
+      char line[320];
+      int n = std::snprintf(line, sizeof line,
+                            "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_second\": %.6g, \"seconds\": %.6g",
+                            (long long)m.step, m.loss, m.lr, m.samples_per_second, m.seconds);
+      if (cfg_.measure_noise) std::snprintf(line + n, sizeof line - size_t(n), ", \"noise_scale\": %.6g", m.noise_scale);
+      metrics << line << "}\n" << std::flush;
     }
     if (on_step) on_step(m);
     if (cfg_.time_limit > 0 && step + 1 < total && step >= r.warmup_excluded + 2) {
@@ -399,6 +411,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (sampler && sampler->available() && sampler->stats().util_samples > 0)
       r.gpu_utilization_mean = sampler->stats().mean_util_pct;
   }
+  r.noise_scale = noise.estimate();
   r.steps = total;
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();
   r.train_seconds = t_end - t_train;

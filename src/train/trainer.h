@@ -3,6 +3,7 @@
 // Nothing here knows about the command line: the CLI fills a TrainConfig.
 #pragma once
 #include <array>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -49,8 +50,11 @@ struct TrainConfig {
   // probes; all ranks stop at the same step.
   double time_limit = 0;
   // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared
-  // norm of the first micro-batch's gradient and of the whole global batch's.
+  // norm of the first micro-batch's gradient and of the whole global batch's. The noise
+  // scale they give, smoothed over steps with this decay (train/noise.h), goes into
+  // metrics.jsonl and TrainResult::noise_scale.
   bool measure_noise = false;
+  double noise_decay = 0.99;
   // Where gradients are reduced: "auto" (host memory over `comm` on the CPU; GPU memory
   // over NCCL, bootstrapped over `comm`, on GPUs with more than one rank), "mpi" (host
   // memory; CPU only) or "nccl" (GPU only; also with one rank, where the reduction is a
@@ -81,6 +85,7 @@ struct StepMetrics {
   double lr;
   double seconds;
   double samples_per_second;
+  double noise_scale = NAN;  // with measure_noise: the smoothed estimate so far (0 while undefined)
 };
 
 struct TrainResult {
@@ -95,6 +100,7 @@ struct TrainResult {
   size_t peak_memory_bytes = 0;
   std::vector<double> losses;
   std::vector<GradNormSample> grad_norms;  // with measure_noise
+  double noise_scale = 0;                  // with measure_noise: the smoothed estimate at the end (0: undefined)
   // Data parallelism.
   int world_size = 1;
   std::string comm_backend;         // what reduced the gradients: "mpi", "nccl", or "" (one process)

@@ -11,20 +11,6 @@
 
 namespace sat {
 
-void NoiseScale::add(double small_sq, int64_t b_small, double big_sq, int64_t b_big) {
-  SAT_CHECK(b_small >= 1 && b_big > b_small, "internal error: noise scale needs batches b < B, got ", b_small, " and ",
-            b_big);
-  const double b = double(b_small), B = double(b_big);
-  g2_ += (B * big_sq - b * small_sq) / (B - b);
-  s_ += (small_sq - big_sq) / (1.0 / b - 1.0 / B);
-  ++n_;
-}
-
-double NoiseScale::estimate() const {
-  const double g2 = gradient_sq(), tr = trace();
-  return g2 > 0 && tr > 0 ? tr / g2 : 0;
-}
-
 double statistical_efficiency(double noise, int64_t ref, int64_t batch) {
   if (!(noise > 0)) return 1;
   return (noise + double(ref)) / (noise + double(batch));

@@ -14,6 +14,7 @@
 
 #include "data/dataset.h"
 #include "nn/models.h"
+#include "train/noise.h"
 #include "train/trainer.h"
 
 namespace sat {
@@ -83,23 +84,8 @@ struct TuneResult {
   double tuning_seconds = 0;
 };
 
-// The two-batch estimator of the gradient noise scale B_simple = tr(Sigma) / |G|^2
-// (McCandlish et al., "An Empirical Model of Large-Batch Training", appendix A): from
-// squared gradient norms at two batch sizes b < B,
-//   |G|^2 ~ (B |G_B|^2 - b |G_b|^2) / (B - b),   tr(Sigma) ~ (|G_b|^2 - |G_B|^2) / (1/b - 1/B),
-// each unbiased; both are averaged over steps before their ratio is taken.
-class NoiseScale {
- public:
-  void add(double small_sq, int64_t b_small, double big_sq, int64_t b_big);
-  int count() const { return n_; }
-  double gradient_sq() const { return n_ ? g2_ / n_ : 0; }  // |G|^2
-  double trace() const { return n_ ? s_ / n_ : 0; }          // tr(Sigma)
-  double estimate() const;  // B_simple; 0 while |G|^2 or tr(Sigma) is not positive
+// NoiseScale, the two-batch estimator of the gradient noise scale: train/noise.h.
 
- private:
-  double g2_ = 0, s_ = 0;
-  int n_ = 0;
-};
 
 // Pollux's statistical efficiency of global batch `batch` relative to `ref`:
 // (noise + ref) / (noise + batch); 1 when the noise scale is unknown (0).
