@@ -174,6 +174,107 @@ std::string tune_cache_dir(const std::string& key) {
   return base + "/saturate/tune/" + hex;
 }
 
+// --batch auto (and saturate tune): tune, or take the cached choice, and put it in cfg
+// (micro-batch, accumulation, learning rate and its warm-up). Returns false for saturate
+// tune, which ends after printing the choice.
+bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc, const sat::DataSplit& data,
+                  const sat::TuneConfig& tcfg, sat::dist::Comm& comm, sat::TrainConfig& cfg) {
+  const bool lead = comm.rank() == 0;
+  const int world = comm.size();
+  SAT_CHECK(a.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");
+  sat::TuneResult tr;
+  bool cached = false;
+  const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
+                                       "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
+                                       a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
+                                       sat::cpu::num_threads());
+  const std::filesystem::path cache = tune_cache_dir(key);
+  if (!tune_only) {
+    // Rank 0 reads the cache and tells the others whether to tune.
+    double hit[4] = {0, 0, 0, 0};
+    if (lead && std::filesystem::exists(cache / "tune.json")) {
+      try {
+        std::ifstream f(cache / "tune.json");
+        auto j = nlohmann::json::parse(f);
+        const auto& c = j.at("choice");
+        hit[0] = 1;
+        hit[1] = c.at("micro_batch").get<double>();
+        hit[2] = c.at("accum").get<double>();
+        hit[3] = c.at("lr").get<double>();
+        tr.choice.reason = c.at("reason").get<std::string>();
+        tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
+        tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
+      } catch (const std::exception&) {
+        hit[0] = 0;  // unreadable: tune again and overwrite it
+      }
+    }
+    comm.broadcast_sync(hit, 4, sat::DType::f64, 0);
+    if (hit[0] > 0) {
+      cached = true;
+      tr.choice.micro_batch = int64_t(hit[1]);
+      tr.choice.accum = int64_t(hit[2]);
+      tr.choice.lr = float(hit[3]);
+      tr.choice.global_batch = tr.choice.micro_batch * tr.choice.accum * world;
+      if (lead) {
+        std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n",
+                     (cache / "tune.json").c_str());
+        // The report of the cached tuning goes with this run's output too.
+        std::error_code ec;
+        if (!a.out.empty() && std::filesystem::exists(cache / "tune.html")) {
+          std::filesystem::create_directories(a.out, ec);
+          for (const char* f : {"tune.json", "tune.html"})
+            std::filesystem::copy_file(cache / f, std::filesystem::path(a.out) / f,
+                                       std::filesystem::copy_options::overwrite_existing, ec);
+        }
+      }
+    }
+  }
+  if (!cached) {
+    sat::TrainConfig base = cfg;
+    tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, [&] {
+      sat::TuneConfig t = tcfg;
+      t.progress = lead ? 1 : 0;
+      return t;
+    }());
+    if (lead) {
+      try {
+        write_tune_files(cache.string(), tr);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tune: could not cache the result (%s); carrying on\n", e.what());
+      }
+      if (!a.out.empty()) write_tune_files(a.out, tr);
+    }
+  }
+  const auto& ch = tr.choice;
+  if (lead) {
+    std::printf("tune: micro-batch %lld x %lld accumulation x %d rank(s) = global batch %lld, lr %.4g (%s from %g at "
+                "batch %lld)\ntune: %s\n",
+                (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, double(ch.lr),
+                ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)a.lr_batch, ch.reason.c_str());
+    if (!a.out.empty() && std::filesystem::exists(a.out + "/tune.html"))
+      std::printf("tune: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
+    std::fflush(stdout);
+  }
+  if (tune_only) return false;
+  cfg.batch = ch.micro_batch;
+  cfg.accum = ch.accum;
+  cfg.optim.lr = ch.lr;
+  if (ch.warmup_fraction > 0) {
+    const int64_t per_epoch = data.train->size() / ch.global_batch;
+    const int64_t total = a.steps > 0 ? a.steps : a.epochs * per_epoch;
+    cfg.schedule.warmup = std::max<int64_t>(a.warmup, int64_t(std::ceil(ch.warmup_fraction * double(total))));
+  }
+  if (a.noise_scale && cfg.accum == 1 && cfg.batch % 2 == 0) {
+    // The estimator needs two micro-batches per step: the same global batch as halves.
+    cfg.batch /= 2;
+    cfg.accum = 2;
+    if (lead)
+      std::fprintf(stderr, "--noise-scale: training runs micro-batch %lld x 2 accumulation (the same global batch) "
+                   "to measure it\n", (long long)cfg.batch);
+  }
+  return true;
+}
+
 int run_train(const TrainArgs& a, bool tune_only = false) {
   const double t0 = sat::now_seconds();
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
@@ -243,99 +344,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
             "--init-weights with --device cuda is not supported yet: load on the CPU (--device cpu)");
   if (lead) std::fprintf(stderr, "saturate %s: %s on %s\n", tune_only ? "tune" : "train", mc.name.c_str(), data.description.c_str());
   const sat::TuneConfig tcfg = tune_config(a);
-  if (auto_batch) {
-    SAT_CHECK(a.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");
-    sat::TuneResult tr;
-    bool cached = false;
-    const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
-                                         "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
-                                         a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
-                                         sat::cpu::num_threads());
-    const std::filesystem::path cache = tune_cache_dir(key);
-    if (!tune_only) {
-      // Rank 0 reads the cache and tells the others whether to tune.
-      double hit[4] = {0, 0, 0, 0};
-      if (lead && std::filesystem::exists(cache / "tune.json")) {
-        try {
-          std::ifstream f(cache / "tune.json");
-          auto j = nlohmann::json::parse(f);
-          const auto& c = j.at("choice");
-          hit[0] = 1;
-          hit[1] = c.at("micro_batch").get<double>();
-          hit[2] = c.at("accum").get<double>();
-          hit[3] = c.at("lr").get<double>();
-          tr.choice.reason = c.at("reason").get<std::string>();
-          tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
-          tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
-        } catch (const std::exception&) {
-          hit[0] = 0;  // unreadable: tune again and overwrite it
-        }
-      }
-      comm->broadcast_sync(hit, 4, sat::DType::f64, 0);
-      if (hit[0] > 0) {
-        cached = true;
-        tr.choice.micro_batch = int64_t(hit[1]);
-        tr.choice.accum = int64_t(hit[2]);
-        tr.choice.lr = float(hit[3]);
-        tr.choice.global_batch = tr.choice.micro_batch * tr.choice.accum * world;
-        if (lead) {
-          std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n",
-                       (cache / "tune.json").c_str());
-          // The report of the cached tuning goes with this run's output too.
-          std::error_code ec;
-          if (!a.out.empty() && std::filesystem::exists(cache / "tune.html")) {
-            std::filesystem::create_directories(a.out, ec);
-            for (const char* f : {"tune.json", "tune.html"})
-              std::filesystem::copy_file(cache / f, std::filesystem::path(a.out) / f,
-                                         std::filesystem::copy_options::overwrite_existing, ec);
-          }
-        }
-      }
-    }
-    if (!cached) {
-      sat::TrainConfig base = cfg;
-      tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, [&] {
-        sat::TuneConfig t = tcfg;
-        t.progress = lead ? 1 : 0;
-        return t;
-      }());
-      if (lead) {
-        try {
-          write_tune_files(cache.string(), tr);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "tune: could not cache the result (%s); carrying on\n", e.what());
-        }
-        if (!a.out.empty()) write_tune_files(a.out, tr);
-      }
-    }
-    const auto& ch = tr.choice;
-    if (lead) {
-      std::printf("tune: micro-batch %lld x %lld accumulation x %d rank(s) = global batch %lld, lr %.4g (%s from %g at "
-                  "batch %lld)\ntune: %s\n",
-                  (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, double(ch.lr),
-                  ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)a.lr_batch, ch.reason.c_str());
-      if (!a.out.empty() && std::filesystem::exists(a.out + "/tune.html"))
-        std::printf("tune: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
-      std::fflush(stdout);
-    }
-    if (tune_only) return 0;
-    cfg.batch = ch.micro_batch;
-    cfg.accum = ch.accum;
-    cfg.optim.lr = ch.lr;
-    if (ch.warmup_fraction > 0) {
-      const int64_t per_epoch = data.train->size() / ch.global_batch;
-      const int64_t total = a.steps > 0 ? a.steps : a.epochs * per_epoch;
-      cfg.schedule.warmup = std::max<int64_t>(a.warmup, int64_t(std::ceil(ch.warmup_fraction * double(total))));
-    }
-    if (a.noise_scale && cfg.accum == 1 && cfg.batch % 2 == 0) {
-      // The estimator needs two micro-batches per step: the same global batch as halves.
-      cfg.batch /= 2;
-      cfg.accum = 2;
-      if (lead)
-        std::fprintf(stderr, "--noise-scale: training runs micro-batch %lld x 2 accumulation (the same global batch) "
-                     "to measure it\n", (long long)cfg.batch);
-    }
-  }
+  if (auto_batch && !apply_tuning(a, tune_only, mc, data, tcfg, *comm, cfg)) return 0;
   SAT_CHECK(!a.noise_scale || cfg.accum >= 2, "--noise-scale needs --accum 2 or more: the estimator compares one "
             "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
             " --accum 2 instead of --batch ", cfg.batch, ")");
