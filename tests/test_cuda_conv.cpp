@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/device.h"
+#include "conv_reference.h"
 #include "cuda_harness.h"
 #include "nn/layers/batchnorm.h"
 #include "nn/layers/conv2d.h"
@@ -41,37 +42,6 @@ const std::vector<ConvCase> kGroupedCases = {
     {2, 4, 32, 33, 8, 1, 1, 0, 4, false}, {2, 6, 11, 9, 6, 5, 3, 2, 6, true},
 };
 
-// y[b,o,oh,ow] = bias[o] + sum over c in o's group, kh, kw of w[o,c',kh,kw] x[b,c,...].
-std::vector<double> grouped_conv_ref(const ConvCase& cc, const float* x, const float* w, const float* bias) {
-  const int64_t Ho = (cc.H + 2 * cc.p - cc.k) / cc.s + 1, Wo = (cc.W + 2 * cc.p - cc.k) / cc.s + 1;
-  const int64_t Cg = cc.C / cc.groups, Og = cc.O / cc.groups;
-  std::vector<double> y(static_cast<size_t>(cc.B * cc.O * Ho * Wo));
-  for (int64_t b = 0; b < cc.B; ++b)
-    for (int64_t o = 0; o < cc.O; ++o)
-      for (int64_t oh = 0; oh < Ho; ++oh)
-        for (int64_t ow = 0; ow < Wo; ++ow) {
-          double acc = bias ? bias[o] : 0.0;
-          const int64_t g = o / Og;
-          for (int64_t cw = 0; cw < Cg; ++cw)
-            for (int64_t kh = 0; kh < cc.k; ++kh)
-              for (int64_t kw = 0; kw < cc.k; ++kw) {
-                const int64_t ih = oh * cc.s - cc.p + kh, iw = ow * cc.s - cc.p + kw;
-                if (ih < 0 || ih >= cc.H || iw < 0 || iw >= cc.W) continue;
-                const int64_t c = g * Cg + cw;
-                acc += double(w[((o * Cg + cw) * cc.k + kh) * cc.k + kw]) *
-                       double(x[((b * cc.C + c) * cc.H + ih) * cc.W + iw]);
-              }
-          y[static_cast<size_t>(((b * cc.O + o) * Ho + oh) * Wo + ow)] = acc;
-        }
-  return y;
-}
-
-double max_abs_diff(const float* a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < b.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
-
 }  // namespace
 
 // ----------------------------------------------------------- CPU: channel groups
@@ -90,49 +60,8 @@ TEST(Conv2dGroups, ForwardAndBackwardMatchNaiveReference) {
   for (const auto& cc : kGroupedCases) {
     SCOPED_TRACE(conv_name(cc));
     sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias, std::nullopt, cc.groups);
-    sat::test::OpCheck opt;
-    opt.inputs = {InputSpec{Shape{cc.B, cc.C, cc.H, cc.W}}};
-    opt.seed = 11;
-    sat::test::LayerRig rig(conv, opt);
-    auto& c = rig.ctx();
-    ASSERT_EQ(c.params[0].shape, (Shape{cc.O, cc.C / cc.groups, cc.k, cc.k}));
-    rig.forward();
-    const float* x = c.in[0].f32();
-    const float* w = c.params[0].f32();
-    const float* bias = cc.bias ? c.params[1].f32() : nullptr;
-    auto y = grouped_conv_ref(cc, x, w, bias);
-    ASSERT_EQ(int64_t(y.size()), c.out.numel());
-    EXPECT_LT(max_abs_diff(c.out.f32(), y), 1e-4);
-
-    rig.backward();
-    const int64_t Ho = c.out.shape[2], Wo = c.out.shape[3], Cg = cc.C / cc.groups, Og = cc.O / cc.groups;
-    const float* dy = c.dout.f32();
-    std::vector<double> dx(static_cast<size_t>(c.in[0].numel())), dw(static_cast<size_t>(c.params[0].numel())),
-        db(static_cast<size_t>(cc.O));
-    for (int64_t b = 0; b < cc.B; ++b)
-      for (int64_t o = 0; o < cc.O; ++o)
-        for (int64_t oh = 0; oh < Ho; ++oh)
-          for (int64_t ow = 0; ow < Wo; ++ow) {
-            const double g = dy[((b * cc.O + o) * Ho + oh) * Wo + ow];
-            db[size_t(o)] += g;
-            for (int64_t cw = 0; cw < Cg; ++cw)
-              for (int64_t kh = 0; kh < cc.k; ++kh)
-                for (int64_t kw = 0; kw < cc.k; ++kw) {
-                  const int64_t ih = oh * cc.s - cc.p + kh, iw = ow * cc.s - cc.p + kw;
-                  if (ih < 0 || ih >= cc.H || iw < 0 || iw >= cc.W) continue;
-                  const int64_t ch = (o / Og) * Cg + cw;
-                  const size_t xi = size_t(((b * cc.C + ch) * cc.H + ih) * cc.W + iw);
-                  const size_t wi = size_t(((o * Cg + cw) * cc.k + kh) * cc.k + kw);
-                  dx[xi] += w[wi] * g;
-                  dw[wi] += x[xi] * g;
-                }
-          }
-    EXPECT_LT(max_abs_diff(c.din[0].f32(), dx), 1e-4);
-    EXPECT_LT(max_abs_diff(c.grads[0].f32(), dw), 2e-3);
-    if (cc.bias) {
-      EXPECT_LT(max_abs_diff(c.grads[1].f32(), db), 1e-3);
-    }
-    EXPECT_TRUE(rig.guards_intact());
+    sat::test::expect_conv_matches_reference(conv, {cc.B, cc.C, cc.H, cc.W, cc.O, cc.k, cc.s, cc.p, cc.groups},
+                                             cc.bias, 11);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "nn/layers/batchnorm.h"
 #include "nn/layers/conv2d.h"
 #include "nn/layers/pool.h"
+#include "conv_reference.h"
 #include "op_harness.h"
 
 using sat::DType;
@@ -22,6 +23,7 @@ using sat::test::check_layer;
 using sat::test::InputSpec;
 using sat::test::LayerRig;
 using sat::test::OpCheck;
+using sat::test::max_abs_diff;
 
 namespace {
 
@@ -58,34 +60,6 @@ const std::vector<ConvCase> kLargeConvCases = {
     {4, 16, 33, 31, 4, 3, 2, 1, false},
 };
 
-// Naive reference: y[b,o,oh,ow] = bias[o] + sum_{c,kh,kw} w[o,c,kh,kw] * x[b,c,oh*s-p+kh,ow*s-p+kw].
-std::vector<double> conv_ref(const ConvCase& cc, const float* x, const float* w, const float* bias) {
-  const int64_t Ho = (cc.H + 2 * cc.p - cc.k) / cc.s + 1, Wo = (cc.W + 2 * cc.p - cc.k) / cc.s + 1;
-  std::vector<double> y(size_t(cc.B * cc.O * Ho * Wo));
-  for (int64_t b = 0; b < cc.B; ++b)
-    for (int64_t o = 0; o < cc.O; ++o)
-      for (int64_t oh = 0; oh < Ho; ++oh)
-        for (int64_t ow = 0; ow < Wo; ++ow) {
-          double acc = bias ? bias[o] : 0.0;
-          for (int64_t c = 0; c < cc.C; ++c)
-            for (int64_t kh = 0; kh < cc.k; ++kh)
-              for (int64_t kw = 0; kw < cc.k; ++kw) {
-                int64_t ih = oh * cc.s - cc.p + kh, iw = ow * cc.s - cc.p + kw;
-                if (ih < 0 || ih >= cc.H || iw < 0 || iw >= cc.W) continue;
-                acc += double(w[((o * cc.C + c) * cc.k + kh) * cc.k + kw]) *
-                       double(x[((b * cc.C + c) * cc.H + ih) * cc.W + iw]);
-              }
-          y[size_t(((b * cc.O + o) * Ho + oh) * Wo + ow)] = acc;
-        }
-  return y;
-}
-
-double max_abs_diff(const float* a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < b.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
-}
-
 }  // namespace
 
 TEST(Conv2d, FiniteDifferences) {
@@ -112,47 +86,7 @@ TEST(Conv2d, ForwardAndBackwardMatchNaiveReference) {
   for (const auto& cc : cases) {
     SCOPED_TRACE(name(cc));
     sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
-    OpCheck opt;
-    opt.inputs = {InputSpec{Shape{cc.B, cc.C, cc.H, cc.W}}};
-    opt.seed = 7;
-    LayerRig rig(conv, opt);
-    auto& c = rig.ctx();
-    rig.forward();
-    const float* x = c.in[0].f32();
-    const float* w = c.params[0].f32();
-    const float* bias = cc.bias ? c.params[1].f32() : nullptr;
-    auto y = conv_ref(cc, x, w, bias);
-    ASSERT_EQ(int64_t(y.size()), c.out.numel());
-    EXPECT_LT(max_abs_diff(c.out.f32(), y), 1e-4);
-
-    // Backward against the naive adjoint: dx, dW, db from dy = c.dout.
-    rig.backward();
-    const int64_t Ho = c.out.shape[2], Wo = c.out.shape[3];
-    const float* dy = c.dout.f32();
-    std::vector<double> dx(size_t(c.in[0].numel())), dw(size_t(c.params[0].numel())), db(size_t(cc.O));
-    for (int64_t b = 0; b < cc.B; ++b)
-      for (int64_t o = 0; o < cc.O; ++o)
-        for (int64_t oh = 0; oh < Ho; ++oh)
-          for (int64_t ow = 0; ow < Wo; ++ow) {
-            double g = dy[((b * cc.O + o) * Ho + oh) * Wo + ow];
-            db[size_t(o)] += g;
-            for (int64_t ch = 0; ch < cc.C; ++ch)
-              for (int64_t kh = 0; kh < cc.k; ++kh)
-                for (int64_t kw = 0; kw < cc.k; ++kw) {
-                  int64_t ih = oh * cc.s - cc.p + kh, iw = ow * cc.s - cc.p + kw;
-                  if (ih < 0 || ih >= cc.H || iw < 0 || iw >= cc.W) continue;
-                  size_t xi = size_t(((b * cc.C + ch) * cc.H + ih) * cc.W + iw);
-                  size_t wi = size_t(((o * cc.C + ch) * cc.k + kh) * cc.k + kw);
-                  dx[xi] += w[wi] * g;
-                  dw[wi] += x[xi] * g;
-                }
-          }
-    EXPECT_LT(max_abs_diff(c.din[0].f32(), dx), 1e-4);
-    EXPECT_LT(max_abs_diff(c.grads[0].f32(), dw), 2e-3);  // sums of up to B*Ho*Wo terms
-    if (cc.bias) {
-      EXPECT_LT(max_abs_diff(c.grads[1].f32(), db), 1e-3);
-    }
-    EXPECT_TRUE(rig.guards_intact());
+    sat::test::expect_conv_matches_reference(conv, {cc.B, cc.C, cc.H, cc.W, cc.O, cc.k, cc.s, cc.p, 1}, cc.bias, 7);
   }
 }
 
