@@ -441,6 +441,19 @@ double squared_norm(const float* g, int64_t n) {
 }
 }  // namespace
 
+void Trainer::add_noise_sample(double small_sq, double big_sq, bool big_sharded, std::vector<GradNormSample>& norms) {
+  const int world = comm_->size();
+  const double k = double(cfg_.accum);
+  double v[2] = {k * k * small_sq, big_sq};  // backward scaled each micro-batch's gradient by 1/accum
+  if (world > 1) {
+    comm_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::avg);
+    if (big_sharded) comm_->all_reduce_sync(v + 1, 1, DType::f64, dist::ReduceOp::sum);
+  }
+  // fp16: a step skipped for inf/NaN gradients has no usable norms.
+  if (std::isfinite(v[0]) && std::isfinite(v[1]))
+    norms.push_back({v[0], v[1], cfg_.batch, cfg_.batch * cfg_.accum * world});
+}
+
 // One optimizer step on the CPU: accum micro-batches, then (data parallel) the
 // gradient buckets, reduced while backward runs (ZeRO-1: reduce-scattered after it),
 // then the update.
@@ -452,6 +465,7 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
   std::vector<bool> launched(buckets_.size(), false);
   double t_first = -1, cpu_first = 0;
   const bool zero = cfg_.zero >= 1 && world > 1;
+  double small_sq = 0;  // measure_noise: |this rank's first micro-batch's gradient|^2, as backward left it
   auto launch = [&](size_t b) {
     if (t_first < 0) t_first = now_seconds(), cpu_first = thread_cpu_seconds();
     launched[b] = true;
@@ -465,20 +479,12 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
     engine_->bind(model_.y, batch.y);
     float loss = engine_->forward(true, mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)));
     const bool reduce = world > 1 && !zero && micro + 1 == cfg_.accum;
-    if (reduce)
-      engine_->set_backward_hook([&](int node) {
-        for (size_t b = 0; b < buckets_.size(); ++b)
-          if (!launched[b] && buckets_[b].ready_node == node) launch(b);
-      });
+    if (reduce) engine_->set_backward_hook([&](int node) { launch_ready(launched, node, launch); });
     engine_->backward(1.0f / float(cfg_.accum), micro == 0);
     engine_->set_backward_hook({});
     loss_sum += loss;
-    // Noise scale: this rank's first micro-batch alone (backward scaled it by 1/accum).
-    if (norms && micro == 0) {
-      const double k = double(cfg_.accum);
-      norms->push_back({k * k * squared_norm(params_->flat_grads(), params_->flat_size()), 0, cfg_.batch,
-                        cfg_.batch * cfg_.accum * world});
-    }
+    // Noise scale: this rank's first micro-batch alone.
+    if (norms && micro == 0) small_sq = squared_norm(params_->flat_grads(), params_->flat_size());
   }
   double loss = loss_sum / double(cfg_.accum);
   if (world > 1) {
@@ -490,8 +496,7 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
       comm_->reduce_scatter(g, g + params_->shard_begin(), size_t(params_->shard_len()), DType::f32,
                             dist::ReduceOp::avg)->wait();
     } else {
-      for (size_t b = 0; b < buckets_.size(); ++b)
-        if (!launched[b]) launch(b);
+      launch_ready(launched, -1, launch);
       for (auto& w : works) w->wait();
     }
     const double t_done = now_seconds();
@@ -505,18 +510,12 @@ double Trainer::step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, d
     // The reported loss is the mean over the whole global batch (equal micro-batches).
     comm_->all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
   }
-  if (norms) {
-    // The global batch's gradient (under ZeRO-1 each rank holds its shard of it).
-    GradNormSample& ns = norms->back();
-    double v[2] = {ns.small_sq, zero ? squared_norm(params_->flat_grads() + params_->shard_begin(), params_->shard_len())
-                                     : squared_norm(params_->flat_grads(), params_->flat_size())};
-    if (world > 1) {
-      comm_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::avg);
-      if (zero) comm_->all_reduce_sync(v + 1, 1, DType::f64, dist::ReduceOp::sum);
-    }
-    ns.small_sq = v[0];
-    ns.big_sq = v[1];
-  }
+  // The global batch's gradient (under ZeRO-1 each rank holds its shard of it).
+  if (norms)
+    add_noise_sample(small_sq,
+                     zero ? squared_norm(params_->flat_grads() + params_->shard_begin(), params_->shard_len())
+                          : squared_norm(params_->flat_grads(), params_->flat_size()),
+                     zero, *norms);
   if (std::isfinite(loss)) {
     opt_->step(*params_, lr);
     // ZeRO-1: every rank updated its shard; gather the whole parameter array back.
@@ -577,10 +576,7 @@ double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, b
       engine_->queue_forward(slot, true);
       if (last && G.nccl) {
         std::fill(launched.begin(), launched.end(), false);
-        engine_->set_backward_hook([&](int node) {
-          for (size_t b = 0; b < buckets_.size(); ++b)
-            if (!launched[b] && buckets_[b].ready_node == node) launch(b);
-        });
+        engine_->set_backward_hook([&](int node) { launch_ready(launched, node, launch); });
       }
       engine_->queue_backward(first);
       engine_->set_backward_hook({});
@@ -589,8 +585,7 @@ double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, b
         cuda::sum_squares(params_->flat_grads(), params_->flat_size(), scale, G.norms, G.norm_partials, st);
       if (last) {
         if (G.nccl) {
-          for (size_t b = 0; b < buckets_.size(); ++b)
-            if (!launched[b]) launch(b);
+          launch_ready(launched, -1, launch);
           SAT_CUDA_CHECK(cudaEventRecord(G.reduced, G.comm_stream));
           SAT_CUDA_CHECK(cudaStreamWaitEvent(st, G.reduced, 0));
         }
@@ -652,12 +647,7 @@ double Trainer::step_gpu(int64_t step, float lr, int64_t& epoch, Batch& batch, b
   if (norms) {
     double v[2] = {0, 0};
     SAT_CUDA_CHECK(cudaMemcpy(v, G.norms, sizeof v, cudaMemcpyDeviceToHost));
-    const double k = double(cfg_.accum);
-    v[0] *= k * k;
-    if (world > 1) comm_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::avg);
-    // fp16: a step skipped for inf/NaN gradients has no usable norms.
-    if (std::isfinite(v[0]) && std::isfinite(v[1]))
-      norms->push_back({v[0], v[1], cfg_.batch, cfg_.batch * cfg_.accum * world});
+    add_noise_sample(v[0], v[1], false, *norms);
   }
   return loss;
 }

@@ -173,6 +173,17 @@ class Trainer {
   struct Bucket { int64_t lo, hi; int ready_node; };
   std::vector<Bucket> buckets_;
   void plan_buckets();
+  // Calls launch(b) for every bucket b not launched yet whose gradients are final after
+  // backward node `node` (-1: every bucket left); launch marks it launched.
+  template <class F>
+  void launch_ready(const std::vector<bool>& launched, int node, F&& launch) const {
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (!launched[b] && (node < 0 || buckets_[b].ready_node == node)) launch(b);
+  }
+  // The noise estimator's sample of one step: small_sq = |this rank's first micro-batch's
+  // gradient|^2 as backward left it (scaled by 1/accum), big_sq = |the reduced gradient|^2
+  // (big_sharded: of this rank's ZeRO-1 shard only). Averages small_sq over the ranks.
+  void add_noise_sample(double small_sq, double big_sq, bool big_sharded, std::vector<GradNormSample>& norms);
   CudaCtx* gpu_ctx() const;
   std::string gpu_pci_bus_id() const;
   double step_cpu(int64_t step, float lr, int64_t& epoch, Batch& batch, double& comm_window, double& comm_exposed,
