@@ -39,13 +39,8 @@ namespace {
 
 float small_value(size_t i) { return float(int64_t((i * 7) % 23) - 7); }
 
-struct RunOut {
-  TrainResult r;
-  std::vector<double> losses;
-};
-
 // A short GPU (or CPU) run of `model` on its synthetic data.
-RunOut train_run(const std::string& model, const std::string& device, const std::string& backend, bool graphs,
+TrainResult train_run(const std::string& model, const std::string& device, const std::string& backend, bool graphs,
                  int64_t accum, int steps, bool noise = false, const std::string& precision = "fp32",
                  double bucket_mb = 0.05) {
   cpu::set_num_threads(2);
@@ -67,10 +62,7 @@ RunOut train_run(const std::string& model, const std::string& device, const std:
   cfg.bucket_mb = bucket_mb;  // several buckets, launched during backward
   cfg.measure_noise = noise;
   Trainer t(mc, cfg, *data.train, data.test.get());
-  RunOut o;
-  o.r = t.run();
-  o.losses = o.r.losses;
-  return o;
+  return t.run();
 }
 
 double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -146,20 +138,20 @@ TEST(CudaDataParallel, NcclWorldOfOneFollowsTheSameTrajectory) {
   for (const char* model : {"mlp", "gpt-mini"}) {
     for (bool graphs : {false, true}) {
       SCOPED_TRACE(std::string(model) + (graphs ? ", graphs" : ", eager"));
-      RunOut plain = train_run(model, "cuda", "auto", graphs, 2, 12);
-      RunOut nccl = train_run(model, "cuda", "nccl", graphs, 2, 12);
-      EXPECT_EQ(plain.r.comm_backend, "");
-      EXPECT_EQ(nccl.r.comm_backend, "nccl");
-      EXPECT_EQ(nccl.r.graph_replay, graphs);
+      TrainResult plain = train_run(model, "cuda", "auto", graphs, 2, 12);
+      TrainResult nccl = train_run(model, "cuda", "nccl", graphs, 2, 12);
+      EXPECT_EQ(plain.comm_backend, "");
+      EXPECT_EQ(nccl.comm_backend, "nccl");
+      EXPECT_EQ(nccl.graph_replay, graphs);
       ASSERT_EQ(nccl.losses.size(), 12u);
       const double d = max_rel_diff(nccl.losses, plain.losses);
       std::printf("%s %s: max relative loss difference, NCCL vs none, 12 steps: %.3g (first %.6f, last %.6f)\n",
                   model, graphs ? "graphs" : "eager", d, nccl.losses.front(), nccl.losses.back());
       EXPECT_LE(d, 1e-6);
       EXPECT_LT(nccl.losses.back(), nccl.losses.front());  // it trains
-      ASSERT_TRUE(nccl.r.test && plain.r.test);
-      EXPECT_NEAR(nccl.r.test->loss, plain.r.test->loss, 1e-6 * std::abs(plain.r.test->loss));
-      EXPECT_EQ(nccl.r.test->samples, plain.r.test->samples);
+      ASSERT_TRUE(nccl.test && plain.test);
+      EXPECT_NEAR(nccl.test->loss, plain.test->loss, 1e-6 * std::abs(plain.test->loss));
+      EXPECT_EQ(nccl.test->samples, plain.test->samples);
     }
   }
 }
@@ -169,17 +161,17 @@ TEST(CudaDataParallel, NcclWorldOfOneFollowsTheSameTrajectory) {
 // CPU engine's; with NCCL they are the same again; fp16 divides its loss scale out.
 TEST(CudaDataParallel, NoiseNormsMatchTheCpu) {
   SAT_REQUIRE_NCCL();
-  RunOut cpu = train_run("mlp", "cpu", "auto", false, 2, 4, true);
-  RunOut gpu = train_run("mlp", "cuda", "auto", true, 2, 4, true);
-  RunOut gpu_nccl = train_run("mlp", "cuda", "nccl", true, 2, 4, true);
-  RunOut gpu16 = train_run("mlp", "cuda", "auto", true, 2, 4, true, "fp16");
-  ASSERT_EQ(cpu.r.grad_norms.size(), 4u);
-  ASSERT_EQ(gpu.r.grad_norms.size(), 4u);
-  ASSERT_EQ(gpu_nccl.r.grad_norms.size(), 4u);
-  ASSERT_EQ(gpu16.r.skipped_steps, 0) << "fp16 skipped a step: its first norms belong to another batch";
-  ASSERT_FALSE(gpu16.r.grad_norms.empty());
-  const GradNormSample &c = cpu.r.grad_norms[0], &g = gpu.r.grad_norms[0], &n = gpu_nccl.r.grad_norms[0],
-                       &h = gpu16.r.grad_norms[0];
+  TrainResult cpu = train_run("mlp", "cpu", "auto", false, 2, 4, true);
+  TrainResult gpu = train_run("mlp", "cuda", "auto", true, 2, 4, true);
+  TrainResult gpu_nccl = train_run("mlp", "cuda", "nccl", true, 2, 4, true);
+  TrainResult gpu16 = train_run("mlp", "cuda", "auto", true, 2, 4, true, "fp16");
+  ASSERT_EQ(cpu.grad_norms.size(), 4u);
+  ASSERT_EQ(gpu.grad_norms.size(), 4u);
+  ASSERT_EQ(gpu_nccl.grad_norms.size(), 4u);
+  ASSERT_EQ(gpu16.skipped_steps, 0) << "fp16 skipped a step: its first norms belong to another batch";
+  ASSERT_FALSE(gpu16.grad_norms.empty());
+  const GradNormSample &c = cpu.grad_norms[0], &g = gpu.grad_norms[0], &n = gpu_nccl.grad_norms[0],
+                       &h = gpu16.grad_norms[0];
   std::printf("step 1 |g_small|^2, |g_big|^2: cpu %.6g %.6g, gpu %.6g %.6g, gpu nccl %.6g %.6g, gpu fp16 %.6g %.6g\n",
               c.small_sq, c.big_sq, g.small_sq, g.big_sq, n.small_sq, n.big_sq, h.small_sq, h.big_sq);
   EXPECT_GT(c.small_sq, c.big_sq);  // one micro-batch is noisier than two

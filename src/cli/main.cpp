@@ -653,12 +653,7 @@ int main(int argc, char** argv) {
       std::unique_ptr<sat::dist::Comm> nccl;
       if (bc_backend == "nccl") {
         SAT_CHECK(sat::dist::have_nccl(), "--backend nccl: this saturate was built without NCCL");
-        const int ngpu = sat::cuda_device_count();
-        SAT_CHECK(ngpu > 0, "--backend nccl: no usable GPU (", sat::cuda_unavailable_reason(), ")");
-        const sat::dist::ProcessInfo pi = sat::dist::detect_process();
-        SAT_CHECK(pi.local_world <= ngpu, "--backend nccl: ", pi.local_world, " ranks on this node but ", ngpu,
-                  " GPU(s); NCCL needs a GPU of its own for every rank");
-        nccl = sat::dist::make_nccl_comm(*comm, pi.local_rank);  // one GPU per rank, by local rank
+        nccl = sat::dist::make_nccl_comm(*comm, sat::dist::local_rank_gpu("--backend nccl"));
       }
       auto rows = sat::dist::bench_comm(nccl ? *nccl : *comm, bco, std::cout);
       for (auto& r : rows)

@@ -3,7 +3,21 @@
 // machine without MPI.
 #include "dist/nccl_comm.h"
 
+#include "backend/device.h"
 #include "core/error.h"
+
+namespace sat::dist {
+
+int local_rank_gpu(const std::string& flag) {
+  const int ngpu = cuda_device_count();
+  SAT_CHECK(ngpu > 0, flag, ": no usable GPU (", cuda_unavailable_reason(), ")");
+  const ProcessInfo pi = detect_process();
+  SAT_CHECK(pi.local_world <= ngpu, flag, ": ", pi.local_world, " ranks on this node but ", ngpu,
+            " GPU(s); NCCL needs a GPU of its own for every rank");
+  return pi.local_rank;
+}
+
+}  // namespace sat::dist
 
 #if SAT_HAVE_CUDA && SAT_HAVE_NCCL
 #include <nccl.h>
@@ -109,7 +123,9 @@ class DoneWork final : public Work {
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(Comm& boot, int dev, cudaStream_t stream) : rank_(boot.rank()), size_(boot.size()), dev_(dev), stream_(stream) {
+  // own_stream: the communicator destroys `stream` with itself (make_nccl_comm(boot, dev)).
+  NcclComm(Comm& boot, int dev, cudaStream_t stream, bool own_stream = false)
+      : rank_(boot.rank()), size_(boot.size()), dev_(dev), stream_(stream), own_stream_(own_stream) {
     SAT_CHECK(boot.device() == Device::cpu, "make_nccl_comm: the bootstrap communicator must work on host memory (",
               boot.backend_name(), " does not)");
     int ndev = 0;
@@ -156,6 +172,7 @@ class NcclComm final : public Comm {
         comm_ = nullptr;
       }
       if (scratch_) cudaFree(scratch_);
+      if (own_stream_) cudaStreamDestroy(stream_);
     } catch (...) {
     }
   }
@@ -412,6 +429,7 @@ class NcclComm final : public Comm {
 
   int rank_, size_, dev_;
   cudaStream_t stream_;
+  bool own_stream_;
   ncclComm_t comm_ = nullptr;
   int32_t* scratch_ = nullptr;  // the barrier's all-reduce
 };
@@ -424,52 +442,22 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device, CUstream_st* s
   return std::make_unique<NcclComm>(boot, cuda_device, stream);
 }
 
-namespace {
-// A communicator with the stream it runs on: the stream outlives the communicator.
-class OwnStreamComm final : public Comm {
- public:
-  OwnStreamComm(Comm& boot, int dev) {
-    int ndev = 0;
-    SAT_CUDA_CHECK(cudaGetDeviceCount(&ndev));
-    SAT_CHECK(dev >= 0 && dev < ndev, "make_nccl_comm: CUDA device ", dev, " does not exist (", ndev, " devices)");
-    DeviceGuard g(dev);
-    SAT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    try {
-      c_ = std::make_unique<NcclComm>(boot, dev, stream_);
-    } catch (...) {
-      cudaStreamDestroy(stream_);
-      throw;
-    }
-  }
-  ~OwnStreamComm() override {
-    c_.reset();
-    cudaStreamDestroy(stream_);
-  }
-  int rank() const override { return c_->rank(); }
-  int size() const override { return c_->size(); }
-  const char* backend_name() const override { return c_->backend_name(); }
-  Device device() const override { return c_->device(); }
-  WorkPtr all_reduce(void* d, size_t n, DType t, ReduceOp op) override { return c_->all_reduce(d, n, t, op); }
-  WorkPtr reduce_scatter(const void* s, void* r, size_t n, DType t, ReduceOp op) override {
-    return c_->reduce_scatter(s, r, n, t, op);
-  }
-  WorkPtr all_gather(const void* s, void* r, size_t n, DType t) override { return c_->all_gather(s, r, n, t); }
-  WorkPtr broadcast(void* d, size_t n, DType t, int root) override { return c_->broadcast(d, n, t, root); }
-  WorkPtr send(const void* d, size_t n, DType t, int peer, int tag) override { return c_->send(d, n, t, peer, tag); }
-  WorkPtr recv(void* d, size_t n, DType t, int peer, int tag) override { return c_->recv(d, n, t, peer, tag); }
-  WorkPtr send_recv(const void* sd, size_t sn, int dst, void* rd, size_t rn, int src, DType t, int tag) override {
-    return c_->send_recv(sd, sn, dst, rd, rn, src, t, tag);
-  }
-  void barrier() override { c_->barrier(); }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<Comm> c_;
-};
-}  // namespace
-
 std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device) {
-  return std::make_unique<OwnStreamComm>(boot, cuda_device);
+  int ndev = 0;
+  SAT_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+  SAT_CHECK(cuda_device >= 0 && cuda_device < ndev, "make_nccl_comm: CUDA device ", cuda_device, " does not exist (", ndev,
+            " devices)");
+  cudaStream_t stream = nullptr;
+  {
+    DeviceGuard g(cuda_device);
+    SAT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  try {
+    return std::make_unique<NcclComm>(boot, cuda_device, stream, true);
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
 }
 
 }  // namespace sat::dist

@@ -21,6 +21,7 @@
 //    to completion before the next.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "dist/comm.h"
 
@@ -30,6 +31,11 @@ namespace sat::dist {
 
 // Whether this build has the NCCL backend (CUDA backend and NCCL found).
 bool have_nccl();
+
+// The GPU of this rank: its local rank on its node (NCCL needs a GPU of its own for every
+// rank). Throws sat::Error naming `flag` when there is no usable GPU or the node has more
+// ranks than GPUs.
+int local_rank_gpu(const std::string& flag);
 
 // Throws sat::Error when the build has no NCCL, or when NCCL fails (naming call, file, line).
 std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device, CUstream_st* stream);

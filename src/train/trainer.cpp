@@ -165,13 +165,8 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
             "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
   const bool gpu_nccl = mc_.device == Device::cuda && (be == "nccl" || world > 1);
   // One GPU per rank, picked by the rank's place on its node (as torchrun's LOCAL_RANK).
-  if (mc_.device == Device::cuda && world > 1 && cfg.device.find(':') == std::string::npos) {
-    const dist::ProcessInfo pi = dist::detect_process();
-    const int ngpu = cuda_device_count();
-    SAT_CHECK(pi.local_world <= ngpu, "--device ", cfg.device, ": ", pi.local_world, " ranks on this node but ", ngpu,
-              " GPU(s); NCCL needs a GPU of its own for every rank");
-    dev_index = pi.local_rank;
-  }
+  if (mc_.device == Device::cuda && world > 1 && cfg.device.find(':') == std::string::npos)
+    dev_index = dist::local_rank_gpu("--device " + cfg.device);
   model_ = build_model(mc_, cfg.batch, true);
   check_data(mc, model_, train);
   if (test_) check_data(mc, model_, *test_);
