@@ -140,6 +140,17 @@ double compute_for(std::chrono::milliseconds ms) {
   return acc;
 }
 
+// The message of the sat::Error that f throws ("" when it throws none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 struct EnvGuard {
   std::vector<std::pair<std::string, std::string>> saved;
   std::vector<std::string> unset_names;
@@ -267,6 +278,40 @@ TEST(DistSelf, SendRecvToItselfInOrderPerTag) {
   c->send_recv(&x1, 1, 0, &z, 1, 0, DType::i32)->wait();
   EXPECT_EQ(z, 1);
   EXPECT_THROW(c->send(&x1, 1, DType::i32, 1), Error);
+}
+
+TEST(DistSelf, P2PBatchesToItself) {
+  auto c = make_self_comm();
+  int32_t a = 1, b = 2, x = 0, y = 0;
+  // The send before its recv in the batch, and the recv before its send.
+  c->p2p({{true, &a, 1, 0}, {false, &x, 1, 0}}, DType::i32)->wait();
+  EXPECT_EQ(x, 1);
+  c->p2p({{false, &y, 1, 0}, {true, &b, 1, 0}}, DType::i32)->wait();
+  EXPECT_EQ(y, 2);
+  // Several messages in one batch are matched in posting order.
+  std::vector<int32_t> s1{1, 2, 3}, s2{4, 5}, r1(3), r2(2);
+  c->p2p({{true, s1.data(), 3, 0}, {true, s2.data(), 2, 0}, {false, r1.data(), 3, 0}, {false, r2.data(), 2, 0}},
+         DType::i32)
+      ->wait();
+  EXPECT_EQ(r1, s1);
+  EXPECT_EQ(r2, s2);
+  // A recv of a batch is matched by a later send, a send of a batch by a later recv.
+  auto w = c->p2p({{false, &x, 1, 0}}, DType::i32);
+  EXPECT_FALSE(w->done());
+  c->send(&b, 1, DType::i32, 0)->wait();
+  EXPECT_TRUE(w->done());
+  w->wait();
+  EXPECT_EQ(x, 2);
+  c->p2p({{true, &a, 1, 0}, {true, &b, 0, 0}}, DType::i32)->wait();
+  c->recv(&y, 1, DType::i32, 0)->wait();
+  EXPECT_EQ(y, 1);
+  c->recv(&y, 0, DType::i32, 0)->wait();  // the empty message
+  EXPECT_TRUE(c->p2p({}, DType::f32)->done());
+  // Bad ops are refused before anything is posted: no message is left buffered.
+  EXPECT_NE(error_of([&] { c->p2p({{true, &a, 1, 0}, {true, &a, 1, 1}}, DType::i32); }).find("destination rank 1"),
+            std::string::npos);
+  EXPECT_THROW(c->p2p({{false, nullptr, 1, 0}}, DType::i32), Error);
+  EXPECT_FALSE(c->recv(&y, 1, DType::i32, 0)->done());
 }
 
 TEST(DistSelf, BenchRowsAreOk) {
@@ -483,6 +528,116 @@ TEST(Dist, BarrierAndASecondCommunicator) {
   w1->wait();
   EXPECT_EQ(x, c.size() - 1);
   EXPECT_EQ(y, 10 * c.size() * (c.size() - 1) / 2);
+}
+
+// ---- batched point-to-point --------------------------------------------------------------
+
+TEST(Dist, P2PRingInOneBatch) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // Every rank sends before it receives: with blocking sends this would deadlock.
+  for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(1) << 20}) {  // up to 4 MiB
+    std::vector<float> out(count), in(count, -1.f), back(count, -1.f);
+    for (size_t i = 0; i < count; ++i) out[i] = float(value(r, i));
+    c.p2p({{true, out.data(), count, next}, {false, in.data(), count, prev}}, DType::f32)->wait();
+    // The other way round the ring, the recv listed first.
+    c.p2p({{false, back.data(), count, next}, {true, out.data(), count, prev}}, DType::f32)->wait();
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += (in[i] != float(value(prev, i))) + (back[i] != float(value(next, i)));
+    EXPECT_EQ(bad, 0u) << "count " << count;
+  }
+}
+
+TEST(Dist, P2PMessagesToOnePeerArriveInPostingOrder) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const size_t sizes[] = {3, 1000, 0, 1, 70000};
+  const int k = 5;
+  // Message j carries value(sender, i) + 1000 j: a message received out of order shows.
+  std::vector<std::vector<int64_t>> out(k), in(k);
+  std::vector<P2POp> sends, recvs;
+  for (int j = 0; j < k; ++j) {
+    out[j].resize(sizes[j]);
+    in[j].assign(sizes[j], -1);
+    for (size_t i = 0; i < sizes[j]; ++i) out[j][i] = value(r, i) + 1000 * j;
+    sends.push_back({true, out[j].data(), sizes[j], next});
+    recvs.push_back({false, in[j].data(), sizes[j], prev});
+  }
+  // All sends in one batch, received by two batches: the first two messages with the sends
+  // (odd ranks list them first), the rest in a second batch posted before either is waited for.
+  std::vector<P2POp> first(recvs.begin(), recvs.begin() + 2), second(recvs.begin() + 2, recvs.end());
+  first.insert(r % 2 ? first.end() : first.begin(), sends.begin(), sends.end());
+  auto w1 = c.p2p(first, DType::i64);
+  auto w2 = c.p2p(second, DType::i64);
+  w2->wait();
+  w1->wait();
+  size_t bad = 0;
+  for (int j = 0; j < k; ++j)
+    for (size_t i = 0; i < sizes[j]; ++i) bad += in[j][i] != value(prev, i) + 1000 * j;
+  EXPECT_EQ(bad, 0u);
+
+  // Across calls too: send(), then two batches, all in flight before any wait; the
+  // receiver takes them with a batch, then recv().
+  int64_t m1 = 10 + r, m2 = 20 + r, m3 = 30 + r, x1 = 0, x2 = 0, x3 = 0;
+  auto s1 = c.send(&m1, 1, DType::i64, next);
+  auto b1 = c.p2p({{true, &m2, 1, next}, {false, &x1, 1, prev}}, DType::i64);
+  auto b2 = c.p2p({{false, &x2, 1, prev}, {true, &m3, 1, next}}, DType::i64);
+  auto rv = c.recv(&x3, 1, DType::i64, prev);
+  rv->wait();
+  b2->wait();
+  b1->wait();
+  s1->wait();
+  EXPECT_EQ(x1, 10 + prev);
+  EXPECT_EQ(x2, 20 + prev);
+  EXPECT_EQ(x3, 30 + prev);
+}
+
+TEST(Dist, P2PPipelineForwardAndBackward) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  // A chain of stages as pipeline 1F1B runs it: stage r sends its activation to r + 1 and
+  // receives the gradient from it, in the same batch as it receives the activation of r - 1
+  // and sends that stage its gradient. The two ranks of a pair send to each other at once.
+  const size_t act = 777, grad = 1000;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> act_out(act), act_in(act, -1.f), grad_out(grad), grad_in(grad, -1.f);
+    for (size_t i = 0; i < act; ++i) act_out[i] = float(value(r, i) + step);
+    for (size_t i = 0; i < grad; ++i) grad_out[i] = float(-value(r, i) - step);
+    std::vector<P2POp> ops;
+    if (r + 1 < n) {
+      ops.push_back({true, act_out.data(), act, r + 1});
+      ops.push_back({false, grad_in.data(), grad, r + 1});
+    }
+    if (r > 0) {
+      ops.push_back({false, act_in.data(), act, r - 1});
+      ops.push_back({true, grad_out.data(), grad, r - 1});
+    }
+    auto w = c.p2p(ops, DType::f32);
+    if (ops.empty()) {
+      EXPECT_TRUE(w->done());
+    }
+    w->wait();
+    size_t bad = 0;
+    if (r > 0)
+      for (size_t i = 0; i < act; ++i) bad += act_in[i] != float(value(r - 1, i) + step);
+    if (r + 1 < n)
+      for (size_t i = 0; i < grad; ++i) bad += grad_in[i] != float(-value(r + 1, i) - step);
+    EXPECT_EQ(bad, 0u) << "step " << step;
+  }
+}
+
+TEST(Dist, P2PValidation) {
+  Comm& c = world();
+  const int n = c.size();
+  float x = 0;
+  EXPECT_TRUE(c.p2p({}, DType::f32)->done());
+  EXPECT_NE(error_of([&] { c.p2p({{true, &x, 1, n}}, DType::f32); }).find("destination rank " + std::to_string(n)),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { c.p2p({{false, &x, 1, -1}}, DType::f32); }).find("source rank -1"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.p2p({{false, nullptr, 4, 0}}, DType::f32); }).find("null buffer"), std::string::npos);
+  c.barrier();  // nothing was posted: the ranks are still in step
 }
 
 TEST(Dist, BenchCommRowsAreOk) {

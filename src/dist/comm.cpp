@@ -76,6 +76,23 @@ class DoneWork final : public Work {
   bool done() override { return true; }
 };
 
+// Completes when every one of its Works has.
+class AllWork final : public Work {
+ public:
+  explicit AllWork(std::vector<WorkPtr> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    for (auto& w : parts_) w->wait();
+  }
+  bool done() override {
+    for (auto& w : parts_)
+      if (!w->done()) return false;
+    return true;
+  }
+
+ private:
+  std::vector<WorkPtr> parts_;
+};
+
 // A world of one. Point-to-point to itself is matched in order of posting: a send with no
 // posted recv is buffered (copied), a recv with no buffered send completes when the send
 // is posted.
@@ -144,11 +161,10 @@ class SelfComm final : public Comm {
   }
   WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
                     DType t, int tag) override {
-    auto rw = recv(recv_data, recv_count, t, src, tag);
-    send(send_data, send_count, t, dst, tag);
-    rw->wait();
-    return done();
+    return post("send_recv", {{false, recv_data, recv_count, src}, {true, const_cast<void*>(send_data), send_count, dst}},
+                t, tag);
   }
+  WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override { return post("p2p", ops, t, 0); }
   void barrier() override {}
 
  private:
@@ -176,6 +192,20 @@ class SelfComm final : public Comm {
    private:
     std::shared_ptr<PendingRecv> r_;
   };
+
+  // Posts the ops in list order, each matched as send() and recv() match; the Work completes
+  // when every recv of the batch has been matched (by a send of the batch or a later one).
+  WorkPtr post(const char* op, const std::vector<P2POp>& ops, DType t, int tag) {
+    check_dtype(op, t, false);
+    check_p2p_ops(op, ops, 1);
+    std::vector<WorkPtr> pending;
+    for (const P2POp& o : ops) {
+      WorkPtr w = o.send ? send(o.data, o.count, t, o.peer, tag) : recv(o.data, o.count, t, o.peer, tag);
+      if (!w->done()) pending.push_back(std::move(w));
+    }
+    if (pending.empty()) return done();
+    return std::make_unique<AllWork>(std::move(pending));
+  }
 
   static WorkPtr done() { return std::make_unique<DoneWork>(); }
   static void copy(void* dst, const void* src, size_t bytes) {
@@ -244,6 +274,25 @@ void check_dtype(const char* op, DType t, bool reduction) {
 void check_rank(const char* op, const char* what, int r, int size) {
   SAT_CHECK(r >= 0 && r < size, op, ": ", what, " rank ", r, " is not in [0, ", size, ")");
 }
+
+void check_p2p_ops(const char* op, const std::vector<P2POp>& ops, int size) {
+  for (const P2POp& o : ops) {
+    check_rank(op, o.send ? "destination" : "source", o.peer, size);
+    SAT_CHECK(o.data || o.count == 0, op, ": null buffer for the ", o.count, " elements ",
+              o.send ? "sent to" : "received from", " rank ", o.peer);
+  }
+}
+
+std::string describe_p2p_ops(const std::vector<P2POp>& ops) {
+  const size_t shown = 4;
+  std::string s;
+  for (size_t i = 0; i < ops.size() && i < shown; ++i)
+    s += str_cat(i ? ", " : "", ops[i].send ? "send to rank " : "recv from rank ", ops[i].peer);
+  if (ops.size() > shown) s += str_cat(" and ", ops.size() - shown, " more");
+  return s;
+}
+
+WorkPtr completed_work() { return std::make_unique<DoneWork>(); }
 
 std::unique_ptr<Comm> make_self_comm() { return std::make_unique<SelfComm>(); }
 

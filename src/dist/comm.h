@@ -1,7 +1,8 @@
-// The communication layer of data-parallel training: a communicator (Comm) over the
-// processes of one job, with the collectives that training needs (all-reduce of the
-// gradients, reduce-scatter/all-gather for sharded optimizers, broadcast of the initial
-// parameters) plus point-to-point send/recv. Nothing here knows about layers or training.
+// The communication layer of parallel training: a communicator (Comm) over the processes
+// of one job, with the collectives that training needs (all-reduce of the gradients,
+// reduce-scatter/all-gather for sharded optimizers, broadcast of the initial parameters)
+// plus point-to-point send/recv and batches of them (p2p, for pipeline stages). Nothing
+// here knows about layers or training.
 //
 // Backends:
 //   self  — a world of one process; every op is a copy or a no-op. Always available.
@@ -23,11 +24,18 @@
 //     has most likely died and the job can never make progress again.
 //   * ReduceOp::avg is sum / size(), done by the backend (integer types: truncating
 //     division).
+//   * Point-to-point ordering. Between two ranks of one communicator, messages of the same
+//     tag are matched in the order they were posted: the k-th send from A to B (send,
+//     send_recv or a send of a p2p batch; a batch posts its ops in list order) is received by
+//     the k-th recv at B from A, so both ranks must post the messages between them in the
+//     same order, with the same counts. p2p uses tag 0 (NCCL has no other). Messages of
+//     different communicators never match each other, and never match a collective.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -51,6 +59,15 @@ const char* reduce_op_name(ReduceOp op);
 // forever). Read once.
 double comm_timeout_seconds();
 
+// One point-to-point op of a batch (Comm::p2p): send data[0, count) to peer (data is only
+// read), or receive count elements from peer into data.
+struct P2POp {
+  bool send = false;
+  void* data = nullptr;
+  size_t count = 0;
+  int peer = 0;
+};
+
 // A handle to a nonblocking op.
 class Work {
  public:
@@ -63,6 +80,9 @@ class Work {
   virtual bool done() = 0;
 };
 using WorkPtr = std::unique_ptr<Work>;
+
+// A Work that has already completed (an op with nothing to do).
+WorkPtr completed_work();
 
 class Comm {
  public:
@@ -85,14 +105,18 @@ class Comm {
   virtual WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType t) = 0;
   // data of rank root is copied to every rank.
   virtual WorkPtr broadcast(void* data, size_t count, DType t, int root) = 0;
-  // Point to point. Messages between two ranks with the same tag arrive in the order they
-  // were sent. The NCCL backend has no tags (must be 0) and runs a send and the matching
-  // recv only when both are posted: where ranks send to each other at once (a ring, an
-  // exchange) use send_recv, which posts both halves together on every backend.
+  // Point to point, matched as the ordering rule at the top of this file says. The NCCL
+  // backend has no tags (must be 0) and runs a send and the matching recv only when both are
+  // posted: where ranks send to each other at once (a ring, an exchange, a pipeline's
+  // forward and backward) post both halves together, with send_recv or p2p.
   virtual WorkPtr send(const void* data, size_t count, DType t, int peer, int tag = 0) = 0;
   virtual WorkPtr recv(void* data, size_t count, DType t, int peer, int tag = 0) = 0;
   virtual WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count,
                             int src, DType t, int tag = 0) = 0;
+  // Posts every op of the batch together (tag 0; NCCL: one group) and returns one Work that
+  // completes when all of them have: no order of the ops within a batch can deadlock. An
+  // empty batch is complete at once.
+  virtual WorkPtr p2p(const std::vector<P2POp>& ops, DType t) = 0;
   // Blocks until every rank has entered the barrier (with the watchdog of wait()).
   virtual void barrier() = 0;
 
@@ -125,5 +149,9 @@ std::unique_ptr<Comm> make_world_comm();
 // Validation shared by the backends (throws sat::Error naming the op).
 void check_dtype(const char* op, DType t, bool reduction);
 void check_rank(const char* op, const char* what, int r, int size);
+// Every op of a p2p batch: peer in [0, size), a buffer unless count is 0.
+void check_p2p_ops(const char* op, const std::vector<P2POp>& ops, int size);
+// "send to rank 1, recv from rank 3" (the first few ops), for watchdog and error messages.
+std::string describe_p2p_ops(const std::vector<P2POp>& ops);
 
 }  // namespace sat::dist

@@ -513,28 +513,22 @@ class MpiComm final : public Comm {
   }
 
   WorkPtr send(const void* data, size_t count, DType t, int peer, int tag) override {
-    check_p2p("send", data, count, peer, tag);
-    return submit(str_cat("send to rank ", peer), count * dtype_size(t), [=, this](const std::shared_ptr<OpState>& st) {
-      start_send(st, data, count, t, peer, tag);
-    });
+    return post("send", str_cat("send to rank ", peer), {{true, const_cast<void*>(data), count, peer}}, t, tag);
   }
 
   WorkPtr recv(void* data, size_t count, DType t, int peer, int tag) override {
-    check_p2p("recv", data, count, peer, tag);
-    return submit(str_cat("recv from rank ", peer), count * dtype_size(t), [=, this](const std::shared_ptr<OpState>& st) {
-      start_recv(st, data, count, t, peer, tag);
-    });
+    return post("recv", str_cat("recv from rank ", peer), {{false, data, count, peer}}, t, tag);
   }
 
   WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
                     DType t, int tag) override {
-    check_p2p("send_recv", send_data, send_count, dst, tag);
-    check_p2p("send_recv", recv_data, recv_count, src, tag);
-    return submit(str_cat("send_recv (to rank ", dst, ", from rank ", src, ")"),
-                  (send_count + recv_count) * dtype_size(t), [=, this](const std::shared_ptr<OpState>& st) {
-                    start_recv(st, recv_data, recv_count, t, src, tag);
-                    start_send(st, send_data, send_count, t, dst, tag);
-                  });
+    return post("send_recv", str_cat("send_recv (to rank ", dst, ", from rank ", src, ")"),
+                {{false, recv_data, recv_count, src}, {true, const_cast<void*>(send_data), send_count, dst}}, t, tag);
+  }
+
+  WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override {
+    if (ops.empty()) return completed_work();
+    return post("p2p", str_cat("p2p (", describe_p2p_ops(ops), ")"), ops, t, 0);
   }
 
   void barrier() override {
@@ -542,42 +536,42 @@ class MpiComm final : public Comm {
     wait_state(*st);
   }
 
+
  private:
   WorkPtr submit(std::string name, size_t bytes, MpiRuntime::Task task) {
     return std::make_unique<MpiWork>(rt_.submit(std::move(name), bytes, std::move(task)));
   }
 
-  void check_p2p(const char* op, const void* data, size_t count, int peer, int tag) const {
-    check_rank(op, "peer", peer, size_);
+  // One queued task that starts every op's (chunked) MPI_Isend/MPI_Irecv, in list order, all
+  // tracked under the task's OpState: the Work completes when the last request has.
+  WorkPtr post(const char* op, std::string name, const std::vector<P2POp>& ops, DType t, int tag) {
     SAT_CHECK(tag >= 0 && tag <= 32767, op, ": tag ", tag, " is not in [0, 32767]");
-    SAT_CHECK(data || count == 0, op, ": null buffer");
+    check_p2p_ops(op, ops, size_);
+    size_t bytes = 0;
+    for (const P2POp& o : ops) bytes += o.count * dtype_size(t);
+    return submit(std::move(name), bytes, [=, this](const std::shared_ptr<OpState>& st) {
+      for (const P2POp& o : ops) start(st, o, t, tag);
+    });
   }
 
-  // Communication thread: start (chunked) nonblocking sends / recvs tracked under st.
-  void start_send(const std::shared_ptr<OpState>& st, const void* data, size_t count, DType t, int peer, int tag) {
-    size_t total = mpi_count(t, count), esize = mpi_type(t) == MPI_BYTE ? 1 : dtype_size(t);
-    const char* p = static_cast<const char*>(data);
+  // Communication thread: the requests of one op; a count of 0 still sends (and receives) an
+  // empty message, so that message matching stays in step on both ranks.
+  void start(const std::shared_ptr<OpState>& st, const P2POp& o, DType t, int tag) {
+    size_t total = mpi_count(t, o.count), esize = mpi_type(t) == MPI_BYTE ? 1 : dtype_size(t);
+    char* p = static_cast<char*>(o.data);
     size_t off = 0;
     do {
       size_t n = std::min(kMaxChunk, total - off);
       MPI_Request r;
-      MPI_Isend(p + off * esize, static_cast<int>(n), mpi_type(t), peer, tag, comm_, &r);
-      rt_.track(r, st, false);
+      if (o.send)
+        MPI_Isend(p + off * esize, static_cast<int>(n), mpi_type(t), o.peer, tag, comm_, &r);
+      else
+        MPI_Irecv(p + off * esize, static_cast<int>(n), mpi_type(t), o.peer, tag, comm_, &r);
+      rt_.track(r, st, !o.send);
       off += n;
     } while (off < total);
   }
-  void start_recv(const std::shared_ptr<OpState>& st, void* data, size_t count, DType t, int peer, int tag) {
-    size_t total = mpi_count(t, count), esize = mpi_type(t) == MPI_BYTE ? 1 : dtype_size(t);
-    char* p = static_cast<char*>(data);
-    size_t off = 0;
-    do {
-      size_t n = std::min(kMaxChunk, total - off);
-      MPI_Request r;
-      MPI_Irecv(p + off * esize, static_cast<int>(n), mpi_type(t), peer, tag, comm_, &r);
-      rt_.track(r, st, true);
-      off += n;
-    } while (off < total);
-  }
+
   MpiRuntime& rt_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

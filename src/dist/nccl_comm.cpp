@@ -115,12 +115,6 @@ class Backoff {
   int n_ = 0;
 };
 
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
-};
-
 class NcclComm final : public Comm {
  public:
   // own_stream: the communicator destroys `stream` with itself (make_nccl_comm(boot, dev)).
@@ -186,7 +180,7 @@ class NcclComm final : public Comm {
     check_nccl_dtype("all_reduce", t, true);
     std::string name = str_cat("all_reduce (", reduce_op_name(op), ")");
     size_t bytes = count * dtype_size(t);
-    if (count == 0) return std::make_unique<DoneWork>();
+    if (count == 0) return completed_work();
     start(name);
     DeviceGuard g(dev_);
     SAT_NCCL_CALL(ncclAllReduce(data, data, count, nccl_type(t), nccl_op(op), comm_, stream_), name, bytes);
@@ -197,7 +191,7 @@ class NcclComm final : public Comm {
     check_nccl_dtype("reduce_scatter", t, true);
     std::string name = str_cat("reduce_scatter (", reduce_op_name(op), ")");
     size_t bytes = recv_count * dtype_size(t) * size_t(size_);
-    if (recv_count == 0) return std::make_unique<DoneWork>();
+    if (recv_count == 0) return completed_work();
     start(name);
     DeviceGuard g(dev_);
     SAT_NCCL_CALL(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_), name, bytes);
@@ -206,7 +200,7 @@ class NcclComm final : public Comm {
 
   WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType t) override {
     size_t bytes = send_count * dtype_size(t) * size_t(size_);
-    if (send_count == 0) return std::make_unique<DoneWork>();
+    if (send_count == 0) return completed_work();
     start("all_gather");
     DeviceGuard g(dev_);
     // In place when send == recv + rank * send_count, NCCL's own convention.
@@ -218,7 +212,7 @@ class NcclComm final : public Comm {
     check_rank("broadcast", "root", root, size_);
     std::string name = str_cat("broadcast from rank ", root);
     size_t bytes = count * dtype_size(t);
-    if (count == 0) return std::make_unique<DoneWork>();
+    if (count == 0) return completed_work();
     start(name);
     DeviceGuard g(dev_);
     SAT_NCCL_CALL(ncclBroadcast(data, data, count, nccl_type(t), root, comm_, stream_), name, bytes);
@@ -226,47 +220,24 @@ class NcclComm final : public Comm {
   }
 
   WorkPtr send(const void* data, size_t count, DType t, int peer, int tag) override {
-    check_p2p("send", peer, tag);
-    std::string name = str_cat("send to rank ", peer);
-    size_t bytes = count * dtype_size(t);
-    if (count == 0) return std::make_unique<DoneWork>();
-    start(name);
-    DeviceGuard g(dev_);
-    SAT_NCCL_CALL(ncclSend(data, count, nccl_type(t), peer, comm_, stream_), name, bytes);
-    return record(std::move(name), bytes);
+    check_tag("send", tag);
+    return post("send", str_cat("send to rank ", peer), {{true, const_cast<void*>(data), count, peer}}, t);
   }
 
   WorkPtr recv(void* data, size_t count, DType t, int peer, int tag) override {
-    check_p2p("recv", peer, tag);
-    std::string name = str_cat("recv from rank ", peer);
-    size_t bytes = count * dtype_size(t);
-    if (count == 0) return std::make_unique<DoneWork>();
-    start(name);
-    DeviceGuard g(dev_);
-    SAT_NCCL_CALL(ncclRecv(data, count, nccl_type(t), peer, comm_, stream_), name, bytes);
-    return record(std::move(name), bytes);
+    check_tag("recv", tag);
+    return post("recv", str_cat("recv from rank ", peer), {{false, data, count, peer}}, t);
   }
 
   WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
                     DType t, int tag) override {
-    check_p2p("send_recv", dst, tag);
-    check_p2p("send_recv", src, tag);
-    std::string name = str_cat("send_recv (to rank ", dst, ", from rank ", src, ")");
-    size_t bytes = (send_count + recv_count) * dtype_size(t);
-    if (send_count == 0 && recv_count == 0) return std::make_unique<DoneWork>();
-    start(name);
-    DeviceGuard g(dev_);
-    // Both halves in one group, so that NCCL runs them together; the group is always closed,
-    // whatever the calls inside it answer.
-    ncclResult_t r0 = ncclGroupStart();
-    ncclResult_t r1 = send_count ? ncclSend(send_data, send_count, nccl_type(t), dst, comm_, stream_) : ncclSuccess;
-    ncclResult_t r2 = recv_count ? ncclRecv(recv_data, recv_count, nccl_type(t), src, comm_, stream_) : ncclSuccess;
-    ncclResult_t r3 = r0 == ncclSuccess ? ncclGroupEnd() : ncclSuccess;
-    finish(r0, "ncclGroupStart()", __FILE__, __LINE__, name, bytes);
-    finish(r1, "ncclSend(send_data, send_count, nccl_type(t), dst, comm_, stream_)", __FILE__, __LINE__, name, bytes);
-    finish(r2, "ncclRecv(recv_data, recv_count, nccl_type(t), src, comm_, stream_)", __FILE__, __LINE__, name, bytes);
-    finish(r3, "ncclGroupEnd()", __FILE__, __LINE__, name, bytes);
-    return record(std::move(name), bytes);
+    check_tag("send_recv", tag);
+    return post("send_recv", str_cat("send_recv (to rank ", dst, ", from rank ", src, ")"),
+                {{true, const_cast<void*>(send_data), send_count, dst}, {false, recv_data, recv_count, src}}, t);
+  }
+
+  WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override {
+    return post("p2p", str_cat("p2p (", describe_p2p_ops(ops), ")"), ops, t);
   }
 
   void barrier() override {
@@ -333,9 +304,37 @@ class NcclComm final : public Comm {
     bool done_ = false;
   };
 
-  void check_p2p(const char* op, int peer, int tag) const {
-    check_rank(op, "peer", peer, size_);
+  static void check_tag(const char* op, int tag) {
     SAT_CHECK(tag == 0, op, ": the NCCL backend has no message tags (got tag ", tag, ")");
+  }
+
+  // Every op in one NCCL group, so that NCCL runs them together (two ranks sending to each
+  // other at once cannot deadlock); ops of count 0 are left out on both sides. The group is
+  // always closed, whatever the calls inside it answer; the first failure is reported.
+  WorkPtr post(const char* op, std::string name, const std::vector<P2POp>& ops, DType t) {
+    check_p2p_ops(op, ops, size_);
+    size_t bytes = 0;
+    for (const P2POp& o : ops) bytes += o.count * dtype_size(t);
+    if (bytes == 0) return completed_work();
+    start(name);
+    DeviceGuard g(dev_);
+    ncclResult_t r0 = ncclGroupStart(), r1 = ncclSuccess;
+    const char* failed = "";
+    for (const P2POp& o : ops) {
+      if (o.count == 0 || r0 != ncclSuccess || r1 != ncclSuccess) continue;
+      if (o.send) {
+        r1 = ncclSend(o.data, o.count, nccl_type(t), o.peer, comm_, stream_);
+        failed = "ncclSend(o.data, o.count, nccl_type(t), o.peer, comm_, stream_)";
+      } else {
+        r1 = ncclRecv(o.data, o.count, nccl_type(t), o.peer, comm_, stream_);
+        failed = "ncclRecv(o.data, o.count, nccl_type(t), o.peer, comm_, stream_)";
+      }
+    }
+    ncclResult_t r2 = r0 == ncclSuccess ? ncclGroupEnd() : ncclSuccess;
+    finish(r0, "ncclGroupStart()", __FILE__, __LINE__, name, bytes);
+    finish(r1, failed, __FILE__, __LINE__, name, bytes);
+    finish(r2, "ncclGroupEnd()", __FILE__, __LINE__, name, bytes);
+    return record(std::move(name), bytes);
   }
 
   void start(const std::string& op) const {
@@ -353,7 +352,7 @@ class NcclComm final : public Comm {
     DeviceGuard g(dev_);
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     SAT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cs));
-    if (cs != cudaStreamCaptureStatusNone) return std::make_unique<DoneWork>();  // runs with the graph
+    if (cs != cudaStreamCaptureStatusNone) return completed_work();  // runs with the graph
     cudaEvent_t ev = nullptr;
     SAT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     cudaError_t e = cudaEventRecord(ev, stream_);

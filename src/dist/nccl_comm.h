@@ -15,7 +15,7 @@
 //    Work is complete at once (there is nothing to wait for on the host until the graph
 //    runs).
 //  * NCCL has no tags (send/recv need tag 0) and a send runs only together with its recv:
-//    exchanges where both ranks send use send_recv (one NCCL group).
+//    exchanges where both ranks send use send_recv or p2p (one NCCL group per call).
 //  * The communicator is non-blocking (config.blocking = 0) so that no NCCL call can hang
 //    the host thread beyond the timeout; every call that answers ncclInProgress is polled
 //    to completion before the next.
