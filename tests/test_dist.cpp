@@ -151,6 +151,21 @@ std::string error_of(F f) {
   return "";
 }
 
+// The sum of v over the ranks of c.
+int64_t sum_over(Comm& c, int64_t v) {
+  c.all_reduce_sync(&v, 1, DType::i64, ReduceOp::sum);
+  return v;
+}
+
+// The sum of the world ranks r in [0, n) for which keep(r) holds.
+template <typename F>
+int64_t sum_ranks(int n, F keep) {
+  int64_t s = 0;
+  for (int r = 0; r < n; ++r)
+    if (keep(r)) s += r;
+  return s;
+}
+
 struct EnvGuard {
   std::vector<std::pair<std::string, std::string>> saved;
   std::vector<std::string> unset_names;
@@ -312,6 +327,19 @@ TEST(DistSelf, P2PBatchesToItself) {
             std::string::npos);
   EXPECT_THROW(c->p2p({{false, nullptr, 1, 0}}, DType::i32), Error);
   EXPECT_FALSE(c->recv(&y, 1, DType::i32, 0)->done());
+}
+
+TEST(DistSelf, SplitIsAWorldOfOne) {
+  auto c = make_self_comm();
+  EXPECT_EQ(c->split(-1, 0), nullptr);
+  auto s = c->split(3, 7);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->size(), 1);
+  EXPECT_EQ(s->rank(), 0);
+  EXPECT_STREQ(s->backend_name(), "self");
+  auto ss = s->split(0, 0);
+  ASSERT_TRUE(ss);
+  EXPECT_EQ(sum_over(*ss, 5), 5);
 }
 
 TEST(DistSelf, BenchRowsAreOk) {
@@ -528,6 +556,119 @@ TEST(Dist, BarrierAndASecondCommunicator) {
   w1->wait();
   EXPECT_EQ(x, c.size() - 1);
   EXPECT_EQ(y, 10 * c.size() * (c.size() - 1) / 2);
+}
+
+// ---- groups: Comm::split --------------------------------------------------------------
+
+TEST(Dist, SplitSizesAndRanks) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  // Even and odd ranks.
+  auto parity = c.split(r % 2, r);
+  ASSERT_TRUE(parity);
+  EXPECT_STREQ(parity->backend_name(), c.backend_name());
+  EXPECT_EQ(parity->size(), r % 2 ? n / 2 : (n + 1) / 2);
+  EXPECT_EQ(parity->rank(), r / 2);
+  EXPECT_EQ(sum_over(*parity, r), sum_ranks(n, [&](int q) { return q % 2 == r % 2; }));
+  // Ordered by key, reversed; equal keys keep the order of the ranks.
+  auto reversed = c.split(0, n - 1 - r);
+  ASSERT_TRUE(reversed);
+  EXPECT_EQ(reversed->size(), n);
+  EXPECT_EQ(reversed->rank(), n - 1 - r);
+  auto tied = c.split(5, 0);
+  ASSERT_TRUE(tied);
+  EXPECT_EQ(tied->rank(), r);
+  // color < 0 takes part in the split but gets no communicator.
+  auto rest = c.split(r == 0 ? -1 : 1, r);
+  if (r == 0) {
+    EXPECT_EQ(rest, nullptr);
+  } else {
+    ASSERT_TRUE(rest);
+    EXPECT_EQ(rest->size(), n - 1);
+    EXPECT_EQ(rest->rank(), r - 1);
+    EXPECT_EQ(sum_over(*rest, r), int64_t(n) * (n - 1) / 2);
+  }
+  // A split of a split: the reversed world by parity of its rank; then each of those groups
+  // split again by key reversed.
+  auto sub = reversed->split(reversed->rank() % 2, reversed->rank());
+  ASSERT_TRUE(sub);
+  EXPECT_EQ(sub->rank(), (n - 1 - r) / 2);
+  EXPECT_EQ(sum_over(*sub, r), sum_ranks(n, [&](int q) { return (n - 1 - q) % 2 == (n - 1 - r) % 2; }));
+  auto subsub = sub->split(0, -sub->rank());
+  ASSERT_TRUE(subsub);
+  EXPECT_EQ(subsub->size(), sub->size());
+  EXPECT_EQ(subsub->rank(), sub->size() - 1 - sub->rank());
+  subsub->barrier();
+  // A split communicator outlives the one it was split from.
+  reversed.reset();
+  sub.reset();
+  EXPECT_EQ(sum_over(*subsub, 1), subsub->size());
+}
+
+TEST(Dist, SiblingGroupsDoNotMix) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  auto parity = c.split(r % 2, r);                  // even and odd ranks
+  auto halves = c.split(2 * r < n ? 0 : 1, r);      // lower and upper half
+  ASSERT_TRUE(parity && halves);
+  // All-reduces on the even and the odd group, on the halves and on the world in flight at
+  // once, each with its own values.
+  const size_t count = 10000;
+  std::vector<int64_t> a(count), b(count), w(count);
+  for (size_t i = 0; i < count; ++i) {
+    a[i] = value(r, i);
+    b[i] = 1000 + value(r, i);
+    w[i] = -value(r, i);
+  }
+  auto wa = parity->all_reduce(a.data(), count, DType::i64, ReduceOp::sum);
+  auto wb = halves->all_reduce(b.data(), count, DType::i64, ReduceOp::sum);
+  auto ww = c.all_reduce(w.data(), count, DType::i64, ReduceOp::sum);
+  ww->wait();
+  wb->wait();
+  wa->wait();
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int64_t ea = 0, eb = 0, ew = 0;
+    for (int q = 0; q < n; ++q) {
+      if (q % 2 == r % 2) ea += value(q, i);
+      if ((2 * q < n) == (2 * r < n)) eb += 1000 + value(q, i);
+      ew -= value(q, i);
+    }
+    bad += (a[i] != ea) + (b[i] != eb) + (w[i] != ew);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(Dist, P2POnASplitWhileTheWorldIsUsed) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // The reversed world: its next rank is the world's previous one, so both rings move
+  // messages of tag 0 between the same pairs of processes at the same time.
+  auto rev = c.split(0, n - 1 - r);
+  ASSERT_TRUE(rev);
+  const int rn = rev->size(), rr = rev->rank();
+  const size_t count = 5000;
+  std::vector<int32_t> out_w(count), out_s(count), in_w(count, -1), in_s(count, -1);
+  for (size_t i = 0; i < count; ++i) {
+    out_w[i] = int32_t(value(r, i));
+    out_s[i] = int32_t(-1000 - value(r, i));
+  }
+  auto w1 = c.p2p({{true, out_w.data(), count, next}, {false, in_w.data(), count, prev}}, DType::i32);
+  auto w2 = rev->p2p({{true, out_s.data(), count, (rr + 1) % rn}, {false, in_s.data(), count, (rr + rn - 1) % rn}},
+                     DType::i32);
+  int64_t x = r;
+  auto w3 = c.all_reduce(&x, 1, DType::i64, ReduceOp::sum);
+  w3->wait();
+  w2->wait();
+  w1->wait();
+  EXPECT_EQ(x, int64_t(n) * (n - 1) / 2);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    bad += in_w[i] != int32_t(value(prev, i));
+    bad += in_s[i] != int32_t(-1000 - value(next, i));  // the reversed ring's previous is the world's next
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 // ---- batched point-to-point --------------------------------------------------------------

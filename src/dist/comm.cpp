@@ -166,6 +166,7 @@ class SelfComm final : public Comm {
   }
   WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override { return post("p2p", ops, t, 0); }
   void barrier() override {}
+  std::unique_ptr<Comm> split(int color, int) override { return color >= 0 ? make_self_comm() : nullptr; }
 
  private:
   struct Msg {

@@ -1,8 +1,8 @@
 // The communication layer of parallel training: a communicator (Comm) over the processes
-// of one job, with the collectives that training needs (all-reduce of the gradients,
-// reduce-scatter/all-gather for sharded optimizers, broadcast of the initial parameters)
-// plus point-to-point send/recv and batches of them (p2p, for pipeline stages). Nothing
-// here knows about layers or training.
+// of one job or a group of them (split()), with the collectives that training needs
+// (all-reduce of the gradients, reduce-scatter/all-gather for sharded optimizers, broadcast
+// of the initial parameters) plus point-to-point send/recv and batches of them (p2p, for
+// pipeline stages). Nothing here knows about layers or training.
 //
 // Backends:
 //   self  — a world of one process; every op is a copy or a no-op. Always available.
@@ -29,7 +29,14 @@
 //     send_recv or a send of a p2p batch; a batch posts its ops in list order) is received by
 //     the k-th recv at B from A, so both ranks must post the messages between them in the
 //     same order, with the same counts. p2p uses tag 0 (NCCL has no other). Messages of
-//     different communicators never match each other, and never match a collective.
+//     different communicators (one made by split() included) never match each other, and
+//     never match a collective.
+//   * Communicators made by split() are used like any other (collectives in the same order on
+//     every member). A rank in several groups must issue their ops in an order that cannot
+//     deadlock: MPI runs the collectives of all communicators of the process one at a time,
+//     in the order issued, on one thread (point-to-point ops do not hold it up); NCCL runs
+//     every op of a communicator and of those split from it in the order issued on one
+//     stream (point-to-point ops included).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -119,6 +126,14 @@ class Comm {
   virtual WorkPtr p2p(const std::vector<P2POp>& ops, DType t) = 0;
   // Blocks until every rank has entered the barrier (with the watchdog of wait()).
   virtual void barrier() = 0;
+
+  // Collective over this communicator (issued in order with its other collectives): the
+  // ranks that pass the same color >= 0 form a new communicator, ranked by key, ties by
+  // their rank here. A rank passing color < 0 takes part and gets nullptr. The new
+  // communicator has the backend of this one (MPI: the same communication thread and
+  // watchdog; NCCL: the same device and stream, bootstrapped over a split of the host
+  // communicator) and may outlive this one.
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 
   // Blocking conveniences.
   void all_reduce_sync(void* data, size_t count, DType t, ReduceOp op) { all_reduce(data, count, t, op)->wait(); }

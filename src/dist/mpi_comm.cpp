@@ -1,4 +1,5 @@
-// The MPI backend: MPI_COMM_WORLD on host memory.
+// The MPI backend: MPI_COMM_WORLD on host memory, and the communicators split from it
+// (Comm::split: MPI_Comm_split), which share its communication thread and watchdog.
 //
 // Progress. OpenMPI (like most MPI libraries) progresses a nonblocking collective only
 // while the process is inside an MPI call, so an MPI_Iallreduce started before backward
@@ -437,10 +438,12 @@ class MpiComm final : public Comm {
     // A duplicate of MPI_COMM_WORLD: several communicators never mix their messages.
     rt_.run_sync("MPI_Comm_dup", [this](const std::shared_ptr<OpState>&) {
       MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
-      MPI_Comm_set_errhandler(comm_, MPI_ERRORS_ARE_FATAL);
-      MPI_Comm_rank(comm_, &rank_);
-      MPI_Comm_size(comm_, &size_);
+      adopt();
     });
+  }
+  // Takes ownership of comm (made on the communication thread, e.g. by MPI_Comm_split).
+  MpiComm(MpiRuntime& rt, MPI_Comm comm) : rt_(rt), comm_(comm) {
+    rt_.run_sync("MPI_Comm_rank", [this](const std::shared_ptr<OpState>&) { adopt(); });
   }
   ~MpiComm() override {
     // Runs after every op of this communicator (the queue is FIFO).
@@ -536,8 +539,23 @@ class MpiComm final : public Comm {
     wait_state(*st);
   }
 
+  std::unique_ptr<Comm> split(int color, int key) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    rt_.run_sync("MPI_Comm_split", [&](const std::shared_ptr<OpState>&) {
+      MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &part);
+    });
+    if (part == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiComm>(rt_, part);
+  }
 
  private:
+  // Communication thread: the error handler, rank and size of comm_.
+  void adopt() {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_ARE_FATAL);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+
   WorkPtr submit(std::string name, size_t bytes, MpiRuntime::Task task) {
     return std::make_unique<MpiWork>(rt_.submit(std::move(name), bytes, std::move(task)));
   }

@@ -115,11 +115,30 @@ class Backoff {
   int n_ = 0;
 };
 
+// The stream of the ops, shared by a communicator and those split from it: the deleter
+// destroys a stream that the communicator created (make_nccl_comm(boot, dev)) once the last
+// of them is gone, and leaves the caller's stream alone.
+using SharedStream = std::shared_ptr<CUstream_st>;
+
+SharedStream borrowed_stream(cudaStream_t s) { return SharedStream(s, [](cudaStream_t) {}); }
+
+SharedStream owned_stream(cudaStream_t s, int dev) {
+  return SharedStream(s, [dev](cudaStream_t st) {
+    try {
+      DeviceGuard g(dev);
+      cudaStreamDestroy(st);
+    } catch (...) {
+    }
+  });
+}
+
 class NcclComm final : public Comm {
  public:
-  // own_stream: the communicator destroys `stream` with itself (make_nccl_comm(boot, dev)).
-  NcclComm(Comm& boot, int dev, cudaStream_t stream, bool own_stream = false)
-      : rank_(boot.rank()), size_(boot.size()), dev_(dev), stream_(stream), own_stream_(own_stream) {
+  // Bootstraps over `boot`, which split() splits again later: it must outlive this
+  // communicator, or be owned by it (own_boot, the host group of a split).
+  NcclComm(Comm& boot, std::unique_ptr<Comm> own_boot, int dev, SharedStream stream)
+      : boot_(&boot), own_boot_(std::move(own_boot)), rank_(boot.rank()), size_(boot.size()), dev_(dev),
+        stream_owner_(std::move(stream)), stream_(stream_owner_.get()) {
     SAT_CHECK(boot.device() == Device::cpu, "make_nccl_comm: the bootstrap communicator must work on host memory (",
               boot.backend_name(), " does not)");
     int ndev = 0;
@@ -166,7 +185,6 @@ class NcclComm final : public Comm {
         comm_ = nullptr;
       }
       if (scratch_) cudaFree(scratch_);
-      if (own_stream_) cudaStreamDestroy(stream_);
     } catch (...) {
     }
   }
@@ -247,6 +265,16 @@ class NcclComm final : public Comm {
       SAT_NCCL_CALL(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier", 0);
     }
     record("barrier", 0)->wait();
+  }
+
+  // The host communicator is split with the same color and key (so its ranks are this
+  // communicator's), and a new NCCL communicator is bootstrapped over it on the same device
+  // and stream. It owns that host communicator, and shares the stream.
+  std::unique_ptr<Comm> split(int color, int key) override {
+    std::unique_ptr<Comm> host = boot_->split(color, key);
+    if (!host) return nullptr;
+    Comm& h = *host;
+    return std::make_unique<NcclComm>(h, std::move(host), dev_, stream_owner_);
   }
 
   // --- used by NcclWork ---
@@ -426,9 +454,11 @@ class NcclComm final : public Comm {
     comm_ = nullptr;
   }
 
+  Comm* boot_;                  // the host communicator split() splits
+  std::unique_ptr<Comm> own_boot_;  // it, when this communicator was made by split()
   int rank_, size_, dev_;
+  SharedStream stream_owner_;
   cudaStream_t stream_;
-  bool own_stream_;
   ncclComm_t comm_ = nullptr;
   int32_t* scratch_ = nullptr;  // the barrier's all-reduce
 };
@@ -438,7 +468,7 @@ class NcclComm final : public Comm {
 bool have_nccl() { return true; }
 
 std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device, CUstream_st* stream) {
-  return std::make_unique<NcclComm>(boot, cuda_device, stream);
+  return std::make_unique<NcclComm>(boot, nullptr, cuda_device, borrowed_stream(stream));
 }
 
 std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device) {
@@ -451,12 +481,8 @@ std::unique_ptr<Comm> make_nccl_comm(Comm& boot, int cuda_device) {
     DeviceGuard g(cuda_device);
     SAT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
-  try {
-    return std::make_unique<NcclComm>(boot, cuda_device, stream, true);
-  } catch (...) {
-    cudaStreamDestroy(stream);
-    throw;
-  }
+  // Owned from here on: destroyed with the communicator, or when its construction fails.
+  return std::make_unique<NcclComm>(boot, nullptr, cuda_device, owned_stream(stream, cuda_device));
 }
 
 }  // namespace sat::dist

@@ -16,6 +16,11 @@
 //    runs).
 //  * NCCL has no tags (send/recv need tag 0) and a send runs only together with its recv:
 //    exchanges where both ranks send use send_recv or p2p (one NCCL group per call).
+//  * split(): splits the host communicator `boot` the same way and bootstraps a new NCCL
+//    communicator over that part on the same device and stream (the new one owns the host
+//    part). `boot` must therefore outlive a communicator that split() is called on. The ops
+//    of all those communicators run in the order they were issued on that one stream: a
+//    recv waiting for its peer holds up every later op, of any of them.
 //  * The communicator is non-blocking (config.blocking = 0) so that no NCCL call can hang
 //    the host thread beyond the timeout; every call that answers ncclInProgress is polled
 //    to completion before the next.
