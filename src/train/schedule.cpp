@@ -1,0 +1,590 @@
+// Pipeline schedules as data (see schedule.h for the contract). Each schedule is first an order
+// of compute steps (forward or backward of one micro-batch of one chunk); one function then puts
+// the communication around the steps, the same way for every kind, so the contract's items 3 and
+// 4 hold by construction and only the orders differ between kinds.
+#include "train/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace sat {
+
+bool Action::is_comm() const {
+  return kind == ActionKind::send_act || kind == ActionKind::recv_act || kind == ActionKind::send_grad ||
+         kind == ActionKind::recv_grad;
+}
+
+bool Action::is_compute() const { return kind == ActionKind::forward || kind == ActionKind::backward; }
+
+namespace {
+
+// The type part of an action's name, shared by str() and pytorch_name() (PyTorch's
+// _ComputationType values for the pipeline ones).
+const char* type_name(ActionKind k) {
+  switch (k) {
+    case ActionKind::forward: return "F";
+    case ActionKind::backward: return "B";
+    case ActionKind::send_act: return "SEND_F";
+    case ActionKind::recv_act: return "RECV_F";
+    case ActionKind::send_grad: return "SEND_B";
+    case ActionKind::recv_grad: return "RECV_B";
+    case ActionKind::reduce_grads: return "REDUCE_GRAD";
+    case ActionKind::optimizer: return "OPTIMIZER";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string Action::str() const {
+  if (kind == ActionKind::reduce_grads) return "REDUCE";
+  if (kind == ActionKind::optimizer) return "OPT";
+  return str_cat(type_name(kind), micro);
+}
+
+std::string pytorch_name(const Action& a, int stages, int stage) {
+  if (a.kind == ActionKind::reduce_grads || a.kind == ActionKind::optimizer) return type_name(a.kind);
+  return str_cat(a.chunk * stages + stage, type_name(a.kind), a.micro);
+}
+
+const char* pipe_schedule_name(PipeSchedule k) {
+  switch (k) {
+    case PipeSchedule::none: return "none";
+    case PipeSchedule::gpipe: return "gpipe";
+    case PipeSchedule::one_f_one_b: return "1f1b";
+    case PipeSchedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+PipeSchedule parse_pipe_schedule(const std::string& s) {
+  for (PipeSchedule k : {PipeSchedule::none, PipeSchedule::gpipe, PipeSchedule::one_f_one_b, PipeSchedule::interleaved})
+    if (s == pipe_schedule_name(k)) return k;
+  fail("--pp-schedule '", s, "': expected one of none, gpipe, 1f1b, interleaved");
+}
+
+void check_schedule(const ScheduleSpec& s) {
+  SAT_CHECK(s.stages >= 1, "--pp ", s.stages, ": expected at least 1 pipeline stage");
+  SAT_CHECK(s.micro >= 1, "--accum ", s.micro, ": expected at least 1 micro-batch per step");
+  SAT_CHECK(s.virtual_stages >= 1, "--virtual-stages ", s.virtual_stages, ": expected at least 1 model chunk per rank");
+  const bool interleaved = s.kind == PipeSchedule::interleaved;
+  SAT_CHECK(interleaved || s.virtual_stages == 1, "--virtual-stages ", s.virtual_stages,
+            " needs --pp-schedule interleaved (got --pp-schedule ", pipe_schedule_name(s.kind), ")");
+  if (!interleaved) return;
+  SAT_CHECK(s.virtual_stages >= 2, "--pp-schedule interleaved needs --virtual-stages 2 or more (got ",
+            s.virtual_stages, ")");
+  SAT_CHECK(s.stages >= 2, "--pp-schedule interleaved needs --pp 2 or more (got ", s.stages, ")");
+  SAT_CHECK(s.micro >= s.stages, "--accum ", s.micro, ": the interleaved schedule needs at least --pp ", s.stages,
+            " micro-batches per step");
+}
+
+namespace {
+
+// One compute step of a schedule: the forward or backward of one micro-batch of one chunk.
+// `joined` steps run right after the step before them with no communication between: the
+// receives of both are posted before the first, the sends of both after the second.
+struct Step {
+  bool forward;
+  int micro;
+  int chunk;
+  bool joined = false;
+};
+
+// none: each micro-batch all the way forward and back before the next starts.
+std::vector<Step> order_none(int M) {
+  std::vector<Step> out;
+  for (int m = 0; m < M; ++m) {
+    out.push_back({true, m, 0});
+    out.push_back({false, m, 0});
+  }
+  return out;
+}
+
+// GPipe: every forward, then every backward.
+std::vector<Step> order_gpipe(int M) {
+  std::vector<Step> out;
+  for (int m = 0; m < M; ++m) out.push_back({true, m, 0});
+  for (int m = 0; m < M; ++m) out.push_back({false, m, 0});
+  return out;
+}
+
+// 1F1B (Megatron's forward_backward_pipelining_without_interleaving): min(P - s - 1, M) warm-up
+// forwards, then a forward and a backward in turn, then the backwards left (cool-down). Stage s
+// holds at most P - s micro-batches: the warm-up ones plus the one of the first steady forward.
+std::vector<Step> order_1f1b(int P, int s, int M) {
+  const int warmup = std::min(P - s - 1, M);
+  std::vector<Step> out;
+  for (int m = 0; m < warmup; ++m) out.push_back({true, m, 0});
+  for (int m = 0; m + warmup < M; ++m) {
+    out.push_back({true, m + warmup, 0});
+    out.push_back({false, m, 0});
+  }
+  for (int m = std::max(M - warmup, 0); m < M; ++m) out.push_back({false, m, 0});
+  return out;
+}
+
+// Megatron's get_schedule_table with microbatch group size P: the (micro-batch, chunk) of each
+// virtual micro-batch, in groups of P micro-batches run through chunk 0, then chunk 1, ...
+std::vector<std::pair<int, int>> schedule_table(int M, int V, int P) {
+  std::vector<std::pair<int, int>> table;
+  for (int first = 0; first < M; first += P)
+    for (int c = 0; c < V; ++c)
+      for (int m = first; m < std::min(first + P, M); ++m) table.push_back({m, c});
+  return table;
+}
+
+// Interleaved 1F1B (Megatron's forward_backward_pipelining_with_interleaving, microbatch group
+// size P): forward k runs the table's entry, backward k the same micro-batch on the mirrored
+// chunk V-1-c (the last chunk's gradients come first). Warm-up 2(P - s - 1) + (V - 1)P forwards,
+// then forward k + warm-up joined with backward k, then the cool-down backwards.
+//
+// The joining is Megatron's (one send_forward_backward_recv_forward_backward after each pair) and
+// is needed: with a group between the forward and the backward, its send blocks until the next
+// stage posts the receive, and for M > P that closes a cycle of waits through every stage.
+//
+// When P does not divide M, the table is made for M rounded up to a multiple of P and the entries
+// of the missing micro-batches are skipped. Megatron's table instead ends with a short group,
+// which Megatron refuses to run (its RuntimeError on a final group smaller than P): there the same
+// micro-batch comes back to stage 0 on its next chunk fewer than P entries later, before the last
+// stage can have sent it, and under blocking groups that deadlocks unless M % P == P - 1 (and
+// where it runs, its bubble is worse than 1F1B's). Skipped, each missing micro-batch leaves V-1
+// chunk-sized holes per stage, so the bubble is at most 1F1B's, equal when M % P == 1.
+std::vector<Step> order_interleaved(int P, int s, int M, int V) {
+  const int padded = (M + P - 1) / P * P;
+  const auto table = schedule_table(padded, V, P);
+  const int total = padded * V;
+  const int warmup = std::min(2 * (P - s - 1) + (V - 1) * P, total);
+  auto fwd = [&](int k) { return Step{true, table[k].first, table[k].second}; };
+  auto bwd = [&](int k) { return Step{false, table[k].first, V - 1 - table[k].second}; };
+  std::vector<Step> out;
+  auto add = [&](Step step, bool joined) {
+    step.joined = joined;
+    if (step.micro < M) out.push_back(step);
+  };
+  for (int k = 0; k < warmup; ++k) add(fwd(k), false);
+  for (int k = 0; k + warmup < total; ++k) {
+    add(fwd(k + warmup), false);
+    add(bwd(k), fwd(k + warmup).micro < M);
+  }
+  for (int k = total - warmup; k < total; ++k) add(bwd(k), false);
+  return out;
+}
+
+std::vector<Step> compute_order(const ScheduleSpec& s, int stage) {
+  switch (s.kind) {
+    case PipeSchedule::none: return order_none(s.micro);
+    case PipeSchedule::gpipe: return order_gpipe(s.micro);
+    case PipeSchedule::one_f_one_b: return order_1f1b(s.stages, stage, s.micro);
+    case PipeSchedule::interleaved: return order_interleaved(s.stages, stage, s.micro, s.virtual_stages);
+  }
+  return {};
+}
+
+// A message's identity, which both ends must agree on: activation or gradient, micro-batch, and
+// the virtual stage that sends it.
+struct Message {
+  bool act;
+  int micro;
+  int sender_vs;
+  bool operator==(const Message&) const = default;
+};
+
+bool is_send(const Action& a) { return a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad; }
+
+// What a comm action on `stage` carries: a send names itself, a receive the piece before (act) or
+// after (grad) its own.
+Message message_of(const Action& a, int P, int stage) {
+  const int vs = a.chunk * P + stage;
+  const bool act = a.kind == ActionKind::send_act || a.kind == ActionKind::recv_act;
+  if (is_send(a)) return {act, a.micro, vs};
+  return {act, a.micro, act ? vs - 1 : vs + 1};
+}
+
+// The model is cut into P*V pieces in order; piece vs lives on stage vs % P as its chunk vs / P.
+struct Layout {
+  int P, V;
+  int vs(int stage, int chunk) const { return chunk * P + stage; }
+  int last() const { return P * V - 1; }
+  int owner(int vs) const { return vs % P; }
+};
+
+// The send that follows step `c` on `stage`: activations on to the next piece, gradients back to
+// the previous one; none past either end of the model.
+std::optional<Action> send_after(const Layout& L, int stage, const Step& c) {
+  const int vs = L.vs(stage, c.chunk);
+  if (c.forward && vs < L.last()) return Action{ActionKind::send_act, c.micro, c.chunk, L.owner(vs + 1)};
+  if (!c.forward && vs > 0) return Action{ActionKind::send_grad, c.micro, c.chunk, L.owner(vs - 1)};
+  return std::nullopt;
+}
+
+// The receive that step `c` on `stage` waits for: its input from the previous piece, or its
+// output's gradient from the next one.
+std::optional<Action> recv_before(const Layout& L, int stage, const Step& c) {
+  const int vs = L.vs(stage, c.chunk);
+  if (c.forward && vs > 0) return Action{ActionKind::recv_act, c.micro, c.chunk, L.owner(vs - 1)};
+  if (!c.forward && vs < L.last()) return Action{ActionKind::recv_grad, c.micro, c.chunk, L.owner(vs + 1)};
+  return std::nullopt;
+}
+
+// The order of operations within a group: sends before receives, then by the message (activations
+// before gradients, the sender's virtual stage, the micro-batch). Both ends of a pair of stages sort
+// the messages between them by the same key, so groups that hold the same messages post them in
+// the same order on both sides.
+void sort_group(std::vector<Action>& group, int P, int stage) {
+  auto key = [&](const Action& a) {
+    const Message m = message_of(a, P, stage);
+    return std::tuple(!is_send(a), !m.act, m.sender_vs, m.micro);
+  };
+  std::sort(group.begin(), group.end(), [&](const Action& x, const Action& y) { return key(x) < key(y); });
+}
+
+// The rank's full list. The steps run in units (a step and the steps joined to it); between two
+// units one group: the sends of the unit before, then the receives of the unit after (Megatron's
+// send_forward_recv_backward and friends). After the last unit its sends, then the gradient
+// reduction and the optimizer.
+std::vector<Action> with_comms(const Layout& L, int stage, const std::vector<Step>& order) {
+  std::vector<Action> out, group;
+  for (size_t i = 0; i < order.size();) {
+    size_t end = i + 1;
+    while (end < order.size() && order[end].joined) ++end;
+    for (size_t j = i; j < end; ++j)
+      if (auto a = recv_before(L, stage, order[j])) group.push_back(*a);
+    sort_group(group, L.P, stage);
+    out.insert(out.end(), group.begin(), group.end());
+    group.clear();
+    for (size_t j = i; j < end; ++j) {
+      const Step& c = order[j];
+      out.push_back(Action{c.forward ? ActionKind::forward : ActionKind::backward, c.micro, c.chunk, -1});
+      if (auto a = send_after(L, stage, c)) group.push_back(*a);
+    }
+    i = end;
+  }
+  sort_group(group, L.P, stage);
+  out.insert(out.end(), group.begin(), group.end());
+  out.push_back(Action{ActionKind::reduce_grads, -1, 0, -1});
+  out.push_back(Action{ActionKind::optimizer, -1, 0, -1});
+  return out;
+}
+
+}  // namespace
+
+std::vector<Action> make_schedule(const ScheduleSpec& s, int stage) {
+  check_schedule(s);
+  SAT_ASSERT(stage >= 0 && stage < s.stages);
+  return with_comms(Layout{s.stages, s.virtual_stages}, stage, compute_order(s, stage));
+}
+
+int max_in_flight(const std::vector<Action>& actions, int chunk) {
+  int now = 0, most = 0;
+  for (const Action& a : actions) {
+    if (a.chunk != chunk) continue;
+    if (a.kind == ActionKind::forward) most = std::max(most, ++now);
+    if (a.kind == ActionKind::backward) --now;
+  }
+  return most;
+}
+
+double theoretical_bubble(const ScheduleSpec& s) {
+  const double P = s.stages, M = s.micro, V = s.virtual_stages;
+  if (s.stages == 1) return 0;
+  switch (s.kind) {
+    case PipeSchedule::none: return (P - 1) / P;
+    case PipeSchedule::gpipe:
+    case PipeSchedule::one_f_one_b: return (P - 1) / (M + P - 1);
+    case PipeSchedule::interleaved: return (P - 1) / (V * M + P - 1);
+  }
+  return 0;
+}
+
+namespace {
+
+// One stage's list cut into comm groups, each comm action tied to its counterpart on the peer.
+struct SimRank {
+  std::vector<int> group_of;                       // per action: its group, -1 outside groups
+  std::vector<std::pair<size_t, size_t>> groups;   // per group: [begin, end) in the list
+  std::vector<int> peer_group;                     // per action: the group of its counterpart
+  std::vector<size_t> peer_index;                  // per action: the index of its counterpart
+  std::vector<double> posted;                      // per group: when the stage reached it; NaN before
+};
+
+SimRank cut_groups(const std::vector<Action>& list) {
+  SimRank r;
+  r.group_of.assign(list.size(), -1);
+  r.peer_group.assign(list.size(), -1);
+  r.peer_index.assign(list.size(), 0);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_comm()) continue;
+    if (i == 0 || !list[i - 1].is_comm()) r.groups.push_back({i, i});
+    r.groups.back().second = i + 1;
+    r.group_of[i] = static_cast<int>(r.groups.size()) - 1;
+  }
+  r.posted.assign(r.groups.size(), std::numeric_limits<double>::quiet_NaN());
+  return r;
+}
+
+// Runs P stages' lists against each other (see simulate_actions).
+class Simulator {
+ public:
+  Simulator(const std::vector<std::vector<Action>>& lists, double fwd, double bwd)
+      : lists_(lists), P_(static_cast<int>(lists.size())), fwd_(fwd), bwd_(bwd) {}
+
+  ScheduleSim run() {
+    sim_.spans.assign(P_, {});
+    sim_.busy.assign(P_, 0);
+    for (const auto& list : lists_) ranks_.push_back(cut_groups(list));
+    sim_.problem = match_messages();
+    if (!sim_.problem.empty()) return sim_;
+    pos_.assign(P_, 0);
+    t_.assign(P_, 0);
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < P_; ++r) moved |= advance(r);
+    }
+    report_deadlock();
+    finish_times();
+    return sim_;
+  }
+
+ private:
+  // Pairs the k-th send of stage a to stage b with the k-th receive of b from a (the order NCCL
+  // and MPI match them in) and checks they name the same message. "" when all agree.
+  std::string match_messages() {
+    for (int a = 0; a < P_; ++a)
+      for (const Action& x : lists_[a])
+        if (x.is_comm() && (x.peer < 0 || x.peer >= P_ || x.peer == a))
+          return str_cat("stage ", a, " action ", pytorch_name(x, P_, a), " has peer ", x.peer, ", not another stage");
+    for (int a = 0; a < P_; ++a)
+      for (int b = 0; b < P_; ++b)
+        if (a != b)
+          if (std::string p = match_pair(a, b); !p.empty()) return p;
+    return "";
+  }
+
+  // The indices of stage r's comm actions with `peer` that are sends (or receives).
+  std::vector<size_t> ops_with(int r, int peer, bool sends) const {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < lists_[r].size(); ++i) {
+      const Action& x = lists_[r][i];
+      if (x.is_comm() && x.peer == peer && is_send(x) == sends) out.push_back(i);
+    }
+    return out;
+  }
+
+  std::string match_pair(int a, int b) {
+    const auto sends = ops_with(a, b, true), recvs = ops_with(b, a, false);
+    if (sends.size() != recvs.size())
+      return str_cat("order mismatch: stage ", a, " posts ", sends.size(), " sends to stage ", b, ", which posts ",
+                     recvs.size(), " receives from stage ", a);
+    for (size_t k = 0; k < sends.size(); ++k) {
+      const Action &s = lists_[a][sends[k]], &r = lists_[b][recvs[k]];
+      if (!(message_of(s, P_, a) == message_of(r, P_, b)))
+        return str_cat("order mismatch: message ", k, " from stage ", a, " to stage ", b, " is ",
+                       pytorch_name(s, P_, a), " there but ", pytorch_name(r, P_, b), " on stage ", b);
+      tie(a, sends[k], b, recvs[k]);
+      tie(b, recvs[k], a, sends[k]);
+    }
+    return "";
+  }
+
+  void tie(int r, size_t i, int peer, size_t j) {
+    ranks_[r].peer_group[i] = ranks_[peer].group_of[j];
+    ranks_[r].peer_index[i] = j;
+  }
+
+  // Runs stage r as far as it can go now; true when it did anything (computed, or reached a group
+  // and so posted its operations).
+  bool advance(int r) {
+    const auto& list = lists_[r];
+    SimRank& R = ranks_[r];
+    bool moved = false;
+    while (pos_[r] < list.size()) {
+      const Action& a = list[pos_[r]];
+      if (a.is_comm()) {
+        const int g = R.group_of[pos_[r]];
+        if (std::isnan(R.posted[g])) R.posted[g] = t_[r], moved = true;
+        double ready = t_[r];
+        if (!group_ready(r, g, &ready)) break;
+        t_[r] = ready;
+        pos_[r] = R.groups[g].second;
+      } else {
+        if (a.is_compute()) compute(r, a);
+        ++pos_[r];
+      }
+      moved = true;
+    }
+    return moved;
+  }
+
+  void compute(int r, const Action& a) {
+    const double d = a.kind == ActionKind::forward ? fwd_ : bwd_;
+    sim_.spans[r].push_back({t_[r], t_[r] + d, a});
+    sim_.busy[r] += d;
+    t_[r] += d;
+  }
+
+  // Whether every counterpart of group g's operations has been posted; *ready is then the time the
+  // last of them was.
+  bool group_ready(int r, int g, double* ready) const {
+    const SimRank& R = ranks_[r];
+    for (size_t i = R.groups[g].first; i < R.groups[g].second; ++i) {
+      const double p = ranks_[lists_[r][i].peer].posted[R.peer_group[i]];
+      if (std::isnan(p)) return false;
+      *ready = std::max(*ready, p);
+    }
+    return true;
+  }
+
+  void report_deadlock() {
+    for (int r = 0; r < P_; ++r) {
+      if (pos_[r] == lists_[r].size()) continue;
+      sim_.deadlock = true;
+      const SimRank& R = ranks_[r];
+      const auto [begin, end] = R.groups[R.group_of[pos_[r]]];
+      for (size_t i = begin; i < end; ++i) {
+        const int peer = lists_[r][i].peer;
+        if (!std::isnan(ranks_[peer].posted[R.peer_group[i]])) continue;
+        sim_.problem += str_cat(sim_.problem.empty() ? "deadlock: " : "; ", "stage ", r, " waits at ",
+                                pytorch_name(lists_[r][i], P_, r), " for stage ", peer, " to post ",
+                                pytorch_name(lists_[peer][R.peer_index[i]], P_, peer));
+        break;
+      }
+    }
+  }
+
+  void finish_times() {
+    sim_.makespan = *std::max_element(t_.begin(), t_.end());
+    if (sim_.makespan <= 0) return;
+    double idle = 0;
+    for (double b : sim_.busy) idle += (sim_.makespan - b) / sim_.makespan;
+    sim_.bubble_fraction = idle / P_;
+  }
+
+  const std::vector<std::vector<Action>>& lists_;
+  const int P_;
+  const double fwd_, bwd_;
+  std::vector<SimRank> ranks_;
+  std::vector<size_t> pos_;  // per stage: the next action to run
+  std::vector<double> t_;    // per stage: the time it reached pos_
+  ScheduleSim sim_;
+};
+
+}  // namespace
+
+ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, int virtual_stages, double fwd_cost,
+                             double bwd_cost) {
+  SAT_ASSERT(!lists.empty() && virtual_stages >= 1);
+  return Simulator(lists, fwd_cost / virtual_stages, bwd_cost / virtual_stages).run();
+}
+
+ScheduleSim simulate_schedule(const ScheduleSpec& s, double fwd_cost, double bwd_cost) {
+  check_schedule(s);
+  std::vector<std::vector<Action>> lists;
+  for (int stage = 0; stage < s.stages; ++stage) lists.push_back(make_schedule(s, stage));
+  return simulate_actions(lists, s.virtual_stages, fwd_cost, bwd_cost);
+}
+
+namespace {
+
+std::string percent(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * x);
+  return buf;
+}
+
+// A chunk's mark in the grid: a letter a, b, c, ... ("" when V == 1, a number past z).
+std::string chunk_mark(int chunk, int V) {
+  if (V == 1) return "";
+  return V <= 26 ? std::string(1, static_cast<char>('a' + chunk)) : str_cat(':', chunk);
+}
+
+// A compute action's label in the grid: "F3", "F3b" when V > 1.
+std::string grid_label(const Action& a, int V) { return a.str() + chunk_mark(a.chunk, V); }
+
+// One stage's row: `cells` cells of `width` characters, one cell per `unit` of time; each compute
+// action is its label over the cells it covers, idle cells are dots (the bubble).
+std::string grid_row(const std::vector<ScheduleSim::Span>& spans, double unit, long cells, size_t width, int V) {
+  std::string row(cells * width, '.');
+  for (const auto& sp : spans) {
+    const size_t from = std::lround(sp.start / unit) * width, to = std::lround(sp.end / unit) * width;
+    const std::string label = grid_label(sp.action, V);
+    row.replace(from, to - from, std::string(to - from, ' '));
+    row.replace(from, label.size(), label);
+  }
+  return row;
+}
+
+std::string grid(const ScheduleSpec& s, const ScheduleSim& sim) {
+  const int V = s.virtual_stages;
+  const double unit = 1.0 / V;  // one chunk's forward: the shortest action
+  size_t width = 0;
+  for (const auto& row : sim.spans)
+    for (const auto& sp : row) width = std::max(width, grid_label(sp.action, V).size() + 1);
+  const long cells = std::lround(sim.makespan / unit);
+  const int name_width = static_cast<int>(str_cat("stage ", s.stages - 1).size());
+  std::string out;
+  for (int r = 0; r < s.stages; ++r) {
+    const std::string name = str_cat("stage ", r);
+    out += name + std::string(name_width - name.size() + 2, ' ') + grid_row(sim.spans[r], unit, cells, width, V) + "\n";
+  }
+  return out;
+}
+
+std::string legend(const ScheduleSpec& s) {
+  if (s.virtual_stages == 1)
+    return "Fm / Bm: forward / backward of micro-batch m; one cell = one forward, a backward takes two; '.' = idle\n";
+  return str_cat("Fmc / Bmc: forward / backward of micro-batch m on this rank's model chunk c (a = first of ",
+                 s.virtual_stages, "); one cell = one chunk's forward, a backward takes two; '.' = idle\n");
+}
+
+const char* textbook_formula(const ScheduleSpec& s) {
+  if (s.stages == 1) return "with one stage";
+  switch (s.kind) {
+    case PipeSchedule::none: return "(P-1)/P";
+    case PipeSchedule::gpipe:
+    case PipeSchedule::one_f_one_b: return "(P-1)/(M+P-1)";
+    case PipeSchedule::interleaved: return "(P-1)/(V*M+P-1)";
+  }
+  return "";
+}
+
+// "stage 0: 4, stage 1: 3", or per chunk "stage 0: 5a 4b" when V > 1.
+std::string in_flight_line(const ScheduleSpec& s) {
+  std::string out = s.virtual_stages > 1 ? "peak micro-batches in flight per chunk:" : "peak micro-batches in flight:";
+  for (int r = 0; r < s.stages; ++r) {
+    const auto actions = make_schedule(s, r);
+    out += str_cat(r ? ", " : " ", "stage ", r, ":");
+    for (int c = 0; c < s.virtual_stages; ++c)
+      out += str_cat(" ", max_in_flight(actions, c), chunk_mark(c, s.virtual_stages));
+  }
+  return out + "\n";
+}
+
+}  // namespace
+
+std::string format_schedule(const ScheduleSpec& s) {
+  const ScheduleSim sim = simulate_schedule(s);
+  std::string out = str_cat(pipe_schedule_name(s.kind), " schedule, --pp ", s.stages, " --accum ", s.micro);
+  if (s.virtual_stages > 1) out += str_cat(" --virtual-stages ", s.virtual_stages);
+  out += " (time runs left to right)\n";
+  out += grid(s, sim);
+  out += legend(s);
+  if (!sim.problem.empty()) out += "problem: " + sim.problem + "\n";
+  out += str_cat("bubble: simulated ", percent(sim.bubble_fraction), ", textbook ", textbook_formula(s), " = ",
+                 percent(theoretical_bubble(s)), "\n");
+  if (s.kind == PipeSchedule::interleaved && s.micro % s.stages != 0)
+    out += str_cat("--accum ", s.micro, " is not a multiple of --pp ", s.stages, ": the last group of micro-batches is ",
+                   "short and each missing one leaves holes, so the bubble is above the textbook's\n");
+  out += in_flight_line(s);
+  if (s.micro == 1 && s.stages > 1)
+    out += str_cat("--accum 1: this is model parallelism (layers on different devices, one micro-batch in flight),",
+                   " bubble (P-1)/P = ", percent((s.stages - 1.0) / s.stages), "\n");
+  return out;
+}
+
+}  // namespace sat

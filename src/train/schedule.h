@@ -1,0 +1,98 @@
+// Pipeline schedules as data: a pure function from (kind, stages P, stage s, micro-batches M,
+// virtual stages V) to the actions one rank runs in one optimizer step, and a simulator that
+// runs all P ranks' lists against each other to check them (every send matched, no deadlock)
+// and to draw them. Nothing here runs a model or communicates.
+//
+// The contract the executor relies on (tests/test_schedule.cpp checks every item on every kind,
+// P 1..8, M 1..16, V 1..4):
+// 1. each rank's list holds exactly one forward F(m,c) and one backward B(m,c) for every chunk c
+//    and micro-batch m, and ends with reduce_grads then optimizer (nothing after);
+// 2. per chunk, forwards and backwards run in micro order 0..M-1 (gradients accumulate in the
+//    same order as one process), and F(m,c) precedes B(m,c);
+// 3. (stage s, chunk c) is virtual stage vs = c*P + s; F with vs > 0 is preceded by recv_act from
+//    the owner of vs-1, F with vs < P*V-1 followed by send_act to the owner of vs+1, B with
+//    vs < P*V-1 preceded by recv_grad from the owner of vs+1, B with vs > 0 followed by send_grad
+//    to the owner of vs-1; a comm action's chunk is this rank's chunk the data belongs to;
+// 4. a maximal run of comm actions is one group, posted together and waited on together. Compute
+//    actions run in units: one compute, or in interleaved's steady state a forward and a backward
+//    back to back (Megatron runs them so and posts one send_forward_backward_recv_forward_backward
+//    after each pair). Between two units one group: the sends of the unit before, then the
+//    receives of the unit after. So a compute's receive is in the last group before it and its
+//    send in the first group after it. Within a group, sends come first, then the messages by
+//    (activation before gradient, sender's virtual stage, micro-batch); for every ordered pair of
+//    ranks the sends one posts to the other come in the order the other posts the receives
+//    (NCCL, and MPI with one tag, match in posting order);
+// 5. deadlock-free when a group completes once each operation's counterpart has been posted.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sat {
+
+// no pipelining ("none": each micro-batch's forward and backward through all stages before the next
+// starts; with one stage this is plain gradient accumulation), GPipe, 1F1B (PipeDream-flush),
+// Megatron's interleaved 1F1B over V model chunks per rank.
+enum class PipeSchedule { none, gpipe, one_f_one_b, interleaved };
+const char* pipe_schedule_name(PipeSchedule k);          // "none", "gpipe", "1f1b", "interleaved"
+PipeSchedule parse_pipe_schedule(const std::string& s);  // sat::Error naming --pp-schedule and the choices
+
+enum class ActionKind : uint8_t { forward, backward, send_act, recv_act, send_grad, recv_grad, reduce_grads, optimizer };
+
+struct Action {
+  ActionKind kind = ActionKind::forward;
+  int micro = -1;  // micro-batch 0..M-1 (-1 for reduce_grads and optimizer)
+  int chunk = 0;   // this rank's model chunk 0..V-1; its virtual stage is chunk * P + stage
+  int peer = -1;   // send/recv: the pipeline stage (rank in the pipeline group) on the other side
+  bool is_comm() const;     // send_act, recv_act, send_grad, recv_grad
+  bool is_compute() const;  // forward, backward
+  std::string str() const;  // short form for grids: "F3", "B3", "SEND_F3", "RECV_B3", "REDUCE", "OPT" (chunk appended as a letter "F3b" only when the caller asks: see format)
+  bool operator==(const Action&) const = default;
+};
+
+struct ScheduleSpec {
+  PipeSchedule kind = PipeSchedule::one_f_one_b;
+  int stages = 1;          // P (--pp)
+  int micro = 1;           // M (--accum): micro-batches per optimizer step
+  int virtual_stages = 1;  // V (--virtual-stages): model chunks per rank, interleaved only
+};
+// Bad input, as a user would type it: sat::Error with one line naming the flag and what was expected:
+// stages < 1 (--pp), micro < 1 (--accum), V < 1, V > 1 without interleaved (--virtual-stages needs
+// --pp-schedule interleaved), interleaved with V < 2 or P < 2, interleaved with M < P ("--accum M:
+// the interleaved schedule needs at least --pp P micro-batches per step").
+void check_schedule(const ScheduleSpec& s);
+// The actions of pipeline stage `stage` (0..P-1) in one optimizer step (calls check_schedule).
+std::vector<Action> make_schedule(const ScheduleSpec& s, int stage);
+// PyTorch's name of an action: "{virtual stage}{TYPE}{micro}", e.g. "0F3", "2SEND_B1", with
+// TYPE one of F B SEND_F RECV_F SEND_B RECV_B, and "REDUCE_GRAD" / "OPTIMIZER" without numbers.
+std::string pytorch_name(const Action& a, int stages, int stage);
+
+// The most micro-batches of `chunk` that are in flight at once in `actions` (forward started,
+// backward not finished): what the memory plan must hold.
+int max_in_flight(const std::vector<Action>& actions, int chunk);
+
+// All P ranks' schedules run against each other with unit costs: a forward of one chunk takes
+// fwd_cost / V, a backward bwd_cost / V; communication is free but blocks (see the contract).
+struct ScheduleSim {
+  struct Span { double start, end; Action action; };
+  bool deadlock = false;
+  std::string problem;                   // "" when fine; else what is wrong (deadlock: who waits on what; order mismatch)
+  double makespan = 0;
+  std::vector<std::vector<Span>> spans;  // per stage: its compute actions in time order
+  std::vector<double> busy;              // per stage: time spent computing
+  double bubble_fraction = 0;            // mean over stages of idle time / makespan
+};
+ScheduleSim simulate_schedule(const ScheduleSpec& s, double fwd_cost = 1, double bwd_cost = 2);
+// The same simulation of lists given by the caller (one per stage, V = spec's virtual_stages):
+// what simulate_schedule runs on make_schedule's lists, open so a test can hand it broken ones.
+ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, int virtual_stages,
+                             double fwd_cost = 1, double bwd_cost = 2);
+// The textbook bubble: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(V*M+P-1) interleaved, (P-1)/P for none, 0 when P == 1.
+double theoretical_bubble(const ScheduleSpec& s);
+// The text `saturate schedule` prints: the per-rank grid with time running left to right (so the bubble shows),
+// then the simulated and textbook bubble, the peak micro-batches in flight per stage, and, when M == 1 and P > 1,
+// a line saying this is model parallelism (layers on different devices, one micro-batch in flight) with its
+// bubble of (P-1)/P.
+std::string format_schedule(const ScheduleSpec& s);
+
+}  // namespace sat
