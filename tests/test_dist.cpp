@@ -24,11 +24,13 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dist/bench_comm.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
+#include "dist/mesh.h"
 #include "dist/nccl_comm.h"
 
 using namespace sat;
@@ -329,7 +331,7 @@ TEST(DistSelf, P2PBatchesToItself) {
   EXPECT_FALSE(c->recv(&y, 1, DType::i32, 0)->done());
 }
 
-TEST(DistSelf, SplitIsAWorldOfOne) {
+TEST(DistSelf, SplitAndMeshOfOne) {
   auto c = make_self_comm();
   EXPECT_EQ(c->split(-1, 0), nullptr);
   auto s = c->split(3, 7);
@@ -340,6 +342,26 @@ TEST(DistSelf, SplitIsAWorldOfOne) {
   auto ss = s->split(0, 0);
   ASSERT_TRUE(ss);
   EXPECT_EQ(sum_over(*ss, 5), 5);
+  Mesh m(*c, 1, 1);
+  EXPECT_EQ(m.describe(), "1 rank = dp 1 x tp 1 x pp 1; this rank: dp 0, tp 0, pp 0");
+  for (Comm* g : {&m.tp_group(), &m.dp_group(), &m.pp_group(), m.embedding_group()}) {
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->size(), 1);
+    EXPECT_EQ(sum_over(*g, 7), 7);
+  }
+  EXPECT_EQ(error_of([&] { Mesh(*c, 2, 1); }),
+            "--tp 2 x --pp 1 = 2 does not divide the 1 process of this job (expected a divisor of 1)");
+}
+
+TEST(DistMesh, CheckNamesTheFlagsAndTheWorld) {
+  EXPECT_EQ(error_of([] { Mesh::check(4, 1, 3); }),
+            "--tp 1 x --pp 3 = 3 does not divide the 4 processes of this job (expected a divisor of 4)");
+  EXPECT_EQ(error_of([] { Mesh::check(6, 4, 1); }),
+            "--tp 4 x --pp 1 = 4 does not divide the 6 processes of this job (expected a divisor of 6)");
+  EXPECT_NE(error_of([] { Mesh::check(4, 0, 1); }).find("--tp 0"), std::string::npos);
+  EXPECT_NE(error_of([] { Mesh::check(4, 1, -1); }).find("--pp -1"), std::string::npos);
+  for (auto [w, tp, pp] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {4, 2, 2}, {6, 3, 2}, {8, 1, 8}, {12, 2, 3}})
+    EXPECT_EQ(error_of([&] { Mesh::check(w, tp, pp); }), "") << w << " " << tp << " " << pp;
 }
 
 TEST(DistSelf, BenchRowsAreOk) {
@@ -779,6 +801,90 @@ TEST(Dist, P2PValidation) {
   EXPECT_NE(error_of([&] { c.p2p({{false, &x, 1, -1}}, DType::f32); }).find("source rank -1"), std::string::npos);
   EXPECT_NE(error_of([&] { c.p2p({{false, nullptr, 4, 0}}, DType::f32); }).find("null buffer"), std::string::npos);
   c.barrier();  // nothing was posted: the ranks are still in step
+}
+
+// ---- the process mesh ------------------------------------------------------------------
+
+TEST(Dist, MeshEveryLayout) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  for (int tp = 1; tp <= n; ++tp) {
+    for (int pp = 1; pp <= n; ++pp) {
+      if (n % (tp * pp)) continue;
+      Mesh m(c, tp, pp);
+      SCOPED_TRACE(m.describe());
+      const int dp = n / (tp * pp);
+      EXPECT_EQ(m.size(), n);
+      EXPECT_EQ(m.rank(), r);
+      EXPECT_EQ(&m.world(), &c);
+      EXPECT_EQ(m.tp(), tp);
+      EXPECT_EQ(m.pp(), pp);
+      EXPECT_EQ(m.dp(), dp);
+      // Tensor-parallel rank fastest, then data-parallel, then pipeline.
+      EXPECT_EQ(m.tp_rank(), r % tp);
+      EXPECT_EQ(m.dp_rank(), r / tp % dp);
+      EXPECT_EQ(m.pp_rank(), r / (tp * dp));
+      EXPECT_EQ(m.describe(), str_cat(n, n == 1 ? " rank" : " ranks", " = dp ", dp, " x tp ", tp, " x pp ", pp,
+                                      "; this rank: dp ", m.dp_rank(), ", tp ", m.tp_rank(), ", pp ", m.pp_rank()));
+      std::vector<int> seen(size_t(n), 0);
+      for (int p = 0; p < pp; ++p)
+        for (int d = 0; d < dp; ++d)
+          for (int t = 0; t < tp; ++t) {
+            int g = m.global_rank(t, d, p);
+            ASSERT_TRUE(g >= 0 && g < n) << g;
+            ++seen[size_t(g)];
+            EXPECT_EQ(g, t + tp * (d + dp * p));
+          }
+      EXPECT_EQ(seen, std::vector<int>(size_t(n), 1));
+      EXPECT_THROW(m.global_rank(tp, 0, 0), Error);
+      EXPECT_THROW(m.global_rank(0, dp, 0), Error);
+      EXPECT_THROW(m.global_rank(0, 0, -1), Error);
+      // Each group: its size, this rank's place in it, and the sum of its world ranks.
+      const int t0 = m.tp_rank(), d0 = m.dp_rank(), p0 = m.pp_rank();
+      EXPECT_EQ(m.tp_group().size(), tp);
+      EXPECT_EQ(m.dp_group().size(), dp);
+      EXPECT_EQ(m.pp_group().size(), pp);
+      EXPECT_EQ(m.tp_group().rank(), t0);
+      EXPECT_EQ(m.dp_group().rank(), d0);
+      EXPECT_EQ(m.pp_group().rank(), p0);
+      int64_t tp_sum = 0, dp_sum = 0, pp_sum = 0;
+      for (int t = 0; t < tp; ++t) tp_sum += m.global_rank(t, d0, p0);
+      for (int d = 0; d < dp; ++d) dp_sum += m.global_rank(t0, d, p0);
+      for (int p = 0; p < pp; ++p) pp_sum += m.global_rank(t0, d0, p);
+      // All three in flight at once: groups of one rank each do not mix with the others.
+      int64_t xs[3] = {r, r, r};
+      auto w1 = m.tp_group().all_reduce(&xs[0], 1, DType::i64, ReduceOp::sum);
+      auto w2 = m.dp_group().all_reduce(&xs[1], 1, DType::i64, ReduceOp::sum);
+      auto w3 = m.pp_group().all_reduce(&xs[2], 1, DType::i64, ReduceOp::sum);
+      w3->wait();
+      w2->wait();
+      w1->wait();
+      EXPECT_EQ(xs[0], tp_sum);
+      EXPECT_EQ(xs[1], dp_sum);
+      EXPECT_EQ(xs[2], pp_sum);
+      // The embedding group: the first and the last stage of this rank's pipeline.
+      Comm* e = m.embedding_group();
+      if (p0 == 0 || p0 == pp - 1) {
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->size(), pp == 1 ? 1 : 2);
+        EXPECT_EQ(e->rank(), p0 == 0 ? 0 : 1);
+        int64_t expect = m.global_rank(t0, d0, 0) + (pp > 1 ? m.global_rank(t0, d0, pp - 1) : 0);
+        EXPECT_EQ(sum_over(*e, r), expect);
+      } else {
+        EXPECT_EQ(e, nullptr);
+      }
+    }
+  }
+}
+
+TEST(Dist, MeshThatDoesNotDivideTheWorldFailsOnEveryRank) {
+  Comm& c = world();
+  const int n = c.size();
+  EXPECT_EQ(error_of([&] { Mesh(c, n + 1, 1); }),
+            str_cat("--tp ", n + 1, " x --pp 1 = ", n + 1, " does not divide the ", n, n == 1 ? " process" : " processes",
+                    " of this job (expected a divisor of ", n, ")"));
+  EXPECT_NE(error_of([&] { Mesh(c, 1, 0); }).find("--pp 0"), std::string::npos);
+  c.barrier();  // no rank entered a split
 }
 
 TEST(Dist, BenchCommRowsAreOk) {

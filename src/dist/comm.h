@@ -2,7 +2,8 @@
 // of one job or a group of them (split()), with the collectives that training needs
 // (all-reduce of the gradients, reduce-scatter/all-gather for sharded optimizers, broadcast
 // of the initial parameters) plus point-to-point send/recv and batches of them (p2p, for
-// pipeline stages). Nothing here knows about layers or training.
+// pipeline stages). The process mesh and its groups are in mesh.h. Nothing here knows about
+// layers or training.
 //
 // Backends:
 //   self  — a world of one process; every op is a copy or a no-op. Always available.

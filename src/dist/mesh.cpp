@@ -1,0 +1,62 @@
+// The process mesh (see mesh.h).
+#include "dist/mesh.h"
+
+#include "core/error.h"
+
+namespace sat::dist {
+
+namespace {
+
+// A group of `size` ranks out of world, made by one collective split (color < 0: this rank is
+// in no group, nullptr). Every rank knows `size` (the same numbers everywhere), so all ranks
+// agree to skip the split where the groups have one rank: a self communicator then costs no
+// communication and runs every op as a world of one. Not for device buffers (NCCL): the self
+// communicator copies host memory.
+std::unique_ptr<Comm> group(Comm& world, int size, int color, int key) {
+  if (size == 1 && world.device() == Device::cpu) return color >= 0 ? make_self_comm() : nullptr;
+  return world.split(color, key);
+}
+
+const char* plural(int n, const char* one, const char* many) { return n == 1 ? one : many; }
+
+}  // namespace
+
+void Mesh::check(int world, int tp, int pp) {
+  SAT_CHECK(world >= 1, "the job has ", world, " processes (expected at least 1)");
+  SAT_CHECK(tp >= 1, "--tp ", tp, ": the tensor-parallel size must be at least 1");
+  SAT_CHECK(pp >= 1, "--pp ", pp, ": the number of pipeline stages must be at least 1");
+  SAT_CHECK(world % (int64_t(tp) * pp) == 0, "--tp ", tp, " x --pp ", pp, " = ", int64_t(tp) * pp,
+            " does not divide the ", world, plural(world, " process", " processes"), " of this job (expected a divisor of ",
+            world, ")");
+}
+
+Mesh::Mesh(Comm& world, int tp, int pp) : world_(&world), tp_(tp), pp_(pp) {
+  check(world.size(), tp, pp);
+  dp_ = world.size() / (tp * pp);
+  const int r = world.rank();
+  tp_rank_ = r % tp_;
+  dp_rank_ = r / tp_ % dp_;
+  pp_rank_ = r / (tp_ * dp_);
+  // One split per dimension: the ranks that share the other two coordinates, ranked by
+  // their coordinate in this one. Same order on every rank (each split is a collective).
+  tp_group_ = group(world, tp_, dp_rank_ + dp_ * pp_rank_, tp_rank_);
+  dp_group_ = group(world, dp_, tp_rank_ + tp_ * pp_rank_, dp_rank_);
+  pp_group_ = group(world, pp_, tp_rank_ + tp_ * dp_rank_, pp_rank_);
+  const bool end_stage = pp_rank_ == 0 || pp_rank_ == pp_ - 1;
+  embedding_group_ = group(world, pp_ == 1 ? 1 : 2, end_stage ? tp_rank_ + tp_ * dp_rank_ : -1, pp_rank_);
+  SAT_ASSERT(tp_group_->rank() == tp_rank_ && dp_group_->rank() == dp_rank_ && pp_group_->rank() == pp_rank_);
+}
+
+int Mesh::global_rank(int tp_rank, int dp_rank, int pp_rank) const {
+  check_rank("Mesh::global_rank", "tp", tp_rank, tp_);
+  check_rank("Mesh::global_rank", "dp", dp_rank, dp_);
+  check_rank("Mesh::global_rank", "pp", pp_rank, pp_);
+  return tp_rank + tp_ * (dp_rank + dp_ * pp_rank);
+}
+
+std::string Mesh::describe() const {
+  return str_cat(size(), plural(size(), " rank", " ranks"), " = dp ", dp_, " x tp ", tp_, " x pp ", pp_,
+                 "; this rank: dp ", dp_rank_, ", tp ", tp_rank_, ", pp ", pp_rank_);
+}
+
+}  // namespace sat::dist

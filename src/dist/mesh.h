@@ -1,0 +1,60 @@
+// The process mesh: the ranks of a job arranged in tensor-parallel (tp), data-parallel (dp)
+// and pipeline (pp) dimensions, with one communicator per group this rank belongs to.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "dist/comm.h"
+
+namespace sat::dist {
+
+// World ranks arranged as Megatron orders them: tensor-parallel rank fastest, then
+// data-parallel, then pipeline: global rank = tp_rank + tp * (dp_rank + dp * pp_rank). Tensor-
+// parallel ranks, which communicate the most, are adjacent (on one node where it has tp GPUs).
+// Groups are made once (Comm::split) and passed explicitly: every collective of the trainer
+// names its group.
+class Mesh {
+ public:
+  // Validation without communication (all ranks call it with the same numbers, so all fail
+  // alike): tp >= 1 (--tp), pp >= 1 (--pp), world % (tp * pp) == 0, else sat::Error such as
+  // "--tp 1 x --pp 3 = 3 does not divide the 4 processes of this job (expected a divisor of 4)".
+  static void check(int world, int tp, int pp);
+
+  // Collective over `world` (which must outlive the mesh): builds the tp, dp and pp groups and
+  // the embedding group (the first and the last pipeline stage of this (tp, dp) coordinate;
+  // nullptr on the stages in between; with pp == 1 it is a group of one). A group of one is a
+  // self communicator when world works on host memory (a split of world otherwise).
+  Mesh(Comm& world, int tp, int pp);
+
+  int size() const { return world_->size(); }
+  int rank() const { return world_->rank(); }
+  int tp() const { return tp_; }
+  int pp() const { return pp_; }
+  int dp() const { return dp_; }
+  // This rank's coordinates; each is also its rank within the group of that dimension.
+  int tp_rank() const { return tp_rank_; }
+  int dp_rank() const { return dp_rank_; }
+  int pp_rank() const { return pp_rank_; }
+  // The world rank at a coordinate (throws sat::Error when one is out of range).
+  int global_rank(int tp_rank, int dp_rank, int pp_rank) const;
+
+  Comm& world() const { return *world_; }
+  // The ranks that differ from this one only in their tp (dp, pp) coordinate.
+  Comm& tp_group() const { return *tp_group_; }
+  Comm& dp_group() const { return *dp_group_; }
+  Comm& pp_group() const { return *pp_group_; }
+  // First and last stage of this rank's pipeline (tied input and output embeddings reduce
+  // their gradients over it); nullptr on the stages in between.
+  Comm* embedding_group() const { return embedding_group_.get(); }
+
+  // "4 ranks = dp 2 x tp 1 x pp 2; this rank: dp 1, tp 0, pp 0"
+  std::string describe() const;
+
+ private:
+  Comm* world_;
+  int tp_, pp_, dp_;
+  int tp_rank_, dp_rank_, pp_rank_;
+  std::unique_ptr<Comm> tp_group_, dp_group_, pp_group_, embedding_group_;
+};
+
+}  // namespace sat::dist
