@@ -27,8 +27,26 @@ const char* mem_kind_name(MemKind k) {
 
 int ArenaPlanner::add(std::string what, MemKind kind, size_t bytes, int t_begin, int t_end) {
   SAT_ASSERT(t_begin <= t_end);
-  bufs_.push_back({std::move(what), kind, bytes, t_begin, t_end, 0});
+  bufs_.push_back({std::move(what), kind, bytes, t_begin, t_end, 0, {{t_begin, t_end}}});
   return int(bufs_.size()) - 1;
+}
+
+void ArenaPlanner::extend(int i, int t_begin, int t_end) {
+  PlanBuffer& b = bufs_.at(size_t(i));
+  SAT_ASSERT(t_begin <= t_end && t_begin > b.t_end);
+  b.live.push_back({t_begin, t_end});
+  b.t_end = t_end;
+}
+
+bool PlanBuffer::overlaps(const PlanBuffer& o) const {
+  if (t_begin > o.t_end || o.t_begin > t_end) return false;
+  size_t i = 0, j = 0;
+  while (i < live.size() && j < o.live.size()) {
+    if (live[i].first <= o.live[j].second && o.live[j].first <= live[i].second) return true;
+    if (live[i].second < o.live[j].second) ++i;
+    else ++j;
+  }
+  return false;
 }
 
 size_t ArenaPlanner::solve() {
@@ -45,7 +63,7 @@ size_t ArenaPlanner::solve() {
     std::vector<const PlanBuffer*> live;
     for (int j : placed) {
       const PlanBuffer& o = bufs_[size_t(j)];
-      if (o.t_begin <= b.t_end && b.t_begin <= o.t_end) live.push_back(&o);
+      if (o.overlaps(b)) live.push_back(&o);
     }
     std::sort(live.begin(), live.end(), [](auto* x, auto* y) { return x->offset < y->offset; });
     size_t need = rounded(b.bytes), off = 0;

@@ -1,11 +1,14 @@
 // The arena planner: buffers with known sizes and lifetimes (in step-timeline units)
 // get offsets in one arena so that buffers alive at the same time never overlap and
 // buffers with disjoint lifetimes share memory. Greedy by size, first fit in address
-// order (as TFLite's and ggml's planners do); deterministic.
+// order (as TFLite's and ggml's planners do); deterministic. A buffer may be live in
+// several disjoint intervals (one context of a pipeline stage serves several
+// micro-batches of a step, one after the other).
 #pragma once
 #include <array>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sat {
@@ -23,14 +26,18 @@ struct PlanBuffer {
   std::string what;
   MemKind kind;
   size_t bytes;
-  int t_begin, t_end;  // inclusive lifetime
+  int t_begin, t_end;  // inclusive lifetime: the hull of `live`
   size_t offset = 0;
+  std::vector<std::pair<int, int>> live;  // inclusive intervals, ascending and disjoint
+  bool overlaps(const PlanBuffer& o) const;
 };
 
 class ArenaPlanner {
  public:
   static constexpr size_t kAlign = 64;
   int add(std::string what, MemKind kind, size_t bytes, int t_begin, int t_end);
+  // Another interval in which buffer i is live (after all of its earlier ones).
+  void extend(int i, int t_begin, int t_end);
   // Assigns offsets; returns the arena size in bytes.
   size_t solve();
   const PlanBuffer& operator[](int i) const { return bufs_[size_t(i)]; }

@@ -10,12 +10,12 @@
 namespace sat {
 
 namespace {
-size_t slot_count(int prefetch) { return size_t(std::max(prefetch, 1)); }
+size_t slot_count(int slots) { return size_t(std::max(slots, 1)); }
 }  // namespace
 
-size_t BatchLoader::buffer_bytes(const Dataset& ds, int64_t batch, int prefetch) {
+size_t BatchLoader::buffer_bytes(const Dataset& ds, int64_t batch, int slots) {
   const size_t per_slot = size_t(batch) * (ds.sample_bytes() + size_t(ds.label_numel()) * sizeof(int32_t));
-  return slot_count(prefetch) * per_slot;
+  return slot_count(slots) * per_slot;
 }
 
 std::vector<int64_t> BatchLoader::epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
@@ -46,8 +46,10 @@ int64_t BatchLoader::eval_batches(int64_t n, int64_t batch, int world) {
 }
 
 BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool train, int prefetch,
-                         const Sharding& shard)
-    : ds_(ds), batch_(batch), shuffle_(shuffle), train_(train), seed_(seed), prefetch_(prefetch), shard_(shard) {
+                         const Sharding& shard, int keep)
+    : ds_(ds), batch_(batch), shuffle_(shuffle), train_(train), seed_(seed), prefetch_(prefetch), shard_(shard),
+      keep_(keep) {
+  SAT_CHECK(keep >= 1, "internal error: a loader keeps at least the batch it handed out");
   SAT_CHECK(batch > 0, "batch size ", batch, " for ", ds.name(), ": expected a positive batch size");
   SAT_CHECK(prefetch >= 0, "prefetch depth ", prefetch, ": expected >= 0");
   SAT_CHECK(shard.world >= 1, "data-parallel world size ", shard.world, ": expected at least 1 rank");
@@ -79,7 +81,7 @@ BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_
   for (int64_t d : ds.label_shape().vec()) ys.push_back(d);
   x_shape_ = Shape(xs);
   y_shape_ = Shape(ys);
-  for (size_t i = 0; i < slot_count(prefetch); ++i)
+  for (size_t i = 0; i < slot_count(std::max(prefetch, 1) + keep - 1); ++i)
     slots_.push_back({Buffer(size_t(batch) * x_row_bytes_, "data loader batch (x)"),
                       Buffer(size_t(batch * y_row_) * sizeof(int32_t), "data loader batch (y)")});
   if (prefetch_ > 0) thread_ = std::thread(&BatchLoader::worker, this);
@@ -179,24 +181,28 @@ void BatchLoader::worker() {
 
 bool BatchLoader::next(Batch& out) {
   if (!started_) start_epoch(0);
+  const int64_t nslots = int64_t(slots_.size());
   if (prefetch_ == 0) {  // synchronous: read the batch here
     if (given_ >= batches_) return false;
-    fill(given_, slots_[0]);
-    out = make_batch(given_, slots_[0]);
+    Slot& s = slots_[size_t(given_ % nslots)];
+    fill(given_, s);
+    out = make_batch(given_, s);
     ++given_;
     return true;
   }
   std::unique_lock<std::mutex> lk(mu_);
-  // The batch handed out last time is no longer in use: its slot may be refilled.
-  if (released_ != given_) {
-    released_ = given_;
+  // Of the batches handed out so far, the last keep - 1 stay in use; the others' slots
+  // may be refilled.
+  const int64_t release = std::max<int64_t>(0, given_ - (keep_ - 1));
+  if (released_ < release) {
+    released_ = release;
     work_cv_.notify_one();
   }
   if (given_ >= batches_) return false;
   ready_cv_.wait(lk, [&] { return filled_ > given_ || error_; });
   if (filled_ <= given_) std::rethrow_exception(error_);
   const int64_t b = given_++;
-  out = make_batch(b, slots_[size_t(b % int64_t(slots_.size()))]);
+  out = make_batch(b, slots_[size_t(b % nslots)]);
   return true;
 }
 

@@ -30,12 +30,13 @@
 // y == -1), so collectives stay in step. Every batch therefore has exactly b rows, so
 // the static plan sees one shape.
 //
-// Memory: a ring of `prefetch` batch buffers (x and y per slot), allocated through
-// sat::Buffer so they are counted; buffer_bytes() predicts them exactly (they hold one
-// micro-batch of b rows each, whatever the sharding). A worker thread fills up to
-// `prefetch` batches ahead; the batch handed out by next() stays valid (its slot is not
-// refilled) until the following call to next() or start_epoch(). With prefetch = 0 there
-// is no thread: next() reads the batch itself into a single buffer.
+// Memory: a ring of `prefetch + keep - 1` batch buffers (x and y per slot), allocated
+// through sat::Buffer so they are counted; buffer_bytes() predicts them exactly (they hold
+// one micro-batch of b rows each, whatever the sharding). A worker thread fills batches
+// ahead; the last `keep` batches handed out by next() stay valid (their slots are not
+// refilled) until as many further calls to next() or start_epoch() (keep > 1: a pipeline
+// stage holds several micro-batches in flight, and a layer's backward reads its input).
+// With prefetch = 0 there is no thread: next() reads the batch itself into the ring.
 // The worker waits on condition variables (no busy-waiting); an exception thrown while
 // reading (by Dataset::get) is rethrown by next() (after the batches read before it),
 // and again by every later next(): a loader that failed stays failed. The destructor
@@ -79,13 +80,13 @@ class BatchLoader {
   // batches, the tail dropped or padded per shard.last) or evaluation (false: contiguous
   // shards padded with -1).
   BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool train, int prefetch = 2,
-              const Sharding& shard = {});
+              const Sharding& shard = {}, int keep = 1);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
-  // Bytes the ring allocates (counted through sat::Buffer) for these arguments.
-  static size_t buffer_bytes(const Dataset& ds, int64_t batch, int prefetch);
+  // Bytes the ring allocates (counted through sat::Buffer) for `slots` = prefetch + keep - 1.
+  static size_t buffer_bytes(const Dataset& ds, int64_t batch, int slots);
 
   // Begins epoch `epoch` (its order and its first batches start being read). Any batch
   // handed out before is invalid afterwards. next() without start_epoch() starts epoch 0.
@@ -129,12 +130,13 @@ class BatchLoader {
   const uint64_t seed_;
   const int prefetch_;
   const Sharding shard_;
+  const int keep_;
   int64_t batches_ = 0;
   int64_t shard_begin_ = 0, shard_size_ = 0;  // evaluation: this rank's positions
   size_t x_row_bytes_ = 0;
   int64_t y_row_ = 0;
   Shape x_shape_, y_shape_;
-  std::vector<Slot> slots_;  // max(prefetch, 1)
+  std::vector<Slot> slots_;  // max(prefetch, 1) + keep - 1
 
   // State shared with the worker, guarded by mu_. Batch b of the epoch lives in slot
   // b % slots. The worker may fill batch `filled_` once filled_ < released_ + slots
