@@ -162,6 +162,13 @@ std::unique_ptr<Comm> make_world_comm();
 // non-zero status does the same once MPI is initialised.)
 [[noreturn]] void abort_job(int code);
 
+// Ends the job after an error that every rank meets alike before the job communicates
+// (a bad flag, a layout that does not fit the job), once this rank has printed its line.
+// The launcher ends a whole job as soon as one rank exits with an error, which would cut
+// off the other ranks' lines: so the ranks first wait for each other (at most `grace`
+// seconds), then end the job with abort_job(code).
+[[noreturn]] void end_job_after_input_error(int code, double grace = 10);
+
 // Validation shared by the backends (throws sat::Error naming the op).
 void check_dtype(const char* op, DType t, bool reduction);
 void check_rank(const char* op, const char* what, int r, int size);

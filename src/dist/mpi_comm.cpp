@@ -617,6 +617,24 @@ std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
   std::exit(code);
 }
 
+[[noreturn]] void end_job_after_input_error(int code, double grace) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited && detect_process().distributed()) {
+    std::fflush(stderr);
+    try {
+      std::unique_ptr<Comm> comm = make_mpi_comm();
+      int32_t one = 1;
+      WorkPtr all = comm->all_reduce(&one, 1, DType::i32, ReduceOp::sum);
+      const auto t0 = Clock::now();
+      while (!all->done() && std::chrono::duration<double>(Clock::now() - t0).count() < grace)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } catch (const std::exception&) {
+    }
+  }
+  abort_job(code);
+}
+
 }  // namespace sat::dist
 
 #else  // !SAT_HAVE_MPI
@@ -634,6 +652,8 @@ std::unique_ptr<Comm> make_mpi_comm() {
   std::fflush(stderr);
   std::exit(code);
 }
+
+[[noreturn]] void end_job_after_input_error(int code, double) { abort_job(code); }
 
 }  // namespace sat::dist
 
