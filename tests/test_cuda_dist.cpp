@@ -56,9 +56,9 @@ TrainResult train_run(const std::string& model, const std::string& device, const
   cfg.evaluate = true;
   cfg.progress = 0;
   cfg.device = device;
-  cfg.precision = precision;
+  cfg.precision = parse_precision(precision);
   cfg.cuda_graph = graphs;
-  cfg.dist_backend = backend;
+  cfg.dist_backend = parse_dist_backend(backend);
   cfg.bucket_mb = bucket_mb;  // several buckets, launched during backward
   cfg.measure_noise = noise;
   Trainer t(mc, cfg, *data.train, data.test.get());

@@ -25,6 +25,9 @@
 #include "dist/comm.h"
 #include "nn/models.h"
 #include "train/trainer.h"
+#ifdef SAT_MPIEXEC
+#include "mpi_job.h"
+#endif
 
 namespace {
 
@@ -211,75 +214,25 @@ TEST(DataParallel, ZeroOneFollowsTheSameTrajectoryWithAShardOfTheState) {
 // ---- failure: SIGKILL one rank of a real `saturate train` job --------------------------
 
 #ifdef SAT_MPIEXEC
-namespace {
-
-// The pid of the saturate process of rank `rank` whose environment carries `marker`.
-pid_t find_rank(const std::string& marker, int rank) {
-  const std::string want_rank = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  for (auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (env.find(marker) == std::string::npos) continue;
-    bool rank_ok = false;
-    for (size_t pos = 0; pos < env.size();) {
-      size_t end = env.find('\0', pos);
-      if (end == std::string::npos) end = env.size();
-      if (env.compare(pos, end - pos, want_rank) == 0) rank_ok = true;
-      pos = end + 1;
-    }
-    std::ifstream c(e.path() / "comm");
-    std::string comm;
-    std::getline(c, comm);
-    if (rank_ok && comm == "saturate") return pid_t(std::stol(name));
-  }
-  return -1;
-}
-
-}  // namespace
-
 TEST(DataParallelFailure, KillingOneRankOfTrainingEndsTheJob) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
-  const std::string marker = "SAT_TEST_JOB=" + std::to_string(getpid());
-  const std::string log = std::filesystem::temp_directory_path() / ("sat_dp_kill_" + std::to_string(getpid()) + ".log");
-  const std::string cmd = "env -i PATH=/usr/bin:/bin HOME=/tmp OMPI_ALLOW_RUN_AS_ROOT=1 "
-                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive " + marker +
-                          " timeout -k 5 90 " SAT_MPIEXEC " -np 2 " SAT_BINARY
-                          " train --model gpt-mini --data synthetic --batch 2 --steps 100000 --threads 1"
-                          " --eval off > " + log + " 2>&1";
-  pid_t sh = fork();
-  ASSERT_GE(sh, 0);
-  if (sh == 0) {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  sat::test::Job job = sat::test::start_job(2, "train --model gpt-mini --data synthetic --batch 2 --steps 100000 "
+                                               "--threads 1 --eval off");
   // Wait until rank 1 runs and training is under way, then kill it.
-  pid_t victim = -1;
-  auto t0 = std::chrono::steady_clock::now();
-  auto since = [&](auto t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); };
-  while (victim < 0 && since(t0) < 30) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    victim = find_rank(marker, 1);
-  }
+  const pid_t victim = sat::test::wait_for_rank(job, 1);
   ASSERT_GT(victim, 0) << "rank 1 of the job never appeared";
   std::this_thread::sleep_for(std::chrono::seconds(3));  // model built, steps running
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   const auto t_kill = std::chrono::steady_clock::now();
-  int st = 0;
-  ASSERT_EQ(waitpid(sh, &st, 0), sh);
-  const double after = since(t_kill);
-  std::ifstream f(log);
-  std::string out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::filesystem::remove(log);
-  const int status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  sat::test::JobEnd end = sat::test::wait_job(job);
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
   std::printf("killed rank 1 (pid %d); the job ended %.1f s later with status %d; its output:\n%s\n", int(victim),
-              after, status, out.c_str());
-  EXPECT_NE(status, 0);
-  EXPECT_NE(status, 124) << "the job did not end by itself";
+              after, end.status, end.out.c_str());
+  EXPECT_NE(end.status, 0);
+  EXPECT_NE(end.status, 124) << "the job did not end by itself";
   EXPECT_LT(after, 30.0);
-  EXPECT_NE(out.find("rank 1"), std::string::npos) << "the output does not name the failed rank";
-  EXPECT_NE(out.find("saturate train: gpt-mini"), std::string::npos) << "training never started";
+  EXPECT_NE(end.out.find("rank 1"), std::string::npos) << "the output does not name the failed rank";
+  EXPECT_NE(end.out.find("saturate train: gpt-mini"), std::string::npos) << "training never started";
 }
 #endif
 

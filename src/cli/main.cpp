@@ -24,6 +24,10 @@
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
+#include "dist/mesh.h"
+#include "train/plan.h"
+#include "train/report.h"
+#include "train/schedule.h"
 #include "train/trainer.h"
 #include "tune/tune.h"
 
@@ -31,7 +35,6 @@ extern "C" char* openblas_get_corename(void);
 
 namespace {
 
-using nlohmann::ordered_json;
 
 // OpenBLAS 0.3.21 (Debian 12) does not recognise recent AVX-512 CPUs (AMD Zen 4/5)
 // and falls back to its AVX2 "Haswell" kernels, 1.4-1.9x slower in sgemm. It picks
@@ -69,23 +72,15 @@ struct TrainArgs {
   std::string dist_backend = "auto";
   bool sync_bn = false;
   int zero = 0;
+  // Layout: tensor and pipeline parallelism (the data-parallel degree is what is left).
+  int tp = 1, pp = 1, virtual_stages = 1;
+  std::string pp_schedule = "1f1b", pp_split;
   // Tuning (saturate tune, --batch auto).
   std::string memory_budget, objective = "throughput";
   int64_t global_batch = 0, lr_batch = 64;
   double knee = 0.03;
   std::string init_weights, save_weights, out, normalize, eval = "on";
 };
-
-void write_json_atomic(const std::string& path, const ordered_json& j) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    SAT_CHECK(f, "--out: cannot write ", tmp);
-    f << j.dump(2) << "\n";
-    SAT_CHECK(f.good(), "--out: writing ", tmp, " failed");
-  }
-  std::filesystem::rename(tmp, path);
-}
 
 sat::ModelConfig model_for(const TrainArgs& a) {
   sat::ModelConfig mc = sat::model_config(a.model);
@@ -94,16 +89,6 @@ sat::ModelConfig model_for(const TrainArgs& a) {
     mc.vocab = mc.classes = a.vocab;
   }
   return mc;
-}
-
-ordered_json plan_json(const sat::MemoryPlan& p) {
-  ordered_json j;
-  for (int k = 0; k < int(sat::MemKind::kCount); ++k) j[sat::mem_kind_name(sat::MemKind(k))] = p.by_kind[size_t(k)];
-  j["persistent"] = p.persistent;
-  j["transient_arena"] = p.transient;
-  j["inputs"] = p.inputs;
-  j["total"] = p.total();
-  return j;
 }
 
 // "8GiB", "512MiB", "2G" (binary), "1.5GB", "500MB" (decimal) or plain bytes.
@@ -121,6 +106,43 @@ size_t parse_bytes(const std::string& flag, const std::string& v) {
   SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x), flag,
             ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes), got '", v, "'");
   return size_t(x * mult);
+}
+
+// "2,5,7": --pp-split's cut points.
+std::vector<int> parse_int_list(const std::string& flag, const std::string& v) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (!v.empty() && pos <= v.size()) {
+    const size_t end = std::min(v.find(',', pos), v.size());
+    const std::string item = v.substr(pos, end - pos);
+    char* stop = nullptr;
+    const long x = std::strtol(item.c_str(), &stop, 10);
+    SAT_CHECK(!item.empty() && stop && *stop == 0 && x >= 0 && x < 1000000, flag,
+              ": expected block indices separated by commas (such as 2,5), got '", v, "'");
+    out.push_back(int(x));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// The layout flags into cfg (checked against the model by the trainer and validate_layout).
+void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
+  cfg.tp = a.tp;
+  cfg.pp = a.pp;
+  cfg.pp_schedule = sat::parse_pipe_schedule(a.pp_schedule);
+  cfg.virtual_stages = a.virtual_stages;
+  cfg.pp_split = parse_int_list("--pp-split", a.pp_split);
+}
+
+// Every check of the layout that needs no communication: the world size from the
+// launcher's environment, the schedule, and the model's blocks. Run before MPI starts, so
+// that every rank prints the same one-line error and exits with status 2 (no rank can
+// hang waiting for another).
+void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg) {
+  sat::dist::Mesh::check(sat::dist::detect_process().world, cfg.tp, cfg.pp);
+  sat::check_pipeline(cfg);
+  SAT_CHECK(cfg.tp == 1, "--tp ", cfg.tp, ": tensor-parallel layers are not built yet (the mesh has their group; use --tp 1)");
+  if (cfg.pp > 1) sat::split_model(*sat::build_model(mc, cfg.batch, true).graph, cfg, mc.name);
 }
 
 int64_t parse_batch(const std::string& v) {
@@ -182,6 +204,8 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   const bool lead = comm.rank() == 0;
   const int world = comm.size();
   SAT_CHECK(a.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");
+  SAT_CHECK(a.pp == 1 && a.tp == 1, "--batch auto and saturate tune choose the batch of one stage's layout: with --pp or "
+            "--tp give --batch (and --accum) yourself");
   sat::TuneResult tr;
   bool cached = false;
   const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
@@ -321,15 +345,17 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   cfg.out_dir = a.out;
   cfg.profile = a.profile;
   cfg.device = a.device;
-  cfg.precision = a.precision;
+  cfg.precision = sat::parse_precision(a.precision);
   SAT_CHECK(a.cuda_graph == "on" || a.cuda_graph == "off", "--cuda-graph: expected on or off, got '", a.cuda_graph, "'");
   cfg.cuda_graph = a.cuda_graph == "on";
   SAT_CHECK(a.last_batch == "drop" || a.last_batch == "pad", "--last-batch: expected drop or pad, got '", a.last_batch, "'");
   cfg.last_batch = a.last_batch == "pad" ? sat::LastBatch::pad : sat::LastBatch::drop;
   cfg.bucket_mb = a.bucket_mb;
-  cfg.dist_backend = a.dist_backend;
+  cfg.dist_backend = sat::parse_dist_backend(a.dist_backend);
   cfg.sync_bn = a.sync_bn;
   cfg.zero = a.zero;
+  layout_into(a, cfg);
+  validate_layout(mc, cfg);
   // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.
   std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();
   cfg.comm = comm.get();
@@ -343,6 +369,9 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   SAT_CHECK(a.init_weights.empty() || a.device == "cpu" || sat::resolve_device(a.device) == sat::Device::cpu,
             "--init-weights with --device cuda is not supported yet: load on the CPU (--device cpu)");
   if (lead) std::fprintf(stderr, "saturate %s: %s on %s\n", tune_only ? "tune" : "train", mc.name.c_str(), data.description.c_str());
+  if (lead && sat::resolve_device(a.device) == sat::Device::cuda)
+    std::fprintf(stderr, "note: saturate's CUDA path (engine, executor, NCCL) compiles but has not yet been verified on "
+                 "a GPU; compare with --device cpu and report what differs\n");
   const sat::TuneConfig tcfg = tune_config(a);
   if (auto_batch && !apply_tuning(a, tune_only, mc, data, tcfg, *comm, cfg)) return 0;
   SAT_CHECK(!a.noise_scale || cfg.accum >= 2, "--noise-scale needs --accum 2 or more: the estimator compares one "
@@ -350,7 +379,10 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
             " --accum 2 instead of --batch ", cfg.batch, ")");
   cfg.measure_noise = a.noise_scale;
   if (tcfg.memory_budget) {
-    const sat::MemoryPlan pl = sat::Trainer::plan(mc, cfg, *data.train, cfg.evaluate ? data.test.get() : nullptr, world);
+    // This rank's stage of the pipeline (global rank = tp rank + tp * (dp rank + dp * stage)).
+    const int stage = comm->rank() / std::max(1, world / cfg.pp);
+    const sat::MemoryPlan pl =
+        sat::Trainer::plan(mc, cfg, *data.train, cfg.evaluate ? data.test.get() : nullptr, world, stage);
     const size_t need = pl.device ? pl.device : pl.total();
     SAT_CHECK(need <= tcfg.memory_budget, "--memory-budget: micro-batch ", cfg.batch, " needs ",
               sat::format_bytes(double(need)), " per rank, more than the budget of ",
@@ -360,19 +392,25 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     sat::device_mem_set_budget(dev, tcfg.memory_budget + (dev == sat::Device::cpu ? sat::mem_stats().current : 0));
   }
   sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
-  if (!a.init_weights.empty()) sat::load_safetensors(a.init_weights, trainer.params());
+  if (!a.init_weights.empty()) trainer.load_weights(a.init_weights);
   const auto& plan = trainer.memory_plan();
-  if (lead)
-    std::fprintf(stderr, "%lld parameters, micro-batch %lld x %lld accumulation x %d rank(s), %d threads, predicted memory %s\n",
-                 (long long)trainer.params().param_count(), (long long)cfg.batch, (long long)cfg.accum, world,
-                 sat::cpu::num_threads(), sat::format_bytes(double(plan.device ? plan.device : plan.total())).c_str());
+  const sat::RankPlan& rp = trainer.rank_plan();
+  if (lead) {
+    std::fprintf(stderr, "%lld parameters, micro-batch %lld x %lld accumulation x %d rank(s), %d threads, predicted memory %s%s\n",
+                 (long long)rp.model_parameters, (long long)cfg.batch, (long long)cfg.accum, world,
+                 sat::cpu::num_threads(), sat::format_bytes(double(plan.device ? plan.device : plan.total())).c_str(),
+                 cfg.pp > 1 ? " (stage 0)" : "");
+    if (cfg.pp > 1 || cfg.tp > 1)
+      std::fprintf(stderr, "layout: %s; %s schedule, stages %s\n", trainer.mesh().describe().c_str(),
+                   sat::pipe_schedule_name(cfg.pp_schedule), rp.split.describe(*sat::build_model(mc, 1).graph).c_str());
+  }
   sat::TrainResult r = trainer.run();
+  if (!a.save_weights.empty()) {
+    trainer.save_weights(a.save_weights);  // gathers the stages on rank 0
+    if (lead) std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
+  }
   if (!lead) return 0;
   if (a.profile) std::fprintf(stderr, "%s", trainer.profile_report().c_str());
-  if (!a.save_weights.empty()) {
-    sat::save_safetensors(a.save_weights, trainer.params(), mc.name);
-    std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
-  }
 
   const int64_t gb = r.global_batch;
   std::printf("final train loss %.4f", r.final_train_loss);
@@ -380,9 +418,13 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     std::printf(", test loss %.4f", r.test->loss);
     if (r.test->accuracy >= 0) std::printf(", test accuracy %.2f%% (%lld samples)", 100 * r.test->accuracy, (long long)r.test->samples);
   }
-  std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s\n", r.samples_per_second,
+  std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s%s\n", r.samples_per_second,
               (long long)r.warmup_excluded, sat::format_bytes(double(r.predicted_memory_bytes)).c_str(),
-              sat::format_bytes(double(r.peak_memory_bytes)).c_str());
+              sat::format_bytes(double(r.peak_memory_bytes)).c_str(), cfg.pp > 1 ? " (rank 0)" : "");
+  if (cfg.pp > 1)
+    std::printf("pipeline: %d stages, %s, %lld micro-batches per step: measured bubble %.1f%% (theory %.1f%%)\n", cfg.pp,
+                sat::pipe_schedule_name(cfg.pp_schedule), (long long)cfg.accum, 100 * r.bubble_fraction,
+                100 * sat::theoretical_bubble(rp.schedule));
   if (cfg.measure_noise) {
     if (r.noise_scale > 0)
       std::printf("gradient noise scale %.4g at the end (smoothed over %zu steps): this run's global batch %lld is "
@@ -391,95 +433,32 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
       std::printf("gradient noise scale: not measurable yet (the estimates of |G|^2 and tr(Sigma) are not both "
                   "positive after %zu steps)\n", r.grad_norms.size());
   }
-
   if (!a.out.empty()) {
-    ordered_json s;
-    s["model"] = mc.name;
-    s["parameters"] = trainer.params().param_count();
-    s["data"] = data.description;
-    s["device"] = r.device;
-    if (!r.device_name.empty()) s["device_name"] = r.device_name;
-    s["precision"] = r.precision;
-    s["threads"] = sat::cpu::num_threads();
-    s["batch"] = cfg.batch;
-    s["accum"] = cfg.accum;
-    s["global_batch"] = gb;
-    s["world_size"] = r.world_size;
-    s["comm_backend"] = r.comm_backend;
-    s["comm_seconds"] = r.comm_seconds;
-    s["comm_hidden_fraction"] = r.comm_hidden_fraction;
-    s["rank_step_seconds"] = r.rank_step_seconds;
-    s["sync_bn"] = a.sync_bn;
-    s["zero"] = a.zero;
-    s["optimizer_state_bytes"] = plan.by_kind[size_t(sat::MemKind::optimizer_state)];
-    s["steps"] = r.steps;
-    s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
-                      {"nesterov", cfg.optim.nesterov}, {"weight_decay", sat::resolve_optim(cfg.optim).weight_decay}};
-    s["schedule"] = {{"name", a.schedule}, {"warmup", a.warmup}};
-    s["seed"] = a.seed;
-    s["final_train_loss"] = r.final_train_loss;
-    if (r.test) {
-      s["test_loss"] = r.test->loss;
-      if (r.test->accuracy >= 0) s["test_accuracy"] = r.test->accuracy;
-      s["test_samples"] = r.test->samples;
-    }
-    if (cfg.measure_noise) s["noise_scale"] = r.noise_scale > 0 ? ordered_json(r.noise_scale) : ordered_json(nullptr);
-    s["samples_per_second"] = r.samples_per_second;
-    s["samples_per_second_note"] = "excludes the first " + std::to_string(r.warmup_excluded) + " steps (warm-up)";
-    s["warmup_steps_excluded"] = r.warmup_excluded;
-    if (mc.tokens) s["tokens_per_second"] = r.samples_per_second * double(mc.seq_len);
-    s["flops_per_sample"] = sat::train_flops_per_sample(trainer.model(), cfg.batch);
-    s["predicted_memory_bytes"] = r.predicted_memory_bytes;
-    s["peak_memory_bytes"] = r.peak_memory_bytes;
-    s["memory_plan"] = plan_json(plan);
-    if (r.device == "cuda") {
-      s["device_memory_used_bytes"] = r.device_memory_used_bytes;
-      s["graph_replay"] = r.graph_replay;
-      s["kernels_per_step"] = r.kernels_per_step;
-      s["launches_per_step"] = r.launches_per_step;
-      s["gpu_utilization_mean"] = r.gpu_utilization_mean;
-      if (r.precision == "fp16") {
-        s["skipped_steps"] = r.skipped_steps;
-        s["loss_scale"] = r.loss_scale;
-      }
-    }
-    s["train_seconds"] = r.train_seconds;
-    s["wall_seconds"] = sat::now_seconds() - t0;
-    write_json_atomic(a.out + "/summary.json", s);
+    sat::RunInfo info;
+    info.model = mc.name;
+    info.data = data.description;
+    info.schedule_name = a.schedule;
+    info.parameters = rp.model_parameters;
+    info.threads = sat::cpu::num_threads();
+    info.tokens = mc.tokens;
+    info.seq_len = mc.seq_len;
+    info.flops_per_sample = rp.model_flops_per_sample;
+    info.seed = a.seed;
+    info.wall_seconds = sat::now_seconds() - t0;
+    sat::write_json_atomic(a.out + "/summary.json", sat::run_summary(info, cfg, r, plan));
     std::fprintf(stderr, "wrote %s/summary.json and %s/metrics.jsonl\n", a.out.c_str(), a.out.c_str());
   }
   return 0;
 }
 
-int run_info(const std::string& model, int64_t batch, const std::string& optimizer, double momentum, int64_t vocab,
-             int ranks, int zero) {
-  SAT_CHECK(ranks >= 1, "--ranks: expected a positive number of data-parallel ranks, got ", ranks);
-  SAT_CHECK(zero == 0 || zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", zero);
-  TrainArgs a;
-  a.model = model;
-  a.vocab = vocab;
-  sat::ModelConfig mc = model_for(a);
-  sat::BuiltModel m = sat::build_model(mc, batch, true);
-  sat::TrainConfig cfg;
-  cfg.batch = batch;
-  cfg.optim.name = optimizer;
-  cfg.optim.momentum = float(momentum);
-  cfg.zero = zero;
-  int slots = sat::optimizer_slots(sat::resolve_optim(cfg.optim));
-  // The plan of `saturate train` on data of the model's default shape (synthetic data
-  // is generated on demand, so opening it costs nothing): loader rings included.
-  sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
-  sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), ranks);
-  const auto& g = *m.graph;
-  std::printf("model       %s\n", mc.name.c_str());
-  std::printf("input       %s %s per micro-batch of %lld\n", m.x_shape.str().c_str(), sat::dtype_name(m.x_dtype), (long long)batch);
-  std::printf("parameters  %lld (%zu tensors)\n", (long long)g.param_count(), g.params().size());
-  std::printf("layers      %zu\n", g.nodes().size());
-  std::printf("FLOPs       %.4g per sample forward, %.4g per sample training step (forward + backward)\n",
-              g.flops_forward() / double(batch), sat::train_flops_per_sample(m, batch));
-  std::printf("memory plan per rank (micro-batch %lld, optimizer %s%s%s):\n", (long long)batch, optimizer.c_str(),
-              slots ? (" with " + std::to_string(slots) + " state slot(s)").c_str() : "",
-              zero ? (", ZeRO-1 over " + std::to_string(ranks) + " rank(s)").c_str() : "");
+struct InfoArgs {
+  std::string model = "mlp", optimizer = "sgd", pp_schedule = "1f1b", pp_split;
+  int64_t batch = 64, vocab = 0, accum = 1;
+  double momentum = 0;
+  int ranks = 1, zero = 0, pp = 1, virtual_stages = 1;
+};
+
+void print_plan(const sat::MemoryPlan& p) {
   for (int k = 0; k < int(sat::MemKind::kCount); ++k)
     if (p.by_kind[size_t(k)])
       std::printf("  %-30s %12zu  %s\n", sat::mem_kind_name(sat::MemKind(k)), p.by_kind[size_t(k)],
@@ -487,18 +466,87 @@ int run_info(const std::string& model, int64_t batch, const std::string& optimiz
   std::printf("  %-30s %12zu  %s  (transient kinds above share it by lifetime)\n", "step arena", p.transient,
               sat::format_bytes(double(p.transient)).c_str());
   std::printf("  %-30s %12zu  %s\n", "total", p.total(), sat::format_bytes(double(p.total())).c_str());
-  if (zero && slots) {
+}
+
+// With --pp: every stage's part of the model and its plan (the plan its ranks train with).
+void print_stages(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, const sat::DataSplit& data, int dp) {
+  std::printf("pipeline    %d stages, %s schedule%s, %lld micro-batches per step: bubble (P-1)/(%sM+P-1) = %.1f%%\n",
+              cfg.pp, sat::pipe_schedule_name(cfg.pp_schedule),
+              cfg.virtual_stages > 1 ? (", " + std::to_string(cfg.virtual_stages) + " model chunks per stage").c_str() : "",
+              (long long)cfg.accum, cfg.virtual_stages > 1 ? "V" : "",
+              100 * sat::theoretical_bubble({cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages}));
+  for (int s = 0; s < cfg.pp; ++s) {
+    const sat::RankPlan rp = sat::plan_rank(mc, cfg, *data.train, data.test.get(), s, dp);
+    const sat::Graph& g = *rp.model.graph;
+    std::string blocks;
+    for (int c = 0; c < cfg.virtual_stages; ++c) {
+      const int k = c * cfg.pp + s;
+      blocks += sat::str_cat(c ? ", " : "", rp.split.cuts[size_t(k)], "-", rp.split.cuts[size_t(k) + 1] - 1);
+    }
+    std::printf("stage %d     blocks %s of %d: %zu layers, %lld parameters%s, %.4g FLOPs per sample; %d micro-batch(es) "
+                "in flight\n", s, blocks.c_str(), rp.split.blocks, g.nodes().size(), (long long)g.param_count(),
+                g.tied_copies().empty() ? "" : " (with a copy of the tied embedding)", rp.flops_per_sample,
+                rp.memory.contexts);
+    print_plan(rp.memory);
+  }
+}
+
+int run_info(const InfoArgs& ia) {
+  SAT_CHECK(ia.ranks >= 1, "--ranks: expected a positive number of data-parallel ranks, got ", ia.ranks);
+  SAT_CHECK(ia.zero == 0 || ia.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", ia.zero);
+  SAT_CHECK(ia.batch >= 1, "--batch: expected a positive micro-batch size, got ", ia.batch);
+  TrainArgs a;
+  a.model = ia.model;
+  a.vocab = ia.vocab;
+  a.pp = ia.pp;
+  a.pp_schedule = ia.pp_schedule;
+  a.virtual_stages = ia.virtual_stages;
+  a.pp_split = ia.pp_split;
+  sat::ModelConfig mc = model_for(a);
+  sat::BuiltModel m = sat::build_model(mc, ia.batch, true);
+  sat::TrainConfig cfg;
+  cfg.batch = ia.batch;
+  cfg.accum = ia.accum;
+  cfg.optim.name = ia.optimizer;
+  cfg.optim.momentum = float(ia.momentum);
+  cfg.zero = ia.zero;
+  layout_into(a, cfg);
+  SAT_CHECK(ia.accum >= 1, "--accum: expected a positive number of micro-batches, got ", ia.accum);
+  int slots = sat::optimizer_slots(sat::resolve_optim(cfg.optim));
+  // The plan of `saturate train` on data of the model's default shape (synthetic data
+  // is generated on demand, so opening it costs nothing): loader rings included.
+  sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
+  const int world = ia.ranks * cfg.pp;
+  sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), world);
+  const auto& g = *m.graph;
+  std::printf("model       %s\n", mc.name.c_str());
+  std::printf("input       %s %s per micro-batch of %lld\n", m.x_shape.str().c_str(), sat::dtype_name(m.x_dtype), (long long)ia.batch);
+  std::printf("parameters  %lld (%zu tensors)\n", (long long)g.param_count(), g.params().size());
+  std::printf("layers      %zu in %zu blocks\n", g.nodes().size(), g.block_starts().size());
+  std::printf("FLOPs       %.4g per sample forward, %.4g per sample training step (forward + backward)\n",
+              g.flops_forward() / double(ia.batch), sat::train_flops_per_sample(m, ia.batch));
+  const std::string zero_note = ia.zero ? ", ZeRO-1 over " + std::to_string(ia.ranks) + " rank(s)" : "";
+  const std::string slot_note = slots ? " with " + std::to_string(slots) + " state slot(s)" : "";
+  std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s):\n", (long long)ia.batch,
+              ia.accum > 1 ? (" x " + std::to_string(ia.accum) + " accumulation").c_str() : "", ia.optimizer.c_str(),
+              slot_note.c_str(), zero_note.c_str());
+  if (cfg.pp > 1) {
+    print_stages(mc, cfg, data, ia.ranks);
+  } else {
+    print_plan(p);
+  }
+  if (ia.zero && slots) {
     sat::TrainConfig whole = cfg;
     whole.zero = 0;
-    const sat::MemoryPlan w = sat::Trainer::plan(mc, whole, *data.train, data.test.get(), ranks);
+    const sat::MemoryPlan w = sat::Trainer::plan(mc, whole, *data.train, data.test.get(), world);
     const size_t saved = w.total() - p.total();
     std::printf("ZeRO-1 saves %s per rank (optimizer state %s instead of %s; %.1f%% of the total)\n",
                 sat::format_bytes(double(saved)).c_str(),
                 sat::format_bytes(double(p.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
                 sat::format_bytes(double(w.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
                 100.0 * double(saved) / double(w.total()));
-  } else if (zero) {
-    std::printf("ZeRO-1 saves nothing here: %s keeps no optimizer state\n", optimizer.c_str());
+  } else if (ia.zero) {
+    std::printf("ZeRO-1 saves nothing here: %s keeps no optimizer state\n", ia.optimizer.c_str());
   }
   return 0;
 }
@@ -541,6 +589,11 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
       ->capture_default_str();
   t->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
   t->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
+  t->add_option("--tp", a.tp, "tensor-parallel ranks per layer (the group exists; tensor-parallel layers are not built yet)")->capture_default_str();
+  t->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")->capture_default_str();
+  t->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved (see saturate schedule)")->capture_default_str();
+  t->add_option("--virtual-stages", a.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
+  t->add_option("--pp-split", a.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced by FLOPs and memory");
   t->add_option("--memory-budget", a.memory_budget, "bytes per rank (8GiB, 512MiB, ...): an allocation beyond it is an error; the tuner fits in it");
   t->add_option("--global-batch", a.global_batch, "with --batch auto: keep this global batch (micro-batch x accum x ranks)");
   t->add_option("--objective", a.objective, "with --batch auto: throughput | goodput (throughput x statistical efficiency)")->capture_default_str();
@@ -566,18 +619,28 @@ int main(int argc, char** argv) {
   auto* tune = app.add_subcommand("tune", "find the micro-batch, accumulation and learning rate for a memory budget");
   add_train_options(tune, ta);
 
-  std::string imodel = "mlp", iopt = "sgd";
-  int64_t ibatch = 64, ivocab = 0;
-  double imom = 0;
-  int iranks = 1, izero = 0;
-  auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model");
-  info->add_option("--model", imodel, "model")->capture_default_str();
-  info->add_option("--batch", ibatch, "micro-batch size")->capture_default_str();
-  info->add_option("--optimizer", iopt, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
-  info->add_option("--momentum", imom, "SGD momentum (0: no momentum buffer)")->capture_default_str();
-  info->add_option("--vocab", ivocab, "GPT models: vocabulary size");
-  info->add_option("--ranks", iranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
-  info->add_option("--zero", izero, "1: optimizer state sharded over the ranks (ZeRO-1)")->capture_default_str();
+  InfoArgs ia;
+  auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model (every pipeline stage's)");
+  info->add_option("--model", ia.model, "model")->capture_default_str();
+  info->add_option("--batch", ia.batch, "micro-batch size")->capture_default_str();
+  info->add_option("--optimizer", ia.optimizer, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
+  info->add_option("--momentum", ia.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str();
+  info->add_option("--vocab", ia.vocab, "GPT models: vocabulary size");
+  info->add_option("--ranks", ia.ranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
+  info->add_option("--zero", ia.zero, "1: optimizer state sharded over the ranks (ZeRO-1)")->capture_default_str();
+  info->add_option("--pp", ia.pp, "pipeline stages: print every stage's plan")->capture_default_str();
+  info->add_option("--accum", ia.accum, "micro-batches per optimizer step (in flight in a pipeline)")->capture_default_str();
+  info->add_option("--pp-schedule", ia.pp_schedule, "none | gpipe | 1f1b | interleaved")->capture_default_str();
+  info->add_option("--virtual-stages", ia.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
+  info->add_option("--pp-split", ia.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced");
+
+  sat::ScheduleSpec sspec;
+  std::string sched_kind = "1f1b";
+  auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule as a per-rank grid (time runs left to right)");
+  schedule->add_option("--pp", sspec.stages, "pipeline stages")->capture_default_str();
+  schedule->add_option("--accum", sspec.micro, "micro-batches per optimizer step")->capture_default_str();
+  schedule->add_option("--pp-schedule", sched_kind, "none | gpipe | 1f1b | interleaved")->capture_default_str();
+  schedule->add_option("--virtual-stages", sspec.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
 
   // `saturate launch -n N -- ARGS...` is parsed by hand: everything after -- belongs to
   // the launched command, which CLI11 would otherwise try to parse.
@@ -634,7 +697,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : bcomm->parsed() ? "bench comm " : "");
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
@@ -644,7 +707,12 @@ int main(int argc, char** argv) {
                 "--batch/--accum: saturate tune chooses them (give --global-batch to keep a global batch)");
       return run_train(ta, true);
     }
-    if (info->parsed()) return run_info(imodel, ibatch, iopt, imom, ivocab, iranks, izero);
+    if (info->parsed()) return run_info(ia);
+    if (schedule->parsed()) {
+      sspec.kind = sat::parse_pipe_schedule(sched_kind);
+      std::printf("%s", sat::format_schedule(sspec).c_str());
+      return 0;
+    }
     if (bcomm->parsed()) {
       SAT_CHECK(bc_backend == "mpi" || bc_backend == "nccl", "--backend: expected mpi or nccl, got '", bc_backend, "'");
       SAT_CHECK(bco.min_bytes >= 4 && bco.min_bytes <= bco.max_bytes, "--min-bytes/--max-bytes: expected 4 <= min <= max");
@@ -663,9 +731,10 @@ int main(int argc, char** argv) {
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     if (pi.distributed()) {
-      // The other ranks would wait for this one in their next collective: end the job.
+      // The other ranks would wait for this one in their next collective: end the job
+      // (after every rank has said so, when all of them met the error before training).
       std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, e.what());
-      sat::dist::abort_job(2);
+      sat::dist::end_job_after_input_error(2);
     }
     std::fprintf(stderr, "saturate: error: %s\n", e.what());
     return 2;

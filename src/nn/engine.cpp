@@ -3,13 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
-#include <set>
 #include <cstring>
-
-#include "core/timer.h"
+#include <map>
 
 #include "core/rng.h"
+#include "core/timer.h"
 #include "nn/params.h"
 
 #if SAT_HAVE_CUDA
@@ -17,95 +15,31 @@
 #endif
 
 namespace sat {
-namespace {
 
-// Buffer ids of one planned step.
-struct StepBuffers {
-  ArenaPlanner planner;
-  std::vector<int> value, grad;                       // per value (-1: none / external)
-  std::vector<std::vector<int>> saved, sfwd, sbwd;    // per node
-  std::vector<std::vector<int>> temp;                 // per node, per input slot: extra-consumer grad temp
-};
-
-StepBuffers plan_step(const Graph& g) {
-  StepBuffers b;
-  const auto& nodes = g.nodes();
-  const auto& vals = g.values();
-  const int N = int(nodes.size());
-  const bool train = g.training();
-  auto bwd_t = [&](int i) { return 2 * N - 1 - i; };
-  b.value.assign(vals.size(), -1);
-  b.grad.assign(vals.size(), -1);
-  b.saved.resize(size_t(N));
-  b.sfwd.resize(size_t(N));
-  b.sbwd.resize(size_t(N));
-  b.temp.resize(size_t(N));
-  for (size_t v = 0; v < vals.size(); ++v) {
-    const Value& val = vals[v];
-    if (val.producer < 0) continue;  // graph input: bound from outside
-    int p = val.producer;
-    int last_use = p;
-    for (auto& c : val.consumers) last_use = std::max(last_use, c.first);
-    if (int(v) == g.loss() || int(v) == g.logits()) last_use = N - 1;
-    int end = train ? bwd_t(p) : last_use;
-    b.value[v] = b.planner.add(val.name, MemKind::activations, val.spec.bytes(), p, end);
-    if (train && val.needs_grad) {
-      int first_consumer_bwd = val.consumers.empty() ? bwd_t(p) : bwd_t(val.consumers.back().first);
-      for (auto& c : val.consumers) first_consumer_bwd = std::min(first_consumer_bwd, bwd_t(c.first));
-      b.grad[v] = b.planner.add(val.name + ".grad", MemKind::activation_grads, val.spec.bytes(),
-                                first_consumer_bwd, bwd_t(p));
-    }
-  }
-  for (int i = 0; i < N; ++i) {
-    const Node& n = nodes[size_t(i)];
-    for (auto& s : n.setup.saved)
-      b.saved[size_t(i)].push_back(b.planner.add(n.name + ".saved", MemKind::saved, s.bytes(), i, train ? bwd_t(i) : i));
-    for (auto& s : n.setup.scratch_fwd)
-      b.sfwd[size_t(i)].push_back(b.planner.add(n.name + ".scratch", MemKind::scratch, s.bytes(), i, i));
-    b.temp[size_t(i)].assign(n.inputs.size(), -1);
-    if (!train || !n.needs_backward) continue;
-    for (auto& s : n.setup.scratch_bwd)
-      b.sbwd[size_t(i)].push_back(b.planner.add(n.name + ".scratch", MemKind::scratch, s.bytes(), bwd_t(i), bwd_t(i)));
-    // A value read by several consumers: the last consumer (first in backward order)
-    // writes its gradient; the others write a temporary that is then added in.
-    for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
-      const Value& in = vals[size_t(n.inputs[slot])];
-      if (!in.needs_grad) continue;
-      std::pair<int, int> me{i, int(slot)};
-      if (in.consumers.back() != me)
-        b.temp[size_t(i)][slot] = b.planner.add(in.name + ".grad+", MemKind::activation_grads, in.spec.bytes(),
-                                                bwd_t(i), bwd_t(i));
-    }
-  }
-  b.planner.solve();
-  return b;
-}
-
-}  // namespace
-
-MemoryPlan Engine::plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes, int optimizer_shards) {
+MemoryPlan plan_memory(const Graph& g, const StepPlan& step, int optimizer_slots, size_t input_bytes,
+                       int optimizer_shards) {
   MemoryPlan m;
   auto sizes = ParamStore::predict(g.params(), g.states(), optimizer_slots, optimizer_shards);
+  m.by_kind = step.by_kind;
   m.by_kind[size_t(MemKind::parameters)] = sizes.params;
   m.by_kind[size_t(MemKind::gradients)] = g.training() ? sizes.grads : 0;
   m.by_kind[size_t(MemKind::optimizer_state)] = sizes.optimizer;
   m.by_kind[size_t(MemKind::model_state)] = sizes.states;
   m.persistent = sizes.params + (g.training() ? sizes.grads : 0) + sizes.optimizer + sizes.states;
-  StepBuffers b = plan_step(g);
-  for (size_t i = 0; i < b.planner.size(); ++i) m.by_kind[size_t(b.planner[int(i)].kind)] += b.planner[int(i)].bytes;
-  m.transient = b.planner.arena_bytes();
+  m.transient = step.arena;
+  m.contexts = step.contexts;
   m.inputs = input_bytes;
   if (g.device() == Device::cuda) {
-    // Device input slots: each graph input in its dtype, plus a float32 upload buffer
-    // when a float input is converted to bf16/f16 on the device.
-    size_t slots = 0;
+    // Input slots (contexts + 1, see engine.h): each data input that a layer reads, in its
+    // dtype, plus a float32 upload buffer when a float input is converted to bf16/f16.
+    size_t slot = 0;
     for (int v : g.inputs()) {
-      const TensorSpec& sp = g.value(v).spec;
-      slots += sp.bytes();
-      if (sp.dtype == DType::bf16 || sp.dtype == DType::f16) slots += size_t(sp.shape.numel()) * 4;
+      const Value& val = g.value(v);
+      if (val.consumers.empty()) continue;
+      slot += val.spec.bytes();
+      if (val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16) slot += size_t(val.spec.shape.numel()) * 4;
     }
-    slots *= Engine::kInputSlots;
-    slots += g.nodes().size() * 8;  // per-node seeds
+    const size_t slots = slot * size_t(step.contexts + 1) + g.nodes().size() * 8 * size_t(step.contexts);  // + seeds
     const size_t lp = ParamStore::lp_bytes(g.params(), g.act());
     m.by_kind[size_t(MemKind::lp_params)] = lp;
     m.by_kind[size_t(MemKind::workspace)] = kCudaWorkspaceBytes;
@@ -117,163 +51,241 @@ MemoryPlan Engine::plan_memory(const Graph& g, int optimizer_slots, size_t input
   return m;
 }
 
-Engine::Engine(Graph& g, ParamStore& ps, CudaCtx* cuda) : g_(g), ps_(ps), cuda_(cuda) {
+#if SAT_HAVE_CUDA
+// The GPU side: the input slots ring, per-context seeds, captured graphs.
+struct Engine::Gpu {
+  struct Slot {
+    std::vector<DeviceBuffer> dev, raw;  // per graph data input: in the value's dtype; f32 upload buffer
+    std::vector<PinnedBuffer> staging;   // per graph data input
+    PinnedBuffer seeds, loss;            // per node seeds of the forward; its loss
+    cudaEvent_t uploaded = nullptr, done = nullptr;
+    bool pending = false, has_loss = false;
+  };
+  std::vector<Slot> slots;
+  size_t next = 0;
+  std::vector<int> ctx_slot;            // the slot holding each context's micro-batch
+  std::vector<DeviceBuffer> seeds_dev;  // per context: one u64 per node
+  PinnedBuffer dloss;
+  std::map<uint64_t, cudaGraphExec_t> graphs;
+  std::map<uint64_t, int64_t> kernels;
+  int64_t launches = 0, replayed = 0;
+  ~Gpu() {
+    for (auto& s : slots) {
+      if (s.uploaded) cudaEventDestroy(s.uploaded);
+      if (s.done) cudaEventDestroy(s.done);
+    }
+    for (auto& [k, e] : graphs) cudaGraphExecDestroy(e);
+  }
+};
+#else
+struct Engine::Gpu {};
+#endif
+
+Engine::Engine(Graph& g, ParamStore& ps, const StepPlan& plan, CudaCtx* cuda) : g_(g), ps_(ps), cuda_(cuda) {
   const Device dev = g.device();
   SAT_CHECK(dev == Device::cpu || cuda, "internal error: a GPU graph needs a CUDA context");
   SAT_CHECK(ps.device() == dev, "internal error: parameters and graph are on different devices");
-  StepBuffers b = plan_step(g);
-  arena_ = DeviceBuffer(dev, b.planner.arena_bytes(), "activations arena");
-  auto at = [&](int id, const TensorSpec& spec) {
-    if (id < 0) return Tensor(nullptr, spec.shape, spec.dtype, dev);
-    return Tensor(arena_.as<uint8_t>() + b.planner[id].offset, spec.shape, spec.dtype, dev);
+  arena_ = DeviceBuffer(dev, plan.arena, "activations arena");
+  data_users_.resize(g.values().size());
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    for (size_t slot = 0; slot < g.nodes()[i].inputs.size(); ++slot) {
+      const int v = g.nodes()[i].inputs[slot];
+      if (g.value(v).kind == Value::Kind::data) data_users_[size_t(v)].push_back({int(i), int(slot)});
+    }
+  ctxs_.resize(size_t(plan.contexts));
+  for (int k = 0; k < plan.contexts; ++k) build_context(plan.ctx[size_t(k)], ctxs_[size_t(k)]);
+  g.chunks();  // computed once, before any call
+#if SAT_HAVE_CUDA
+  if (dev == Device::cuda) {
+    gpu_ = std::make_unique<Gpu>();
+    Gpu& G = *gpu_;
+    const size_t n = std::max<size_t>(g.nodes().size(), 1);
+    G.slots.resize(size_t(plan.contexts + 1));
+    for (auto& s : G.slots) {
+      for (int v : g.inputs()) {
+        const Value& val = g.value(v);
+        const bool converts = val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16;
+        const size_t host_bytes = size_t(val.spec.shape.numel()) * (converts ? 4 : dtype_size(val.spec.dtype));
+        const bool used = !val.consumers.empty();
+        s.dev.emplace_back(Device::cuda, used ? val.spec.bytes() : 0, "input slot");
+        s.raw.emplace_back(Device::cuda, used && converts ? host_bytes : 0, "input upload");
+        s.staging.emplace_back(used ? host_bytes : 0);
+      }
+      s.seeds = PinnedBuffer(n * 8);
+      s.loss = PinnedBuffer(64);
+      SAT_CUDA_CHECK(cudaEventCreateWithFlags(&s.uploaded, cudaEventDisableTiming));
+      SAT_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    }
+    G.ctx_slot.assign(size_t(plan.contexts), -1);
+    for (int k = 0; k < plan.contexts; ++k) {
+      G.seeds_dev.emplace_back(Device::cuda, n * 8, "seeds");
+      for (size_t i = 0; i < g.nodes().size(); ++i)
+        ctxs_[size_t(k)].runs[i].ctx.seed_dev = G.seeds_dev.back().as<uint64_t>() + i;
+    }
+    G.dloss = PinnedBuffer(64);
+  }
+#endif
+}
+
+Engine::~Engine() {
+#if SAT_HAVE_CUDA
+  if (cuda_) {
+    cudaStreamSynchronize(cuda_->stream);
+    cudaStreamSynchronize(cuda_->copy_stream);
+  }
+#endif
+}
+
+void Engine::build_context(const StepPlan::Ctx& pc, Context& c) {
+  const Graph& g = g_;
+  const Device dev = g.device();
+  auto at = [&](int64_t off, const TensorSpec& spec) {
+    return Tensor(off < 0 ? nullptr : arena_.as<uint8_t>() + off, spec.shape, spec.dtype, dev);
   };
   const auto& vals = g.values();
   const auto& nodes = g.nodes();
   for (size_t v = 0; v < vals.size(); ++v) {
-    vals_.push_back(at(b.value[v], vals[v].spec));
-    grads_.push_back(at(b.grad[v], vals[v].spec));
+    c.vals.push_back(at(pc.value[v], vals[v].spec));
+    c.grads.push_back(at(pc.grad[v], vals[v].spec));
   }
-  input_users_.resize(vals.size());
   // Which node touches a parameter first in backward order (the highest node index).
   std::vector<int> first_node(g.params().size(), -1);
   for (size_t i = 0; i < nodes.size(); ++i)
     for (int pid : nodes[i].param_ids) first_node[size_t(pid)] = int(i);
-  runs_.resize(nodes.size());
+  c.runs.resize(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    NodeRun& r = runs_[i];
-    LayerCtx& c = r.ctx;
+    NodeRun& r = c.runs[i];
+    LayerCtx& lc = r.ctx;
     for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
-      int v = n.inputs[slot];
-      c.in.push_back(vals_[size_t(v)]);
-      SAT_ASSERT(slot < 64);  // (node, slot) of a graph input's users is packed as node*64+slot
-      if (vals[size_t(v)].producer < 0) input_users_[size_t(v)].push_back(int(i * 64 + slot));
-      Tensor din = grads_[size_t(v)];
-      if (b.temp[i][slot] >= 0) {
-        Tensor t = at(b.temp[i][slot], vals[size_t(v)].spec);
+      const int v = n.inputs[slot];
+      lc.in.push_back(c.vals[size_t(v)]);
+      Tensor din = c.grads[size_t(v)];
+      if (pc.temp[i][slot] >= 0) {
+        Tensor t = at(pc.temp[i][slot], vals[size_t(v)].spec);
         r.grad_adds.push_back({t, din});
         din = t;
       }
-      c.din.push_back(n.needs_backward ? din : Tensor(nullptr, din.shape, din.dtype, dev));
+      lc.din.push_back(n.needs_backward ? din : Tensor(nullptr, din.shape, din.dtype, dev));
     }
-    c.out = vals_[size_t(n.output)];
-    c.dout = grads_[size_t(n.output)];
+    lc.out = c.vals[size_t(n.output)];
+    lc.dout = c.grads[size_t(n.output)];
     for (size_t k = 0; k < n.param_ids.size(); ++k) {
-      size_t pid = size_t(n.param_ids[k]);
-      c.params.push_back(ps.param(pid));
-      c.params_lp.push_back(ps.param_lp(pid));
-      c.grads.push_back(ps.grad(pid));
-      c.accumulate.push_back(true);
+      const size_t pid = size_t(n.param_ids[k]);
+      lc.params.push_back(ps_.param(pid));
+      lc.params_lp.push_back(ps_.param_lp(pid));
+      lc.grads.push_back(ps_.grad(pid));
+      lc.accumulate.push_back(true);
       r.first_writer.push_back(first_node[pid] == int(i));
     }
-    for (int sid : n.state_ids) c.states.push_back(ps.state(size_t(sid)));
-    for (size_t k = 0; k < b.saved[i].size(); ++k) c.saved.push_back(at(b.saved[i][k], n.setup.saved[k]));
-    for (size_t k = 0; k < b.sfwd[i].size(); ++k) r.scratch_fwd.push_back(at(b.sfwd[i][k], n.setup.scratch_fwd[k]));
-    for (size_t k = 0; k < b.sbwd[i].size(); ++k) r.scratch_bwd.push_back(at(b.sbwd[i][k], n.setup.scratch_bwd[k]));
-    c.cuda = cuda_;
+    for (int sid : n.state_ids) lc.states.push_back(ps_.state(size_t(sid)));
+    for (size_t k = 0; k < pc.saved[i].size(); ++k) lc.saved.push_back(at(pc.saved[i][k], n.setup.saved[k]));
+    for (size_t k = 0; k < pc.sfwd[i].size(); ++k) r.scratch_fwd.push_back(at(pc.sfwd[i][k], n.setup.scratch_fwd[k]));
+    for (size_t k = 0; k < pc.sbwd[i].size(); ++k) r.scratch_bwd.push_back(at(pc.sbwd[i][k], n.setup.scratch_bwd[k]));
+    lc.cuda = cuda_;
   }
-  if (dev == Device::cuda) setup_cuda();
 }
 
-Engine::~Engine() { destroy_cuda(); }
-
-void Engine::bind(int v, const Tensor& t) {
-  const Value& val = g_.value(v);
-  SAT_CHECK(val.producer < 0, "internal error: binding a computed value");
-  const bool converts = t.dtype == DType::f32 && (val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16);
-  SAT_CHECK(t.shape == val.spec.shape && (t.dtype == val.spec.dtype || converts), "input ", val.name, " expects ",
-            val.spec.shape.str(), " ", dtype_name(val.spec.dtype), ", got ", t.shape.str(), " ", dtype_name(t.dtype));
-  if (device() == Device::cuda) {
-    stage_input(0, v, t);  // forward() uploads it
-    return;
-  }
-  vals_[size_t(v)] = t;
-  for (int u : input_users_[size_t(v)]) runs_[size_t(u / 64)].ctx.in[size_t(u % 64)] = t;
-}
-
-float Engine::forward(bool training, uint64_t seed) {
-  SAT_CHECK(!training || g_.training(), "internal error: training step on an inference graph");
-  if (device() == Device::cuda) {
-    // Synchronous GPU path (evaluation, tests): the batch was staged by bind().
-    queue_upload(0);
-    use_slot(0);
-    set_seed(0, seed);
-    queue_forward(0, training);
-    queue_slot_done(0);
-    return wait_slot(0);
-  }
-  run_forward_nodes(training, seed);
-  if (g_.loss() < 0) return std::nanf("");
-  return vals_[size_t(g_.loss())].f32()[0];
+void Engine::point_inputs(Context& c, int v, const Tensor& t) {
+  c.vals[size_t(v)] = t;
+  for (auto& [node, slot] : data_users_[size_t(v)]) c.runs[size_t(node)].ctx.in[size_t(slot)] = t;
 }
 
 void Engine::set_replica_sum(ReplicaSum* r) {
   SAT_CHECK(!r || device() == Device::cpu, "statistics over the global batch (--sync-bn) need the CPU engine");
-  for (NodeRun& run : runs_) run.ctx.replicas = r;
+  for (Context& c : ctxs_)
+    for (NodeRun& run : c.runs) run.ctx.replicas = r;
 }
 
-void Engine::run_forward_nodes(bool training, uint64_t seed) {
-  auto& nodes = g_.nodes();
-  const bool gpu = device() == Device::cuda;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    NodeRun& r = runs_[i];
-    r.ctx.training = training;
-    r.ctx.seed = mix_seed(seed, i);
-    r.ctx.scratch = r.scratch_fwd;
-    double t0 = profile_ ? now_seconds() : 0;
-    if (gpu) nodes[i].layer->forward_cuda(r.ctx);
-    else nodes[i].layer->forward(r.ctx);
-    if (!profile_) continue;
-    times_.resize(nodes.size());
-    times_[i].fwd += now_seconds() - t0;
-    times_[i].calls++;
+void Engine::set_dloss(float dloss, const float* scale_dev) {
+  dloss_ = dloss;
+  dloss_scale_ = scale_dev;
+}
+
+void Engine::forward(int ctx, int chunk, bool training, uint64_t seed, const std::vector<Tensor>& data) {
+  SAT_CHECK(!training || g_.training(), "internal error: training step on an inference graph");
+  const Chunk& ch = g_.chunks().at(size_t(chunk));
+  SAT_CHECK(data.size() == ch.data.size(), "internal error: chunk ", chunk, " reads ", ch.data.size(),
+            " data inputs, given ", data.size());
+  for (size_t k = 0; k < data.size(); ++k) {
+    const Value& val = g_.value(ch.data[k]);
+    const bool converts = data[k].dtype == DType::f32 && (val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16);
+    SAT_CHECK(data[k].shape == val.spec.shape && (data[k].dtype == val.spec.dtype || converts), "input ", val.name,
+              " expects ", val.spec.shape.str(), " ", dtype_name(val.spec.dtype), ", got ", data[k].shape.str(), " ",
+              dtype_name(data[k].dtype));
   }
-}
-
-void Engine::backward(float dloss, bool first_micro) {
-  SAT_CHECK(g_.training() && g_.loss() >= 0, "internal error: backward needs a training graph with a loss");
   if (device() == Device::cuda) {
-    set_dloss(dloss, dloss_scale_);
-    queue_backward(first_micro);
-    queue_slot_done(0);
-    wait_slot(0);
+    forward_gpu(ctx, chunk, training, seed, data);
     return;
   }
-  grads_[size_t(g_.loss())].f32()[0] = dloss;
-  run_backward_nodes(first_micro);
+  Context& c = ctxs_.at(size_t(ctx));
+  for (size_t k = 0; k < data.size(); ++k) point_inputs(c, ch.data[k], data[k]);
+  run_forward_nodes(c, ch, training, seed);
+  if (ch.has_loss) {
+    loss_sum_ += double(c.vals[size_t(g_.loss())].f32()[0]);
+    ++loss_count_;
+  }
 }
 
-void Engine::run_backward_nodes(bool first_micro) {
+bool Engine::backward(int ctx, int chunk, bool first_micro, const std::function<void(int)>* hook) {
+  SAT_CHECK(g_.training(), "internal error: backward needs a training graph");
+  if (device() == Device::cuda) return backward_gpu(ctx, chunk, first_micro, hook);
+  const Chunk& ch = g_.chunks().at(size_t(chunk));
+  Context& c = ctxs_.at(size_t(ctx));
+  if (ch.has_loss) c.grads[size_t(g_.loss())].f32()[0] = dloss_;
+  run_backward_nodes(c, ch, first_micro, hook);
+  return false;
+}
+
+void Engine::run_forward_nodes(Context& c, const Chunk& ch, bool training, uint64_t seed) {
   auto& nodes = g_.nodes();
   const bool gpu = device() == Device::cuda;
-  for (size_t i = nodes.size(); i-- > 0;) {
-    if (!nodes[i].needs_backward) continue;
-    NodeRun& r = runs_[i];
+  for (int i = ch.begin; i < ch.end; ++i) {
+    NodeRun& r = c.runs[size_t(i)];
+    r.ctx.training = training;
+    r.ctx.seed = mix_seed(seed, uint64_t(nodes[size_t(i)].gid));
+    r.ctx.scratch = r.scratch_fwd;
+    const double t0 = profile_ ? now_seconds() : 0;
+    if (gpu) nodes[size_t(i)].layer->forward_cuda(r.ctx);
+    else nodes[size_t(i)].layer->forward(r.ctx);
+    if (!profile_) continue;
+    times_.resize(nodes.size());
+    times_[size_t(i)].fwd += now_seconds() - t0;
+    times_[size_t(i)].calls++;
+  }
+}
+
+void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, const std::function<void(int)>* hook) {
+  auto& nodes = g_.nodes();
+  const bool gpu = device() == Device::cuda;
+  for (int i = ch.end; i-- > ch.begin;) {
+    if (!nodes[size_t(i)].needs_backward) continue;
+    NodeRun& r = c.runs[size_t(i)];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
     r.ctx.scratch = r.scratch_bwd;
-    double t0 = profile_ ? now_seconds() : 0;
+    const double t0 = profile_ ? now_seconds() : 0;
     if (gpu) {
-      nodes[i].layer->backward_cuda(r.ctx);
+      nodes[size_t(i)].layer->backward_cuda(r.ctx);
 #if SAT_HAVE_CUDA
       for (auto& [tmp, dst] : r.grad_adds) cuda::add_into(dst.ptr, tmp.ptr, dst.dtype, tmp.numel(), cuda_->stream);
 #endif
     } else {
-      nodes[i].layer->backward(r.ctx);
+      nodes[size_t(i)].layer->backward(r.ctx);
       for (auto& [tmp, dst] : r.grad_adds) {
         const float* s = tmp.f32();
         float* d = dst.f32();
-        int64_t n = tmp.numel();
+        const int64_t n = tmp.numel();
 #pragma omp parallel for simd if (n > 65536)
         for (int64_t k = 0; k < n; ++k) d[k] += s[k];
       }
     }
-    if (profile_) times_[i].bwd += now_seconds() - t0;
-    if (hook_) hook_(int(i));
+    if (profile_) times_[size_t(i)].bwd += now_seconds() - t0;
+    if (hook && *hook) (*hook)(i);
   }
 }
 
-std::vector<float> Engine::read_f32(int v) const {
-  Tensor t = vals_[size_t(v)];
+std::vector<float> Engine::read_f32(int ctx, int v) const {
+  Tensor t = ctxs_.at(size_t(ctx)).vals[size_t(v)];
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (t.device == Device::cpu) {
     SAT_ASSERT(t.dtype == DType::f32);
@@ -318,138 +330,163 @@ std::string Engine::profile_report() const {
   return out;
 }
 
-// ---- GPU step pieces ----
+// ---- GPU ------------------------------------------------------------------------------
 #if SAT_HAVE_CUDA
 namespace {
-cudaEvent_t ev(void* e) { return static_cast<cudaEvent_t>(e); }
+
+// Runs `work` (which only enqueues on `st`) eagerly, or, with graphs on, as the CUDA graph
+// captured for `key` the first time it is seen. Returns true when `work` did not run on
+// the host (a graph captured earlier was replayed).
+bool enqueue(bool graphs_on, uint64_t key, cudaStream_t st, std::map<uint64_t, cudaGraphExec_t>& graphs,
+             std::map<uint64_t, int64_t>& kernels, int64_t& launches, int64_t& replayed,
+             const std::function<void()>& work) {
+  if (!graphs_on) {
+    work();
+    return false;
+  }
+  auto it = graphs.find(key);
+  const bool replay = it != graphs.end();
+  if (!replay) {
+    cudaGraph_t graph;
+    SAT_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    work();
+    SAT_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    size_t n = 0;
+    SAT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    SAT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+    int64_t k = 0;
+    for (auto nd : nodes) {
+      cudaGraphNodeType t;
+      SAT_CUDA_CHECK(cudaGraphNodeGetType(nd, &t));
+      k += t == cudaGraphNodeTypeKernel;
+    }
+    cudaGraphExec_t exec;
+    SAT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    SAT_CUDA_CHECK(cudaGraphDestroy(graph));
+    it = graphs.emplace(key, exec).first;
+    kernels[key] = k;
+  }
+  SAT_CUDA_CHECK(cudaGraphLaunch(it->second, st));
+  ++launches;
+  replayed += kernels[key];
+  return replay;
+}
+
+uint64_t graph_key(int kind, int ctx, int chunk, int slot, bool a, bool b) {
+  return uint64_t(kind) | uint64_t(ctx) << 4 | uint64_t(chunk) << 20 | uint64_t(slot) << 28 | uint64_t(a) << 44 |
+         uint64_t(b) << 45;
+}
+
 }  // namespace
 
-void Engine::setup_cuda() {
+void Engine::forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const std::vector<Tensor>& data) {
+  const Chunk& ch = g_.chunks()[size_t(chunk)];
+  Gpu& G = *gpu_;
+  cudaStream_t st = cuda_->stream;
+  const int si = int(G.next++ % G.slots.size());
+  Gpu::Slot& s = G.slots[size_t(si)];
+  if (s.pending) {  // the slot's previous micro-batch must be finished with it
+    SAT_CUDA_CHECK(cudaEventSynchronize(s.done));
+    if (s.has_loss) loss_sum_ += double(*s.loss.as<float>()), ++loss_count_;
+    s.pending = false;
+  }
+  Context& c = ctxs_.at(size_t(ctx));
   const auto& ins = g_.inputs();
-  slots_.resize(ins.size());
-  for (size_t k = 0; k < ins.size(); ++k) {
-    const Value& val = g_.value(ins[k]);
-    const bool converts = val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16;
-    const DType host_t = converts ? DType::f32 : val.spec.dtype;
-    const size_t host_bytes = size_t(val.spec.shape.numel()) * dtype_size(host_t);
-    for (int s = 0; s < kInputSlots; ++s) {
-      InputSlot& sl = slots_[k][size_t(s)];
-      sl.dev = DeviceBuffer(Device::cuda, val.spec.bytes(), "input slot");
-      if (converts) sl.raw = DeviceBuffer(Device::cuda, host_bytes, "input upload");
-      sl.staging = PinnedBuffer(host_bytes);
-      std::memset(sl.staging.data(), 0, host_bytes);
-      sl.value = Tensor(sl.dev.data(), val.spec.shape, val.spec.dtype, Device::cuda);
+  for (size_t k = 0; k < data.size(); ++k) {
+    const size_t idx = size_t(std::find(ins.begin(), ins.end(), ch.data[k]) - ins.begin());
+    std::memcpy(s.staging[idx].data(), data[k].ptr, data[k].bytes());
+    void* dst = s.raw[idx].data() ? s.raw[idx].data() : s.dev[idx].data();
+    SAT_CUDA_CHECK(cudaMemcpyAsync(dst, s.staging[idx].data(), data[k].bytes(), cudaMemcpyHostToDevice,
+                                   cuda_->copy_stream));
+    const Value& val = g_.value(ch.data[k]);
+    point_inputs(c, ch.data[k], Tensor(s.dev[idx].data(), val.spec.shape, val.spec.dtype, Device::cuda));
+  }
+  if (!data.empty()) {
+    SAT_CUDA_CHECK(cudaEventRecord(s.uploaded, cuda_->copy_stream));
+    SAT_CUDA_CHECK(cudaStreamWaitEvent(st, s.uploaded, 0));
+  }
+  uint64_t* seeds = s.seeds.as<uint64_t>();
+  for (size_t i = 0; i < g_.nodes().size(); ++i) seeds[i] = mix_seed(seed, uint64_t(g_.nodes()[i].gid));
+  // The seeds and the loss travel through pinned memory that a replayed graph reads and
+  // writes at every replay; the host updates them between replays.
+  enqueue(graphs_on_, graph_key(0, ctx, chunk, si, training, false), st, G.graphs, G.kernels,
+          G.launches, G.replayed, [&] {
+            for (size_t k = 0; k < data.size(); ++k) {
+              const size_t idx = size_t(std::find(ins.begin(), ins.end(), ch.data[k]) - ins.begin());
+              if (s.raw[idx].data())
+                cuda::convert(s.raw[idx].data(), DType::f32, s.dev[idx].data(), g_.value(ch.data[k]).spec.dtype,
+                              data[k].numel(), st);
+            }
+            SAT_CUDA_CHECK(cudaMemcpyAsync(G.seeds_dev[size_t(ctx)].data(), s.seeds.data(), g_.nodes().size() * 8,
+                                           cudaMemcpyHostToDevice, st));
+            run_forward_nodes(c, ch, training, seed);
+            if (ch.has_loss)
+              SAT_CUDA_CHECK(cudaMemcpyAsync(s.loss.data(), c.vals[size_t(g_.loss())].ptr, 4, cudaMemcpyDeviceToHost, st));
+          });
+  SAT_CUDA_CHECK(cudaEventRecord(s.done, st));
+  s.pending = true;
+  s.has_loss = ch.has_loss;
+  G.ctx_slot[size_t(ctx)] = si;
+}
+
+bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, const std::function<void(int)>* hook) {
+  const Chunk& ch = g_.chunks()[size_t(chunk)];
+  Gpu& G = *gpu_;
+  cudaStream_t st = cuda_->stream;
+  Context& c = ctxs_.at(size_t(ctx));
+  *G.dloss.as<float>() = dloss_;
+  const bool hooked = hook && *hook;
+  const bool replayed =
+      enqueue(graphs_on_, graph_key(1, ctx, chunk, 0, first_micro, hooked), st, G.graphs, G.kernels,
+          G.launches, G.replayed, [&] {
+            if (ch.has_loss) {
+              float* dl = c.grads[size_t(g_.loss())].f32();
+              SAT_CUDA_CHECK(cudaMemcpyAsync(dl, G.dloss.data(), 4, cudaMemcpyHostToDevice, st));
+              if (dloss_scale_) cuda::scale_scalar(dl, dloss_scale_, st);
+            }
+            run_backward_nodes(c, ch, first_micro, hook);
+          });
+  const int si = G.ctx_slot[size_t(ctx)];
+  if (si >= 0) SAT_CUDA_CHECK(cudaEventRecord(G.slots[size_t(si)].done, st));  // its inputs are free after this
+  return replayed;
+}
+
+std::pair<double, int> Engine::take_losses() {
+  if (gpu_)
+    for (auto& s : gpu_->slots) {
+      if (!s.pending) continue;
+      SAT_CUDA_CHECK(cudaEventSynchronize(s.done));
+      if (s.has_loss) loss_sum_ += double(*s.loss.as<float>()), ++loss_count_;
+      s.pending = false;
     }
-  }
-  const size_t n = g_.nodes().size();
-  seeds_dev_ = DeviceBuffer(Device::cuda, std::max<size_t>(n, 1) * 8, "seeds");
-  for (int s = 0; s < kInputSlots; ++s) {
-    seeds_host_[size_t(s)] = PinnedBuffer(std::max<size_t>(n, 1) * 8);
-    loss_host_[size_t(s)] = PinnedBuffer(64);
-    cudaEvent_t a, b;
-    SAT_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
-    SAT_CUDA_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
-    uploaded_[size_t(s)] = a;
-    done_[size_t(s)] = b;
-  }
-  dloss_host_ = PinnedBuffer(64);
-  *dloss_host_.as<float>() = 1.0f;
-  for (size_t i = 0; i < n; ++i) runs_[i].ctx.seed_dev = seeds_dev_.as<uint64_t>() + i;
-  use_slot(0);
+  std::pair<double, int> r{loss_sum_, loss_count_};
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  return r;
 }
 
-void Engine::destroy_cuda() {
-  if (!cuda_) return;
-  cudaStreamSynchronize(cuda_->stream);
-  cudaStreamSynchronize(cuda_->copy_stream);
-  for (int s = 0; s < kInputSlots; ++s) {
-    if (uploaded_[size_t(s)]) cudaEventDestroy(ev(uploaded_[size_t(s)]));
-    if (done_[size_t(s)]) cudaEventDestroy(ev(done_[size_t(s)]));
-  }
+void Engine::synchronize() {
+  if (cuda_) SAT_CUDA_CHECK(cudaStreamSynchronize(cuda_->stream));
 }
 
-void Engine::stage_input(int slot, int v, const Tensor& host) {
-  const auto& ins = g_.inputs();
-  size_t k = size_t(std::find(ins.begin(), ins.end(), v) - ins.begin());
-  SAT_ASSERT(k < ins.size());
-  InputSlot& sl = slots_[k][size_t(slot)];
-  SAT_ASSERT(host.bytes() == sl.staging.bytes());
-  std::memcpy(sl.staging.data(), host.ptr, host.bytes());
-}
-
-void Engine::queue_upload(int slot) {
-  for (auto& per : slots_) {
-    InputSlot& sl = per[size_t(slot)];
-    void* dst = sl.raw.data() ? sl.raw.data() : sl.dev.data();
-    SAT_CUDA_CHECK(cudaMemcpyAsync(dst, sl.staging.data(), sl.staging.bytes(), cudaMemcpyHostToDevice, cuda_->copy_stream));
-  }
-  SAT_CUDA_CHECK(cudaEventRecord(ev(uploaded_[size_t(slot)]), cuda_->copy_stream));
-  SAT_CUDA_CHECK(cudaStreamWaitEvent(cuda_->stream, ev(uploaded_[size_t(slot)]), 0));
-}
-
-void Engine::use_slot(int slot) {
-  const auto& ins = g_.inputs();
-  for (size_t k = 0; k < ins.size(); ++k) {
-    const Tensor& t = slots_[k][size_t(slot)].value;
-    vals_[size_t(ins[k])] = t;
-    for (int u : input_users_[size_t(ins[k])]) runs_[size_t(u / 64)].ctx.in[size_t(u % 64)] = t;
-  }
-}
-
-void Engine::set_seed(int slot, uint64_t seed) {
-  uint64_t* h = seeds_host_[size_t(slot)].as<uint64_t>();
-  for (size_t i = 0; i < g_.nodes().size(); ++i) h[i] = mix_seed(seed, i);
-}
-
-void Engine::set_dloss(float dloss, const float* scale_dev) {
-  *dloss_host_.as<float>() = dloss;
-  dloss_scale_ = scale_dev;
-}
-
-void Engine::queue_forward(int slot, bool training) {
-  cudaStream_t st = cuda_->stream;
-  for (auto& per : slots_) {
-    InputSlot& sl = per[size_t(slot)];
-    if (sl.raw.data()) cuda::convert(sl.raw.data(), DType::f32, sl.dev.data(), sl.value.dtype, sl.value.numel(), st);
-  }
-  const size_t n = g_.nodes().size();
-  // The seeds and (below) the loss travel through pinned memory that a replayed graph
-  // reads and writes at every replay; the host updates them between replays.
-  SAT_CUDA_CHECK(cudaMemcpyAsync(seeds_dev_.data(), seeds_host_[size_t(slot)].data(), n * 8, cudaMemcpyHostToDevice, st));
-  run_forward_nodes(training, seeds_host_[size_t(slot)].as<uint64_t>()[0]);
-  if (g_.loss() >= 0)
-    SAT_CUDA_CHECK(cudaMemcpyAsync(loss_host_[size_t(slot)].data(), vals_[size_t(g_.loss())].ptr, 4,
-                                   cudaMemcpyDeviceToHost, st));
-}
-
-void Engine::queue_backward(bool first_micro) {
-  cudaStream_t st = cuda_->stream;
-  float* dl = grads_[size_t(g_.loss())].f32();
-  SAT_CUDA_CHECK(cudaMemcpyAsync(dl, dloss_host_.data(), 4, cudaMemcpyHostToDevice, st));
-  if (dloss_scale_) cuda::scale_scalar(dl, dloss_scale_, st);
-  run_backward_nodes(first_micro);
-}
-
-void Engine::queue_slot_done(int slot) {
-  SAT_CUDA_CHECK(cudaEventRecord(ev(done_[size_t(slot)]), cuda_->stream));
-}
-
-float Engine::wait_slot(int slot) {
-  SAT_CUDA_CHECK(cudaEventSynchronize(ev(done_[size_t(slot)])));
-  return g_.loss() >= 0 ? *loss_host_[size_t(slot)].as<float>() : std::nanf("");
+std::pair<int64_t, int64_t> Engine::take_launches() {
+  if (!gpu_) return {0, 0};
+  std::pair<int64_t, int64_t> r{gpu_->launches, gpu_->replayed};
+  gpu_->launches = gpu_->replayed = 0;
+  return r;
 }
 #else
-void Engine::setup_cuda() { fail("this saturate was built without the CUDA backend"); }
-void Engine::destroy_cuda() {}
-void Engine::stage_input(int, int, const Tensor&) { fail("no CUDA backend"); }
-void Engine::queue_upload(int) { fail("no CUDA backend"); }
-void Engine::use_slot(int) { fail("no CUDA backend"); }
-void Engine::set_seed(int, uint64_t) { fail("no CUDA backend"); }
-void Engine::set_dloss(float, const float*) { fail("no CUDA backend"); }
-void Engine::queue_forward(int, bool) { fail("no CUDA backend"); }
-void Engine::queue_backward(bool) { fail("no CUDA backend"); }
-void Engine::queue_slot_done(int) { fail("no CUDA backend"); }
-float Engine::wait_slot(int) { fail("no CUDA backend"); }
+void Engine::forward_gpu(int, int, bool, uint64_t, const std::vector<Tensor>&) { fail("no CUDA backend"); }
+bool Engine::backward_gpu(int, int, bool, const std::function<void(int)>*) { fail("no CUDA backend"); }
+std::pair<double, int> Engine::take_losses() {
+  std::pair<double, int> r{loss_sum_, loss_count_};
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  return r;
+}
+void Engine::synchronize() {}
+std::pair<int64_t, int64_t> Engine::take_launches() { return {0, 0}; }
 #endif
 
 }  // namespace sat

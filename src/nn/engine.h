@@ -1,22 +1,24 @@
-// Runs a Graph: one arena for everything transient in a step (activations, saved
-// buffers, activation gradients, scratch), laid out by the ArenaPlanner from the
-// lifetimes of a static step:
-//   forward of node i at time i, backward of node i at time 2N-1-i;
-//   the output of node i lives [i, 2N-1-i] (its consumers' backward may read it),
-//   its gradient from the first consumer's backward to its own backward,
-//   saved buffers [i, 2N-1-i], scratch only during the call that uses it.
-// Parameters, gradients, optimizer and model state live in the ParamStore.
+// Runs a Graph (a whole model or one pipeline stage) with the buffers a StepPlan lays
+// out: one arena for everything transient in a step, and one context (a set of buffers)
+// per micro-batch in flight. Parameters, gradients, optimizer and model state live in
+// the ParamStore.
 //
-// On the GPU (a graph built with Device::cuda, and a CudaCtx) the same plan is laid out
-// in device memory and every node runs its forward_cuda/backward_cuda on the context's
-// stream. Graph inputs then live in the engine: kInputSlots device copies of each,
-// filled from pinned staging buffers on the copy stream, so the upload of the next
-// micro-batch overlaps the current one's compute. The queue_* calls only enqueue work
-// (they can be captured into a CUDA graph); forward()/backward() are the synchronous
-// versions used by evaluation and tests.
+// The protocol is the same on both devices:
+//   forward(ctx, chunk, training, seed, data)   the chunk's nodes on micro-batch data
+//   backward(ctx, chunk, first_micro, hook)     from its output gradients
+//   value(ctx, v) / grad(ctx, v)                where received inputs and the gradients of
+//                                               sent outputs arrive, what is sent
+//   take_losses()                               the losses of the forwards so far
+// On the CPU every call runs to completion. On the GPU (a graph built for Device::cuda
+// and a CudaCtx) the calls enqueue work on the context's stream and take_losses() waits
+// for it; a data input is staged through pinned memory and uploaded on the copy stream
+// into one of contexts + 1 input slots, so the next micro-batch's upload overlaps the
+// current one's compute; with set_graphs(true) each distinct forward and backward is
+// captured once as a CUDA graph and replayed.
 #pragma once
 #include <array>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "backend/device.h"
@@ -24,6 +26,7 @@
 #include "core/plan.h"
 #include "nn/graph.h"
 #include "nn/params.h"
+#include "nn/step_plan.h"
 
 namespace sat {
 
@@ -34,72 +37,72 @@ struct MemoryPlan {
   size_t persistent = 0;  // parameters, gradients, optimizer state, model state
   size_t transient = 0;   // the step arena, after lifetime reuse
   size_t inputs = 0;      // input batch buffers of the prefetching loader (+ GPU input slots)
+  int contexts = 1;       // micro-batches in flight (each with its own buffers)
   size_t total() const { return persistent + transient + inputs; }
   size_t device = 0;      // GPU: the part of total() in device memory (0 on the CPU)
 };
+
+// The memory of running graph g with step plan `step`: persistent state (optimizer
+// state for one of `optimizer_shards` shards, ZeRO-1), the arena, the loader's host
+// buffers (`input_bytes`) and, on the GPU, the low-precision parameter copy, the library
+// workspace and the input slots (MemoryPlan::device). Nothing is allocated.
+MemoryPlan plan_memory(const Graph& g, const StepPlan& step, int optimizer_slots, size_t input_bytes,
+                       int optimizer_shards = 1);
 
 class Engine {
  public:
   // cuda: required when the graph was built for Device::cuda (parameters already moved
   // with ParamStore::to_device).
-  Engine(Graph& g, ParamStore& ps, CudaCtx* cuda = nullptr);
+  Engine(Graph& g, ParamStore& ps, const StepPlan& plan, CudaCtx* cuda = nullptr);
   ~Engine();
 
-  // The plan for a graph, without allocating anything. input_bytes: host-side loader
-  // buffers. On the GPU the device part (parameters, their low-precision copy,
-  // gradients, optimizer state, the step arena, the input slots and the library
-  // workspace) is also returned in MemoryPlan::device.
-  // optimizer_shards: ZeRO-1, optimizer state for one of that many shards (ParamStore).
-  static MemoryPlan plan_memory(const Graph& g, int optimizer_slots, size_t input_bytes, int optimizer_shards = 1);
-
-  void bind(int value, const Tensor& t);  // a graph input: points at a loader batch
-  // Runs forward; returns the loss value (NaN if the graph has no loss).
-  float forward(bool training, uint64_t seed);
-  // Runs backward from d(objective)/d(loss) = dloss. With first_micro, parameter
-  // gradients are overwritten (no separate zeroing pass); otherwise accumulated.
-  void backward(float dloss, bool first_micro);
-
-  Tensor value(int v) const { return vals_[size_t(v)]; }
-  // Called after each node's backward (CPU), with the node index: data parallelism
-  // starts reducing a gradient bucket as soon as its last parameter is final.
-  void set_backward_hook(std::function<void(int)> hook) { hook_ = std::move(hook); }
-  // Layers that can use statistics of the global batch (BatchNorm) sum them over the
-  // replicas through r (CPU; null: per-replica statistics). r must outlive its use.
-  void set_replica_sum(ReplicaSum* r);
-  // A value as float32 on the host (synchronises on the GPU).
-  std::vector<float> read_f32(int v) const;
-  Device device() const { return g_.device(); }
-
-  // ---- GPU step pieces (see the top of this file); all enqueue on the stream. ----
-  static constexpr int kInputSlots = 2;
-  // Host: copies a loader batch into the pinned staging of `slot` (the caller makes
-  // sure the slot's previous micro-batch has finished: wait_slot()).
-  void stage_input(int slot, int v, const Tensor& host);
-  // Copy stream: staging -> device raw buffers of `slot`; the compute stream waits for it.
-  void queue_upload(int slot);
-  // Points the layers at `slot`'s device inputs (host-side bookkeeping, not enqueued).
-  void use_slot(int slot);
-  // Host: per-node seeds for the next micro-batch of `slot` (read by queue_forward).
-  void set_seed(int slot, uint64_t seed);
+  int contexts() const { return int(ctxs_.size()); }
+  // Runs chunk `chunk` forward in context ctx. data: one tensor per Chunk::data input
+  // (loader batches on the host; on the CPU they must stay valid until the context's
+  // backward has run). seed: the micro-batch's seed (dropout).
+  void forward(int ctx, int chunk, bool training, uint64_t seed, const std::vector<Tensor>& data = {});
+  // Runs chunk `chunk` backward in context ctx, from the gradients of its sent outputs
+  // (already in grad(ctx, v)) and, in the chunk with the loss, d(objective)/d(loss) of
+  // set_dloss(). first_micro: parameter gradients are overwritten (no zeroing pass),
+  // otherwise accumulated. node_hook (may be null) is called after each node's backward
+  // with the node's index: data parallelism starts reducing a gradient bucket as soon as
+  // its last parameter is final. Returns true when a captured CUDA graph was replayed: the
+  // hook then did not run on the host (what it enqueued at capture is part of the graph).
+  bool backward(int ctx, int chunk, bool first_micro, const std::function<void(int)>* node_hook = nullptr);
   // d(objective)/d(loss) for backward, multiplied on the device by *scale when scale is
   // given (fp16 loss scaling). Stays in effect until changed.
   void set_dloss(float dloss, const float* scale_dev = nullptr);
-  void queue_forward(int slot, bool training);  // includes input conversion and seeds
-  void queue_backward(bool first_micro);
-  // Records the end of `slot`'s work; wait_slot() blocks the host until then and
-  // returns that micro-batch's loss.
-  void queue_slot_done(int slot);
-  float wait_slot(int slot);
+  // The sum and count of the losses computed by forwards since the last call (waits for
+  // them on the GPU).
+  std::pair<double, int> take_losses();
+  // Buffers of a context (device memory on the GPU): a received input or a computed value;
+  // the gradient of a sent output (to receive into) or of a received input (to send).
+  Tensor value(int ctx, int v) const { return ctxs_[size_t(ctx)].vals[size_t(v)]; }
+  Tensor grad(int ctx, int v) const { return ctxs_[size_t(ctx)].grads[size_t(v)]; }
+  // A value as float32 on the host (waits for the GPU).
+  std::vector<float> read_f32(int ctx, int v) const;
+  // Waits until every queued operation has finished (GPU; nothing on the CPU).
+  void synchronize();
+  Device device() const { return g_.device(); }
   CudaCtx* cuda() const { return cuda_; }
+  const Graph& graph() const { return g_; }
+  size_t arena_bytes() const { return arena_.bytes(); }
 
-  // Per-node timing (off by default): seconds spent in each node's forward and backward.
+  // GPU: capture each distinct forward/backward as a CUDA graph from now on (the first
+  // step runs eagerly: library heuristics and caches settle first).
+  void set_graphs(bool on) { graphs_on_ = on; }
+  // Graph launches and the kernels they replayed since the last call (GPU with graphs).
+  std::pair<int64_t, int64_t> take_launches();
+
+  // Per-node timing (CPU, off by default): seconds spent in each node's forward and backward.
   void set_profiling(bool on) { profile_ = on; }
   struct NodeTime { double fwd = 0, bwd = 0; int64_t calls = 0; };
   const std::vector<NodeTime>& node_times() const { return times_; }
   // A table of time per layer kind, largest first.
   std::string profile_report() const;
-  size_t arena_bytes() const { return arena_.bytes(); }
-  const Graph& graph() const { return g_; }
+  // Layers that can use statistics of the global batch (BatchNorm) sum them over the
+  // replicas through r (CPU; null: per-replica statistics). r must outlive its use.
+  void set_replica_sum(ReplicaSum* r);
 
  private:
   struct NodeRun {
@@ -108,30 +111,34 @@ class Engine {
     std::vector<bool> first_writer;  // per param slot: first node in backward order to touch it
     std::vector<std::pair<Tensor, Tensor>> grad_adds;  // after backward: second += first
   };
-  void run_forward_nodes(bool training, uint64_t seed);
-  void run_backward_nodes(bool first_micro);
-  void setup_cuda();
-  void destroy_cuda();
+  struct Context {
+    std::vector<Tensor> vals, grads;  // per value
+    std::vector<NodeRun> runs;        // per node
+  };
+  void build_context(const StepPlan::Ctx& pc, Context& c);
+  void point_inputs(Context& c, int v, const Tensor& t);
+  void run_forward_nodes(Context& c, const Chunk& ch, bool training, uint64_t seed);
+  void run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, const std::function<void(int)>* hook);
+  // GPU (engine.cpp, under SAT_HAVE_CUDA).
+  struct Gpu;
+  void forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const std::vector<Tensor>& data);
+  bool backward_gpu(int ctx, int chunk, bool first_micro, const std::function<void(int)>* hook);
 
-  std::function<void(int)> hook_;
   Graph& g_;
   ParamStore& ps_;
   CudaCtx* cuda_ = nullptr;
   DeviceBuffer arena_;
-  // GPU: per graph input, per slot: device buffer in the value's dtype, the raw upload
-  // buffer (== it unless a float input is converted to bf16/f16), pinned staging.
-  struct InputSlot { DeviceBuffer dev, raw; PinnedBuffer staging; Tensor value; };
-  std::vector<std::array<InputSlot, kInputSlots>> slots_;  // per graph input (g.inputs() order)
-  DeviceBuffer seeds_dev_;  // u64 per node
-  std::array<PinnedBuffer, kInputSlots> seeds_host_, loss_host_;
-  PinnedBuffer dloss_host_;
+  std::vector<Context> ctxs_;
+  // (node, slot) of every reader of each data input (the loader's batches are bound there)
+  std::vector<std::vector<std::pair<int, int>>> data_users_;
+  double loss_sum_ = 0;
+  int loss_count_ = 0;
+  float dloss_ = 1.0f;
   const float* dloss_scale_ = nullptr;
-  std::array<void*, kInputSlots> uploaded_{}, done_{};  // cudaEvent_t
-  std::vector<Tensor> vals_, grads_;
-  std::vector<NodeRun> runs_;
-  std::vector<std::vector<int>> input_users_;
   bool profile_ = false;
-  std::vector<NodeTime> times_;  // graph input value -> (node, slot) to rebind
+  bool graphs_on_ = false;
+  std::vector<NodeTime> times_;
+  std::unique_ptr<Gpu> gpu_;
 };
 
 }  // namespace sat

@@ -55,11 +55,18 @@ ParamInit kaiming_fan_out(int64_t cout, int64_t k) { return ParamInit::normal(st
 void build_mlp(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   int64_t in = c.image.numel();
+  // Every layer is a block, as nn.Sequential's children are for PyTorch's pipelining.
+  g.begin_block();
   int x = g.add<Flatten>("flatten", {m.x});
+  g.begin_block();
   x = g.add<Linear>("fc1", {x}, in, 1024);
+  g.begin_block();
   x = g.add<ReLU>("relu1", {x});
+  g.begin_block();
   x = g.add<Linear>("fc2", {x}, 1024, 1024);
+  g.begin_block();
   x = g.add<ReLU>("relu2", {x});
+  g.begin_block();
   m.logits = g.add<Linear>("fc3", {x}, 1024, c.classes);
 }
 
@@ -67,23 +74,30 @@ void build_convnet(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   int64_t C = c.image[0], H = c.image[1], W = c.image[2];
   SAT_CHECK(H >= 4 && W >= 4, "--model convnet needs images of at least 4x4, got ", c.image.str());
-  int x = g.add<Conv2d>("conv1", {m.x}, C, 32, 3, 1, 1, false);
-  x = g.add<BatchNorm2d>("bn1", {x}, 32);
-  x = g.add<ReLU>("relu1", {x});
-  x = g.add<MaxPool2d>("pool1", {x}, 2);
-  x = g.add<Conv2d>("conv2", {x}, 32, 64, 3, 1, 1, false);
-  x = g.add<BatchNorm2d>("bn2", {x}, 64);
-  x = g.add<ReLU>("relu2", {x});
-  x = g.add<MaxPool2d>("pool2", {x}, 2);
-  x = g.add<Flatten>("flatten", {x});
-  x = g.add<Linear>("fc1", {x}, 64 * (H / 4) * (W / 4), 128);
-  x = g.add<ReLU>("relu3", {x});
-  m.logits = g.add<Linear>("fc2", {x}, 128, c.classes);
+  // Every layer is a block (a plain stack, like nn.Sequential).
+  auto block = [&](auto&& add_layer) {
+    g.begin_block();
+    return add_layer();
+  };
+  int x = block([&] { return g.add<Conv2d>("conv1", {m.x}, C, 32, 3, 1, 1, false); });
+  x = block([&] { return g.add<BatchNorm2d>("bn1", {x}, 32); });
+  x = block([&] { return g.add<ReLU>("relu1", {x}); });
+  x = block([&] { return g.add<MaxPool2d>("pool1", {x}, 2); });
+  x = block([&] { return g.add<Conv2d>("conv2", {x}, 32, 64, 3, 1, 1, false); });
+  x = block([&] { return g.add<BatchNorm2d>("bn2", {x}, 64); });
+  x = block([&] { return g.add<ReLU>("relu2", {x}); });
+  x = block([&] { return g.add<MaxPool2d>("pool2", {x}, 2); });
+  x = block([&] { return g.add<Flatten>("flatten", {x}); });
+  x = block([&] { return g.add<Linear>("fc1", {x}, 64 * (H / 4) * (W / 4), 128); });
+  x = block([&] { return g.add<ReLU>("relu3", {x}); });
+  m.logits = block([&] { return g.add<Linear>("fc2", {x}, 128, c.classes); });
 }
 
 void build_resnet18(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   int64_t C = c.image[0];
+  // Blocks: the stem, each BasicBlock, the head.
+  g.begin_block();
   int x = conv_bn(g, "conv1", "bn1", m.x, C, 64, 3, 1, 1, kaiming_fan_out(64, 3));
   x = g.add<ReLU>("relu", {x});
   int64_t cin = 64;
@@ -92,6 +106,7 @@ void build_resnet18(BuiltModel& m, Graph& g) {
     for (int b = 0; b < 2; ++b) {
       std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b) + ".";
       int64_t w = widths[l], stride = (l > 0 && b == 0) ? 2 : 1;
+      g.begin_block();
       int h = conv_bn(g, p + "conv1", p + "bn1", x, cin, w, 3, stride, 1, kaiming_fan_out(w, 3));
       h = g.add<ReLU>(p + "relu1", {h});
       h = conv_bn(g, p + "conv2", p + "bn2", h, w, w, 3, 1, 1, kaiming_fan_out(w, 3));
@@ -103,6 +118,7 @@ void build_resnet18(BuiltModel& m, Graph& g) {
       cin = w;
     }
   }
+  g.begin_block();
   x = g.add<AdaptiveAvgPool2d>("avgpool", {x}, 1, 1);
   x = g.add<Flatten>("flatten", {x});
   m.logits = g.add<Linear>("fc", {x}, 512, c.classes);
@@ -115,10 +131,14 @@ void build_gpt(BuiltModel& m, Graph& g) {
   const int64_t C = c.n_embd;
   ParamInit w02 = ParamInit::normal(0.02f), zero = ParamInit::zeros();
   ParamInit wproj = ParamInit::normal(0.02f / std::sqrt(2.0f * float(c.n_layer)));
+  // Blocks: the transformer layers (Megatron's); the embedding belongs to the first and
+  // the final LayerNorm and output head to the last.
+  g.begin_block();
   int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f);
   if (c.dropout > 0) x = g.add<Dropout>("transformer.drop", {x}, c.dropout);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
+    if (l > 0) g.begin_block();
     int h = g.add<LayerNorm>(p + "ln_1", {x}, C);
     h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero);
     h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head);
@@ -138,12 +158,13 @@ void build_gpt(BuiltModel& m, Graph& g) {
 
 }  // namespace
 
-BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training) {
+BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
   BuiltModel m;
   m.config = cfg;
   m.graph = std::make_unique<Graph>(training, cfg.act, cfg.device);
   Graph& g = *m.graph;
+  if (!stage.empty()) g.keep_nodes(stage);
   if (cfg.tokens) {
     m.x_shape = Shape{B, cfg.seq_len};
     m.y_shape = Shape{B, cfg.seq_len};

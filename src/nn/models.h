@@ -27,12 +27,15 @@ ModelConfig model_config(const std::string& name);  // defaults; sat::Error on a
 struct BuiltModel {
   ModelConfig config;
   std::unique_ptr<Graph> graph;
-  int x = -1, y = -1, logits = -1, loss = -1;  // value ids
+  int x = -1, y = -1, logits = -1, loss = -1;  // value ids (logits, loss: of the whole model)
   Shape x_shape, y_shape;                      // per micro-batch
   DType x_dtype = DType::f32;
 };
 
-BuiltModel build_model(const ModelConfig& cfg, int64_t batch, bool training = true);
+// The whole model, or with `stage` (whole-model node ranges, one per model chunk) one
+// pipeline stage of it (Graph::keep_nodes). Value ids are the whole model's either way.
+BuiltModel build_model(const ModelConfig& cfg, int64_t batch, bool training = true,
+                       const std::vector<std::pair<int, int>>& stage = {});
 
 // FLOPs of one training step per sample (forward + backward), from the layers.
 double train_flops_per_sample(const BuiltModel& m, int64_t batch);

@@ -77,6 +77,7 @@ class ParamStore {
   // host view of this store's values (for saving, checks and evaluation reports).
   void sync_to_host();
   Tensor host_param(size_t i) const { return {params_.as<float>() + offsets_[i], decls_[i].spec.shape}; }
+  float* host_flat_params() const { return params_.as<float>(); }  // flat_size() floats
   Tensor host_state(size_t i) const {
     return {states_.as<uint8_t>() + state_offsets_[i], state_decls_[i].spec.shape, state_decls_[i].spec.dtype};
   }

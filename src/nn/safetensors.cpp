@@ -69,7 +69,7 @@ void save_safetensors(const std::string& path, const ParamStore& ps, const std::
   SAT_CHECK(!ec, "--save-weights: cannot rename ", tmp, " to ", path, ": ", ec.message());
 }
 
-void load_safetensors(const std::string& path, ParamStore& ps) {
+void load_safetensors(const std::string& path, ParamStore& ps, const std::set<std::string>* model_names) {
   SAT_CHECK(ps.device() == Device::cpu, "internal error: load weights before moving parameters to the GPU");
   std::ifstream f(path, std::ios::binary);
   SAT_CHECK(f, path, ": cannot open safetensors file: ", std::strerror(errno));
@@ -97,8 +97,10 @@ void load_safetensors(const std::string& path, ParamStore& ps) {
     if (name == "__metadata__") continue;
     auto it = want.find(name);
     if (it == want.end()) {
-      // PyTorch state_dicts of tied models carry lm_head.weight as a second name of wte.
-      if (name == "lm_head.weight" && want.count("transformer.wte.weight")) continue;
+      // PyTorch state_dicts of tied models carry lm_head.weight as a second name of wte;
+      // a pipeline stage skips the tensors of the others.
+      auto known = [&](const std::string& n) { return want.count(n) || (model_names && model_names->count(n)); };
+      if ((name == "lm_head.weight" && known("transformer.wte.weight")) || known(name)) continue;
       fail(path, ": unexpected tensor '", name, "' (this model has no parameter of that name)");
     }
     const Tensor& t = it->second;

@@ -74,6 +74,8 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
             "--objective: expected throughput or goodput, got '", cfg.objective, "'");
   SAT_CHECK(cfg.knee >= 0 && cfg.knee < 1, "--knee: expected a fraction in [0, 1), got ", cfg.knee);
   SAT_CHECK(cfg.global_batch >= 0, "--global-batch: expected a positive number, got ", cfg.global_batch);
+  SAT_CHECK(base_in.pp == 1 && base_in.tp == 1, "--pp/--tp: the tuner chooses the batch of a data-parallel layout; "
+            "with pipeline or tensor parallelism give --batch and --accum");
   TrainConfig base = base_in;
   base.optim = resolve_optim(base.optim);
   dist::Comm* comm = base.comm;

@@ -1,0 +1,172 @@
+#include "nn/step_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace sat {
+
+Timeline single_micro_timeline(const Graph& g) {
+  Timeline t;
+  const int chunks = int(g.chunks().size());
+  for (int c = 0; c < chunks; ++c) {
+    MicroUse u;
+    u.chunk = c;
+    u.fwd = 2 * c;
+    u.bwd = g.training() ? 2 * c + 1 : -1;
+    t.uses.push_back(u);
+  }
+  return t;
+}
+
+namespace {
+
+// Buffers of one context, keyed by (what, index, sub-index); each gets one interval per
+// micro-batch that uses the context.
+class CtxBuffers {
+ public:
+  CtxBuffers(ArenaPlanner& p, int ctx) : p_(p), ctx_(ctx) {}
+  enum What { value, grad, saved, sfwd, sbwd, temp };
+  void live(What w, int i, int j, const std::string& name, MemKind kind, size_t bytes, int t0, int t1) {
+    auto key = std::make_tuple(int(w), i, j);
+    auto it = ids_.find(key);
+    if (it == ids_.end()) {
+      ids_[key] = p_.add(str_cat("ctx", ctx_, ":", name), kind, bytes, t0, t1);
+    } else {
+      p_.extend(it->second, t0, t1);
+    }
+  }
+  int64_t offset(What w, int i, int j = 0) const {
+    auto it = ids_.find(std::make_tuple(int(w), i, j));
+    return it == ids_.end() ? -1 : int64_t(p_[it->second].offset);
+  }
+
+ private:
+  ArenaPlanner& p_;
+  int ctx_;
+  std::map<std::tuple<int, int, int>, int> ids_;
+};
+
+struct Times {
+  int W, N;
+  MicroUse u;
+  int f(int node) const { return u.fwd * W + node; }
+  int b(int node) const { return u.bwd * W + (N - 1 - node); }
+  int at(int action) const { return action * W; }
+};
+
+// The intervals of one micro-batch's buffers in its context.
+void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
+  const auto& nodes = g.nodes();
+  const auto& vals = g.values();
+  const Chunk& ch = g.chunks()[size_t(t.u.chunk)];
+  const bool train = t.u.bwd >= 0;
+  // The last reader in forward order is the first in backward order.
+  auto last_reader = [&](const Value& v, int dflt) {
+    int n = dflt;
+    for (auto& c : v.consumers) n = std::max(n, c.first);
+    return n;
+  };
+  auto first_reader = [&](const Value& v) {
+    int n = int(nodes.size());
+    for (auto& c : v.consumers) n = std::min(n, c.first);
+    return n;
+  };
+  // Values first, then each node's own buffers (the order breaks the planner's ties).
+  for (size_t id = 0; id < vals.size(); ++id) {
+    const Value& v = vals[id];
+    if (v.chunk != t.u.chunk) continue;
+    if (v.kind == Value::Kind::received) {
+      const int arrive = t.at(t.u.recv >= 0 ? t.u.recv : t.u.fwd);
+      const int end = train ? t.b(first_reader(v)) : t.f(last_reader(v, 0));
+      bufs.live(CtxBuffers::value, int(id), 0, v.name + " (received)", MemKind::activations, v.spec.bytes(), arrive, end);
+      if (train && v.needs_grad)
+        bufs.live(CtxBuffers::grad, int(id), 0, v.name + ".grad (sent)", MemKind::activation_grads, v.spec.bytes(),
+                  t.b(last_reader(v, 0)), t.u.send_grad >= 0 ? t.at(t.u.send_grad) : t.b(first_reader(v)));
+      continue;
+    }
+    if (v.kind != Value::Kind::computed) continue;
+    const int i = v.producer;
+    int end;
+    if (train) {
+      end = t.b(i);
+    } else {
+      end = last_reader(v, i);
+      if (int(id) == g.loss() || int(id) == g.logits()) end = int(nodes.size()) - 1;
+      end = t.f(end);
+    }
+    if (v.sent) end = std::max(end, t.at(t.u.send));
+    bufs.live(CtxBuffers::value, int(id), 0, v.name, MemKind::activations, v.spec.bytes(), t.f(i), end);
+    if (train && v.needs_grad) {
+      const int begin = v.sent ? t.at(t.u.recv_grad >= 0 ? t.u.recv_grad : t.u.bwd)
+                               : t.b(last_reader(v, i));
+      bufs.live(CtxBuffers::grad, int(id), 0, v.name + ".grad", MemKind::activation_grads, v.spec.bytes(), begin, t.b(i));
+    }
+  }
+  for (int i = ch.begin; i < ch.end; ++i) {
+    const Node& n = nodes[size_t(i)];
+    for (size_t k = 0; k < n.setup.saved.size(); ++k)
+      bufs.live(CtxBuffers::saved, i, int(k), n.name + ".saved", MemKind::saved, n.setup.saved[k].bytes(), t.f(i),
+                train ? t.b(i) : t.f(i));
+    for (size_t k = 0; k < n.setup.scratch_fwd.size(); ++k)
+      bufs.live(CtxBuffers::sfwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_fwd[k].bytes(),
+                t.f(i), t.f(i));
+    if (!train || !n.needs_backward) continue;
+    for (size_t k = 0; k < n.setup.scratch_bwd.size(); ++k)
+      bufs.live(CtxBuffers::sbwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_bwd[k].bytes(),
+                t.b(i), t.b(i));
+    // A value read by several nodes: the last reader (first in backward order) writes its
+    // gradient; the others write a temporary that is then added in.
+    for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
+      const Value& in = vals[size_t(n.inputs[slot])];
+      if (!in.needs_grad || in.kind == Value::Kind::data) continue;
+      if (in.consumers.back() != std::pair<int, int>{i, int(slot)})
+        bufs.live(CtxBuffers::temp, i, int(slot), in.name + ".grad+", MemKind::activation_grads, in.spec.bytes(), t.b(i),
+                  t.b(i));
+    }
+  }
+}
+
+}  // namespace
+
+StepPlan plan_step(const Graph& g, const Timeline& tl) {
+  const int N = int(g.nodes().size());
+  StepPlan sp;
+  ArenaPlanner planner;
+  std::vector<MicroUse> uses = tl.uses;
+  auto first_action = [](const MicroUse& u) { return u.recv >= 0 ? std::min(u.recv, u.fwd) : u.fwd; };
+  std::stable_sort(uses.begin(), uses.end(),
+                   [&](const MicroUse& a, const MicroUse& b) { return first_action(a) < first_action(b); });
+  for (auto& u : uses) sp.contexts = std::max(sp.contexts, u.ctx + 1);
+  std::vector<CtxBuffers> bufs;
+  for (int k = 0; k < sp.contexts; ++k) bufs.emplace_back(planner, k);
+  for (auto& u : uses) plan_use(g, Times{N + 1, N, u}, bufs[size_t(u.ctx)]);
+  sp.arena = planner.solve();
+  for (size_t i = 0; i < planner.size(); ++i) sp.by_kind[size_t(planner[int(i)].kind)] += planner[int(i)].bytes;
+  const auto& nodes = g.nodes();
+  sp.ctx.resize(size_t(sp.contexts));
+  for (int k = 0; k < sp.contexts; ++k) {
+    StepPlan::Ctx& c = sp.ctx[size_t(k)];
+    const CtxBuffers& b = bufs[size_t(k)];
+    for (size_t v = 0; v < g.values().size(); ++v) {
+      c.value.push_back(b.offset(CtxBuffers::value, int(v)));
+      c.grad.push_back(b.offset(CtxBuffers::grad, int(v)));
+    }
+    c.saved.resize(nodes.size());
+    c.sfwd.resize(nodes.size());
+    c.sbwd.resize(nodes.size());
+    c.temp.resize(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const Node& n = nodes[i];
+      for (size_t j = 0; j < n.setup.saved.size(); ++j) c.saved[i].push_back(b.offset(CtxBuffers::saved, int(i), int(j)));
+      for (size_t j = 0; j < n.setup.scratch_fwd.size(); ++j)
+        c.sfwd[i].push_back(b.offset(CtxBuffers::sfwd, int(i), int(j)));
+      for (size_t j = 0; j < n.setup.scratch_bwd.size(); ++j)
+        c.sbwd[i].push_back(b.offset(CtxBuffers::sbwd, int(i), int(j)));
+      for (size_t j = 0; j < n.inputs.size(); ++j) c.temp[i].push_back(b.offset(CtxBuffers::temp, int(i), int(j)));
+    }
+  }
+  return sp;
+}
+
+}  // namespace sat

@@ -1,0 +1,67 @@
+// The layout of every transient byte of a training step (activations, saved buffers,
+// activation gradients, scratch, and the buffers a pipeline stage receives into), in one
+// arena, from a timeline of the step.
+//
+// A stage of a pipeline has several micro-batches in flight: micro-batch m of model
+// chunk c runs its forward at one point of the rank's schedule and its backward at a
+// later one, with other micro-batches' actions in between. Each micro-batch in flight
+// uses a *context*: its own copy of the chunk's buffers. The timeline says, for every
+// (micro-batch, chunk) of the step, which context it uses and at which action of the
+// rank's schedule its data arrives, its forward runs, its outputs leave, its output
+// gradients arrive, its backward runs and its input gradients leave. Time runs in
+// action slots of W = nodes + 1 units: within a forward action node i runs at unit i,
+// within a backward action at unit nodes - 1 - i. Each buffer of a context is live in
+// one interval per micro-batch that uses the context, and the ArenaPlanner packs them
+// so that nothing alive at the same time overlaps:
+//   output of node i:      forward(i) .. backward(i) (its readers' backward may read it;
+//                          a sent output also until it has been sent)
+//   its gradient:          the first reader's backward (or its arrival, when sent) ..
+//                          backward(i)
+//   a received input:      arrival .. the backward of its last reader
+//   its gradient:          the first reader's backward .. it has been sent
+//   saved of node i:       forward(i) .. backward(i); scratch: during the call
+// With one micro-batch at a time (no pipelining) every micro-batch reuses context 0 and
+// the arena is that of a single micro-batch. Forward-only uses (evaluation) keep a value
+// until its last reader, and the graph's loss and logits until the end of the forward.
+#pragma once
+#include <array>
+#include <vector>
+
+#include "core/plan.h"
+#include "nn/graph.h"
+
+namespace sat {
+
+struct MicroUse {
+  int chunk = 0;
+  int ctx = 0;         // the context whose buffers it uses
+  int recv = -1;       // action at which its received inputs arrive (-1: none; at fwd)
+  int fwd = 0;         // its forward
+  int send = -1;       // its sent outputs leave (-1: none)
+  int recv_grad = -1;  // the gradients of its sent outputs arrive (-1: none; at bwd)
+  int bwd = -1;        // its backward (-1: forward only)
+  int send_grad = -1;  // the gradients of its received inputs leave (-1: none; at bwd)
+};
+
+struct Timeline {
+  std::vector<MicroUse> uses;  // in any order; uses of one context must not overlap in time
+};
+// One micro-batch through every chunk in turn (forward at action 2c, backward at 2c + 1
+// when training), all in context 0: the plan of a step without pipelining.
+Timeline single_micro_timeline(const Graph& g);
+
+struct StepPlan {
+  int contexts = 1;
+  size_t arena = 0;  // bytes of the step arena
+  // Bytes of each transient kind before lifetime reuse, summed over contexts.
+  std::array<size_t, size_t(MemKind::kCount)> by_kind{};
+  // Byte offsets into the arena, -1 where there is no buffer. Per context:
+  struct Ctx {
+    std::vector<int64_t> value, grad;                          // per value
+    std::vector<std::vector<int64_t>> saved, sfwd, sbwd, temp;  // per node (temp: per input slot)
+  };
+  std::vector<Ctx> ctx;
+};
+StepPlan plan_step(const Graph& g, const Timeline& t);
+
+}  // namespace sat

@@ -1,0 +1,164 @@
+// What a training run is asked to do (TrainConfig) and what it reports (TrainResult),
+// in typed form: the CLI parses flags into these, nothing below it knows about flags
+// (error messages name the setting's flag so that the CLI can pass them on unchanged).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+#include "optim/optimizer.h"
+#include "train/schedule.h"
+
+namespace sat {
+
+namespace dist {
+class Comm;
+}
+
+// --precision: fp32, tf32 (float32 GEMMs on tensor cores), bf16/fp16 mixed precision
+// (GPU; fp32 master weights, fp16 with dynamic loss scaling).
+enum class Precision { fp32, tf32, bf16, fp16 };
+Precision parse_precision(const std::string& s);  // sat::Error naming --precision
+const char* precision_name(Precision p);
+
+// --dist-backend: where gradients are reduced: auto (host memory over MPI on the CPU,
+// GPU memory over NCCL on GPUs), mpi (host memory; CPU only), nccl (GPU only; also with
+// one rank, where the reduction is a copy: a check that the NCCL path changes nothing).
+enum class DistBackend { automatic, mpi, nccl };
+DistBackend parse_dist_backend(const std::string& s);  // sat::Error naming --dist-backend
+const char* dist_backend_name(DistBackend b);
+
+struct TrainConfig {
+  int64_t batch = 64;        // micro-batch
+  int64_t accum = 1;         // micro-batches per optimizer step
+  int64_t epochs = 1;        // used when steps == 0
+  int64_t steps = 0;         // optimizer steps (0: run `epochs` epochs)
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool evaluate = true;      // evaluate on the test split at the end (if there is one)
+  int64_t warmup_excluded = -1;  // steps left out of samples_per_second (-1: automatic)
+  std::string out_dir;       // metrics.jsonl and summary.json ("" = none)
+  bool profile = false;      // time every layer; Trainer::profile_report() after run()
+  int progress = -1;         // -1: a bar on a terminal, plain lines otherwise; 0: quiet; 1: lines
+  // The job's world communicator (null: this process alone). The ranks form a mesh of
+  // data-, tensor- and pipeline-parallel groups (dist/mesh.h): dp = world / (tp * pp).
+  dist::Comm* comm = nullptr;
+  // Tensor parallelism (--tp): its group exists; layers that use it come next.
+  int tp = 1;
+  // Pipeline parallelism (--pp): the model is cut into pp stages (pp * virtual_stages
+  // model chunks) between blocks, balanced by FLOPs and memory unless pp_split names the
+  // cut points (block indices, ascending); every optimizer step runs `accum`
+  // micro-batches through them by pp_schedule.
+  int pp = 1;
+  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  int virtual_stages = 1;
+  std::vector<int> pp_split;
+  // Data parallelism: every data-parallel rank trains on its slice of each global batch =
+  // dp * batch * accum; gradients are averaged over the dp group in buckets that start
+  // reducing during the last micro-batch's backward: the first bucket_first_mb, the others
+  // at most bucket_mb (and small enough that backward has several to overlap).
+  LastBatch last_batch = LastBatch::drop;
+  double bucket_mb = 25;
+  double bucket_first_mb = 1;
+  // BatchNorm statistics over the global batch (summed over the dp group in forward and
+  // backward) instead of each rank's micro-batch.
+  bool sync_bn = false;
+  // ZeRO stage: 0 = every rank keeps the whole optimizer state; 1 = each rank keeps
+  // 1/dp of it, gradients are reduce-scattered and the updated parameters all-gathered.
+  int zero = 0;
+  // Stop after the first step at which the measured steps (after warm-up) have run this
+  // many seconds (0: run all steps); at least 3 steps are measured. Used by the tuner's
+  // probes; all ranks stop at the same step.
+  double time_limit = 0;
+  // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared
+  // norm of the first micro-batch's gradient and of the whole global batch's. The noise
+  // scale they give, smoothed over steps with this decay (train/noise.h), goes into
+  // metrics.jsonl and TrainResult::noise_scale.
+  bool measure_noise = false;
+  double noise_decay = 0.99;
+  DistBackend dist_backend = DistBackend::automatic;
+  // GPU: --device, --precision, --cuda-graph.
+  std::string device = "cpu";
+  Precision precision = Precision::fp32;
+  bool cuda_graph = true;
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = -1;  // classification only
+  int64_t samples = 0;
+};
+
+// One step's inputs to the two-batch estimator of the gradient noise scale.
+struct GradNormSample {
+  double small_sq = 0;   // |gradient of one micro-batch|^2 (mean over ranks)
+  double big_sq = 0;     // |gradient of the global batch|^2
+  int64_t b_small = 0, b_big = 0;
+};
+
+struct StepMetrics {
+  int64_t step;      // 1-based optimizer step
+  double loss;       // mean training loss over the step's accum*batch samples (before the update)
+  double lr;
+  double seconds;
+  double samples_per_second;
+  double noise_scale = NAN;  // with measure_noise: the smoothed estimate so far (0 while undefined)
+};
+
+// One rank of the job, as summary.json reports it.
+struct RankReport {
+  int rank = 0, stage = 0, dp_rank = 0;
+  size_t predicted_memory_bytes = 0, peak_memory_bytes = 0;
+  double step_seconds = 0;  // mean over the measured steps
+  double wait_seconds = 0;  // of it, waiting for other pipeline stages (mean per step)
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_train_loss = 0;
+  std::optional<EvalResult> test;
+  double samples_per_second = 0;  // excluding the first warmup_excluded steps
+  int64_t warmup_excluded = 0;
+  double train_seconds = 0;
+  double wall_seconds = 0;
+  size_t predicted_memory_bytes = 0;  // this rank's
+  size_t peak_memory_bytes = 0;
+  std::vector<double> losses;
+  std::vector<GradNormSample> grad_norms;  // with measure_noise
+  double noise_scale = 0;                  // with measure_noise: the smoothed estimate at the end (0: undefined)
+  // Layout.
+  int world_size = 1;
+  int dp = 1, tp = 1, pp = 1;
+  std::string pp_schedule;
+  int virtual_stages = 1;
+  std::vector<int> pp_split;          // the cut points used, by block
+  // Mean over ranks of the share of a step spent waiting for other pipeline stages
+  // (measured steps); 0 without pipelining.
+  double bubble_fraction = 0;
+  std::vector<RankReport> ranks;      // every rank of the job
+  std::string comm_backend;         // what reduced the gradients: "mpi", "nccl", or "" (one process)
+  int64_t global_batch = 0;
+  // Gradient reduction, first bucket launched .. all reduced, summed over the measured
+  // steps, and the share of it that overlapped backward (CPU; not measured on GPUs: 0).
+  double comm_seconds = 0;
+  double comm_hidden_fraction = 0;
+  std::vector<double> rank_step_seconds;  // mean step time of every rank (measured steps)
+  // GPU.
+  std::string device = "cpu";
+  std::string device_name;
+  std::string precision = "fp32";
+  bool graph_replay = false;
+  int64_t kernels_per_step = 0;     // kernels the captured graphs replay per step (-1: not known)
+  int64_t launches_per_step = 0;    // graph launches per step (the optimizer's kernels not counted)
+  size_t device_memory_used_bytes = 0;  // cudaMemGetInfo: free before the run - free after the first step
+  double gpu_utilization_mean = -1; // NVML, in percent; -1 when unavailable
+  int64_t skipped_steps = 0;        // fp16: steps skipped for inf/NaN gradients
+  double loss_scale = 0;            // fp16: final loss scale
+};
+
+}  // namespace sat

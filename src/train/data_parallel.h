@@ -1,0 +1,88 @@
+// Gradient reduction of data parallelism over the dp group of the mesh, plugged into the
+// executor's hooks: buckets of gradients are averaged while the last micro-batch's
+// backward still runs (each bucket is launched as soon as its last parameter's gradient
+// is final), or, under ZeRO-1, reduce-scattered after it; then parameters tied across
+// pipeline stages (GPT's embedding and output head) get the sum of their copies'
+// gradients over the embedding group.
+//
+// Buckets are cut from the end of the flat gradient array (the order backward finishes
+// them), as PyTorch DDP does: a small first bucket so that communication starts early,
+// then buckets of at most bucket_mb, and never fewer than about eight while the
+// gradients allow it, so that there is always reduction to overlap with what remains of
+// backward (DDP's 25 MiB default puts a model of under 26 MiB in two buckets, the second
+// ready only at the end).
+//
+// On GPUs (a dp communicator whose buffers are device memory: NCCL) a bucket's
+// all-reduce runs on the communicator's stream after an event recorded on the compute
+// stream, and the compute stream waits for all of them before the update.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "nn/graph.h"
+#include "nn/params.h"
+
+struct CUstream_st;
+
+namespace sat {
+
+struct BucketOptions {
+  double bucket_mb = 25;       // the later buckets' cap
+  double first_mb = 1;         // the first bucket's cap
+  int min_buckets = 8;         // cap the later buckets at (gradient bytes / this) as well
+};
+
+class GradReducer {
+ public:
+  // dp: the data-parallel group (size 1: nothing to average unless force, as
+  // --dist-backend nccl with one rank asks). tie: the embedding group (null: no tied
+  // parameters here). zero: ZeRO-1 (ps is sharded over dp). GPU only: the compute stream
+  // and the stream of dp's operations.
+  GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt, bool zero,
+              bool force = false, CUstream_st* compute_stream = nullptr, CUstream_st* comm_stream = nullptr);
+  ~GradReducer();
+
+  // The hook to run after each backward node of the step's last micro-batch of a chunk
+  // (null when nothing is reduced during backward).
+  const std::function<void(int)>* node_hook(bool last_micro);
+  // After the last micro-batch's backward of a chunk; replayed: the engine replayed a
+  // CUDA graph, in which the buckets of this chunk were launched at capture.
+  void after_backward(int chunk, bool last_micro, bool replayed);
+  // The reduce_grads action: every bucket launched and reduced (ZeRO-1: reduce-scattered),
+  // tied copies summed. Measures the reduction window and the part of it that overlapped
+  // backward.
+  void reduce();
+  // After the optimizer step: ZeRO-1 gathers the updated parameter shards.
+  void after_update();
+
+  bool active() const { return active_; }
+  int buckets() const { return int(buckets_.size()); }
+  // Seconds from the first bucket's launch to the end of the reduction, and of them the
+  // ones not overlapped by backward, summed since reset_timing().
+  double window_seconds() const { return window_; }
+  double exposed_seconds() const { return exposed_; }
+  void reset_timing() { window_ = exposed_ = 0; }
+
+ private:
+  struct Bucket { int64_t lo, hi; int ready_node; int chunk; };
+  void plan_buckets(const Graph& g, const BucketOptions& opt);
+  void launch(size_t b);
+  void sum_tied();
+
+  ParamStore& ps_;
+  dist::Comm& dp_;
+  dist::Comm* tie_;
+  bool zero_, active_;
+  std::vector<Bucket> buckets_;
+  std::vector<bool> launched_;
+  std::vector<dist::WorkPtr> works_;
+  std::function<void(int)> hook_;
+  std::vector<std::pair<int64_t, int64_t>> tied_;  // flat ranges of tied parameters
+  double t_first_ = -1, cpu_first_ = 0, window_ = 0, exposed_ = 0;
+  struct Gpu;
+  std::unique_ptr<Gpu> gpu_;
+};
+
+}  // namespace sat

@@ -1,0 +1,229 @@
+#include "train/plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "data/loader.h"
+
+namespace sat {
+
+namespace {
+
+// Whole-model nodes [first, last) of block b.
+std::pair<int, int> block_nodes(const Graph& whole, int b) {
+  const auto& s = whole.block_starts();
+  return {s[size_t(b)], size_t(b) + 1 < s.size() ? s[size_t(b) + 1] : whole.model_nodes()};
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+// Each block's share of the model's FLOPs plus its share of the model's memory
+// (parameters, outputs and saved buffers): what a stage balances.
+std::vector<double> block_costs(const Graph& whole) {
+  const int n = int(whole.block_starts().size());
+  std::vector<double> flops(size_t(n), 0), bytes(size_t(n), 0);
+  double ft = 0, bt = 0;
+  for (int b = 0; b < n; ++b) {
+    auto [lo, hi] = block_nodes(whole, b);
+    for (int i = lo; i < hi; ++i) {
+      const Node& nd = whole.nodes()[size_t(i)];
+      flops[size_t(b)] += nd.setup.flops_fwd + nd.setup.flops_bwd;
+      double m = double(nd.setup.output.bytes());
+      for (auto& s : nd.setup.saved) m += double(s.bytes());
+      for (auto& p : nd.setup.params)
+        if (!p.shared) m += double(p.spec.bytes());
+      bytes[size_t(b)] += m;
+    }
+    ft += flops[size_t(b)];
+    bt += bytes[size_t(b)];
+  }
+  std::vector<double> cost(static_cast<size_t>(n));
+  for (int b = 0; b < n; ++b)
+    cost[size_t(b)] = (ft > 0 ? flops[size_t(b)] / ft : 0) + (bt > 0 ? bytes[size_t(b)] / bt : 0);
+  return cost;
+}
+
+// Contiguous pieces minimising the largest piece's cost (each at least one block).
+std::vector<int> balanced_cuts(const std::vector<double>& cost, int pieces) {
+  const int n = int(cost.size());
+  std::vector<double> pre(size_t(n) + 1, 0);
+  for (int i = 0; i < n; ++i) pre[size_t(i) + 1] = pre[size_t(i)] + cost[size_t(i)];
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][i]: the smallest largest cost of cutting blocks [0, i) into k pieces.
+  std::vector<std::vector<double>> best(size_t(pieces) + 1, std::vector<double>(size_t(n) + 1, inf));
+  std::vector<std::vector<int>> from(size_t(pieces) + 1, std::vector<int>(size_t(n) + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= pieces; ++k)
+    for (int i = k; i <= n; ++i)
+      for (int j = k - 1; j < i; ++j) {
+        const double c = std::max(best[size_t(k) - 1][size_t(j)], pre[size_t(i)] - pre[size_t(j)]);
+        if (c < best[size_t(k)][size_t(i)] - 1e-12) best[size_t(k)][size_t(i)] = c, from[size_t(k)][size_t(i)] = j;
+      }
+  std::vector<int> cuts(size_t(pieces) + 1, 0);
+  cuts[size_t(pieces)] = n;
+  for (int k = pieces, i = n; k > 0; --k) i = cuts[size_t(k) - 1] = from[size_t(k)][size_t(i)];
+  return cuts;
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> StageSplit::nodes_of(const Graph& whole, int stage) const {
+  std::vector<std::pair<int, int>> r;
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int k = c * stages + stage;
+    r.push_back({block_nodes(whole, cuts[size_t(k)]).first, block_nodes(whole, cuts[size_t(k) + 1] - 1).second});
+  }
+  return r;
+}
+
+std::string StageSplit::describe(const Graph& whole) const {
+  std::string s;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    const int a = cuts[k], b = cuts[k + 1] - 1;
+    const std::string first = whole.nodes()[size_t(block_nodes(whole, a).first)].name;
+    const std::string last = whole.nodes()[size_t(block_nodes(whole, b).second - 1)].name;
+    s += str_cat(k ? " | " : "", "blocks ", a, a == b ? "" : str_cat("-", b), " (", first,
+                 first == last ? std::string() : str_cat(" .. ", last), ")");
+  }
+  return s;
+}
+
+void check_pipeline(const TrainConfig& cfg) {
+  SAT_CHECK(cfg.tp >= 1, "--tp: expected a positive tensor-parallel size, got ", cfg.tp);
+  SAT_CHECK(cfg.pp >= 1, "--pp: expected a positive number of pipeline stages, got ", cfg.pp);
+  SAT_CHECK(cfg.pp > 1 || cfg.pp_split.empty(), "--pp-split needs --pp 2 or more (it names the cuts between stages)");
+  check_schedule({cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages});
+}
+
+StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name) {
+  check_pipeline(cfg);
+  StageSplit sp;
+  sp.stages = cfg.pp;
+  sp.virtual_stages = cfg.virtual_stages;
+  sp.blocks = int(whole.block_starts().size());
+  SAT_CHECK(sp.blocks >= 1 && whole.block_starts()[0] == 0, "internal error: model ", model_name, " declares no blocks");
+  const int pieces = sp.stages * sp.virtual_stages;
+  const std::string what = sp.virtual_stages > 1 ? str_cat("--pp ", sp.stages, " x --virtual-stages ",
+                                                           sp.virtual_stages, " = ", pieces, " model chunks")
+                                                 : str_cat("--pp ", sp.stages);
+  SAT_CHECK(pieces <= sp.blocks, what, ": ", model_name, " has ", sp.blocks,
+            " blocks, the units a pipeline stage is made of, so it can be cut into at most ", sp.blocks, " pieces");
+  if (!cfg.pp_split.empty()) {
+    const auto& s = cfg.pp_split;
+    SAT_CHECK(int(s.size()) == pieces - 1, "--pp-split ", join(s), ": expected ", pieces - 1, " cut point(s) for ",
+              what, ", got ", s.size());
+    for (size_t k = 0; k < s.size(); ++k)
+      SAT_CHECK(s[k] >= 1 && s[k] < sp.blocks && (k == 0 || s[k] > s[k - 1]), "--pp-split ", join(s),
+                ": cut points must be increasing block indices between 1 and ", sp.blocks - 1, " (", model_name,
+                " has ", sp.blocks, " blocks; a cut at i starts a stage at block i)");
+    sp.cuts.push_back(0);
+    sp.cuts.insert(sp.cuts.end(), s.begin(), s.end());
+    sp.cuts.push_back(sp.blocks);
+    return sp;
+  }
+  if (cfg.pp_schedule == PipeSchedule::interleaved) {
+    SAT_CHECK(sp.blocks % pieces == 0, "--virtual-stages ", sp.virtual_stages, ": the interleaved schedule gives every "
+              "model chunk the same number of blocks, but the ", sp.blocks, " blocks of ", model_name,
+              " do not divide into ", what, " (", sp.blocks / sp.stages, " blocks per stage; or name the cuts with "
+              "--pp-split)");
+    for (int k = 0; k <= pieces; ++k) sp.cuts.push_back(k * (sp.blocks / pieces));
+    return sp;
+  }
+  sp.cuts = balanced_cuts(block_costs(whole), pieces);
+  return sp;
+}
+
+namespace {
+
+// The buffers' timeline of this rank's step, and which context each micro-batch of each
+// chunk uses: the lowest one free at its first action (contexts are per chunk; a chunk's
+// micro-batches flow first in, first out, so this is a ring).
+// The operations of a communication group (a run of send/receive actions) are in flight
+// together: all of them take the time of the group's first action, so that their buffers
+// are live at once. A context is free for another micro-batch after the last action of
+// its micro-batch (within a group, the two use different buffers of it: the gradient
+// being sent and the input being received).
+Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, std::vector<std::vector<int>>& ctx_of) {
+  std::vector<int> at(actions.size());
+  for (size_t a = 0; a < actions.size(); ++a)
+    at[a] = actions[a].is_comm() && a > 0 && actions[a - 1].is_comm() ? at[a - 1] : int(a);
+  std::map<std::pair<int, int>, MicroUse> uses;
+  std::map<std::pair<int, int>, int> last;
+  for (int a = 0; a < int(actions.size()); ++a) {
+    const Action& x = actions[size_t(a)];
+    if (x.micro < 0) continue;
+    MicroUse& u = uses[{x.chunk, x.micro}];
+    u.chunk = x.chunk;
+    const int t = at[size_t(a)];
+    switch (x.kind) {
+      case ActionKind::recv_act: u.recv = t; break;
+      case ActionKind::forward: u.fwd = t; break;
+      case ActionKind::send_act: u.send = t; break;
+      case ActionKind::recv_grad: u.recv_grad = t; break;
+      case ActionKind::backward: u.bwd = t; break;
+      case ActionKind::send_grad: u.send_grad = t; break;
+      default: break;
+    }
+    last[{x.chunk, x.micro}] = a;
+  }
+  ctx_of.assign(size_t(chunks), std::vector<int>(size_t(micro), -1));
+  std::vector<std::vector<bool>> busy(static_cast<size_t>(chunks));
+  for (int a = 0; a < int(actions.size()); ++a) {
+    const Action& x = actions[size_t(a)];
+    if (x.micro < 0) continue;
+    int& ctx = ctx_of[size_t(x.chunk)][size_t(x.micro)];
+    auto& b = busy[size_t(x.chunk)];
+    if (ctx < 0) {
+      ctx = int(std::find(b.begin(), b.end(), false) - b.begin());
+      if (ctx == int(b.size())) b.push_back(false);
+      b[size_t(ctx)] = true;
+      uses[{x.chunk, x.micro}].ctx = ctx;
+    }
+    if (last[{x.chunk, x.micro}] == a) b[size_t(ctx)] = false;
+  }
+  Timeline t;
+  for (auto& [k, u] : uses) t.uses.push_back(u);
+  return t;
+}
+
+}  // namespace
+
+RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
+                   int dp) {
+  RankPlan r;
+  BuiltModel whole = build_model(mc, cfg.batch, true);
+  r.split = split_model(*whole.graph, cfg, mc.name);
+  r.model_parameters = whole.graph->param_count();
+  r.model_flops_per_sample = train_flops_per_sample(whole, cfg.batch);
+  r.stage = stage;
+  r.model = cfg.pp > 1 ? build_model(mc, cfg.batch, true, r.split.nodes_of(*whole.graph, stage)) : std::move(whole);
+  const Graph& g = *r.model.graph;
+  r.schedule = {cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages};
+  r.actions = make_schedule(r.schedule, stage);
+  const int chunks = int(g.chunks().size());
+  SAT_CHECK(chunks == cfg.virtual_stages, "internal error: stage ", stage, " has ", chunks, " model chunks");
+  r.step = plan_step(g, timeline_of(r.actions, chunks, int(cfg.accum), r.ctx_of));
+  for (int c = 0; c < chunks; ++c) {
+    if (g.chunks()[size_t(c)].data.empty()) continue;
+    r.reads_data = true;
+    r.loader_keep = std::max(r.loader_keep, max_in_flight(r.actions, c));
+  }
+  size_t inputs = 0;
+  if (r.reads_data) {
+    inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch + r.loader_keep - 1);
+    if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
+  }
+  r.memory = plan_memory(g, r.step, optimizer_slots(resolve_optim(cfg.optim)), inputs, cfg.zero >= 1 ? dp : 1);
+  r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
+  return r;
+}
+
+}  // namespace sat

@@ -1,0 +1,65 @@
+// Planning a rank's part of a training job before anything is allocated: the cut of the
+// model into pipeline stages, this rank's stage graph, its schedule, the contexts its
+// micro-batches use, and its memory. One free function that train, tune and info share:
+// the plan the trainer runs is the plan that is reported.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/dataset.h"
+#include "nn/engine.h"
+#include "nn/models.h"
+#include "nn/step_plan.h"
+#include "train/config.h"
+#include "train/schedule.h"
+
+namespace sat {
+
+// The model cut into stages * virtual_stages pieces between blocks: piece k holds
+// blocks [cuts[k], cuts[k + 1]); chunk c of stage s is piece c * stages + s (Megatron's
+// interleaving).
+struct StageSplit {
+  int stages = 1, virtual_stages = 1;
+  int blocks = 1;
+  std::vector<int> cuts;  // stages * virtual_stages + 1 entries: 0, ..., blocks
+  // Whole-model node ranges of stage s's chunks, in chunk order (for build_model).
+  std::vector<std::pair<int, int>> nodes_of(const Graph& whole, int stage) const;
+  std::string describe(const Graph& whole) const;  // "blocks 0-2 | 3" (with the layer names)
+};
+
+// Checks the pipeline flags against the model (sat::Error naming --pp, --pp-split,
+// --virtual-stages or --pp-schedule) and cuts it: at cfg.pp_split, or balanced by the
+// blocks' FLOPs and memory (each piece gets the same number of blocks under the
+// interleaved schedule, as Megatron requires).
+StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name);
+
+// The pipeline flags alone (no model needed): schedule, micro-batches, stages.
+void check_pipeline(const TrainConfig& cfg);
+
+// Everything one rank runs, decided before anything is allocated.
+struct RankPlan {
+  BuiltModel model;             // this rank's stage (the whole model without pipelining)
+  StageSplit split;
+  int stage = 0;
+  ScheduleSpec schedule;
+  std::vector<Action> actions;  // one optimizer step
+  std::vector<std::vector<int>> ctx_of;  // [chunk][micro]: the context it uses
+  StepPlan step;
+  MemoryPlan memory;
+  bool reads_data = false;      // some chunk reads the loader's batches
+  int loader_keep = 1;          // loader batches that must stay valid at once
+  double flops_per_sample = 0;  // this stage's forward + backward, per sample
+  int64_t model_parameters = 0;     // of the whole model
+  double model_flops_per_sample = 0;  // of the whole model, forward + backward
+};
+
+// The plan of pipeline stage `stage` for micro-batch cfg.batch, with `dp` data-parallel
+// ranks (ZeRO-1 shards the optimizer state over them). test: evaluation's loader
+// buffers are part of the plan when given and cfg.evaluate.
+RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
+                   int dp);
+// Loader ring slots: prefetched batches ahead of the consumer.
+constexpr int kPrefetch = 2;
+
+}  // namespace sat

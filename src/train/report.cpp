@@ -1,0 +1,152 @@
+#include "train/report.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace sat {
+
+namespace {
+
+std::string format_duration(double s) {
+  char b[32];
+  if (!(s >= 0) || s > 1e8) return "?";
+  if (s < 60) std::snprintf(b, sizeof b, "%.0fs", s);
+  else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else std::snprintf(b, sizeof b, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
+  return b;
+}
+
+}  // namespace
+
+StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise)
+    : progress_(progress >= 0 ? progress : (isatty(STDERR_FILENO) ? 2 : 1)), noise_(noise) {
+  if (out_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  SAT_CHECK(!ec, "--out: cannot create directory ", out_dir, ": ", ec.message());
+  metrics_.open(out_dir + "/metrics.jsonl", std::ios::trunc);
+  SAT_CHECK(metrics_, "--out: cannot write ", out_dir, "/metrics.jsonl");
+}
+
+void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
+  if (metrics_.is_open()) {
+    char line[320];
+    int n = std::snprintf(line, sizeof line,
+                          "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_second\": %.6g, \"seconds\": %.6g",
+                          (long long)m.step, m.loss, m.lr, m.samples_per_second, m.seconds);
+    if (noise_) std::snprintf(line + n, sizeof line - size_t(n), ", \"noise_scale\": %.6g", m.noise_scale);
+    metrics_ << line << "}\n" << std::flush;
+  }
+  if (progress_ == 2) {
+    const double frac = double(m.step) / double(total);
+    const int filled = int(frac * 30);
+    std::fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s   ", filled,
+                 "##############################", 30 - filled, "", (long long)m.step, (long long)total, m.loss,
+                 m.samples_per_second, format_duration(elapsed / frac - elapsed).c_str());
+    if (m.step == total) std::fprintf(stderr, "\n");
+  } else if (progress_ == 1) {
+    const int64_t every = std::max<int64_t>(1, total / 20);
+    if (m.step % every == 0 || m.step == total)
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g  %.0f samples/s\n", (long long)m.step, (long long)total,
+                   m.loss, m.lr, m.samples_per_second);
+  }
+}
+
+nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
+  nlohmann::ordered_json j;
+  for (int k = 0; k < int(MemKind::kCount); ++k) j[mem_kind_name(MemKind(k))] = p.by_kind[size_t(k)];
+  j["persistent"] = p.persistent;
+  j["transient_arena"] = p.transient;
+  j["inputs"] = p.inputs;
+  j["contexts"] = p.contexts;
+  j["total"] = p.total();
+  return j;
+}
+
+nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
+                                   const MemoryPlan& plan) {
+  using nlohmann::ordered_json;
+  ordered_json s;
+  s["model"] = info.model;
+  s["parameters"] = info.parameters;
+  s["data"] = info.data;
+  s["device"] = r.device;
+  if (!r.device_name.empty()) s["device_name"] = r.device_name;
+  s["precision"] = r.precision;
+  s["threads"] = info.threads;
+  s["batch"] = cfg.batch;
+  s["accum"] = cfg.accum;
+  s["global_batch"] = r.global_batch;
+  s["world_size"] = r.world_size;
+  s["layout"] = {{"dp", r.dp}, {"tp", r.tp}, {"pp", r.pp}};
+  s["pp_schedule"] = r.pp_schedule;
+  s["virtual_stages"] = r.virtual_stages;
+  s["pp_split"] = r.pp_split;
+  s["bubble_fraction"] = r.bubble_fraction;
+  s["comm_backend"] = r.comm_backend;
+  s["comm_seconds"] = r.comm_seconds;
+  s["comm_hidden_fraction"] = r.comm_hidden_fraction;
+  s["rank_step_seconds"] = r.rank_step_seconds;
+  ordered_json ranks = ordered_json::array();
+  for (const RankReport& k : r.ranks)
+    ranks.push_back({{"rank", k.rank}, {"stage", k.stage}, {"dp_rank", k.dp_rank},
+                     {"predicted_memory_bytes", k.predicted_memory_bytes}, {"peak_memory_bytes", k.peak_memory_bytes},
+                     {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds}});
+  s["ranks"] = ranks;
+  s["sync_bn"] = cfg.sync_bn;
+  s["zero"] = cfg.zero;
+  s["optimizer_state_bytes"] = plan.by_kind[size_t(MemKind::optimizer_state)];
+  s["steps"] = r.steps;
+  s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
+                    {"nesterov", cfg.optim.nesterov}, {"weight_decay", resolve_optim(cfg.optim).weight_decay}};
+  s["schedule"] = {{"name", info.schedule_name}, {"warmup", cfg.schedule.warmup}};
+  s["seed"] = info.seed;
+  s["final_train_loss"] = r.final_train_loss;
+  if (r.test) {
+    s["test_loss"] = r.test->loss;
+    if (r.test->accuracy >= 0) s["test_accuracy"] = r.test->accuracy;
+    s["test_samples"] = r.test->samples;
+  }
+  if (cfg.measure_noise) s["noise_scale"] = r.noise_scale > 0 ? ordered_json(r.noise_scale) : ordered_json(nullptr);
+  s["samples_per_second"] = r.samples_per_second;
+  s["samples_per_second_note"] = "excludes the first " + std::to_string(r.warmup_excluded) + " steps (warm-up)";
+  s["warmup_steps_excluded"] = r.warmup_excluded;
+  if (info.tokens) s["tokens_per_second"] = r.samples_per_second * double(info.seq_len);
+  s["flops_per_sample"] = info.flops_per_sample;
+  s["predicted_memory_bytes"] = r.predicted_memory_bytes;
+  s["peak_memory_bytes"] = r.peak_memory_bytes;
+  s["memory_plan"] = memory_plan_json(plan);
+  if (r.device == "cuda") {
+    s["device_memory_used_bytes"] = r.device_memory_used_bytes;
+    s["graph_replay"] = r.graph_replay;
+    s["kernels_per_step"] = r.kernels_per_step;
+    s["launches_per_step"] = r.launches_per_step;
+    s["gpu_utilization_mean"] = r.gpu_utilization_mean;
+    if (r.precision == "fp16") {
+      s["skipped_steps"] = r.skipped_steps;
+      s["loss_scale"] = r.loss_scale;
+    }
+  }
+  s["train_seconds"] = r.train_seconds;
+  s["wall_seconds"] = info.wall_seconds;
+  return s;
+}
+
+void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    SAT_CHECK(f, "--out: cannot write ", tmp);
+    f << j.dump(2) << "\n";
+    SAT_CHECK(f.good(), "--out: writing ", tmp, " failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  SAT_CHECK(!ec, "--out: cannot write ", path, ": ", ec.message());
+}
+
+}  // namespace sat

@@ -1,0 +1,47 @@
+// What a run shows and writes, outside the step loop: the progress display, the
+// metrics.jsonl line of every step, and summary.json.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "nn/engine.h"
+#include "train/config.h"
+
+namespace sat {
+
+// Progress on stderr (a bar on a terminal, a plain line every 5% otherwise) and one JSON
+// object per step in DIR/metrics.jsonl, written as it happens.
+class StepReporter {
+ public:
+  // progress: -1 automatic, 0 quiet, 1 lines, 2 bar. out_dir "" writes no metrics.
+  StepReporter(int progress, const std::string& out_dir, bool noise);
+  void step(const StepMetrics& m, int64_t total, double elapsed);
+
+ private:
+  int progress_;
+  bool noise_;
+  std::ofstream metrics_;
+};
+
+// The run's description beyond TrainConfig, for summary.json.
+struct RunInfo {
+  std::string model, data, schedule_name;
+  int64_t parameters = 0;
+  int threads = 1;
+  bool tokens = false;
+  int64_t seq_len = 0;
+  double flops_per_sample = 0;
+  uint64_t seed = 0;
+  double wall_seconds = 0;
+};
+
+nlohmann::ordered_json memory_plan_json(const MemoryPlan& p);
+// summary.json: see the README's table of fields.
+nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
+                                   const MemoryPlan& plan);
+// Writes j to path atomically (a temporary file, renamed): a failed write keeps the old one.
+void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j);
+
+}  // namespace sat
