@@ -221,6 +221,30 @@ TEST(Cli, InfoPrintsParametersFlopsAndPlan) {
   EXPECT_NE(g.out.find("124439808"), std::string::npos) << g.out;  // GPT-2 small, tied embeddings
 }
 
+// `saturate info --pp` prints every stage's plan; `saturate schedule` draws a schedule
+// and says when it is model parallelism; their bad input is a clear error.
+TEST(Cli, InfoAndScheduleOfAPipeline) {
+  CmdResult i = saturate("info --model gpt-mini --batch 2 --pp 2 --accum 4 --pp-schedule gpipe");
+  ASSERT_EQ(i.status, 0) << i.out;
+  for (auto want : {"stage 0", "stage 1", "4 micro-batch(es) in flight", "copy of the tied embedding"})
+    EXPECT_NE(i.out.find(want), std::string::npos) << want << "\n" << i.out;
+  CmdResult g = saturate("schedule --pp 4 --accum 8");
+  ASSERT_EQ(g.status, 0) << g.out;
+  for (auto want : {"stage 0", "stage 3", "F7", "B7", "27.3%"}) EXPECT_NE(g.out.find(want), std::string::npos) << want;
+  CmdResult mp = saturate("schedule --pp 3 --accum 1");
+  ASSERT_EQ(mp.status, 0) << mp.out;
+  EXPECT_NE(mp.out.find("model parallelism"), std::string::npos) << mp.out;
+  EXPECT_NE(mp.out.find("66.7%"), std::string::npos) << mp.out;
+  expect_user_error(saturate("schedule --pp 4 --accum 2 --pp-schedule interleaved --virtual-stages 2"), "--accum 2");
+  expect_user_error(saturate("schedule --pp 2 --accum 4 --virtual-stages 2"), "--virtual-stages");
+  expect_user_error(saturate("schedule --pp 0"), "--pp");
+  expect_user_error(saturate("info --model gpt-mini --pp 8"), "--pp 8");
+  expect_user_error(saturate("info --model mlp --pp 2 --pp-split 9"), "--pp-split 9");
+  expect_user_error(saturate("train --model mlp --data synthetic --pp 2 --steps 1"),
+                    "--tp 1 x --pp 2 = 2 does not divide the 1 process");
+  expect_user_error(saturate("train --model mlp --data synthetic --batch auto --pp 2"), "--batch auto");
+}
+
 // GPT-2 small builds, plans and takes a real training step on the CPU.
 TEST(Cli, Gpt2SmallTrainsOneStep) {
   fs::path d = tmpdir("gpt2");

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "backend/cpu/blas.h"
 #include "core/alloc.h"
@@ -204,8 +205,6 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   const bool lead = comm.rank() == 0;
   const int world = comm.size();
   SAT_CHECK(a.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");
-  SAT_CHECK(a.pp == 1 && a.tp == 1, "--batch auto and saturate tune choose the batch of one stage's layout: with --pp or "
-            "--tp give --batch (and --accum) yourself");
   sat::TuneResult tr;
   bool cached = false;
   const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
@@ -355,7 +354,16 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   cfg.sync_bn = a.sync_bn;
   cfg.zero = a.zero;
   layout_into(a, cfg);
+  SAT_CHECK(!auto_batch || (cfg.pp == 1 && cfg.tp == 1), "--batch auto and saturate tune choose the batch of a "
+            "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself");
   validate_layout(mc, cfg);
+  // Each rank's communication thread spins inside OpenMPI while a reduction waits for a
+  // peer; when the ranks' compute threads fill every core of the node, that steals a core
+  // from backward. Ask OpenMPI to yield instead (as saturate launch does), unless the user
+  // chose; it is read when MPI starts, just below.
+  const sat::dist::ProcessInfo pi = sat::dist::detect_process();
+  if (pi.distributed() && int64_t(pi.local_world) * sat::cpu::num_threads() >= int64_t(std::thread::hardware_concurrency()))
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
   // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.
   std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();
   cfg.comm = comm.get();

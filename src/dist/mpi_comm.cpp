@@ -335,6 +335,12 @@ class MpiRuntime {
     return {};
   }
 
+  // Point-to-point requests in flight are polled, backing off from 20 us to this. A
+  // pipeline stage waits for its sends and receives at once, so every microsecond of
+  // polling delay is a microsecond of bubble; the thread only polls while requests are
+  // in flight (it sleeps on the queue otherwise).
+  static constexpr int kMaxPollUs = 50;
+
   void loop() {
     auto idle = std::chrono::microseconds(20);
     for (;;) {
@@ -363,7 +369,7 @@ class MpiRuntime {
         }
       }
       if (!reqs_.empty()) {
-        idle = poll() ? std::chrono::microseconds(20) : std::min(idle * 2, std::chrono::microseconds(1000));
+        idle = poll() ? std::chrono::microseconds(20) : std::min(idle * 2, std::chrono::microseconds(kMaxPollUs));
       }
     }
     // Exiting with point-to-point requests no one waited for: a recv is cancelled, a send

@@ -74,17 +74,22 @@ void GradReducer::plan_buckets(const Graph& g, const BucketOptions& opt) {
       16, std::min(int64_t(opt.bucket_mb * mib / 4),
                    std::max(int64_t(opt.first_mb * mib / 4), total / std::max(1, opt.min_buckets))));
   int64_t cap = std::max<int64_t>(16, std::min(later, int64_t(opt.first_mb * mib / 4)));
-  int64_t hi = total;
+  // A parameter that would take a bucket past its cap starts the next one: gradients that
+  // are final early never wait for a large one that is final later.
+  int64_t hi = total, lo = total;
   int ready = n;
+  auto close = [&] {
+    buckets_.push_back({lo, hi, ready, ready < n ? g.nodes()[size_t(ready)].chunk : 0});
+    hi = lo;
+    ready = n;
+    cap = later;
+  };
   for (size_t k = ps_.num_params(); k-- > 0;) {
-    const int64_t lo = ps_.offset(k);
+    const int64_t start = ps_.offset(k);
+    if (lo < hi && hi - start > cap) close();
+    lo = start;
     ready = std::min(ready, final_after[k]);
-    if (hi - lo >= cap || k == 0) {
-      buckets_.push_back({lo, hi, ready, ready < n ? g.nodes()[size_t(ready)].chunk : 0});
-      hi = lo;
-      ready = n;
-      cap = later;
-    }
+    if (hi - lo >= cap || k == 0) close();
   }
 }
 

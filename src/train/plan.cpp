@@ -25,37 +25,38 @@ std::string join(const std::vector<int>& v) {
   return s;
 }
 
-// Each block's share of the model's FLOPs plus its share of the model's memory
-// (parameters, outputs and saved buffers): what a stage balances.
-std::vector<double> block_costs(const Graph& whole) {
+// Each block's FLOPs (forward and backward: the time a stage takes) and memory
+// (parameters, outputs and saved buffers), as prefix sums over the blocks.
+struct BlockCosts {
+  std::vector<double> flops{0}, bytes{0};
+  double flops_of(int a, int b) const { return flops[size_t(b)] - flops[size_t(a)]; }  // blocks [a, b)
+  double bytes_of(int a, int b) const { return bytes[size_t(b)] - bytes[size_t(a)]; }
+};
+
+BlockCosts block_costs(const Graph& whole) {
+  BlockCosts c;
   const int n = int(whole.block_starts().size());
-  std::vector<double> flops(size_t(n), 0), bytes(size_t(n), 0);
-  double ft = 0, bt = 0;
   for (int b = 0; b < n; ++b) {
     auto [lo, hi] = block_nodes(whole, b);
+    double f = 0, m = 0;
     for (int i = lo; i < hi; ++i) {
       const Node& nd = whole.nodes()[size_t(i)];
-      flops[size_t(b)] += nd.setup.flops_fwd + nd.setup.flops_bwd;
-      double m = double(nd.setup.output.bytes());
+      f += nd.setup.flops_fwd + nd.setup.flops_bwd;
+      m += double(nd.setup.output.bytes());
       for (auto& s : nd.setup.saved) m += double(s.bytes());
       for (auto& p : nd.setup.params)
         if (!p.shared) m += double(p.spec.bytes());
-      bytes[size_t(b)] += m;
     }
-    ft += flops[size_t(b)];
-    bt += bytes[size_t(b)];
+    c.flops.push_back(c.flops.back() + f);
+    c.bytes.push_back(c.bytes.back() + m);
   }
-  std::vector<double> cost(static_cast<size_t>(n));
-  for (int b = 0; b < n; ++b)
-    cost[size_t(b)] = (ft > 0 ? flops[size_t(b)] / ft : 0) + (bt > 0 ? bytes[size_t(b)] / bt : 0);
-  return cost;
+  return c;
 }
 
-// Contiguous pieces minimising the largest piece's cost (each at least one block).
-std::vector<int> balanced_cuts(const std::vector<double>& cost, int pieces) {
-  const int n = int(cost.size());
-  std::vector<double> pre(size_t(n) + 1, 0);
-  for (int i = 0; i < n; ++i) pre[size_t(i) + 1] = pre[size_t(i)] + cost[size_t(i)];
+// Contiguous pieces of blocks [0, n), each at least one block, minimising the largest
+// cost(a, b) among the pieces whose FLOPs stay within `flops_cap` (the cut points).
+template <class Cost>
+std::vector<int> min_max_cuts(int n, int pieces, const BlockCosts& bc, double flops_cap, Cost cost) {
   const double inf = std::numeric_limits<double>::infinity();
   // best[k][i]: the smallest largest cost of cutting blocks [0, i) into k pieces.
   std::vector<std::vector<double>> best(size_t(pieces) + 1, std::vector<double>(size_t(n) + 1, inf));
@@ -64,13 +65,26 @@ std::vector<int> balanced_cuts(const std::vector<double>& cost, int pieces) {
   for (int k = 1; k <= pieces; ++k)
     for (int i = k; i <= n; ++i)
       for (int j = k - 1; j < i; ++j) {
-        const double c = std::max(best[size_t(k) - 1][size_t(j)], pre[size_t(i)] - pre[size_t(j)]);
-        if (c < best[size_t(k)][size_t(i)] - 1e-12) best[size_t(k)][size_t(i)] = c, from[size_t(k)][size_t(i)] = j;
+        if (bc.flops_of(j, i) > flops_cap) continue;
+        const double c = std::max(best[size_t(k) - 1][size_t(j)], cost(j, i));
+        if (c < best[size_t(k)][size_t(i)] - 1e-12 * std::max(1.0, c)) best[size_t(k)][size_t(i)] = c, from[size_t(k)][size_t(i)] = j;
       }
   std::vector<int> cuts(size_t(pieces) + 1, 0);
   cuts[size_t(pieces)] = n;
   for (int k = pieces, i = n; k > 0; --k) i = cuts[size_t(k) - 1] = from[size_t(k)][size_t(i)];
   return cuts;
+}
+
+// Balanced by FLOPs first (the slowest stage sets the pipeline's pace), then by memory
+// among the cuts whose slowest stage is within 5% of the fastest possible.
+std::vector<int> balanced_cuts(const BlockCosts& bc, int pieces) {
+  const int n = int(bc.flops.size()) - 1;
+  const double inf = std::numeric_limits<double>::infinity();
+  auto by_flops = [&](int a, int b) { return bc.flops_of(a, b); };
+  const std::vector<int> fast = min_max_cuts(n, pieces, bc, inf, by_flops);
+  double slowest = 0;
+  for (int k = 0; k < pieces; ++k) slowest = std::max(slowest, bc.flops_of(fast[size_t(k)], fast[size_t(k) + 1]));
+  return min_max_cuts(n, pieces, bc, slowest * 1.05, [&](int a, int b) { return bc.bytes_of(a, b); });
 }
 
 }  // namespace

@@ -30,8 +30,9 @@ struct StageSplit {
 
 // Checks the pipeline flags against the model (sat::Error naming --pp, --pp-split,
 // --virtual-stages or --pp-schedule) and cuts it: at cfg.pp_split, or balanced by the
-// blocks' FLOPs and memory (each piece gets the same number of blocks under the
-// interleaved schedule, as Megatron requires).
+// blocks' FLOPs (the slowest stage sets the pace) and, among cuts within 5% of the best
+// in FLOPs, by memory (each piece gets the same number of blocks under the interleaved
+// schedule, as Megatron requires).
 StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name);
 
 // The pipeline flags alone (no model needed): schedule, micro-batches, stages.
