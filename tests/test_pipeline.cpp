@@ -335,6 +335,36 @@ TEST(Pipeline, DataTimesPipelineParallel) {
   expect_exact({.model = "convnet", .pp = 2, .batch = 8, .accum = 1, .lr = 0.01f, .sync_bn = true, .evaluate = true}, 2);
 }
 
+// The gradient noise scale of a pipeline (each stage's squared norms summed over the
+// stages) is the one-process estimate.
+TEST(Pipeline, NoiseScaleMatchesOneProcess) {
+  if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
+  Comm& w = world();
+  auto run = [&](Comm& comm, int pp) {
+    sat::cpu::set_num_threads(1);
+    auto mc = sat::model_config("mlp");
+    auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 7));
+    sat::TrainConfig cfg = layout(pp, PipeSchedule::one_f_one_b, 2);
+    cfg.batch = 16;
+    cfg.steps = 10;
+    cfg.evaluate = false;
+    cfg.progress = 0;
+    cfg.comm = &comm;
+    cfg.measure_noise = true;
+    sat::Trainer t(mc, cfg, *data.train, nullptr);
+    return t.run().noise_scale;
+  };
+  const double piped = run(w, w.size());
+  if (w.rank() == 0) {
+    auto self = sat::dist::make_self_comm();
+    const double one = run(*self, 1);
+    std::printf("noise scale: %d stages %.6g, one process %.6g\n", w.size(), piped, one);
+    EXPECT_GT(one, 0);
+    EXPECT_NEAR(piped, one, 1e-6 * one);
+  }
+  w.barrier();
+}
+
 // Every rank's plan holds its measured peak, within 2%, for gpt-mini under GPipe and
 // 1F1B at M = 1, 4, 8 (and GPipe's activation memory grows with M while 1F1B's stays).
 TEST(Pipeline, MemoryPlanHoldsEveryRanksPeak) {
@@ -390,6 +420,7 @@ TEST(PipelineFailure, BadLayoutsAreRefusedByEveryRank) {
   expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 1",
                             "--accum 1");
   expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule zigzag", "--pp-schedule");
+  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --accum 2 --pp 2 --noise-scale", "--noise-scale with --pp");
 }
 
 TEST(PipelineFailure, MoreStagesThanBlocksIsRefused) {

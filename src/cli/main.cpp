@@ -139,11 +139,18 @@ void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
 // launcher's environment, the schedule, and the model's blocks. Run before MPI starts, so
 // that every rank prints the same one-line error and exits with status 2 (no rank can
 // hang waiting for another).
-void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg) {
+void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bool noise_scale) {
   sat::dist::Mesh::check(sat::dist::detect_process().world, cfg.tp, cfg.pp);
   sat::check_pipeline(cfg);
   SAT_CHECK(cfg.tp == 1, "--tp ", cfg.tp, ": tensor-parallel layers are not built yet (the mesh has their group; use --tp 1)");
-  if (cfg.pp > 1) sat::split_model(*sat::build_model(mc, cfg.batch, true).graph, cfg, mc.name);
+  if (cfg.pp == 1) return;
+  const sat::BuiltModel whole = sat::build_model(mc, cfg.batch, true);
+  const sat::StageSplit split = sat::split_model(*whole.graph, cfg, mc.name);
+  if (!noise_scale) return;
+  const sat::BuiltModel first = sat::build_model(mc, cfg.batch, true, split.nodes_of(*whole.graph, 0));
+  SAT_CHECK(first.graph->tied_remote().empty(), "--noise-scale with --pp: the weights ", mc.name,
+            " ties across stages (its embedding and output head) are not measured yet; measure the noise scale "
+            "without --pp");
 }
 
 int64_t parse_batch(const std::string& v) {
@@ -356,7 +363,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   layout_into(a, cfg);
   SAT_CHECK(!auto_batch || (cfg.pp == 1 && cfg.tp == 1), "--batch auto and saturate tune choose the batch of a "
             "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself");
-  validate_layout(mc, cfg);
+  validate_layout(mc, cfg, a.noise_scale);
   // Each rank's communication thread spins inside OpenMPI while a reduction waits for a
   // peer; when the ranks' compute threads fill every core of the node, that steals a core
   // from backward. Ask OpenMPI to yield instead (as saturate launch does), unless the user
