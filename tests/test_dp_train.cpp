@@ -25,6 +25,7 @@
 #include "dist/comm.h"
 #include "nn/models.h"
 #include "train/trainer.h"
+#include "trajectory.h"
 #ifdef SAT_MPIEXEC
 #include "mpi_job.h"
 #endif
@@ -93,13 +94,7 @@ RunResult train(const Case& c, Comm* comm) {
   return out;
 }
 
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    m = std::max(m, std::fabs(a[i] - b[i]) / std::max(1e-12, std::fabs(b[i])));
-  return m;
-}
+using sat::test::max_rel;
 
 // The data-parallel run on every rank, the one-process reference on rank 0.
 void expect_matches_one_process(const Case& c, bool learns = true) {
@@ -130,11 +125,7 @@ void expect_matches_one_process(const Case& c, bool learns = true) {
     if (learns) {
       EXPECT_LT(ref.losses.back(), 0.95 * ref.losses.front()) << c.model << " did not learn";
     }
-    if (c.evaluate) {
-      EXPECT_EQ(dp.test.samples, ref.test.samples);
-      EXPECT_NEAR(dp.test.loss, ref.test.loss, 1e-5 * std::fabs(ref.test.loss));
-      EXPECT_NEAR(dp.test.accuracy, ref.test.accuracy, 1e-12);
-    }
+    if (c.evaluate) sat::test::expect_same_evaluation(dp.test, ref.test);
   }
   w.barrier();
 }

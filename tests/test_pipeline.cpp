@@ -23,6 +23,7 @@
 #include "nn/safetensors.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "trajectory.h"
 #ifdef SAT_MPIEXEC
 #include "mpi_job.h"
 #endif
@@ -247,13 +248,7 @@ RunOut train(const Case& c, Comm& comm, int pp) {
           r.bubble_fraction};
 }
 
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    m = std::max(m, std::fabs(a[i] - b[i]) / std::max(1e-12, std::fabs(b[i])));
-  return m;
-}
+using sat::test::max_rel;
 
 // The pipelined run on every rank (dp = world / pp data-parallel replicas), the
 // one-process reference on rank 0: the same micro-batch, dp * accum micro-batches per step.
@@ -287,11 +282,7 @@ void expect_exact(const Case& c, int pp) {
                 c.steps, ref.losses.front(), ref.losses.back(), run.bubble);
     EXPECT_LT(d, 1e-5) << c.model;
     EXPECT_LT(ref.losses.back(), 0.97 * ref.losses.front()) << c.model << " did not learn";
-    if (c.evaluate) {
-      EXPECT_EQ(run.test.samples, ref.test.samples);
-      EXPECT_NEAR(run.test.loss, ref.test.loss, 1e-5 * std::fabs(ref.test.loss));
-      EXPECT_NEAR(run.test.accuracy, ref.test.accuracy, 1e-12);
-    }
+    if (c.evaluate) sat::test::expect_same_evaluation(run.test, ref.test);
   }
   w.barrier();
 }

@@ -57,6 +57,31 @@ double squared_norm(const float* g, int64_t n) {
   return s;
 }
 
+void check_config(const TrainConfig& cfg) {
+  SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
+  SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
+  SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
+  SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
+  SAT_CHECK(cfg.zero == 0 || cfg.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", cfg.zero);
+  SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
+}
+
+// What the devices and the job's size allow (sat::Error naming the flag).
+void check_layout(const TrainConfig& cfg, bool cuda, int world) {
+  const DistBackend be = cfg.dist_backend;
+  SAT_CHECK(cuda || be != DistBackend::nccl,
+            "--dist-backend nccl needs --device cuda (NCCL reduces GPU memory; the CPU engine reduces over mpi)");
+  SAT_CHECK(!cuda || be != DistBackend::mpi || world == 1,
+            "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
+            "auto or nccl)");
+  SAT_CHECK(!cuda || cfg.zero == 0 || world == 1, "--zero 1 needs --device cpu for now (ZeRO-1 on GPUs is not built yet)");
+  SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
+            "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
+  dist::Mesh::check(world, cfg.tp, cfg.pp);
+  SAT_CHECK(cfg.tp == 1, "--tp ", cfg.tp, ": tensor-parallel layers are not built yet (the mesh has their group; "
+            "use --tp 1)");
+}
+
 struct CommReplicaSum : ReplicaSum {
   explicit CommReplicaSum(dist::Comm& c) : comm(c) {}
   void sum(double* v, size_t n) override { comm.all_reduce_sync(v, n, DType::f64, dist::ReduceOp::sum); }
@@ -231,12 +256,7 @@ MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Da
 
 Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
     : mc_(mc), cfg_(cfg), train_(train), test_(cfg.evaluate ? test : nullptr) {
-  SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
-  SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
-  SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
-  SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
-  SAT_CHECK(cfg.zero == 0 || cfg.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", cfg.zero);
-  SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
+  check_config(cfg);
   cfg_.optim = resolve_optim(cfg.optim);
   cfg_.schedule = resolve_schedule(cfg.schedule);
   if (cfg.comm) {
@@ -249,18 +269,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   mc_ = resolved(mc, cfg, &dev_index);
   const bool cuda = mc_.device == Device::cuda;
   const int world = world_->size();
-  const DistBackend be = cfg.dist_backend;
-  SAT_CHECK(cuda || be != DistBackend::nccl,
-            "--dist-backend nccl needs --device cuda (NCCL reduces GPU memory; the CPU engine reduces over mpi)");
-  SAT_CHECK(!cuda || be != DistBackend::mpi || world == 1,
-            "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
-            "auto or nccl)");
-  SAT_CHECK(!cuda || cfg.zero == 0 || world == 1, "--zero 1 needs --device cpu for now (ZeRO-1 on GPUs is not built yet)");
-  SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
-            "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
-  dist::Mesh::check(world, cfg.tp, cfg.pp);
-  SAT_CHECK(cfg.tp == 1, "--tp ", cfg.tp, ": tensor-parallel layers are not built yet (the mesh has their group; "
-            "use --tp 1)");
+  check_layout(cfg, cuda, world);
   mesh_ = std::make_unique<dist::Mesh>(*world_, cfg.tp, cfg.pp);
   const dist::Mesh& m = *mesh_;
   // One GPU per rank, picked by the rank's place on its node (as torchrun's LOCAL_RANK).
@@ -282,7 +291,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
                                          shards > 1 ? m.dp_rank() : 0);
   params_->init(cfg.seed);
   broadcast_initial_state();
-  const bool nccl_dp = cuda && (be == DistBackend::nccl || m.dp() > 1);
+  const bool nccl_dp = cuda && (cfg.dist_backend == DistBackend::nccl || m.dp() > 1);
   if (cuda) setup_gpu(dev_index, nccl_dp);
   engine_ = std::make_unique<Engine>(*plan_.model.graph, *params_, plan_.step, gpu_ctx());
   if (cfg.sync_bn && m.dp() > 1) {
@@ -290,15 +299,22 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     engine_->set_replica_sum(replica_sum_.get());
   }
   opt_ = std::make_unique<Optimizer>(cfg_.optim);
+  setup_step(nccl_dp);
+}
+
+// The loaders, the data-parallel reduction and the executor of this rank's schedule.
+void Trainer::setup_step(bool nccl_dp) {
+  const dist::Mesh& m = *mesh_;
+  const Graph& g = *plan_.model.graph;
   if (plan_.reads_data) {
-    train_loader_ = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true, kPrefetch,
-                                                  Sharding{m.dp_rank(), m.dp(), cfg.accum, cfg.last_batch},
+    train_loader_ = std::make_unique<BatchLoader>(train_, cfg_.batch, cfg_.shuffle, cfg_.seed, true, kPrefetch,
+                                                  Sharding{m.dp_rank(), m.dp(), cfg_.accum, cfg_.last_batch},
                                                   plan_.loader_keep);
     if (test_)
-      test_loader_ = std::make_unique<BatchLoader>(*test_, cfg.batch, false, cfg.seed, false, kPrefetch,
+      test_loader_ = std::make_unique<BatchLoader>(*test_, cfg_.batch, false, cfg_.seed, false, kPrefetch,
                                                    Sharding{m.dp_rank(), m.dp()});
   }
-  const BucketOptions bo{cfg.bucket_mb, std::min(cfg.bucket_first_mb, cfg.bucket_mb)};
+  const BucketOptions bo{cfg_.bucket_mb, std::min(cfg_.bucket_first_mb, cfg_.bucket_mb)};
   dist::Comm* tie = g.tied_copies().empty() && g.tied_remote().empty() ? nullptr : m.embedding_group();
   dist::Comm* pp = m.pp() > 1 ? &m.pp_group() : nullptr;
 #if SAT_HAVE_CUDA
@@ -309,7 +325,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     if (pp) pp = gpu_->pp.get();
   }
 #endif
-  if (!reducer_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg.zero >= 1);
+  if (!reducer_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg_.zero >= 1);
   comm_backend_ = m.dp() > 1 || nccl_dp ? (gpu_ && nccl_dp ? "nccl" : m.dp_group().backend_name()) : "";
   exec_ = std::make_unique<Executor>(*engine_, plan_.actions, plan_.ctx_of, pp);
   hooks_ = std::make_unique<Hooks>(*this);

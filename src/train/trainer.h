@@ -59,6 +59,7 @@ class Trainer {
   class Hooks;
   struct Gpu;  // the CUDA side (context, optimizer, NCCL groups)
   void setup_gpu(int dev_index, bool nccl_dp);
+  void setup_step(bool nccl_dp);
   void broadcast_initial_state();
   double step_loss(double loss_sum, int losses, double& wait);
   void finish(TrainResult& r, int64_t total);
