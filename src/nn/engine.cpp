@@ -437,8 +437,9 @@ bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, const std::funct
   Context& c = ctxs_.at(size_t(ctx));
   *G.dloss.as<float>() = dloss_;
   const bool hooked = hook && *hook;
+  const int si = G.ctx_slot[size_t(ctx)];  // the layers read its inputs in backward too
   const bool replayed =
-      enqueue(graphs_on_, graph_key(1, ctx, chunk, 0, first_micro, hooked), st, G.graphs, G.kernels,
+      enqueue(graphs_on_, graph_key(1, ctx, chunk, std::max(si, 0), first_micro, hooked), st, G.graphs, G.kernels,
           G.launches, G.replayed, [&] {
             if (ch.has_loss) {
               float* dl = c.grads[size_t(g_.loss())].f32();
@@ -447,7 +448,6 @@ bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, const std::funct
             }
             run_backward_nodes(c, ch, first_micro, hook);
           });
-  const int si = G.ctx_slot[size_t(ctx)];
   if (si >= 0) SAT_CUDA_CHECK(cudaEventRecord(G.slots[size_t(si)].done, st));  // its inputs are free after this
   return replayed;
 }

@@ -156,7 +156,11 @@ const std::vector<Chunk>& Graph::chunks() const {
   for (size_t v = 0; v < values_.size(); ++v) {
     const Value& val = values_[v];
     if (val.kind == Value::Kind::received) chunks_[size_t(val.chunk)].received.push_back(int(v));
-    if (val.kind == Value::Kind::computed && val.sent) chunks_[size_t(val.chunk)].sent.push_back(int(v));
+    if (val.kind == Value::Kind::computed && val.sent) {
+      // Its gradient arrives from the next stage whole: no layer here may add to it.
+      SAT_CHECK(val.consumers.empty(), "internal error: value ", val.name, " is read on both sides of a cut");
+      chunks_[size_t(val.chunk)].sent.push_back(int(v));
+    }
     if (val.kind == Value::Kind::data)
       for (auto& [node, slot] : val.consumers) {
         auto& d = chunks_[size_t(nodes_[size_t(node)].chunk)].data;

@@ -46,7 +46,8 @@ class Executor {
   // pp: the pipeline group (rank = stage; null without pipelining). ctx_of[chunk][micro]:
   // the context each micro-batch uses (RankPlan).
   Executor(Engine& engine, const std::vector<Action>& actions, std::vector<std::vector<int>> ctx_of, dist::Comm* pp);
-  // One optimizer step. seed(micro): the micro-batch's seed; dloss: d(objective)/d(loss).
+  // One optimizer step: seed(micro) is the micro-batch's seed, lr the optimizer's
+  // learning rate (the engine's set_dloss gives d(objective)/d(loss)).
   StepStats run_step(const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks);
 
  private:
