@@ -436,7 +436,11 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s%s\n", r.samples_per_second,
               (long long)r.warmup_excluded, sat::format_bytes(double(r.predicted_memory_bytes)).c_str(),
               sat::format_bytes(double(r.peak_memory_bytes)).c_str(), cfg.pp > 1 ? " (rank 0)" : "");
-  if (cfg.pp > 1)
+  if (cfg.pp > 1 && cfg.accum == 1)
+    std::printf("model parallelism: %d stages, one micro-batch at a time: measured bubble %.1f%% (theory (P-1)/P = "
+                "%.1f%%; --accum M pipelines M micro-batches)\n", cfg.pp, 100 * r.bubble_fraction,
+                100 * sat::theoretical_bubble(rp.schedule));
+  else if (cfg.pp > 1)
     std::printf("pipeline: %d stages, %s, %lld micro-batches per step: measured bubble %.1f%% (theory %.1f%%)\n", cfg.pp,
                 sat::pipe_schedule_name(cfg.pp_schedule), (long long)cfg.accum, 100 * r.bubble_fraction,
                 100 * sat::theoretical_bubble(rp.schedule));

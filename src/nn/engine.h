@@ -56,7 +56,6 @@ class Engine {
   Engine(Graph& g, ParamStore& ps, const StepPlan& plan, CudaCtx* cuda = nullptr);
   ~Engine();
 
-  int contexts() const { return int(ctxs_.size()); }
   // Runs chunk `chunk` forward in context ctx. data: one tensor per Chunk::data input
   // (loader batches on the host; on the CPU they must stay valid until the context's
   // backward has run). seed: the micro-batch's seed (dropout).
@@ -86,7 +85,6 @@ class Engine {
   Device device() const { return g_.device(); }
   CudaCtx* cuda() const { return cuda_; }
   const Graph& graph() const { return g_; }
-  size_t arena_bytes() const { return arena_.bytes(); }
 
   // GPU: capture each distinct forward/backward as a CUDA graph from now on (the first
   // step runs eagerly: library heuristics and caches settle first).

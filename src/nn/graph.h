@@ -76,7 +76,6 @@ class Graph {
   // ranges [begin, end) (ascending, disjoint; range k is chunk k). Call before adding
   // nodes. Without a filter every node is kept, as one chunk.
   void keep_nodes(std::vector<std::pair<int, int>> ranges);
-  bool is_stage() const { return !keep_.empty(); }
 
   // A graph input; a floating input takes the activation dtype (the engine converts
   // the loader's float32 batches on upload).

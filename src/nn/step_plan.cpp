@@ -6,19 +6,6 @@
 
 namespace sat {
 
-Timeline single_micro_timeline(const Graph& g) {
-  Timeline t;
-  const int chunks = int(g.chunks().size());
-  for (int c = 0; c < chunks; ++c) {
-    MicroUse u;
-    u.chunk = c;
-    u.fwd = 2 * c;
-    u.bwd = g.training() ? 2 * c + 1 : -1;
-    t.uses.push_back(u);
-  }
-  return t;
-}
-
 namespace {
 
 // Buffers of one context, keyed by (what, index, sub-index); each gets one interval per

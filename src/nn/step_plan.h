@@ -46,9 +46,6 @@ struct MicroUse {
 struct Timeline {
   std::vector<MicroUse> uses;  // in any order; uses of one context must not overlap in time
 };
-// One micro-batch through every chunk in turn (forward at action 2c, backward at 2c + 1
-// when training), all in context 0: the plan of a step without pipelining.
-Timeline single_micro_timeline(const Graph& g);
 
 struct StepPlan {
   int contexts = 1;

@@ -29,13 +29,4 @@ DistBackend parse_dist_backend(const std::string& s) {
   fail("--dist-backend: expected auto, mpi or nccl, got '", s, "'");
 }
 
-const char* dist_backend_name(DistBackend b) {
-  switch (b) {
-    case DistBackend::automatic: return "auto";
-    case DistBackend::mpi: return "mpi";
-    case DistBackend::nccl: return "nccl";
-  }
-  return "?";
-}
-
 }  // namespace sat

@@ -29,7 +29,6 @@ const char* precision_name(Precision p);
 // one rank, where the reduction is a copy: a check that the NCCL path changes nothing).
 enum class DistBackend { automatic, mpi, nccl };
 DistBackend parse_dist_backend(const std::string& s);  // sat::Error naming --dist-backend
-const char* dist_backend_name(DistBackend b);
 
 struct TrainConfig {
   int64_t batch = 64;        // micro-batch

@@ -57,8 +57,6 @@ class GradReducer {
   // After the optimizer step: ZeRO-1 gathers the updated parameter shards.
   void after_update();
 
-  bool active() const { return active_; }
-  int buckets() const { return int(buckets_.size()); }
   // Seconds from the first bucket's launch to the end of the reduction, and of them the
   // ones not overlapped by backward, summed since reset_timing().
   double window_seconds() const { return window_; }
