@@ -353,6 +353,107 @@ TEST(DistSelf, SplitAndMeshOfOne) {
             "--tp 2 x --pp 1 = 2 does not divide the 1 process of this job (expected a divisor of 1)");
 }
 
+// ---- counting the bytes of a communicator (CountingComm) ------------------------------
+
+TEST(DistSelf, CountingCommCountsThePayload) {
+  EXPECT_EQ(counted(nullptr), nullptr);
+  auto plain = make_self_comm();
+  EXPECT_EQ(plain->traffic(), nullptr);  // only a CountingComm counts
+  auto c = counted(make_self_comm());
+  ASSERT_TRUE(c->traffic());
+  const Traffic& t = *c->traffic();
+  EXPECT_EQ(t, Traffic{});
+  EXPECT_EQ(t.total(), 0.0);
+  EXPECT_EQ(c->size(), 1);
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_STREQ(c->backend_name(), "self");
+  EXPECT_EQ(c->device(), Device::cpu);
+
+  std::vector<float> f(1000, 1.f);
+  c->all_reduce_sync(f.data(), 1000, DType::f32, ReduceOp::sum);
+  EXPECT_EQ(f[999], 1.f);  // forwarded: a world of one keeps its data
+  EXPECT_EQ(t.all_reduce.bytes, 4000u);
+  EXPECT_EQ(t.all_reduce.calls, 1u);
+  std::vector<int32_t> a{1, 2, 3}, b(3);
+  c->reduce_scatter(a.data(), b.data(), 3, DType::i32, ReduceOp::sum)->wait();  // input: 1 x 3 x 4
+  EXPECT_EQ(b, a);
+  c->all_gather(a.data(), b.data(), 3, DType::i32)->wait();  // output: 1 x 3 x 4
+  c->broadcast_sync(a.data(), 3, DType::i32, 0);
+  std::vector<double> d(5, 2.0), e(5);
+  c->send(d.data(), 5, DType::f64, 0)->wait();                       // 40 sent
+  c->recv(e.data(), 5, DType::f64, 0)->wait();                       // 40 received
+  c->send_recv(d.data(), 2, 0, e.data(), 3, 0, DType::f64)->wait();  // 16 sent, 24 received
+  c->p2p({{true, d.data(), 4, 0}, {false, e.data(), 4, 0}, {true, d.data(), 1, 0}, {false, e.data(), 1, 0}},
+         DType::f64)
+      ->wait();  // 40 sent, 40 received
+  c->p2p({}, DType::f64)->wait();
+  c->barrier();
+  c->barrier();
+  EXPECT_EQ(e[0], 2.0);
+  EXPECT_EQ(t.reduce_scatter.bytes, 12u);
+  EXPECT_EQ(t.all_gather.bytes, 12u);
+  EXPECT_EQ(t.broadcast.bytes, 12u);
+  EXPECT_EQ(t.reduce_scatter.calls + t.all_gather.calls + t.broadcast.calls, 3u);
+  EXPECT_EQ(t.p2p.bytes, 40u + 16u + 40u);
+  EXPECT_EQ(t.p2p_recv_bytes, 40u + 24u + 40u);
+  EXPECT_EQ(t.p2p.calls, 5u);  // send, recv, send_recv and two batches
+  EXPECT_EQ(t.barrier_calls, 2u);
+  EXPECT_EQ(t.total(), 4000.0 + 3 * 12 + 96);
+
+  // An op refused before it was posted counts nothing.
+  Traffic before = t;
+  EXPECT_THROW(c->broadcast(a.data(), 3, DType::i32, 1), Error);
+  EXPECT_THROW(c->all_reduce(a.data(), 3, DType::u8, ReduceOp::sum), Error);
+  EXPECT_THROW(c->p2p({{true, &a[0], 1, 0}, {true, &a[0], 1, 1}}, DType::i32), Error);
+  EXPECT_EQ(t, before);
+
+  // Deltas and sums.
+  c->all_reduce_sync(f.data(), 10, DType::f32, ReduceOp::max);
+  Traffic step = t - before;
+  EXPECT_EQ(step.all_reduce.bytes, 40u);
+  EXPECT_EQ(step.all_reduce.calls, 1u);
+  EXPECT_EQ(step.total(), 40.0);
+  EXPECT_EQ(step.p2p.calls + step.barrier_calls + step.p2p_recv_bytes, 0u);
+  Traffic sum = before;
+  sum += step;
+  EXPECT_EQ(sum, t);
+
+  // reset_traffic() and inner().
+  auto& cc = static_cast<CountingComm&>(*c);
+  EXPECT_EQ(&cc.counts(), &t);
+  EXPECT_STREQ(cc.inner().backend_name(), "self");
+  EXPECT_EQ(cc.inner().traffic(), nullptr);
+  cc.reset_traffic();
+  EXPECT_EQ(t, Traffic{});
+
+  // A split counts on its own; color < 0 still gives nullptr.
+  EXPECT_EQ(c->split(-1, 0), nullptr);
+  auto s = c->split(0, 0);
+  ASSERT_TRUE(s && s->traffic());
+  EXPECT_EQ(sum_over(*s, 5), 5);
+  EXPECT_EQ(s->traffic()->all_reduce.bytes, 8u);
+  EXPECT_EQ(t, Traffic{});
+}
+
+TEST(DistSelf, MeshOfOneGroupsCount) {
+  auto c = make_self_comm();
+  Mesh m(*c, 1, 1);
+  for (const char* g : {"tp", "dp", "pp", "embedding"}) EXPECT_EQ(m.traffic_of(g), Traffic{}) << g;
+  EXPECT_NE(error_of([&] { m.traffic_of("world"); }).find("no group 'world'"), std::string::npos);
+  double x[3] = {1, 2, 3};
+  m.dp_group().all_reduce_sync(x, 3, DType::f64, ReduceOp::avg);
+  m.embedding_group()->all_reduce_sync(x, 1, DType::f64, ReduceOp::sum);
+  m.pp_group().broadcast_sync(x, 2, DType::f64, 0);
+  ASSERT_TRUE(m.tp_group().traffic());
+  EXPECT_EQ(m.tp_group().traffic()->total(), 0.0);
+  EXPECT_EQ(m.dp_group().traffic()->all_reduce.bytes, 24u);
+  EXPECT_EQ(m.embedding_group()->traffic()->all_reduce.bytes, 8u);
+  EXPECT_EQ(m.traffic_of("pp").broadcast.bytes, 16u);
+  EXPECT_EQ(m.traffic_of("dp").total(), 24.0);
+  EXPECT_EQ(m.traffic_of("embedding").total(), 8.0);
+  EXPECT_EQ(c->traffic(), nullptr);  // the world is the caller's and is not wrapped
+}
+
 TEST(DistMesh, CheckNamesTheFlagsAndTheWorld) {
   EXPECT_EQ(error_of([] { Mesh::check(4, 1, 3); }),
             "--tp 1 x --pp 3 = 3 does not divide the 4 processes of this job (expected a divisor of 4)");
@@ -872,6 +973,154 @@ TEST(Dist, MeshEveryLayout) {
         EXPECT_EQ(sum_over(*e, r), expect);
       } else {
         EXPECT_EQ(e, nullptr);
+      }
+    }
+  }
+}
+
+// ---- counting the bytes of a communicator (every rank) ---------------------------------
+
+TEST(Dist, CountingCommCountsThePayloadOfEveryOp) {
+  const int n = world().size(), r = world().rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto c = counted(world().split(0, r));  // the world, counted
+  ASSERT_TRUE(c && c->traffic());
+  ASSERT_EQ(c->size(), n);
+  const Traffic& t = *c->traffic();
+  const uint64_t N = 1000, B = 37, K = 11;
+
+  // all_reduce: N floats.
+  std::vector<float> f(N);
+  for (size_t i = 0; i < N; ++i) f[i] = float(value(r, i));
+  c->all_reduce_sync(f.data(), N, DType::f32, ReduceOp::sum);
+  EXPECT_EQ(f[3], expected<float>(ReduceOp::sum, n, 3));
+  EXPECT_EQ(t.all_reduce.bytes, N * 4);
+  EXPECT_EQ(t.all_reduce.calls, 1u);
+  // reduce_scatter: blocks of B doubles; the input (n * B) counts.
+  std::vector<double> rs_in(size_t(n) * B, 1.0), rs_out(B);
+  c->reduce_scatter(rs_in.data(), rs_out.data(), B, DType::f64, ReduceOp::sum)->wait();
+  EXPECT_EQ(rs_out[0], double(n));
+  EXPECT_EQ(t.reduce_scatter.bytes, uint64_t(n) * B * 8);
+  // all_gather: B i32 from every rank; the output (n * B) counts.
+  std::vector<int32_t> ag_in(B, r), ag_out(size_t(n) * B);
+  c->all_gather(ag_in.data(), ag_out.data(), B, DType::i32)->wait();
+  EXPECT_EQ(ag_out.back(), n - 1);
+  EXPECT_EQ(t.all_gather.bytes, uint64_t(n) * B * 4);
+  // broadcast: K bytes from the last rank, counted on every rank.
+  std::vector<uint8_t> u(K, uint8_t(r));
+  c->broadcast_sync(u.data(), K, DType::u8, n - 1);
+  EXPECT_EQ(u[0], uint8_t(n - 1));
+  EXPECT_EQ(t.broadcast.bytes, K);
+  EXPECT_EQ(t.reduce_scatter.calls + t.all_gather.calls + t.broadcast.calls, 3u);
+
+  // p2p round the ring: send + recv, send_recv, a batch.
+  std::vector<int64_t> out(N, r), in(N, -1);
+  auto ws = c->send(out.data(), N, DType::i64, next, 3);
+  auto wr = c->recv(in.data(), N, DType::i64, prev, 3);
+  wr->wait();
+  ws->wait();
+  EXPECT_EQ(in[0], prev);
+  c->send_recv(out.data(), B, prev, in.data(), B, next, DType::i64)->wait();
+  EXPECT_EQ(in[0], next);
+  c->p2p({{true, out.data(), K, next}, {false, in.data(), K, prev}, {true, out.data(), 1, next},
+          {false, in.data() + K, 1, prev}},
+         DType::i64)
+      ->wait();
+  EXPECT_EQ(in[0], prev);
+  EXPECT_EQ(t.p2p.bytes, (N + B + K + 1) * 8);
+  EXPECT_EQ(t.p2p_recv_bytes, (N + B + K + 1) * 8);
+  EXPECT_EQ(t.p2p.calls, 4u);
+  c->barrier();
+  EXPECT_EQ(t.barrier_calls, 1u);
+  EXPECT_EQ(t.total(), double(N * 4 + uint64_t(n) * B * 8 + uint64_t(n) * B * 4 + K + (N + B + K + 1) * 8));
+
+  // A pipeline's edges: the first stage only sends, the last only receives.
+  Traffic before = t;
+  std::vector<P2POp> ops;
+  if (r + 1 < n) ops.push_back({true, out.data(), N, r + 1});
+  if (r > 0) ops.push_back({false, in.data(), N, r - 1});
+  c->p2p(ops, DType::i64)->wait();
+  Traffic step = t - before;
+  EXPECT_EQ(step.p2p.bytes, r + 1 < n ? N * 8 : 0u);
+  EXPECT_EQ(step.p2p_recv_bytes, r > 0 ? N * 8 : 0u);
+  EXPECT_EQ(step.p2p.calls, 1u);
+  EXPECT_EQ(step.total(), double(step.p2p.bytes));
+  // Every byte sent was received: over the job the sums agree.
+  EXPECT_EQ(sum_over(world(), int64_t(t.p2p.bytes)), sum_over(world(), int64_t(t.p2p_recv_bytes)));
+}
+
+TEST(Dist, CountingCommSplitsCountOnTheirOwn) {
+  const int n = world().size(), r = world().rank();
+  auto c = counted(world().split(0, r));
+  ASSERT_TRUE(c);
+  const Traffic& t = *c->traffic();
+  auto parity = c->split(r % 2, r);
+  auto rest = c->split(r == 0 ? -1 : 1, r);
+  EXPECT_EQ(t, Traffic{});  // a split moves no payload
+  ASSERT_TRUE(parity && parity->traffic());
+  EXPECT_EQ(parity->traffic()->total(), 0.0);
+  EXPECT_EQ(parity->size(), r % 2 ? n / 2 : (n + 1) / 2);
+  std::vector<int64_t> x(100, 1);
+  parity->all_reduce_sync(x.data(), 100, DType::i64, ReduceOp::sum);
+  EXPECT_EQ(x[0], parity->size());
+  EXPECT_EQ(parity->traffic()->all_reduce.bytes, 800u);
+  EXPECT_EQ(t, Traffic{});  // not counted by the communicator it was split from
+  if (r == 0) {
+    EXPECT_EQ(rest, nullptr);
+  } else {
+    ASSERT_TRUE(rest && rest->traffic());
+    std::vector<float> g(size_t(rest->size()) * 3);
+    rest->all_gather(g.data() + size_t(rest->rank()) * 3, g.data(), 3, DType::f32)->wait();
+    EXPECT_EQ(rest->traffic()->all_gather.bytes, uint64_t(n - 1) * 12);
+    EXPECT_EQ(parity->traffic()->all_gather.bytes, 0u);
+  }
+  c->all_reduce_sync(x.data(), 1, DType::i64, ReduceOp::sum);
+  EXPECT_EQ(t.all_reduce.bytes, 8u);
+  EXPECT_EQ(parity->traffic()->all_reduce.bytes, 800u);
+  // A split of a split, outliving its parents.
+  auto sub = parity->split(0, -parity->rank());
+  parity.reset();
+  c.reset();
+  ASSERT_TRUE(sub && sub->traffic());
+  sub->barrier();
+  EXPECT_EQ(sub->traffic()->barrier_calls, 1u);
+  EXPECT_EQ(sub->traffic()->total(), 0.0);
+}
+
+TEST(Dist, MeshGroupsCountTheirOwnTraffic) {
+  Comm& w = world();
+  const int n = w.size();
+  EXPECT_EQ(w.traffic(), nullptr);
+  for (int tp = 1; tp <= n; ++tp) {
+    for (int pp = 1; pp <= n; ++pp) {
+      if (n % (tp * pp)) continue;
+      Mesh m(w, tp, pp);
+      SCOPED_TRACE(m.describe());
+      for (Comm* g : {&m.tp_group(), &m.dp_group(), &m.pp_group()}) {
+        ASSERT_TRUE(g->traffic());
+        EXPECT_EQ(*g->traffic(), Traffic{});
+      }
+      // A different op on each group: each counts only its own.
+      std::vector<float> grad(1000, 1.f);
+      m.dp_group().all_reduce_sync(grad.data(), grad.size(), DType::f32, ReduceOp::avg);
+      std::vector<float> act(size_t(tp) * 10);
+      m.tp_group().all_gather(act.data() + size_t(m.tp_rank()) * 10, act.data(), 10, DType::f32)->wait();
+      double loss = 1;
+      m.pp_group().broadcast_sync(&loss, 1, DType::f64, pp - 1);
+      EXPECT_EQ(m.traffic_of("dp").all_reduce.bytes, 4000u);
+      EXPECT_EQ(m.traffic_of("dp").total(), 4000.0);
+      EXPECT_EQ(m.traffic_of("tp").all_gather.bytes, uint64_t(tp) * 40);
+      EXPECT_EQ(m.traffic_of("tp").total(), double(tp * 40));
+      EXPECT_EQ(m.traffic_of("pp").broadcast.bytes, 8u);
+      EXPECT_EQ(m.traffic_of("pp").total(), 8.0);
+      Comm* e = m.embedding_group();
+      if (e) {
+        ASSERT_TRUE(e->traffic());
+        EXPECT_EQ(sum_over(*e, 1), e->size());
+        EXPECT_EQ(m.traffic_of("embedding").all_reduce.bytes, 8u);
+        EXPECT_EQ(m.traffic_of("embedding").total(), 8.0);
+      } else {
+        EXPECT_EQ(m.traffic_of("embedding"), Traffic{});
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <utility>
 
 #include "core/error.h"
 
@@ -294,6 +295,118 @@ std::string describe_p2p_ops(const std::vector<P2POp>& ops) {
 }
 
 WorkPtr completed_work() { return std::make_unique<DoneWork>(); }
+
+// ---- Traffic and CountingComm ----------------------------------------------------------
+
+double Traffic::total() const {
+  return double(all_reduce.bytes) + double(reduce_scatter.bytes) + double(all_gather.bytes) + double(broadcast.bytes) +
+         double(p2p.bytes);
+}
+
+Traffic& Traffic::operator+=(const Traffic& o) {
+  for (auto [a, b] : {std::pair{&all_reduce, &o.all_reduce}, std::pair{&reduce_scatter, &o.reduce_scatter},
+                      std::pair{&all_gather, &o.all_gather}, std::pair{&broadcast, &o.broadcast},
+                      std::pair{&p2p, &o.p2p}}) {
+    a->bytes += b->bytes;
+    a->calls += b->calls;
+  }
+  p2p_recv_bytes += o.p2p_recv_bytes;
+  barrier_calls += o.barrier_calls;
+  return *this;
+}
+
+Traffic Traffic::operator-(const Traffic& o) const {
+  Traffic d = *this;
+  for (auto [a, b] : {std::pair{&d.all_reduce, &o.all_reduce}, std::pair{&d.reduce_scatter, &o.reduce_scatter},
+                      std::pair{&d.all_gather, &o.all_gather}, std::pair{&d.broadcast, &o.broadcast},
+                      std::pair{&d.p2p, &o.p2p}}) {
+    a->bytes -= b->bytes;
+    a->calls -= b->calls;
+  }
+  d.p2p_recv_bytes -= o.p2p_recv_bytes;
+  d.barrier_calls -= o.barrier_calls;
+  return d;
+}
+
+namespace {
+
+// Counted once the inner communicator has posted the op (so a refused op counts nothing).
+void add(Traffic::Counter& c, size_t bytes) {
+  c.bytes += bytes;
+  ++c.calls;
+}
+
+}  // namespace
+
+CountingComm::CountingComm(std::unique_ptr<Comm> inner) : inner_(std::move(inner)) {
+  SAT_CHECK(inner_, "CountingComm: no communicator to count");
+}
+
+WorkPtr CountingComm::all_reduce(void* data, size_t count, DType t, ReduceOp op) {
+  WorkPtr w = inner_->all_reduce(data, count, t, op);
+  add(traffic_.all_reduce, count * dtype_size(t));
+  return w;
+}
+
+WorkPtr CountingComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  WorkPtr w = inner_->reduce_scatter(send, recv, recv_count, t, op);
+  add(traffic_.reduce_scatter, size_t(size()) * recv_count * dtype_size(t));
+  return w;
+}
+
+WorkPtr CountingComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
+  WorkPtr w = inner_->all_gather(send, recv, send_count, t);
+  add(traffic_.all_gather, size_t(size()) * send_count * dtype_size(t));
+  return w;
+}
+
+WorkPtr CountingComm::broadcast(void* data, size_t count, DType t, int root) {
+  WorkPtr w = inner_->broadcast(data, count, t, root);
+  add(traffic_.broadcast, count * dtype_size(t));
+  return w;
+}
+
+WorkPtr CountingComm::send(const void* data, size_t count, DType t, int peer, int tag) {
+  WorkPtr w = inner_->send(data, count, t, peer, tag);
+  add(traffic_.p2p, count * dtype_size(t));
+  return w;
+}
+
+WorkPtr CountingComm::recv(void* data, size_t count, DType t, int peer, int tag) {
+  WorkPtr w = inner_->recv(data, count, t, peer, tag);
+  add(traffic_.p2p, 0);
+  traffic_.p2p_recv_bytes += count * dtype_size(t);
+  return w;
+}
+
+WorkPtr CountingComm::send_recv(const void* send_data, size_t send_count, int dst, void* recv_data,
+                                size_t recv_count, int src, DType t, int tag) {
+  WorkPtr w = inner_->send_recv(send_data, send_count, dst, recv_data, recv_count, src, t, tag);
+  add(traffic_.p2p, send_count * dtype_size(t));
+  traffic_.p2p_recv_bytes += recv_count * dtype_size(t);
+  return w;
+}
+
+WorkPtr CountingComm::p2p(const std::vector<P2POp>& ops, DType t) {
+  WorkPtr w = inner_->p2p(ops, t);
+  size_t sent = 0, received = 0;
+  for (const P2POp& o : ops) (o.send ? sent : received) += o.count * dtype_size(t);
+  add(traffic_.p2p, sent);
+  traffic_.p2p_recv_bytes += received;
+  return w;
+}
+
+void CountingComm::barrier() {
+  inner_->barrier();
+  ++traffic_.barrier_calls;
+}
+
+std::unique_ptr<Comm> CountingComm::split(int color, int key) { return counted(inner_->split(color, key)); }
+
+std::unique_ptr<Comm> counted(std::unique_ptr<Comm> c) {
+  if (!c) return nullptr;
+  return std::make_unique<CountingComm>(std::move(c));
+}
 
 std::unique_ptr<Comm> make_self_comm() { return std::make_unique<SelfComm>(); }
 

@@ -76,6 +76,40 @@ struct P2POp {
   int peer = 0;
 };
 
+// The bytes a communicator was asked to move, counted by CountingComm (below) per kind of
+// op, on this rank. Payload bytes are the size of the op's user buffer, not the bytes on the
+// wire (which depend on the backend's algorithm):
+//   all_reduce      count * dtype size (the buffer reduced in place)
+//   reduce_scatter  the INPUT: size() * recv_count * dtype size
+//   all_gather      the OUTPUT: size() * send_count * dtype size
+//   broadcast       count * dtype size (on the root and on every other rank alike)
+//   p2p             bytes this rank SENT (send, the send half of send_recv, the sends of a p2p
+//                   batch); p2p_recv_bytes: the bytes of the receives it posted (their
+//                   counts). p2p.calls counts the calls of send, recv, send_recv and p2p (a
+//                   batch is one call, the empty batch too).
+// A group of one counts its payload like any other (though nothing leaves the process). The
+// textbook traffic per rank of the ring algorithms over n ranks follows from the payload S:
+// all_reduce 2 (n-1)/n S, reduce_scatter and all_gather (n-1)/n S each. Only ops that were
+// posted count: one refused with sat::Error before anything was posted moves nothing.
+struct Traffic {
+  struct Counter {
+    uint64_t bytes = 0;  // payload bytes, as above
+    uint64_t calls = 0;  // number of calls
+    bool operator==(const Counter&) const = default;
+  };
+  Counter all_reduce, reduce_scatter, all_gather, broadcast;
+  Counter p2p;                  // bytes sent by this rank
+  uint64_t p2p_recv_bytes = 0;  // bytes received by this rank (not part of total())
+  uint64_t barrier_calls = 0;
+
+  // Payload of every collective plus the p2p bytes sent.
+  double total() const;
+  Traffic& operator+=(const Traffic& o);
+  // Field by field (a per-step delta: traffic after the step - traffic before it).
+  Traffic operator-(const Traffic& o) const;
+  bool operator==(const Traffic&) const = default;
+};
+
 // A handle to a nonblocking op.
 class Work {
  public:
@@ -136,10 +170,55 @@ class Comm {
   // communicator) and may outlive this one.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 
+  // The bytes this communicator has moved when it counts them (a CountingComm: the groups of
+  // a Mesh), nullptr otherwise.
+  virtual const Traffic* traffic() const { return nullptr; }
+
   // Blocking conveniences.
   void all_reduce_sync(void* data, size_t count, DType t, ReduceOp op) { all_reduce(data, count, t, op)->wait(); }
   void broadcast_sync(void* data, size_t count, DType t, int root) { broadcast(data, count, t, root)->wait(); }
 };
+
+// A communicator that counts the payload of every op (Traffic) and forwards it to the one it
+// owns, unchanged (the same Work, the same errors). Its split() counts on its own: the group
+// returned is a CountingComm over the inner communicator's split, starting from zero, and its
+// ops are not counted here. Counters are plain integers, as a Comm is used from one thread at
+// a time.
+class CountingComm final : public Comm {
+ public:
+  explicit CountingComm(std::unique_ptr<Comm> inner);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend_name() const override { return inner_->backend_name(); }
+  Device device() const override { return inner_->device(); }
+
+  WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) override;
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) override;
+  WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType t) override;
+  WorkPtr broadcast(void* data, size_t count, DType t, int root) override;
+  WorkPtr send(const void* data, size_t count, DType t, int peer, int tag = 0) override;
+  WorkPtr recv(void* data, size_t count, DType t, int peer, int tag = 0) override;
+  WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
+                    DType t, int tag = 0) override;
+  WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override;
+  void barrier() override;
+  std::unique_ptr<Comm> split(int color, int key) override;
+
+  // Never nullptr. (The counters themselves: counts().)
+  const Traffic* traffic() const override { return &traffic_; }
+  const Traffic& counts() const { return traffic_; }
+  void reset_traffic() { traffic_ = Traffic{}; }
+  Comm& inner() { return *inner_; }
+  const Comm& inner() const { return *inner_; }
+
+ private:
+  std::unique_ptr<Comm> inner_;
+  Traffic traffic_;
+};
+
+// c wrapped in a CountingComm (nullptr stays nullptr).
+std::unique_ptr<Comm> counted(std::unique_ptr<Comm> c);
 
 // A world of one process: ops are copies or no-ops. Always available.
 std::unique_ptr<Comm> make_self_comm();

@@ -11,10 +11,10 @@ namespace {
 // in no group, nullptr). Every rank knows `size` (the same numbers everywhere), so all ranks
 // agree to skip the split where the groups have one rank: a self communicator then costs no
 // communication and runs every op as a world of one. Not for device buffers (NCCL): the self
-// communicator copies host memory.
+// communicator copies host memory. The group counts its traffic (CountingComm).
 std::unique_ptr<Comm> group(Comm& world, int size, int color, int key) {
-  if (size == 1 && world.device() == Device::cpu) return color >= 0 ? make_self_comm() : nullptr;
-  return world.split(color, key);
+  if (size == 1 && world.device() == Device::cpu) return counted(color >= 0 ? make_self_comm() : nullptr);
+  return counted(world.split(color, key));
 }
 
 const char* plural(int n, const char* one, const char* many) { return n == 1 ? one : many; }
@@ -52,6 +52,18 @@ int Mesh::global_rank(int tp_rank, int dp_rank, int pp_rank) const {
   check_rank("Mesh::global_rank", "dp", dp_rank, dp_);
   check_rank("Mesh::global_rank", "pp", pp_rank, pp_);
   return tp_rank + tp_ * (dp_rank + dp_ * pp_rank);
+}
+
+Traffic Mesh::traffic_of(const std::string& group) const {
+  const Comm* c = group == "tp"          ? tp_group_.get()
+                  : group == "dp"        ? dp_group_.get()
+                  : group == "pp"        ? pp_group_.get()
+                  : group == "embedding" ? embedding_group_.get()
+                                         : nullptr;
+  SAT_CHECK(c || group == "embedding", "Mesh::traffic_of: no group '", group,
+            "' (expected tp, dp, pp or embedding)");
+  const Traffic* t = c ? c->traffic() : nullptr;
+  return t ? *t : Traffic{};
 }
 
 std::string Mesh::describe() const {

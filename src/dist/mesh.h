@@ -12,7 +12,10 @@ namespace sat::dist {
 // data-parallel, then pipeline: global rank = tp_rank + tp * (dp_rank + dp * pp_rank). Tensor-
 // parallel ranks, which communicate the most, are adjacent (on one node where it has tp GPUs).
 // Groups are made once (Comm::split) and passed explicitly: every collective of the trainer
-// names its group.
+// names its group. Each group counts the bytes it moves: tp_group(), dp_group(), pp_group() and
+// embedding_group() are CountingComms (comm.h), so their traffic() is never nullptr (world(),
+// which the caller owns, is not wrapped). Communicators made from a group (NCCL ones
+// bootstrapped over it, its splits) count on their own, if at all.
 class Mesh {
  public:
   // Validation without communication (all ranks call it with the same numbers, so all fail
@@ -46,6 +49,11 @@ class Mesh {
   // First and last stage of this rank's pipeline (tied input and output embeddings reduce
   // their gradients over it); nullptr on the stages in between.
   Comm* embedding_group() const { return embedding_group_.get(); }
+
+  // The traffic of a group so far: "tp", "dp", "pp" or "embedding" (all zero on a stage that
+  // has no embedding group); sat::Error for another name. For the bytes of one step subtract
+  // the traffic before it.
+  Traffic traffic_of(const std::string& group) const;
 
   // "4 ranks = dp 2 x tp 1 x pp 2; this rank: dp 1, tp 0, pp 0"
   std::string describe() const;
