@@ -75,6 +75,7 @@ struct TrainArgs {
   int zero = 0;
   // Layout: tensor and pipeline parallelism (the data-parallel degree is what is left).
   int tp = 1, pp = 1, virtual_stages = 1;
+  bool sequence_parallel = false;
   std::string pp_schedule = "1f1b", pp_split;
   // Tuning (saturate tune, --batch auto).
   std::string memory_budget, objective = "throughput";
@@ -129,6 +130,7 @@ std::vector<int> parse_int_list(const std::string& flag, const std::string& v) {
 // The layout flags into cfg (checked against the model by the trainer and validate_layout).
 void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
   cfg.tp = a.tp;
+  cfg.sequence_parallel = a.sequence_parallel;
   cfg.pp = a.pp;
   cfg.pp_schedule = sat::parse_pipe_schedule(a.pp_schedule);
   cfg.virtual_stages = a.virtual_stages;
@@ -140,9 +142,12 @@ void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
 // that every rank prints the same one-line error and exits with status 2 (no rank can
 // hang waiting for another).
 void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bool noise_scale) {
+  sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
   sat::dist::Mesh::check(sat::dist::detect_process().world, cfg.tp, cfg.pp);
   sat::check_pipeline(cfg);
-  SAT_CHECK(cfg.tp == 1, "--tp ", cfg.tp, ": tensor-parallel layers are not built yet (the mesh has their group; use --tp 1)");
+  SAT_CHECK(!noise_scale || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm gradients "
+            "are partial sums before the reduction, so the first micro-batch's norm is not measured yet; measure it "
+            "without --sequence-parallel");
   if (cfg.pp == 1) return;
   const sat::BuiltModel whole = sat::build_model(mc, cfg.batch, true);
   const sat::StageSplit split = sat::split_model(*whole.graph, cfg, mc.name);
@@ -474,7 +479,8 @@ struct InfoArgs {
   std::string model = "mlp", optimizer = "sgd", pp_schedule = "1f1b", pp_split;
   int64_t batch = 64, vocab = 0, accum = 1;
   double momentum = 0;
-  int ranks = 1, zero = 0, pp = 1, virtual_stages = 1;
+  int ranks = 1, zero = 0, pp = 1, virtual_stages = 1, tp = 1;
+  bool sequence_parallel = false;
 };
 
 void print_plan(const sat::MemoryPlan& p) {
@@ -518,6 +524,8 @@ int run_info(const InfoArgs& ia) {
   a.model = ia.model;
   a.vocab = ia.vocab;
   a.pp = ia.pp;
+  a.tp = ia.tp;
+  a.sequence_parallel = ia.sequence_parallel;
   a.pp_schedule = ia.pp_schedule;
   a.virtual_stages = ia.virtual_stages;
   a.pp_split = ia.pp_split;
@@ -535,7 +543,8 @@ int run_info(const InfoArgs& ia) {
   // The plan of `saturate train` on data of the model's default shape (synthetic data
   // is generated on demand, so opening it costs nothing): loader rings included.
   sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
-  const int world = ia.ranks * cfg.pp;
+  sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  const int world = ia.ranks * cfg.pp * cfg.tp;
   sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), world);
   const auto& g = *m.graph;
   std::printf("model       %s\n", mc.name.c_str());
@@ -608,7 +617,8 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
       ->capture_default_str();
   t->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
   t->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
-  t->add_option("--tp", a.tp, "tensor-parallel ranks per layer (the group exists; tensor-parallel layers are not built yet)")->capture_default_str();
+  t->add_option("--tp", a.tp, "tensor-parallel ranks per layer (Megatron-LM's splits; mlp and the GPT models)")->capture_default_str();
+  t->add_flag("--sequence-parallel", a.sequence_parallel, "with --tp: LayerNorm and dropout on 1/tp of the sequence (all-gather / reduce-scatter instead of all-reduce)");
   t->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")->capture_default_str();
   t->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved (see saturate schedule)")->capture_default_str();
   t->add_option("--virtual-stages", a.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
@@ -648,6 +658,8 @@ int main(int argc, char** argv) {
   info->add_option("--ranks", ia.ranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
   info->add_option("--zero", ia.zero, "1: optimizer state sharded over the ranks (ZeRO-1)")->capture_default_str();
   info->add_option("--pp", ia.pp, "pipeline stages: print every stage's plan")->capture_default_str();
+  info->add_option("--tp", ia.tp, "tensor-parallel ranks per layer: the plan of one of them")->capture_default_str();
+  info->add_flag("--sequence-parallel", ia.sequence_parallel, "with --tp: sequence parallelism");
   info->add_option("--accum", ia.accum, "micro-batches per optimizer step (in flight in a pipeline)")->capture_default_str();
   info->add_option("--pp-schedule", ia.pp_schedule, "none | gpipe | 1f1b | interleaved")->capture_default_str();
   info->add_option("--virtual-stages", ia.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();

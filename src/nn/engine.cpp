@@ -197,6 +197,11 @@ void Engine::set_replica_sum(ReplicaSum* r) {
     for (NodeRun& run : c.runs) run.ctx.replicas = r;
 }
 
+void Engine::set_group(dist::Comm* group) {
+  for (Context& c : ctxs_)
+    for (NodeRun& run : c.runs) run.ctx.group = group;
+}
+
 void Engine::set_dloss(float dloss, const float* scale_dev) {
   dloss_ = dloss;
   dloss_scale_ = scale_dev;
@@ -243,7 +248,7 @@ void Engine::run_forward_nodes(Context& c, const Chunk& ch, bool training, uint6
   for (int i = ch.begin; i < ch.end; ++i) {
     NodeRun& r = c.runs[size_t(i)];
     r.ctx.training = training;
-    r.ctx.seed = mix_seed(seed, uint64_t(nodes[size_t(i)].gid));
+    r.ctx.seed = mix_seed(seed, nodes[size_t(i)].seed_key);
     r.ctx.scratch = r.scratch_fwd;
     const double t0 = profile_ ? now_seconds() : 0;
     if (gpu) nodes[size_t(i)].layer->forward_cuda(r.ctx);
@@ -407,7 +412,7 @@ void Engine::forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const
     SAT_CUDA_CHECK(cudaStreamWaitEvent(st, s.uploaded, 0));
   }
   uint64_t* seeds = s.seeds.as<uint64_t>();
-  for (size_t i = 0; i < g_.nodes().size(); ++i) seeds[i] = mix_seed(seed, uint64_t(g_.nodes()[i].gid));
+  for (size_t i = 0; i < g_.nodes().size(); ++i) seeds[i] = mix_seed(seed, g_.nodes()[i].seed_key);
   // The seeds and the loss travel through pinned memory that a replayed graph reads and
   // writes at every replay; the host updates them between replays.
   enqueue(graphs_on_, graph_key(0, ctx, chunk, si, training, false), st, G.graphs, G.kernels,

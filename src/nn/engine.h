@@ -101,6 +101,10 @@ class Engine {
   // Layers that can use statistics of the global batch (BatchNorm) sum them over the
   // replicas through r (CPU; null: per-replica statistics). r must outlive its use.
   void set_replica_sum(ReplicaSum* r);
+  // The tensor-parallel group that the graph's tensor-parallel layers communicate over
+  // (LayerCtx::group); it must outlive its use and work on the step's memory (host memory on
+  // the CPU; device memory on the step's stream on the GPU).
+  void set_group(dist::Comm* group);
 
  private:
   struct NodeRun {

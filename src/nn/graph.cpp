@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/rng.h"
+
 namespace sat {
 
 void Graph::keep_nodes(std::vector<std::pair<int, int>> ranges) {
@@ -45,6 +47,7 @@ int Graph::add(const std::string& name, std::unique_ptr<Layer> layer, std::vecto
   Node n;
   n.name = name;
   n.gid = next_gid_++;
+  n.seed_key = fnv1a64(name);
   n.setup.name = name;
   n.setup.training = training_;
   n.setup.act = act_;

@@ -17,8 +17,9 @@
 //     tied to the token embedding) is declared here as a copy under the same name and
 //     listed in tied_copies(): the trainer sums the copies' gradients before the update.
 // Value ids and node names are those of the whole model in every stage, and Node::gid
-// is the node's index in the whole model (dropout seeds follow it, so a layer draws
-// the same random numbers whatever the split).
+// is the node's index in the whole model. A node's random numbers (dropout) are seeded
+// by its name, so a layer draws the same ones whatever the split or the tensor-parallel
+// layout (whose communication nodes one process does not have).
 #pragma once
 #include <map>
 #include <memory>
@@ -55,6 +56,7 @@ struct Node {
   std::vector<int> state_ids;    // per setup.states: index into Graph::states()
   bool needs_backward = false;   // has parameters or an input that needs a gradient
   int gid = 0;                   // index of the node in the whole model
+  uint64_t seed_key = 0;         // mixed into the micro-batch's seed for this node: a hash of its name
   int chunk = 0;                 // the model chunk (stage filter range) it belongs to
 };
 

@@ -30,6 +30,7 @@
 namespace sat {
 
 struct CudaCtx;  // backend/cuda/context.h: stream, library handles, workspace
+namespace dist { class Comm; }  // dist/comm.h: a communicator over a group of ranks
 
 // Sums across the replicas of a data-parallel job, for layers whose forward needs
 // statistics of the global batch (synchronised BatchNorm). Every replica calls sum() at
@@ -58,11 +59,40 @@ struct ParamInit {
   static ParamInit constant(float v) { return {Kind::constant, v}; }
 };
 
+// A tensor-parallel layer's place in its group: `parts` ranks share the layer's weights
+// and work (Megatron's tensor-model-parallel size), this rank holds part `index`.
+struct TPRank {
+  int parts = 1, index = 0;
+  bool on() const { return parts > 1; }
+};
+
+// How a parameter is laid out over a tensor-parallel group. The full tensor (the one a
+// single process holds, the one files store) has the declared shape with dimension `dim`
+// multiplied by `parts`. That dimension is `stride` equal blocks (qkv's q, k and v:
+// stride 3), each cut into `parts` equal pieces; this rank holds piece `index` of every
+// block, in block order (Megatron's partition_stride). dim -1: the whole tensor on every
+// rank (replicated).
+struct ParamShard {
+  int dim = -1;
+  int parts = 1, index = 0;
+  int stride = 1;
+  // Replicated, but each rank's gradient is only its part of the sum (LayerNorm under
+  // sequence parallelism sees 1/parts of the tokens): summed over the group before the update.
+  bool partial_grad = false;
+  bool split() const { return dim >= 0 && parts > 1; }
+};
+
 struct ParamDecl {
   std::string name;   // full name, PyTorch style: "layer1.0.conv1.weight"
-  TensorSpec spec;
+  TensorSpec spec;    // this rank's part (the whole tensor when not split)
   ParamInit init;
   bool shared = false;  // refers to a parameter declared by an earlier layer (tied weights)
+  ParamShard shard;
+  Shape full_shape() const {  // the whole tensor's shape, on every layout
+    Shape s = spec.shape;
+    if (shard.split()) s.d[size_t(shard.dim)] *= shard.parts;
+    return s;
+  }
 };
 
 // Filled by Layer::setup(). Index of a declaration = its slot in LayerCtx.
@@ -80,19 +110,23 @@ struct LayerSetup {
   std::vector<TensorSpec> scratch_fwd;    // temporaries of forward only
   std::vector<TensorSpec> scratch_bwd;    // temporaries of backward only
   double flops_fwd = 0, flops_bwd = 0;    // per call, for the whole micro-batch
+  // Bytes this layer moves over its tensor-parallel group per call (the payload of its
+  // collectives: an all-reduce's buffer, an all-gather's output, a reduce-scatter's input).
+  double comm_fwd = 0, comm_bwd = 0;
 
   const Shape& in_shape(int i) const { return inputs.at(size_t(i)).shape; }
-  int param(const std::string& local, Shape shape, ParamInit init) {
-    params.push_back({name + "." + local, {shape, DType::f32}, init, false});
+  // shape: this rank's part; shard: how it lies in the full tensor (default: replicated).
+  int param(const std::string& local, Shape shape, ParamInit init, ParamShard shard = {}) {
+    params.push_back({name + "." + local, {shape, DType::f32}, init, false, shard});
     return int(params.size()) - 1;
   }
   // A parameter declared by an earlier layer under its full name (tied weights).
   int shared_param(const std::string& full_name, Shape shape) {
-    params.push_back({full_name, {shape, DType::f32}, ParamInit::zeros(), true});
+    params.push_back({full_name, {shape, DType::f32}, ParamInit::zeros(), true, {}});
     return int(params.size()) - 1;
   }
   int state(const std::string& local, Shape shape, ParamInit init, DType dt = DType::f32) {
-    states.push_back({name + "." + local, {shape, dt}, init, false});
+    states.push_back({name + "." + local, {shape, dt}, init, false, {}});
     return int(states.size()) - 1;
   }
   void set_output(Shape shape, DType dt = DType::f32) { output = {shape, dt}; }
@@ -116,6 +150,10 @@ struct LayerCtx {
   bool training = true;
   uint64_t seed = 0;            // per step and micro-batch; same in forward and backward
   ReplicaSum* replicas = nullptr;  // CPU: statistics over the global batch (see ReplicaSum)
+  // The tensor-parallel group (layers that communicate: the conjugate operators, the
+  // vocabulary-parallel cross-entropy). Its buffers live where the step runs: host memory
+  // for the CPU engine, device memory (NCCL, on the step's stream) on the GPU.
+  dist::Comm* group = nullptr;
   // GPU only. Under a CUDA graph, seed is frozen at capture: kernels that need a
   // per-step seed read it from *seed_dev (a u64 in device memory) instead.
   CudaCtx* cuda = nullptr;

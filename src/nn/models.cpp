@@ -12,8 +12,13 @@
 #include "nn/layers/layernorm.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/pool.h"
+#include "nn/layers/tensor_parallel.h"
 
 namespace sat {
+
+namespace {
+constexpr int64_t kMlpHidden = 1024;
+}
 
 const std::vector<std::string>& model_names() {
   static const std::vector<std::string> names{"mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"};
@@ -41,6 +46,32 @@ ModelConfig model_config(const std::string& name) {
   fail("--model: unknown model '", name, "' (expected one of: ", list, ")");
 }
 
+bool has_tensor_parallel_form(const std::string& name) {
+  return name == "mlp" || model_config(name).tokens;
+}
+
+void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
+  SAT_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
+  SAT_CHECK(!sp || tp >= 2, "--sequence-parallel needs --tp 2 or more (it splits the tensor-parallel group's "
+            "LayerNorm and dropout regions along the sequence)");
+  if (tp == 1) return;
+  SAT_CHECK(has_tensor_parallel_form(c.name), "--tp ", tp, ": ", c.name, " has no tensor-parallel form (models "
+            "with one: mlp, gpt-mini, gpt2-124m; use --tp 1, or --pp / data parallelism)");
+  if (c.name == "mlp") {
+    SAT_CHECK(!sp, "--sequence-parallel: mlp has no sequence to split (it applies to the GPT models)");
+    SAT_CHECK(kMlpHidden % tp == 0, "--tp ", tp, ": mlp's hidden width ", kMlpHidden, " does not divide by ", tp);
+    return;
+  }
+  SAT_CHECK(c.n_head % tp == 0, "--tp ", tp, ": ", c.name, " has ", c.n_head,
+            " attention heads, which do not divide by ", tp, " (each rank computes n_head / tp whole heads)");
+  const int64_t unit = 128 * int64_t(tp), padded = (c.vocab + unit - 1) / unit * unit;
+  SAT_CHECK(c.vocab % tp == 0, "--tp ", tp, ": ", c.name, "'s vocabulary of ", c.vocab, " tokens does not divide by ",
+            tp, " (the embedding and output head are split by vocabulary): pad it, as Megatron-LM does, with --vocab ",
+            padded);
+  SAT_CHECK(!sp || c.seq_len % tp == 0, "--sequence-parallel: ", c.name, "'s sequence length ", c.seq_len,
+            " does not divide by --tp ", tp);
+}
+
 namespace {
 
 int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int64_t cin, int64_t cout,
@@ -52,22 +83,28 @@ int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int
 // torchvision's ResNet init: kaiming_normal_(mode="fan_out", nonlinearity="relu").
 ParamInit kaiming_fan_out(int64_t cout, int64_t k) { return ParamInit::normal(std::sqrt(2.0f / float(cout * k * k))); }
 
+// Tensor parallel (tp > 1): fc1 column-parallel (its input, the images, takes no gradient:
+// no TPCopy), fc2 row-parallel and completed by an all-reduce, fc3 whole on every rank.
 void build_mlp(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   int64_t in = c.image.numel();
+  const TPRank tp{c.tp, c.tp_rank};
   // Every layer is a block, as nn.Sequential's children are for PyTorch's pipelining.
   g.begin_block();
   int x = g.add<Flatten>("flatten", {m.x});
   g.begin_block();
-  x = g.add<Linear>("fc1", {x}, in, 1024);
+  x = g.add<Linear>("fc1", {x}, in, kMlpHidden, true, std::nullopt, std::nullopt, "",
+                    LinearTP{LinearTP::Split::column, tp});
   g.begin_block();
   x = g.add<ReLU>("relu1", {x});
   g.begin_block();
-  x = g.add<Linear>("fc2", {x}, 1024, 1024);
+  x = g.add<Linear>("fc2", {x}, kMlpHidden, kMlpHidden, true, std::nullopt, std::nullopt, "",
+                    LinearTP{LinearTP::Split::row, tp});
+  if (tp.on()) x = g.add<TPAllReduce>("fc2.all_reduce", {x}, tp);
   g.begin_block();
   x = g.add<ReLU>("relu2", {x});
   g.begin_block();
-  m.logits = g.add<Linear>("fc3", {x}, 1024, c.classes);
+  m.logits = g.add<Linear>("fc3", {x}, kMlpHidden, c.classes);
 }
 
 void build_convnet(BuiltModel& m, Graph& g) {
@@ -124,42 +161,76 @@ void build_resnet18(BuiltModel& m, Graph& g) {
   m.logits = g.add<Linear>("fc", {x}, 512, c.classes);
 }
 
+// The entry and exit of a tensor-parallel region of GPT (Megatron's conjugate operators):
+// with sequence parallelism the residual stream is this rank's rows, gathered on entry and
+// reduce-scattered on exit; without it the stream is whole on every rank, copied on entry
+// (all-reduce of its gradient) and all-reduced on exit.
+struct GptRegions {
+  Graph& g;
+  TPRank tp;
+  bool sp;
+  Shape full;  // [B, T, C]
+  int enter(const std::string& name, int x) {
+    if (!tp.on()) return x;
+    return sp ? g.add<TPAllGather>(name + ".all_gather", {x}, tp, full) : g.add<TPCopy>(name + ".copy", {x}, tp);
+  }
+  int leave(const std::string& name, int x) {
+    if (!tp.on()) return x;
+    return sp ? g.add<TPReduceScatter>(name + ".reduce_scatter", {x}, tp) : g.add<TPAllReduce>(name + ".all_reduce", {x}, tp);
+  }
+};
+
 // nanoGPT's GPT-2: pre-LayerNorm blocks, learned positions, tied lm_head, N(0, 0.02)
-// init with the residual projections scaled by 1/sqrt(2 * n_layer).
+// init with the residual projections scaled by 1/sqrt(2 * n_layer). Tensor parallel as
+// Megatron-LM: a vocabulary-parallel embedding and head, per block qkv column-parallel
+// (stride 3: each rank holds its n_head / tp heads' q, k and v) and the attention
+// projection row-parallel, the MLP's c_fc column- and c_proj row-parallel.
 void build_gpt(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   const int64_t C = c.n_embd;
+  const TPRank tp{c.tp, c.tp_rank};
+  const bool sp = tp.on() && c.sequence_parallel;
+  GptRegions region{g, tp, sp, Shape{m.x_shape[0], m.x_shape[1], C}};
+  const LinearTP col{LinearTP::Split::column, tp}, qkv{LinearTP::Split::column, tp, 3}, row{LinearTP::Split::row, tp};
+  const TPRank rows = sp ? tp : TPRank{};  // dropout on this rank's rows
   ParamInit w02 = ParamInit::normal(0.02f), zero = ParamInit::zeros();
   ParamInit wproj = ParamInit::normal(0.02f / std::sqrt(2.0f * float(c.n_layer)));
   // Blocks: the transformer layers (Megatron's); the embedding belongs to the first and
   // the final LayerNorm and output head to the last.
   g.begin_block();
-  int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f);
-  if (c.dropout > 0) x = g.add<Dropout>("transformer.drop", {x}, c.dropout);
+  int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f, tp);
+  x = region.leave("transformer", x);
+  if (c.dropout > 0) x = g.add<Dropout>("transformer.drop", {x}, c.dropout, rows);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
     if (l > 0) g.begin_block();
-    int h = g.add<LayerNorm>(p + "ln_1", {x}, C);
-    h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero);
-    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head);
-    h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero);
-    if (c.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, c.dropout);
+    int h = g.add<LayerNorm>(p + "ln_1", {x}, C, 1e-5f, sp);
+    h = region.enter(p + "attn", h);
+    h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero, "", qkv);
+    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head / tp.parts);
+    h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero, "", row);
+    h = region.leave(p + "attn", h);
+    if (c.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, c.dropout, rows);
     x = g.add<Add>(p + "add1", {x, h});
-    h = g.add<LayerNorm>(p + "ln_2", {x}, C);
-    h = g.add<Linear>(p + "mlp.c_fc", {h}, C, 4 * C, true, w02, zero);
+    h = g.add<LayerNorm>(p + "ln_2", {x}, C, 1e-5f, sp);
+    h = region.enter(p + "mlp", h);
+    h = g.add<Linear>(p + "mlp.c_fc", {h}, C, 4 * C, true, w02, zero, "", col);
     h = g.add<GELU>(p + "mlp.gelu", {h});
-    h = g.add<Linear>(p + "mlp.c_proj", {h}, 4 * C, C, true, wproj, zero);
-    if (c.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, c.dropout);
+    h = g.add<Linear>(p + "mlp.c_proj", {h}, 4 * C, C, true, wproj, zero, "", row);
+    h = region.leave(p + "mlp", h);
+    if (c.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, c.dropout, rows);
     x = g.add<Add>(p + "add2", {x, h});
   }
-  x = g.add<LayerNorm>("transformer.ln_f", {x}, C);
-  m.logits = g.add<Linear>("lm_head", {x}, C, c.vocab, false, w02, zero, "transformer.wte.weight");
+  x = g.add<LayerNorm>("transformer.ln_f", {x}, C, 1e-5f, sp);
+  x = region.enter("lm_head", x);
+  m.logits = g.add<Linear>("lm_head", {x}, C, c.vocab, false, w02, zero, "transformer.wte.weight", col);
 }
 
 }  // namespace
 
 BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
+  check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);
   BuiltModel m;
   m.config = cfg;
   m.graph = std::make_unique<Graph>(training, cfg.act, cfg.device);
@@ -180,7 +251,7 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
   else if (cfg.name == "resnet18") build_resnet18(m, g);
   else if (cfg.tokens) build_gpt(m, g);
   else model_config(cfg.name);  // throws the unknown-model error
-  m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y});
+  m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y}, cfg.tokens ? TPRank{cfg.tp, cfg.tp_rank} : TPRank{});
   g.set_logits(m.logits);
   g.set_loss(m.loss);
   return m;

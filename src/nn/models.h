@@ -19,9 +19,19 @@ struct ModelConfig {
   float dropout = 0.0f;
   Device device = Device::cpu;  // where the step runs
   DType act = DType::f32;       // floating activations: f32, or bf16/f16 on the GPU
+  // Tensor parallelism: this rank's part of a group of tp (its layers' weights and work
+  // split as Megatron-LM splits them), and sequence parallelism within it.
+  int tp = 1, tp_rank = 0;
+  bool sequence_parallel = false;
 };
 
 const std::vector<std::string>& model_names();
+// The models with a tensor-parallel form (mlp and the GPT family).
+bool has_tensor_parallel_form(const std::string& name);
+// --tp and --sequence-parallel against the model: sat::Error naming the flag when the
+// model has no tensor-parallel form, its heads, hidden width or vocabulary do not divide
+// by tp, or sequence parallelism has nothing to split.
+void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_parallel);
 ModelConfig model_config(const std::string& name);  // defaults; sat::Error on an unknown name
 
 struct BuiltModel {

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/rng.h"
+#include "nn/shard.h"
 
 #if SAT_HAVE_CUDA
 #include "backend/cuda/context.h"
@@ -146,42 +148,58 @@ static void init_states(const ParamStore& ps) {
   }
 }
 
+namespace {
+// Fills a parameter drawn as its full tensor (so that every tensor-parallel layout starts
+// from the weights of one process) and keeps this rank's part: fill(full, numel).
+template <class Fill>
+void fill_param(const ParamDecl& d, Tensor local, Fill fill) {
+  if (!d.shard.split()) {
+    fill(local.f32(), local.numel());
+    return;
+  }
+  std::vector<float> full(size_t(d.full_shape().numel()));
+  fill(full.data(), int64_t(full.size()));
+  shard_extract(d, full.data(), local.ptr);
+}
+}  // namespace
+
 void ParamStore::init(uint64_t seed) {
   SAT_CHECK(device_ == Device::cpu, "internal error: initialise parameters before moving them to the GPU");
   for (size_t i = 0; i < decls_.size(); ++i) {
-    Tensor t = host_param(i);
     const ParamInit& in = decls_[i].init;
-    Rng rng(mix_seed(seed, fnv1a64(decls_[i].name)));
-    float* p = t.f32();
-    for (int64_t k = 0; k < t.numel(); ++k) {
-      switch (in.kind) {
-        case ParamInit::Kind::zeros: p[k] = 0; break;
-        case ParamInit::Kind::ones: p[k] = 1; break;
-        case ParamInit::Kind::constant: p[k] = in.scale; break;
-        case ParamInit::Kind::uniform: p[k] = rng.uniform(-in.scale, in.scale); break;
-        case ParamInit::Kind::normal: p[k] = in.scale * rng.normal(); break;
+    fill_param(decls_[i], host_param(i), [&](float* p, int64_t n) {
+      Rng rng(mix_seed(seed, fnv1a64(decls_[i].name)));
+      for (int64_t k = 0; k < n; ++k) {
+        switch (in.kind) {
+          case ParamInit::Kind::zeros: p[k] = 0; break;
+          case ParamInit::Kind::ones: p[k] = 1; break;
+          case ParamInit::Kind::constant: p[k] = in.scale; break;
+          case ParamInit::Kind::uniform: p[k] = rng.uniform(-in.scale, in.scale); break;
+          case ParamInit::Kind::normal: p[k] = in.scale * rng.normal(); break;
+        }
       }
-    }
+    });
   }
   init_states(*this);
   zero_optimizer_state();
 }
 
 // Norm weights (init ones): 1 + 0.1 v; other 1-D: 0.1 v; >= 2-D: v / sqrt(fan_in),
-// v = 2 unit(fnv1a64(name), k) - 1 in double, stored as float.
+// v = 2 unit(fnv1a64(name), k) - 1 in double, stored as float (k, fan_in: of the full tensor).
 void ParamStore::init_parity() {
   SAT_CHECK(device_ == Device::cpu, "internal error: initialise parameters before moving them to the GPU");
   for (size_t i = 0; i < decls_.size(); ++i) {
-    Tensor t = host_param(i);
     const ParamDecl& d = decls_[i];
-    uint64_t h = fnv1a64(d.name);
-    int64_t n = t.numel();
-    double fan_in = d.spec.shape.nd >= 2 ? double(n / d.spec.shape[0]) : 1.0;
-    double base = (d.spec.shape.nd == 1 && d.init.kind == ParamInit::Kind::ones) ? 1.0 : 0.0;
-    for (int64_t k = 0; k < n; ++k) {
-      double v = 2.0 * double(hash_unit(h, uint64_t(k))) - 1.0;
-      t.f32()[k] = float(d.spec.shape.nd >= 2 ? v / std::sqrt(fan_in) : base + 0.1 * v);
-    }
+    const Shape full = d.full_shape();
+    fill_param(d, host_param(i), [&](float* p, int64_t n) {
+      uint64_t h = fnv1a64(d.name);
+      double fan_in = full.nd >= 2 ? double(n / full[0]) : 1.0;
+      double base = (full.nd == 1 && d.init.kind == ParamInit::Kind::ones) ? 1.0 : 0.0;
+      for (int64_t k = 0; k < n; ++k) {
+        double v = 2.0 * double(hash_unit(h, uint64_t(k))) - 1.0;
+        p[k] = float(full.nd >= 2 ? v / std::sqrt(fan_in) : base + 0.1 * v);
+      }
+    });
   }
   init_states(*this);
   zero_optimizer_state();

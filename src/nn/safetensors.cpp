@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nn/shard.h"
 
 namespace sat {
 namespace {
@@ -27,12 +28,13 @@ const char* st_dtype(DType t) {
   return "?";
 }
 
-struct Entry { std::string name; Tensor t; };
+// decl: a parameter's declaration (a tensor-parallel part is loaded from the full tensor).
+struct Entry { std::string name; Tensor t; const ParamDecl* decl = nullptr; };
 
 std::vector<Entry> entries(const ParamStore& ps) {
   std::vector<Entry> e;
   for (size_t i = 0; i < ps.num_params(); ++i)
-    if (!ps.decl(i).shared) e.push_back({ps.decl(i).name, ps.host_param(i)});
+    if (!ps.decl(i).shared) e.push_back({ps.decl(i).name, ps.host_param(i), &ps.decl(i)});
   for (size_t i = 0; i < ps.num_states(); ++i) e.push_back({ps.state_decl(i).name, ps.host_state(i)});
   return e;
 }
@@ -91,7 +93,11 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
   SAT_CHECK(h.is_object(), path, ": safetensors header is not a JSON object");
   const uint64_t data_size = size - 8 - hlen;
   std::map<std::string, Tensor> want;
-  for (auto& e : entries(ps)) want[e.name] = e.t;
+  std::map<std::string, const ParamDecl*> split;  // tensor-parallel parts: the file holds the full tensor
+  for (auto& e : entries(ps)) {
+    want[e.name] = e.t;
+    if (e.decl && e.decl->shard.split()) split[e.name] = e.decl;
+  }
   std::set<std::string> seen;
   for (auto& [name, info] : h.items()) {
     if (name == "__metadata__") continue;
@@ -103,7 +109,8 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
       if ((name == "lm_head.weight" && known("transformer.wte.weight")) || known(name)) continue;
       fail(path, ": unexpected tensor '", name, "' (this model has no parameter of that name)");
     }
-    const Tensor& t = it->second;
+    const ParamDecl* part = split.count(name) ? split.at(name) : nullptr;
+    const Tensor t = part ? Tensor(nullptr, part->full_shape(), it->second.dtype) : it->second;
     try {
       std::string dt = info.at("dtype");
       std::vector<int64_t> shape = info.at("shape");
@@ -117,15 +124,18 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
       SAT_CHECK(offs[1] - offs[0] == t.bytes(), path, ": tensor '", name, "' has ", offs[1] - offs[0], " bytes of data, expected ",
                 t.bytes());
       f.seekg(std::streamoff(8 + hlen + offs[0]));
-      f.read(static_cast<char*>(t.ptr), std::streamsize(t.bytes()));
+      std::vector<uint8_t> full(part ? t.bytes() : 0);
+      f.read(part ? reinterpret_cast<char*>(full.data()) : static_cast<char*>(t.ptr), std::streamsize(t.bytes()));
       SAT_CHECK(f, path, ": reading tensor '", name, "' failed (truncated file?)");
+      if (part) shard_extract(*part, full.data(), it->second.ptr, dtype_size(t.dtype));
     } catch (const nlohmann::json::exception& e) {
       fail(path, ": tensor '", name, "' has a malformed header entry (", e.what(), ")");
     }
     seen.insert(name);
   }
   for (auto& [name, t] : want)
-    SAT_CHECK(seen.count(name), path, ": tensor '", name, "' ", t.shape.str(), " is missing");
+    SAT_CHECK(seen.count(name), path, ": tensor '", name, "' ",
+              (split.count(name) ? split.at(name)->full_shape() : t.shape).str(), " is missing");
 }
 
 }  // namespace sat

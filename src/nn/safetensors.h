@@ -16,7 +16,8 @@ void save_safetensors(const std::string& path, const ParamStore& ps, const std::
 // Loads every parameter and state tensor; a missing tensor, a wrong shape or dtype,
 // an unknown tensor name or a corrupt file is a sat::Error naming the file. A pipeline
 // stage's store holds part of the model: given the names of the whole model's
-// parameters and states, the file's tensors of other stages are skipped.
+// parameters and states, the file's tensors of other stages are skipped. A tensor-parallel
+// part (ParamDecl::shard) is read from the file's full tensor.
 void load_safetensors(const std::string& path, ParamStore& ps, const std::set<std::string>* model_names = nullptr);
 
 }  // namespace sat

@@ -47,8 +47,11 @@ struct TrainConfig {
   // The job's world communicator (null: this process alone). The ranks form a mesh of
   // data-, tensor- and pipeline-parallel groups (dist/mesh.h): dp = world / (tp * pp).
   dist::Comm* comm = nullptr;
-  // Tensor parallelism (--tp): its group exists; layers that use it come next.
+  // Tensor parallelism (--tp): the model's large matrix products (and its vocabulary) are
+  // split over the tp ranks of each group, Megatron-LM's way (nn/models.h); with
+  // sequence_parallel the LayerNorm and dropout regions are split along the sequence too.
   int tp = 1;
+  bool sequence_parallel = false;
   // Pipeline parallelism (--pp): the model is cut into pp stages (pp * virtual_stages
   // model chunks) between blocks, balanced by FLOPs and memory unless pp_split names the
   // cut points (block indices, ascending); every optimizer step runs `accum`
@@ -109,10 +112,19 @@ struct StepMetrics {
   double noise_scale = NAN;  // with measure_noise: the smoothed estimate so far (0 while undefined)
 };
 
+// Bytes a rank moved over each group of the mesh per optimizer step (the payload its
+// communicators counted, dist::Traffic: collectives plus point-to-point sends), averaged
+// over the run's steps; evaluation not included.
+struct GroupBytes {
+  double tp = 0, dp = 0, pp = 0, embedding = 0;
+};
+
 // One rank of the job, as summary.json reports it.
 struct RankReport {
-  int rank = 0, stage = 0, dp_rank = 0;
+  int rank = 0, stage = 0, dp_rank = 0, tp_rank = 0;
   size_t predicted_memory_bytes = 0, peak_memory_bytes = 0;
+  std::vector<size_t> memory_by_kind;  // the plan's, per MemKind (transient kinds before reuse)
+  GroupBytes comm_bytes_per_step;
   double step_seconds = 0;  // mean over the measured steps
   double wait_seconds = 0;  // of it, waiting for other pipeline stages (mean per step)
 };
@@ -140,6 +152,7 @@ struct TrainResult {
   // (measured steps); 0 without pipelining.
   double bubble_fraction = 0;
   std::vector<RankReport> ranks;      // every rank of the job
+  GroupBytes comm_bytes_per_step;     // this rank's
   std::string comm_backend;         // what reduced the gradients: "mpi", "nccl", or "" (one process)
   int64_t global_batch = 0;
   // Gradient reduction, first bucket launched .. all reduced, summed over the measured

@@ -92,11 +92,19 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["comm_hidden_fraction"] = r.comm_hidden_fraction;
   s["rank_step_seconds"] = r.rank_step_seconds;
   ordered_json ranks = ordered_json::array();
-  for (const RankReport& k : r.ranks)
-    ranks.push_back({{"rank", k.rank}, {"stage", k.stage}, {"dp_rank", k.dp_rank},
+  for (const RankReport& k : r.ranks) {
+    ordered_json mem = ordered_json::object();
+    for (size_t i = 0; i < k.memory_by_kind.size(); ++i)
+      if (k.memory_by_kind[i]) mem[mem_kind_name(MemKind(i))] = k.memory_by_kind[i];
+    const GroupBytes& c = k.comm_bytes_per_step;
+    ranks.push_back({{"rank", k.rank}, {"stage", k.stage}, {"dp_rank", k.dp_rank}, {"tp_rank", k.tp_rank},
                      {"predicted_memory_bytes", k.predicted_memory_bytes}, {"peak_memory_bytes", k.peak_memory_bytes},
+                     {"memory_by_kind", mem},
+                     {"comm_bytes_per_step", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}, {"embedding", c.embedding}}},
                      {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds}});
+  }
   s["ranks"] = ranks;
+  s["sequence_parallel"] = cfg.sequence_parallel;
   s["sync_bn"] = cfg.sync_bn;
   s["zero"] = cfg.zero;
   s["optimizer_state_bytes"] = plan.by_kind[size_t(MemKind::optimizer_state)];

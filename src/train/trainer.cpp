@@ -10,6 +10,7 @@
 #include "core/timer.h"
 #include "dist/nccl_comm.h"
 #include "nn/safetensors.h"
+#include "nn/shard.h"
 #include "profile/nvml.h"
 #include "train/noise.h"
 #include "train/report.h"
@@ -43,10 +44,14 @@ DType activation_dtype(Precision p, Device dev) {
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
 
-ModelConfig resolved(const ModelConfig& mc, const TrainConfig& cfg, int* dev_index = nullptr) {
+// The model as this rank runs it: device, activation dtype and its tensor-parallel part.
+ModelConfig resolved(const ModelConfig& mc, const TrainConfig& cfg, int* dev_index = nullptr, int tp_rank = 0) {
   ModelConfig m = mc;
   m.device = resolve_device(cfg.device, dev_index);
   m.act = activation_dtype(cfg.precision, m.device);
+  m.tp = cfg.tp;
+  m.tp_rank = tp_rank;
+  m.sequence_parallel = cfg.sequence_parallel;
   return m;
 }
 
@@ -78,8 +83,9 @@ void check_layout(const TrainConfig& cfg, bool cuda, int world) {
   SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
             "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
   dist::Mesh::check(world, cfg.tp, cfg.pp);
-  SAT_CHECK(cfg.tp == 1, "--tp ", cfg.tp, ": tensor-parallel layers are not built yet (the mesh has their group; "
-            "use --tp 1)");
+  SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
+            "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
+            "measure it without --sequence-parallel");
 }
 
 struct CommReplicaSum : ReplicaSum {
@@ -110,7 +116,7 @@ struct Trainer::Gpu {
   cudaStream_t comm_stream = nullptr;  // the data-parallel reduction's
   // NCCL over the mesh's groups: dp on its own stream (buckets overlap backward), pipeline
   // and tied-weight groups on the compute stream (ordered with the step's work).
-  std::unique_ptr<dist::Comm> dp, pp, tie;
+  std::unique_ptr<dist::Comm> dp, pp, tie, tp;
   // measure_noise: per chunk |first micro-batch's gradient|^2, then the reduced one's.
   double* norms = nullptr;
   double* norm_partials = nullptr;
@@ -118,6 +124,7 @@ struct Trainer::Gpu {
     dp.reset();
     pp.reset();
     tie.reset();
+    tp.reset();
     if (comm_stream) cudaStreamDestroy(comm_stream);
     if (norms) cudaFree(norms);
     if (norm_partials) cudaFree(norm_partials);
@@ -142,9 +149,15 @@ class Trainer::Hooks : public StepHooks {
         seen[size_t(pid)] = true;
         auto& r = ranges_[size_t(n.chunk)];
         const int64_t lo = t.params_->offset(size_t(pid));
+        const ParamDecl& d = g.params()[size_t(pid)];
         r.first = std::min(r.first, lo);
-        r.second = std::max(r.second, lo + g.params()[size_t(pid)].spec.shape.numel());
+        r.second = std::max(r.second, lo + d.spec.shape.numel());
+        // Tensor parallel: a parameter whole on every rank of the group counts on its first.
+        if (!d.shard.split() && t.mesh_->tp_rank() > 0) excluded_.push_back({lo, lo + d.spec.shape.numel()});
+        if (d.shard.partial_grad) partial_.push_back({lo, lo + d.spec.shape.numel()});
       }
+    std::sort(excluded_.begin(), excluded_.end());
+    std::sort(partial_.begin(), partial_.end());
   }
   void begin_step() {
     fetched_ = 0;
@@ -172,6 +185,7 @@ class Trainer::Hooks : public StepHooks {
   }
   void reduce_grads() override {
     t_.reducer_->reduce();
+    sum_partial_grads();
     if (!t_.cfg_.measure_noise) return;
     const ParamStore& ps = *t_.params_;
     const bool zero = t_.cfg_.zero >= 1 && t_.mesh_->dp() > 1;
@@ -211,6 +225,7 @@ class Trainer::Hooks : public StepHooks {
     // norm is averaged over the data-parallel ranks, the global batch's summed over the
     // ZeRO-1 shards.
     if (m.pp() > 1) m.pp_group().all_reduce_sync(v, 2, DType::f64, dist::ReduceOp::sum);
+    if (m.tp() > 1) m.tp_group().all_reduce_sync(v, 2, DType::f64, dist::ReduceOp::sum);  // each element once
     if (m.dp() > 1) {
       m.dp_group().all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::avg);
       if (t_.cfg_.zero >= 1) m.dp_group().all_reduce_sync(v + 1, 1, DType::f64, dist::ReduceOp::sum);
@@ -235,7 +250,28 @@ class Trainer::Hooks : public StepHooks {
     }
 #endif
     (void)slot;
-    return squared_norm(ps.flat_grads() + r.first, r.second - r.first);
+    double sum = 0;
+    int64_t at = r.first;
+    for (auto [lo, hi] : excluded_) {
+      if (hi <= at) continue;
+      if (lo >= r.second) break;
+      if (lo > at) sum += squared_norm(ps.flat_grads() + at, lo - at);
+      at = std::max(at, hi);
+    }
+    if (at < r.second) sum += squared_norm(ps.flat_grads() + at, r.second - at);
+    return sum;
+  }
+
+  // Sequence parallelism: LayerNorm gradients are each rank's part of the sum over the
+  // tokens; the tensor-parallel group adds them up (after the data-parallel average, which
+  // is linear: the order does not matter).
+  void sum_partial_grads() {
+    dist::Comm* tp = t_.tp_comm();
+    for (size_t k = 0; k < partial_.size();) {
+      int64_t lo = partial_[k].first, hi = partial_[k].second;
+      for (++k; k < partial_.size() && partial_[k].first <= ((hi + 15) / 16) * 16; ++k) hi = partial_[k].second;
+      tp->all_reduce(t_.params_->flat_grads() + lo, size_t(hi - lo), DType::f32, dist::ReduceOp::sum)->wait();
+    }
   }
 
   Trainer& t_;
@@ -243,6 +279,8 @@ class Trainer::Hooks : public StepHooks {
   int fetched_ = 0;
   int64_t epoch_ = 0;
   std::vector<std::pair<int64_t, int64_t>> ranges_;
+  std::vector<std::pair<int64_t, int64_t>> excluded_;  // flat ranges counted on another tp rank
+  std::vector<std::pair<int64_t, int64_t>> partial_;   // flat ranges of partial gradients
   double small_sq_ = 0, big_sq_ = 0;
 };
 
@@ -270,8 +308,10 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   const bool cuda = mc_.device == Device::cuda;
   const int world = world_->size();
   check_layout(cfg, cuda, world);
+  check_tensor_parallel(mc_, cfg.tp, cfg.sequence_parallel);
   mesh_ = std::make_unique<dist::Mesh>(*world_, cfg.tp, cfg.pp);
   const dist::Mesh& m = *mesh_;
+  mc_.tp_rank = m.tp_rank();
   // One GPU per rank, picked by the rank's place on its node (as torchrun's LOCAL_RANK).
   if (cuda && world > 1 && cfg.device.find(':') == std::string::npos)
     dev_index = dist::local_rank_gpu("--device " + cfg.device);
@@ -294,6 +334,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   const bool nccl_dp = cuda && (cfg.dist_backend == DistBackend::nccl || m.dp() > 1);
   if (cuda) setup_gpu(dev_index, nccl_dp);
   engine_ = std::make_unique<Engine>(*plan_.model.graph, *params_, plan_.step, gpu_ctx());
+  if (m.tp() > 1) engine_->set_group(tp_comm());
   if (cfg.sync_bn && m.dp() > 1) {
     replica_sum_ = std::make_unique<CommReplicaSum>(m.dp_group());
     engine_->set_replica_sum(replica_sum_.get());
@@ -345,6 +386,13 @@ void Trainer::broadcast_initial_state() {
   }
 }
 
+dist::Comm* Trainer::tp_comm() const {
+#if SAT_HAVE_CUDA
+  if (gpu_ && gpu_->tp) return gpu_->tp.get();
+#endif
+  return &mesh_->tp_group();
+}
+
 CudaCtx* Trainer::gpu_ctx() const {
 #if SAT_HAVE_CUDA
   return gpu_ ? gpu_->ctx : nullptr;
@@ -373,6 +421,8 @@ void Trainer::setup_gpu(int dev_index, bool nccl_dp) {
     G.dp = dist::make_nccl_comm(m.dp_group(), dev_index, G.comm_stream);
   }
   if (m.pp() > 1) G.pp = dist::make_nccl_comm(m.pp_group(), dev_index, G.ctx->stream);
+  // The tensor-parallel layers' collectives run on the compute stream, in the step's order.
+  if (m.tp() > 1) G.tp = dist::make_nccl_comm(m.tp_group(), dev_index, G.ctx->stream);
   const Graph& g = *plan_.model.graph;
   if (!g.tied_copies().empty() || !g.tied_remote().empty())
     G.tie = dist::make_nccl_comm(*m.embedding_group(), dev_index, G.ctx->stream);
@@ -435,6 +485,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const float* scale = nullptr;
 #endif
   engine_->set_dloss(1.0f / float(cfg_.accum), scale);
+  const GroupBytes traffic_before = traffic();
   const double t_train = now_seconds();
   for (int64_t step = 0; step < total; ++step) {
     const double t0 = now_seconds();
@@ -482,6 +533,10 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   engine_->set_profiling(false);
   r.noise_scale = noise.estimate();
   r.steps = total;
+  const GroupBytes moved = traffic();
+  r.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / double(total), (moved.dp - traffic_before.dp) / double(total),
+                           (moved.pp - traffic_before.pp) / double(total),
+                           (moved.embedding - traffic_before.embedding) / double(total)};
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();
   r.train_seconds = t_end - t_train;
   const int64_t measured = total - r.warmup_excluded;
@@ -563,21 +618,38 @@ void Trainer::sync_states_from_first_replica() {
   }
 }
 
-// Every rank's stage, memory and step time, gathered on every rank.
+// Every rank's place, memory and step time, gathered on every rank.
 void Trainer::gather_ranks(TrainResult& r, double step_seconds, double wait_seconds) {
   const dist::Mesh& m = *mesh_;
-  double mine[7] = {double(m.rank()), double(m.pp_rank()), double(m.dp_rank()), double(r.predicted_memory_bytes),
-                    double(r.peak_memory_bytes), step_seconds, wait_seconds};
-  std::vector<double> all(size_t(7 * m.size()));
-  world_->all_gather(mine, all.data(), 7, DType::f64)->wait();
+  const GroupBytes& c = r.comm_bytes_per_step;
+  std::vector<double> mine{double(m.rank()), double(m.pp_rank()), double(m.dp_rank()), double(m.tp_rank()),
+                           double(r.predicted_memory_bytes), double(r.peak_memory_bytes), step_seconds, wait_seconds,
+                           c.tp, c.dp, c.pp, c.embedding};
+  for (size_t b : plan_.memory.by_kind) mine.push_back(double(b));
+  const size_t n = mine.size();
+  std::vector<double> all(n * size_t(m.size()));
+  world_->all_gather(mine.data(), all.data(), n, DType::f64)->wait();
   double bubble = 0;
   for (int k = 0; k < m.size(); ++k) {
-    const double* a = all.data() + 7 * k;
-    r.ranks.push_back({int(a[0]), int(a[1]), int(a[2]), size_t(a[3]), size_t(a[4]), a[5], a[6]});
-    r.rank_step_seconds.push_back(a[5]);
-    bubble += a[5] > 0 ? a[6] / a[5] : 0;
+    const double* a = all.data() + n * size_t(k);
+    RankReport rr;
+    rr.rank = int(a[0]), rr.stage = int(a[1]), rr.dp_rank = int(a[2]), rr.tp_rank = int(a[3]);
+    rr.predicted_memory_bytes = size_t(a[4]), rr.peak_memory_bytes = size_t(a[5]);
+    rr.step_seconds = a[6], rr.wait_seconds = a[7];
+    rr.comm_bytes_per_step = {a[8], a[9], a[10], a[11]};
+    for (size_t i = 12; i < n; ++i) rr.memory_by_kind.push_back(size_t(a[i]));
+    r.ranks.push_back(rr);
+    r.rank_step_seconds.push_back(rr.step_seconds);
+    bubble += rr.step_seconds > 0 ? rr.wait_seconds / rr.step_seconds : 0;
   }
   r.bubble_fraction = m.pp() > 1 ? bubble / double(m.size()) : 0;
+}
+
+// The payload bytes each group of the mesh has moved so far.
+GroupBytes Trainer::traffic() const {
+  const dist::Mesh& m = *mesh_;
+  return {m.traffic_of("tp").total(), m.traffic_of("dp").total(), m.traffic_of("pp").total(),
+          m.traffic_of("embedding").total()};
 }
 
 // ---- evaluation -----------------------------------------------------------------------
@@ -658,22 +730,65 @@ void Trainer::load_weights(const std::string& path) {
   if (mesh_->dp() > 1) broadcast_initial_state();
 }
 
-// The whole model on global rank 0: each pipeline stage of the first data-parallel
-// replica sends its parameters and states there. nullptr on other ranks.
+namespace {
+// Declarations of the full tensors of (possibly tensor-parallel) parameters.
+std::vector<ParamDecl> full_decls(const std::vector<ParamDecl>& ps) {
+  std::vector<ParamDecl> out = ps;
+  for (auto& d : out) {
+    d.spec.shape = d.full_shape();
+    d.shard = {};
+  }
+  return out;
+}
+}  // namespace
+
+// This stage's parameters as full tensors on the tensor-parallel group's first rank
+// (collective over the group; nullptr elsewhere): each split parameter's parts are
+// all-gathered and put in their places.
+std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel() {
+  dist::Comm& tp = mesh_->tp_group();
+  const Graph& g = *plan_.model.graph;
+  auto out = std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0);
+  std::vector<float> parts;
+  for (size_t i = 0; i < params_->num_params(); ++i) {
+    const ParamDecl& d = params_->decl(i);
+    Tensor local = params_->host_param(i), full = out->host_param(i);
+    if (!d.shard.split()) {
+      std::copy(local.f32(), local.f32() + local.numel(), full.f32());
+      continue;
+    }
+    parts.resize(size_t(local.numel() * tp.size()));
+    tp.all_gather(local.ptr, parts.data(), size_t(local.numel()), DType::f32)->wait();
+    for (int r = 0; r < tp.size(); ++r) shard_insert_part(d, r, parts.data() + r * local.numel(), full.ptr);
+  }
+  for (size_t i = 0; i < params_->num_states(); ++i) {
+    Tensor src = params_->host_state(i), dst = out->host_state(i);
+    std::copy(src.u8(), src.u8() + src.bytes(), dst.u8());
+  }
+  if (tp.rank() != 0) return nullptr;
+  return out;
+}
+
+// The whole model on global rank 0: the tensor-parallel parts of each stage of the first
+// data-parallel replica are gathered on its first tp rank, which sends the stage's full
+// tensors there. nullptr on other ranks (and on rank 0 when its own store is the model).
 std::unique_ptr<ParamStore> Trainer::gather_whole_model() {
   const dist::Mesh& m = *mesh_;
-  if (m.pp() == 1 || m.dp_rank() != 0 || m.tp_rank() != 0) return nullptr;
+  if (m.dp_rank() != 0) return nullptr;
+  std::unique_ptr<ParamStore> stage = m.tp() > 1 ? gather_tensor_parallel() : nullptr;
+  if (m.tp_rank() != 0 || m.pp() == 1) return stage;
+  const ParamStore& mine = stage ? *stage : *params_;
   dist::Comm& pp = m.pp_group();
   if (m.pp_rank() != 0) {
-    pp.send(params_->host_flat_params(), size_t(params_->flat_size()), DType::f32, 0)->wait();
-    for (size_t i = 0; i < params_->num_states(); ++i) {
-      Tensor t = params_->host_state(i);
+    pp.send(mine.host_flat_params(), size_t(mine.flat_size()), DType::f32, 0)->wait();
+    for (size_t i = 0; i < mine.num_states(); ++i) {
+      Tensor t = mine.host_state(i);
       pp.send(t.ptr, t.bytes(), DType::u8, 0)->wait();
     }
     return nullptr;
   }
   BuiltModel whole = build_model(mc_, cfg_.batch, true);
-  auto out = std::make_unique<ParamStore>(whole.graph->params(), whole.graph->states(), 0);
+  auto out = std::make_unique<ParamStore>(full_decls(whole.graph->params()), whole.graph->states(), 0);
   auto copy_in = [&](const ParamStore& from) {
     for (size_t i = 0; i < from.num_params(); ++i) {
       const int k = out->find_param(from.decl(i).name);
@@ -687,12 +802,12 @@ std::unique_ptr<ParamStore> Trainer::gather_whole_model() {
   };
   for (int s = m.pp() - 1; s >= 0; --s) {  // stage 0 last: its copy of a tied weight wins
     if (s == 0) {
-      copy_in(*params_);
+      copy_in(mine);
       continue;
     }
     RankPlan other = plan_rank(mc_, cfg_, train_, nullptr, s, m.dp());
     const Graph& og = *other.model.graph;
-    ParamStore ps(og.params(), og.states(), 0);
+    ParamStore ps(full_decls(og.params()), og.states(), 0);
     pp.recv(ps.flat_params(), size_t(ps.flat_size()), DType::f32, s)->wait();
     for (size_t i = 0; i < ps.num_states(); ++i) {
       Tensor t = ps.host_state(i);

@@ -64,9 +64,13 @@ class Trainer {
   double step_loss(double loss_sum, int losses, double& wait);
   void finish(TrainResult& r, int64_t total);
   void gather_ranks(TrainResult& r, double step_seconds, double wait_seconds);
+  GroupBytes traffic() const;
   void sync_states_from_first_replica();
   std::unique_ptr<ParamStore> gather_whole_model();
+  std::unique_ptr<ParamStore> gather_tensor_parallel();
   CudaCtx* gpu_ctx() const;
+  // The tensor-parallel group the step's layers use: the mesh's, or its NCCL twin on GPUs.
+  dist::Comm* tp_comm() const;
   bool on_gpu() const { return gpu_ != nullptr; }
 
   ModelConfig mc_;

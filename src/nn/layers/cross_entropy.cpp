@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dist/comm.h"
 #include "nn/layers/activation.h"  // vexp
 
 namespace sat {
@@ -44,6 +45,10 @@ void CrossEntropy::setup(LayerSetup& s) {
   s.set_output({1});
   s.save({rows});             // saved 0: lse [rows]
   s.scratch_forward({rows});  // scratch_fwd 0: per-row loss [rows]
+  if (tp_.on()) {
+    s.scratch_forward({2, rows});  // scratch_fwd 1: sums of exps and target logits
+    s.comm_fwd = 3.0 * double(rows) * 4;
+  }
   if (s.device == Device::cuda) s.save({1}, DType::i32);  // saved 1: count of valid labels (GPU only)
   const double n = double(lg.shape.numel());
   s.flops_fwd = 4.0 * n;
@@ -82,6 +87,7 @@ static float row_logsumexp(const float* x, int64_t C) {
 }
 
 void CrossEntropy::forward(LayerCtx& c) {
+  if (tp_.on()) return forward_vocab_parallel(c);
   const int64_t C = classes_, rows = c.in[1].numel();
   const float* x = c.in[0].f32();        // [rows, C]
   const int32_t* lab = c.in[1].i32();    // [rows]
@@ -99,14 +105,55 @@ void CrossEntropy::forward(LayerCtx& c) {
   c.out.f32()[0] = valid > 0 ? float(total / double(valid)) : 0.0f;
 }
 
+// Rows' maxima, all-reduced; then sums of exp(x - max) and target logits, all-reduced.
+void CrossEntropy::forward_vocab_parallel(LayerCtx& c) {
+  const int64_t C = classes_, rows = c.in[1].numel(), lo = C * tp_.index;
+  SAT_CHECK(c.group && c.group->size() == tp_.parts, "internal error: CrossEntropy ", name_,
+            " runs without its tensor-parallel group");
+  const float* x = c.in[0].f32();      // [rows, C]: classes [lo, lo + C)
+  const int32_t* lab = c.in[1].i32();  // [rows]
+  float* lse = c.saved[0].f32();       // [rows]: the maxima first
+  float* sums = c.scratch[1].f32();    // [rows] sums of exps, [rows] target logits
+  float* tgt = sums + rows;
+  const int64_t valid = count_valid(lab, rows, C * tp_.parts, name_);
+#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float m = xr[0];
+    for (int64_t j = 1; j < C; ++j) m = std::max(m, xr[j]);
+    lse[r] = m;
+  }
+  c.group->all_reduce_sync(lse, size_t(rows), DType::f32, dist::ReduceOp::max);
+#pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const float m = lse[r];
+    float e = 0.0f;
+#pragma omp simd reduction(+ : e)
+    for (int64_t j = 0; j < C; ++j) e += vexp(xr[j] - m);
+    sums[r] = e;
+    const int64_t k = int64_t(lab[r]) - lo;
+    tgt[r] = k >= 0 && k < C ? xr[k] : 0.0f;
+  }
+  c.group->all_reduce_sync(sums, size_t(2 * rows), DType::f32, dist::ReduceOp::sum);
+  float* loss = c.scratch[0].f32();
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    lse[r] += std::log(sums[r]);
+    loss[r] = lab[r] >= 0 ? lse[r] - tgt[r] : 0.0f;
+    total += double(loss[r]);
+  }
+  c.out.f32()[0] = valid > 0 ? float(total / double(valid)) : 0.0f;
+}
+
 void CrossEntropy::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
-  const int64_t C = classes_, rows = c.in[1].numel();
+  const int64_t C = classes_, rows = c.in[1].numel(), lo = C * tp_.index;
   const float* x = c.in[0].f32();      // [rows, C]
   const int32_t* lab = c.in[1].i32();  // [rows]
   const float* lse = c.saved[0].f32(); // [rows]
   float* dx = c.din[0].f32();          // [rows, C]
-  const int64_t valid = count_valid(lab, rows, C, name_);
+  const int64_t valid = count_valid(lab, rows, C * tp_.parts, name_);
   const float scale = valid > 0 ? c.dout.f32()[0] / float(valid) : 0.0f;
 #pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
@@ -125,7 +172,8 @@ void CrossEntropy::backward(LayerCtx& c) {
     } else {
       for (int64_t j = 0; j < C; ++j) dr[j] = scale * std::exp(xr[j] - l);  // NaN/inf propagate
     }
-    dr[lab[r]] -= scale;
+    const int64_t k = int64_t(lab[r]) - lo;  // vocabulary parallel: only the rank holding the class
+    if (k >= 0 && k < C) dr[k] -= scale;
   }
 }
 

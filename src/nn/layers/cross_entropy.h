@@ -15,6 +15,13 @@
 // device and kept in a GPU-only saved 1: i32 [1], read back by backward.
 // Built for GPT's [B, T, V] logits with V up to 50257: one pass for the row max, one for the
 // sum of exps (a vectorised exp), rows split over threads.
+// Vocabulary parallelism (tp.parts > 1, Megatron's vocab_parallel_cross_entropy): the logits
+// are this rank's classes [index * C, (index + 1) * C) of C * parts (the output of a
+// column-parallel head); labels are whole-vocabulary ids. The full logits are never
+// gathered: the row maxima are all-reduced (max) over the group, then the rows' sums of
+// exps and target logits (one all-reduce of 2 * rows floats), so every rank has the
+// loss; backward needs no communication (softmax of its own classes minus the one-hot).
+// scratch_fwd 1: [2, rows] for the sums and the target logits.
 #pragma once
 #include "nn/layer.h"
 
@@ -22,7 +29,7 @@ namespace sat {
 
 class CrossEntropy : public Layer {
  public:
-  CrossEntropy() = default;
+  explicit CrossEntropy(TPRank tp = {}) : tp_(tp) {}
   const char* kind() const override { return "CrossEntropy"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
@@ -30,7 +37,9 @@ class CrossEntropy : public Layer {
   SAT_CUDA_LAYER
 
  private:
-  int64_t classes_ = 0;
+  void forward_vocab_parallel(LayerCtx& c);
+  int64_t classes_ = 0;  // this rank's
+  TPRank tp_;
   std::string name_;
 };
 

@@ -74,7 +74,7 @@ void Flatten::backward(LayerCtx& c) {
 
 // ---- Dropout ----
 
-Dropout::Dropout(float p) : p_(p) {
+Dropout::Dropout(float p, TPRank rows) : p_(p), rows_(rows) {
   SAT_CHECK(p >= 0.0f && p <= 1.0f, "Dropout: p must be in [0, 1], got ", p);
 }
 
@@ -85,7 +85,11 @@ void Dropout::setup(LayerSetup& s) {
   uint64_t h = 1469598103934665603ull;
   for (char ch : std::string_view(s.name)) h = (h ^ uint8_t(ch)) * 1099511628211ull;
   name_hash_ = h;
-  const double n = double(s.in_shape(0).numel());
+  const int64_t local = s.in_shape(0).numel();
+  SAT_CHECK(!rows_.on() || local % 2 == 0, "Dropout ", s.name, ": a part of the rows must hold an even number of "
+            "elements, got ", local);
+  pair_offset_ = uint64_t(rows_.index) * uint64_t(local / 2);
+  const double n = double(local);
   s.flops_fwd = n;
   s.flops_bwd = n;
 }
@@ -107,7 +111,7 @@ void Dropout::apply(const LayerCtx& c, const float* src, float* dst, int64_t n) 
   const int64_t pairs = (n + 1) / 2;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t k = 0; k < pairs; ++k) {
-    const uint64_t h = splitmix64(seed + uint64_t(k) * 0x9E3779B97F4A7C15ull);
+    const uint64_t h = splitmix64(seed + (pair_offset_ + uint64_t(k)) * 0x9E3779B97F4A7C15ull);
     const int64_t i = 2 * k;
     dst[i] = uint32_t(h) >= threshold ? src[i] * scale : 0.0f;
     if (i + 1 < n) dst[i + 1] = uint32_t(h >> 32) >= threshold ? src[i + 1] * scale : 0.0f;

@@ -37,11 +37,11 @@ __global__ void add_fwd(const T* __restrict__ a, const T* __restrict__ b, T* __r
 template <typename T>
 __global__ void dropout_kernel(const T* __restrict__ src, T* __restrict__ dst, int64_t n,
                                const uint64_t* __restrict__ seed_dev, uint64_t name_hash, uint32_t threshold,
-                               float scale) {
+                               float scale, uint64_t pair_offset) {
   const uint64_t seed = mix_seed_dev(*seed_dev, name_hash);
   const int64_t pairs = (n + 1) / 2;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < pairs; k += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t h = splitmix64_dev(seed + uint64_t(k) * 0x9E3779B97F4A7C15ull);
+    const uint64_t h = splitmix64_dev(seed + (pair_offset + uint64_t(k)) * 0x9E3779B97F4A7C15ull);
     const int64_t i = 2 * k;
     dst[i] = cuda::from_f<T>(uint32_t(h) >= threshold ? cuda::to_f(src[i]) * scale : 0.0f);
     if (i + 1 < n) dst[i + 1] = cuda::from_f<T>(uint32_t(h >> 32) >= threshold ? cuda::to_f(src[i + 1]) * scale : 0.0f);
@@ -102,7 +102,7 @@ void Dropout::apply_cuda(const LayerCtx& c, const Tensor& src, const Tensor& dst
   cuda::dispatch_float(dst.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     dropout_kernel<T><<<cuda::grid_stride_blocks(pairs), 256, 0, c.cuda->stream>>>(
-        static_cast<const T*>(src.ptr), static_cast<T*>(dst.ptr), n, c.seed_dev, name_hash_, threshold, scale);
+        static_cast<const T*>(src.ptr), static_cast<T*>(dst.ptr), n, c.seed_dev, name_hash_, threshold, scale, pair_offset_);
     SAT_CUDA_LAUNCH_CHECK();
   });
 }

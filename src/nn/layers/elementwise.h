@@ -36,7 +36,9 @@ class Flatten : public Layer {
 
 class Dropout : public Layer {
  public:
-  explicit Dropout(float p);
+  // rows: under sequence parallelism this rank holds part `index` of the rows of the
+  // activations (TPAllGather): its mask is that part of the whole tensor's mask.
+  explicit Dropout(float p, TPRank rows = {});
   const char* kind() const override { return "Dropout"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
@@ -51,6 +53,8 @@ class Dropout : public Layer {
   void apply_cuda(const LayerCtx& c, const Tensor& src, const Tensor& dst) const;  // the GPU twin
 #endif
   float p_;
+  TPRank rows_;
+  uint64_t pair_offset_ = 0;  // of this rank's first element pair in the whole tensor
   uint64_t name_hash_ = 0;  // so that two Dropout layers of one step draw different masks
 };
 

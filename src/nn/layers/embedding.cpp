@@ -30,10 +30,11 @@ void parallel_zero(float* g, int64_t n) {
   }
 }
 
-// dW[idx[i], :] += dy[i, :] for i < n; dy [n, D], dW [num, D]. Repeated indices would race if
+// dW[idx[i] - lo, :] += dy[i, :] for i < n with idx[i] in [lo, lo + num); dy [n, D], dW [num, D]. Repeated indices would race if
 // threads split the rows, so they split the D columns instead (in 16-float = 64-byte pieces, so
 // no two threads share a cache line): every thread walks all n indices in order (deterministic).
-void scatter_add_rows(const int32_t* idx, const float* dy, int64_t n, int64_t D, float* dw) {
+void scatter_add_rows(const int32_t* idx, const float* dy, int64_t n, int64_t D, float* dw, int64_t lo = 0,
+                      int64_t num = INT64_MAX) {
 #pragma omp parallel if (n * D > kParallelMin)
   {
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -41,7 +42,9 @@ void scatter_add_rows(const int32_t* idx, const float* dy, int64_t n, int64_t D,
     const int64_t c0 = std::min(D, blocks * t / nt * 16), c1 = std::min(D, blocks * (t + 1) / nt * 16);
     if (c1 > c0)
       for (int64_t i = 0; i < n; ++i) {
-        float* dst = dw + int64_t(idx[i]) * D;
+        const int64_t row = int64_t(idx[i]) - lo;
+        if (row < 0 || row >= num) continue;
+        float* dst = dw + row * D;
         const float* src = dy + i * D;
 #pragma omp simd
         for (int64_t j = c0; j < c1; ++j) dst[j] += src[j];
@@ -88,10 +91,14 @@ void Embedding::backward(LayerCtx& c) {
 
 // ---- GPTEmbedding ----
 
-GPTEmbedding::GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std)
-    : vocab_(vocab), max_t_(max_t), dim_(dim), std_(std) {
+GPTEmbedding::GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std, TPRank tp)
+    : vocab_(vocab), max_t_(max_t), dim_(dim), std_(std), tp_(tp) {
   SAT_CHECK(vocab > 0 && max_t > 0 && dim > 0, "GPTEmbedding: vocab, max_t and dim must be positive, got ", vocab,
             ", ", max_t, ", ", dim);
+  SAT_CHECK(vocab % tp.parts == 0, "GPTEmbedding: a vocabulary of ", vocab, " does not split into ", tp.parts,
+            " equal parts");
+  rows_ = vocab / tp.parts;
+  lo_ = rows_ * tp.index;
 }
 
 void GPTEmbedding::setup(LayerSetup& s) {
@@ -103,7 +110,8 @@ void GPTEmbedding::setup(LayerSetup& s) {
   SAT_CHECK(x.shape[1] <= max_t_, "GPTEmbedding ", s.name, ": sequence length ", x.shape[1],
             " exceeds the model's block size ", max_t_);
   s.set_output({x.shape[0], x.shape[1], dim_}, s.act);
-  s.param("wte.weight", {vocab_, dim_}, ParamInit::normal(std_));  // slot 0
+  const ParamShard rows = tp_.on() ? ParamShard{0, tp_.parts, tp_.index} : ParamShard{};
+  s.param("wte.weight", {rows_, dim_}, ParamInit::normal(std_), rows);  // slot 0
   s.param("wpe.weight", {max_t_, dim_}, ParamInit::normal(std_));  // slot 1
   const double n = double(x.shape.numel() * dim_);
   s.flops_fwd = n;
@@ -117,13 +125,25 @@ void GPTEmbedding::forward(LayerCtx& c) {
   const float* wpe = c.params[1].f32();  // [max_t, D]
   float* y = c.out.f32();                // [B, T, D]
   check_indices(tok, B * T, vocab_, "GPTEmbedding", name_);
+  const bool positions = tp_.index == 0;  // vocabulary parallel: part 0 adds them
 #pragma omp parallel for schedule(static) if (B * T * D > kParallelMin)
   for (int64_t i = 0; i < B * T; ++i) {
-    const float* e = wte + int64_t(tok[i]) * D;
+    const int64_t row = int64_t(tok[i]) - lo_;
     const float* p = wpe + (i % T) * D;
     float* yr = y + i * D;
+    if (row >= 0 && row < rows_) {
+      const float* e = wte + row * D;
+      if (positions) {
 #pragma omp simd
-    for (int64_t j = 0; j < D; ++j) yr[j] = e[j] + p[j];
+        for (int64_t j = 0; j < D; ++j) yr[j] = e[j] + p[j];
+      } else {
+        std::memcpy(yr, e, size_t(D) * sizeof(float));
+      }
+    } else if (positions) {
+      std::memcpy(yr, p, size_t(D) * sizeof(float));
+    } else {
+      std::memset(yr, 0, size_t(D) * sizeof(float));
+    }
   }
 }
 
@@ -133,7 +153,7 @@ void GPTEmbedding::backward(LayerCtx& c) {
   // wte: scatter-add over all B*T tokens.
   float* dwte = c.grads[0].f32();  // [vocab, D]
   if (!c.accumulate[0]) parallel_zero(dwte, c.grads[0].numel());
-  scatter_add_rows(c.in[0].i32(), dy, B * T, D, dwte);
+  scatter_add_rows(c.in[0].i32(), dy, B * T, D, dwte, lo_, rows_);
   // wpe: position t gets sum_b dy[b, t]; rows t >= T get nothing (zero unless accumulating).
   float* dwpe = c.grads[1].f32();  // [max_t, D]
   const bool acc = c.accumulate[1];

@@ -11,6 +11,11 @@
 // datasets validate every id against the vocabulary when they are opened (data/readers.cpp,
 // data/dataset.cpp), and the kernels guard the index anyway: an out-of-range id gives a row
 // of NaN (visible in the loss, never an out-of-bounds read) and no gradient.
+// Vocabulary parallelism (GPTEmbedding with tp.parts > 1, Megatron's VocabParallelEmbedding):
+// rank `index` holds wte rows [index * V/parts, (index + 1) * V/parts) and outputs the
+// embeddings of the tokens in its range (zero rows for the others) plus, on part 0 only,
+// the positions: a partial sum that a TPAllReduce (or TPReduceScatter) node completes.
+// Its gradient is that node's whole output gradient; wpe is whole on every rank.
 // Outputs have the activation dtype (f32 on the CPU); parameters and gradients are f32.
 #pragma once
 #include "nn/layer.h"
@@ -34,7 +39,7 @@ class Embedding : public Layer {
 
 class GPTEmbedding : public Layer {
  public:
-  GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std = 0.02f);
+  GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std = 0.02f, TPRank tp = {});
   const char* kind() const override { return "GPTEmbedding"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
@@ -44,6 +49,8 @@ class GPTEmbedding : public Layer {
  private:
   int64_t vocab_, max_t_, dim_;
   float std_;
+  TPRank tp_;
+  int64_t lo_ = 0, rows_ = 0;  // this rank's wte rows [lo_, lo_ + rows_)
   std::string name_;
 };
 

@@ -9,7 +9,8 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements
 }
 
-LayerNorm::LayerNorm(int64_t dim, float eps) : dim_(dim), eps_(eps) {
+LayerNorm::LayerNorm(int64_t dim, float eps, bool sequence_parallel)
+    : dim_(dim), eps_(eps), sequence_parallel_(sequence_parallel) {
   SAT_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   SAT_CHECK(eps >= 0.0f, "LayerNorm: eps must be >= 0, got ", eps);
 }
@@ -21,8 +22,10 @@ void LayerNorm::setup(LayerSetup& s) {
             ": expected an ", dtype_name(s.act), " input [..., ", dim_, "], got ", dtype_name(x.dtype), " ",
             x.shape.str());
   s.set_output(x.shape, s.act);
-  s.param("weight", {dim_}, ParamInit::ones());  // slot 0
-  s.param("bias", {dim_}, ParamInit::zeros());   // slot 1
+  ParamShard sh;
+  sh.partial_grad = sequence_parallel_;
+  s.param("weight", {dim_}, ParamInit::ones(), sh);  // slot 0
+  s.param("bias", {dim_}, ParamInit::zeros(), sh);   // slot 1
   const int64_t rows = x.shape.numel() / dim_;
   s.save({rows});  // saved 0: mean [rows]
   s.save({rows});  // saved 1: rstd [rows]

@@ -13,7 +13,9 @@ namespace sat {
 
 class LayerNorm : public Layer {
  public:
-  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
+  // sequence_parallel: this rank normalises part of the tokens, so its weight and bias
+  // gradients are partial sums over the tensor-parallel group (ParamShard::partial_grad).
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f, bool sequence_parallel = false);
   const char* kind() const override { return "LayerNorm"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
@@ -28,6 +30,7 @@ class LayerNorm : public Layer {
  private:
   int64_t dim_;
   float eps_;
+  bool sequence_parallel_;
 };
 
 }  // namespace sat

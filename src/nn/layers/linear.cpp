@@ -9,12 +9,19 @@
 namespace sat {
 
 Linear::Linear(int64_t in, int64_t out, bool bias, std::optional<ParamInit> w_init,
-               std::optional<ParamInit> b_init, std::string tied_weight)
-    : in_(in), out_(out), bias_(bias && tied_weight.empty()), tied_(std::move(tied_weight)) {
+               std::optional<ParamInit> b_init, std::string tied_weight, LinearTP tp)
+    : in_(in), out_(out), bias_(bias && tied_weight.empty()), add_bias_(bias_), tp_(tp), tied_(std::move(tied_weight)) {
   SAT_CHECK(in > 0 && out > 0, "Linear: in and out features must be positive, got in=", in, " out=", out);
   const float bound = 1.0f / std::sqrt(float(in));  // PyTorch's kaiming_uniform(a=sqrt(5)) bound
   w_init_ = w_init.value_or(ParamInit::uniform(bound));
   b_init_ = b_init.value_or(ParamInit::uniform(bound));
+  const int parts = tp.split == LinearTP::Split::none ? 1 : tp.tp.parts;
+  const int64_t split = tp.split == LinearTP::Split::column ? out : in;
+  const int64_t unit = int64_t(parts) * (tp.split == LinearTP::Split::column ? tp.stride : 1);
+  SAT_CHECK(parts == 1 || split % unit == 0, "Linear: ", split, tp.split == LinearTP::Split::column ? " output" : " input",
+            " features do not split into ", unit, " equal parts");
+  if (tp.split == LinearTP::Split::column) out_ = out / parts;
+  if (tp.split == LinearTP::Split::row) in_ = in / parts, add_bias_ = bias_ && tp.tp.index == 0;
 }
 
 void Linear::setup(LayerSetup& s) {
@@ -25,11 +32,17 @@ void Linear::setup(LayerSetup& s) {
   Shape y = x.shape;
   y[-1] = out_;
   s.set_output(y, s.act);
+  ParamShard w, b;
+  if (tp_.split != LinearTP::Split::none && tp_.tp.on()) {
+    const bool col = tp_.split == LinearTP::Split::column;
+    w = {col ? 0 : 1, tp_.tp.parts, tp_.tp.index, col ? tp_.stride : 1};
+    if (col) b = w;
+  }
   if (tied_.empty())
-    s.param("weight", {out_, in_}, w_init_);       // slot 0
+    s.param("weight", {out_, in_}, w_init_, w);    // slot 0
   else
-    s.shared_param(tied_, {out_, in_});            // slot 0
-  if (bias_) s.param("bias", {out_}, b_init_);     // slot 1
+    s.shared_param(tied_, {out_, in_});            // slot 0 (split like the tied parameter)
+  if (bias_) s.param("bias", {out_}, b_init_, b);  // slot 1
   const double rows = double(x.shape.numel() / in_);
   s.flops_fwd = 2.0 * rows * double(in_) * double(out_);
   s.flops_bwd = 4.0 * rows * double(in_) * double(out_);
@@ -41,7 +54,7 @@ void Linear::forward(LayerCtx& c) {
   const float* w = c.params[0].f32(); // [out, in]
   float* y = c.out.f32();             // [rows, out]
   float beta = 0.0f;
-  if (bias_) {
+  if (add_bias_) {
     // Start Y from the broadcast bias and let the GEMM add into it (beta = 1): one pass fewer
     // than a separate bias-add over Y afterwards would cost in cache misses.
     const float* b = c.params[1].f32();  // [out]

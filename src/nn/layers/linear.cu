@@ -55,7 +55,7 @@ void Linear::forward_cuda(LayerCtx& c) {
   const int64_t rows = c.in[0].numel() / in_;
   if (rows == 0) return;
   GemmEpilogue ep;
-  if (bias_) ep.bias = c.params_lp[1].ptr;  // act dtype, the type of the output
+  if (add_bias_) ep.bias = c.params_lp[1].ptr;  // act dtype, the type of the output
   // Y [rows, out] = X [rows, in] W^T, W [out, in]
   cuda::gemm(c.cuda, false, true, rows, out_, in_, c.in[0].ptr, t, c.params_lp[0].ptr, t, c.out.ptr, t, 1.0f, 0.0f,
              ep);

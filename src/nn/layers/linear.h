@@ -9,6 +9,18 @@
 // Tied weight: with tied_weight = "transformer.wte.weight" the weight is that earlier
 // parameter (GPT's lm_head shares the token embedding [vocab, dim]) and there is no bias;
 // the engine makes the second user accumulate into the shared gradient.
+// Tensor parallelism (Megatron-LM's ColumnParallelLinear and RowParallelLinear), with
+// in and out the full layer's features and the rank's part taken in setup:
+//   column: this rank computes out / parts of the outputs: weight rows (and bias) split
+//           along dim 0 with the given stride (qkv: 3, so each rank holds its heads' q, k
+//           and v); the input is the same on every rank (after TPCopy or TPAllGather).
+//   row:    this rank reads in / parts of the inputs (a column-parallel layer's output):
+//           weight split along dim 1; the output is a partial sum that TPAllReduce or
+//           TPReduceScatter completes; the bias is whole on every rank and added by part 0
+//           only, so the sum has it once (its gradient, from the whole output gradient,
+//           is the same on every rank).
+// A tied column-parallel weight (the vocabulary-parallel output head) is the tied
+// parameter's part, which must be split the same way.
 #pragma once
 #include <optional>
 #include <string>
@@ -17,23 +29,29 @@
 
 namespace sat {
 
+struct LinearTP {
+  enum class Split { none, column, row };
+  Split split = Split::none;
+  TPRank tp;
+  int stride = 1;  // column: the output features are `stride` blocks, each split over the ranks
+};
+
 class Linear : public Layer {
  public:
   Linear(int64_t in, int64_t out, bool bias = true, std::optional<ParamInit> w_init = std::nullopt,
-         std::optional<ParamInit> b_init = std::nullopt, std::string tied_weight = "");
+         std::optional<ParamInit> b_init = std::nullopt, std::string tied_weight = "", LinearTP tp = {});
   const char* kind() const override { return "Linear"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
   SAT_CUDA_LAYER
 
-  int64_t in_features() const { return in_; }
-  int64_t out_features() const { return out_; }
-  bool has_bias() const { return bias_; }
 
  private:
-  int64_t in_, out_;
+  int64_t in_, out_;  // this rank's features (the full layer's without tensor parallelism)
   bool bias_;
+  bool add_bias_;  // bias_, except on the parts > 0 of a row-parallel layer
+  LinearTP tp_;
   ParamInit w_init_, b_init_;
   std::string tied_;
 };

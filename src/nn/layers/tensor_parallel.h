@@ -1,0 +1,78 @@
+// The conjugate operators of tensor parallelism (Megatron-LM's mappings), as layers, so
+// that every collective of a tensor-parallel model is a node of its graph: the plan lays
+// out its buffers, the executor runs it in order, the profiler times it and the cost
+// model counts its bytes (LayerSetup::comm_fwd / comm_bwd). Each runs over the layer
+// context's group (LayerCtx::group, of TPRank::parts ranks).
+//
+//   TPCopy           forward: identity;  backward: all-reduce (sum) of the gradient.
+//                    Megatron's f (copy_to_tensor_model_parallel_region): before a
+//                    column-parallel layer whose input is the same on every rank.
+//   TPAllReduce      forward: all-reduce (sum);  backward: identity.
+//                    Megatron's g (reduce_from_tensor_model_parallel_region): after a
+//                    row-parallel layer, whose ranks hold partial sums.
+//   TPAllGather      forward: all-gather of the rows;  backward: reduce-scatter.
+//                    Sequence parallelism's entry to a tensor-parallel region: in [R/T, C]
+//                    (this rank's rows of the [R, C] activations, R = B * seq) -> out, the
+//                    given full shape (numel R * C).
+//   TPReduceScatter  forward: reduce-scatter of the rows;  backward: all-gather.
+//                    Sequence parallelism's exit: in [..., C] partial sums -> out [R/T, C],
+//                    the sum's rows [index * R/T, (index + 1) * R/T).
+// Rows are those of the activations flattened to [B * seq, C]: LayerNorm, dropout and the
+// residual adds between the regions treat rows alone, so a contiguous block of rows is a
+// valid slice (the same tokens as Megatron's sequence slice in its [seq, B, C] layout).
+// Buffers are f32 on the CPU (the activation dtype on the GPU); no parameters.
+#pragma once
+#include "nn/layer.h"
+
+namespace sat {
+
+class TPCopy : public Layer {
+ public:
+  explicit TPCopy(TPRank tp) : tp_(tp) {}
+  const char* kind() const override { return "TPCopy"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
+ private:
+  TPRank tp_;
+};
+
+class TPAllReduce : public Layer {
+ public:
+  explicit TPAllReduce(TPRank tp) : tp_(tp) {}
+  const char* kind() const override { return "TPAllReduce"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
+ private:
+  TPRank tp_;
+};
+
+class TPAllGather : public Layer {
+ public:
+  TPAllGather(TPRank tp, Shape full) : tp_(tp), full_(full) {}
+  const char* kind() const override { return "TPAllGather"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
+ private:
+  TPRank tp_;
+  Shape full_;
+};
+
+class TPReduceScatter : public Layer {
+ public:
+  explicit TPReduceScatter(TPRank tp) : tp_(tp) {}
+  const char* kind() const override { return "TPReduceScatter"; }
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
+ private:
+  TPRank tp_;
+};
+
+}  // namespace sat

@@ -1,0 +1,434 @@
+// Tensor and sequence parallelism. Without mpirun: how parameters are split, the graphs
+// of a tensor-parallel rank, the collectives they hold, and the errors of bad layouts.
+// Under mpirun (CMake runs this binary as tensor_parallel_np2, _np4 and _np8): every
+// layout (tp, tp with sequence parallelism, dp x tp, tp x pp, dp x tp x pp) follows the
+// one-process loss trajectory, each rank's memory plan holds its measured peak, and the
+// bytes the tensor-parallel group moves per step are the textbook's. Rank 0 trains the
+// one-process reference itself while the others wait.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "backend/cpu/blas.h"
+#include "data/dataset.h"
+#include "dist/comm.h"
+#include "nn/models.h"
+#include "nn/params.h"
+#include "nn/safetensors.h"
+#include "nn/shard.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+#include "trajectory.h"
+#ifdef SAT_MPIEXEC
+#include "mpi_job.h"
+#endif
+
+namespace {
+
+using sat::dist::Comm;
+
+Comm& world() {
+  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
+  return *c;
+}
+
+bool distributed() { return sat::dist::detect_process().distributed(); }
+
+sat::ModelConfig tp_model(const std::string& name, int tp, int rank, bool sp = false) {
+  sat::ModelConfig mc = sat::model_config(name);
+  mc.tp = tp;
+  mc.tp_rank = rank;
+  mc.sequence_parallel = sp;
+  return mc;
+}
+
+int count_kind(const sat::Graph& g, const std::string& kind) {
+  int n = 0;
+  for (auto& node : g.nodes()) n += kind == node.layer->kind();
+  return n;
+}
+
+// ---- how a parameter is split ------------------------------------------------------------
+
+// qkv's weight [3C, C] over 2 ranks with stride 3: rank r holds rows of q, k and v of its
+// heads, in that order; putting both parts back gives the full tensor.
+TEST(Shard, StridedRowsRoundTrip) {
+  const int64_t C = 4;
+  std::vector<float> full(size_t(3 * C * C));
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  std::vector<float> back(full.size(), -1.0f);
+  for (int r = 0; r < 2; ++r) {
+    sat::ParamDecl d{"w", {sat::Shape{3 * C / 2, C}}, sat::ParamInit::zeros(), false, {0, 2, r, 3}};
+    EXPECT_EQ(d.full_shape(), (sat::Shape{3 * C, C}));
+    std::vector<float> part(size_t(3 * C / 2 * C));
+    sat::shard_extract(d, full.data(), part.data());
+    // Local row j = block b (q, k, v) piece k: full row b * C + r * C/2 + k.
+    for (int64_t j = 0; j < 3 * C / 2; ++j) {
+      const int64_t b = j / (C / 2), k = j % (C / 2), row = b * C + r * (C / 2) + k;
+      for (int64_t c = 0; c < C; ++c) EXPECT_EQ(part[size_t(j * C + c)], float(row * C + c)) << r << " " << j;
+    }
+    sat::shard_insert(d, part.data(), back.data());
+  }
+  EXPECT_EQ(back, full);
+}
+
+// Columns (a row-parallel weight [out, in] split along in).
+TEST(Shard, ColumnsRoundTrip) {
+  std::vector<float> full(6 * 8);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  std::vector<float> back(full.size(), -1.0f);
+  for (int r = 0; r < 4; ++r) {
+    sat::ParamDecl d{"w", {sat::Shape{6, 2}}, sat::ParamInit::zeros(), false, {1, 4, r, 1}};
+    std::vector<float> part(12);
+    sat::shard_extract(d, full.data(), part.data());
+    for (int64_t o = 0; o < 6; ++o)
+      for (int64_t c = 0; c < 2; ++c) EXPECT_EQ(part[size_t(o * 2 + c)], float(o * 8 + r * 2 + c));
+    sat::shard_insert(d, part.data(), back.data());
+  }
+  EXPECT_EQ(back, full);
+}
+
+// ---- tensor-parallel graphs ----------------------------------------------------------------
+
+// Every rank of a tp group starts from its part of the one-process weights (both inits),
+// and the parts of the split parameters, put together, are the whole model.
+TEST(TensorParallelGraph, InitIsTheSliceOfOneProcess) {
+  for (const char* name : {"mlp", "gpt-mini"})
+    for (int tp : {2, 4})
+      for (bool parity : {false, true}) {
+        sat::BuiltModel one = sat::build_model(sat::model_config(name), 2);
+        sat::ParamStore whole(one.graph->params(), one.graph->states(), 0);
+        parity ? whole.init_parity() : whole.init(11);
+        int64_t split_elems = 0, whole_elems = 0;
+        for (int r = 0; r < tp; ++r) {
+          sat::BuiltModel m = sat::build_model(tp_model(name, tp, r), 2);
+          sat::ParamStore ps(m.graph->params(), m.graph->states(), 0);
+          parity ? ps.init_parity() : ps.init(11);
+          ASSERT_EQ(ps.num_params(), whole.num_params()) << name;
+          for (size_t i = 0; i < ps.num_params(); ++i) {
+            const sat::ParamDecl& d = ps.decl(i);
+            const int k = whole.find_param(d.name);
+            ASSERT_GE(k, 0) << d.name;
+            EXPECT_EQ(d.full_shape(), whole.decl(size_t(k)).spec.shape) << d.name;
+            std::vector<float> want(size_t(d.spec.shape.numel()));
+            sat::shard_extract(d, whole.param(size_t(k)).ptr, want.data());
+            const sat::Tensor got = ps.param(i);
+            for (int64_t e = 0; e < got.numel(); ++e)
+              ASSERT_EQ(got.f32()[e], want[size_t(e)]) << name << " tp " << tp << " rank " << r << " " << d.name;
+            if (d.shard.split()) split_elems += d.spec.shape.numel();
+            else if (r == 0) whole_elems += d.spec.shape.numel();
+          }
+        }
+        EXPECT_EQ(split_elems + whole_elems, one.graph->param_count()) << name << " tp " << tp;
+      }
+}
+
+// Megatron's layout of GPT: per block one entry and one exit of a tensor-parallel region
+// around attention and around the MLP, plus the embedding's exit and the head's entry;
+// the weights of each rank are 1/tp of the split ones.
+TEST(TensorParallelGraph, GptHasMegatronsCollectives) {
+  const int L = 4;
+  for (bool sp : {false, true}) {
+    sat::BuiltModel m = sat::build_model(tp_model("gpt-mini", 2, 1, sp), 2);
+    const sat::Graph& g = *m.graph;
+    EXPECT_EQ(count_kind(g, sp ? "TPAllGather" : "TPCopy"), 2 * L + 1);
+    EXPECT_EQ(count_kind(g, sp ? "TPReduceScatter" : "TPAllReduce"), 2 * L + 1);
+    EXPECT_EQ(count_kind(g, sp ? "TPCopy" : "TPAllGather"), 0);
+    for (auto& n : g.nodes()) {
+      if (n.name == "transformer.h.0.attn.attn") {
+        EXPECT_EQ(n.setup.in_shape(0)[2], 3 * 256 / 2);
+      } else if (n.name == "lm_head") {
+        EXPECT_EQ(n.setup.output.shape[2], 4096 / 2);
+      } else if (n.name == "transformer.h.0.ln_1") {
+        EXPECT_EQ(n.setup.in_shape(0).numel(), sp ? 2 * 128 * 256 / 2 : 2 * 128 * 256);
+      }
+    }
+    int partial = 0;
+    for (auto& p : g.params()) partial += p.shard.partial_grad;
+    EXPECT_EQ(partial, sp ? 2 * (2 * L + 1) : 0) << "LayerNorm weights and biases sum their gradients under sp";
+  }
+}
+
+// The bytes the graph's collectives move per micro-batch (LayerSetup::comm_*) are the
+// textbook's: without sequence parallelism two all-reduces of b*s*h in forward and two in
+// backward per layer; with it the same as all-gathers and reduce-scatters (each counted
+// by its full b*s*h payload); plus the embedding's and the head's, and the
+// cross-entropy's three floats per token.
+TEST(TensorParallelGraph, CollectiveBytesAreTheTextbooks) {
+  const double b = 2, s = 128, h = 256, L = 4, f = 4;  // f: bytes per float
+  for (bool sp : {false, true}) {
+    sat::BuiltModel m = sat::build_model(tp_model("gpt-mini", 2, 0, sp), 2);
+    double fwd = 0, bwd = 0;
+    for (auto& n : m.graph->nodes()) fwd += n.setup.comm_fwd, bwd += n.setup.comm_bwd;
+    const double act = b * s * h * f, ce = 3 * b * s * f;
+    if (!sp) {
+      EXPECT_DOUBLE_EQ(fwd, L * 2 * act + act + ce);  // + the embedding's all-reduce
+      EXPECT_DOUBLE_EQ(bwd, L * 2 * act + act);       // + the head's input gradient
+    } else {
+      EXPECT_DOUBLE_EQ(fwd, L * 4 * act + 2 * act + ce);  // gather and scatter per region
+      EXPECT_DOUBLE_EQ(bwd, L * 4 * act + 2 * act);
+    }
+  }
+}
+
+TEST(TensorParallelGraph, BadLayoutsAreClearErrors) {
+  auto error_of = [](const std::string& name, int tp, bool sp, int64_t vocab = 0) {
+    sat::ModelConfig mc = sat::model_config(name);
+    if (vocab) mc.vocab = mc.classes = vocab;
+    try {
+      sat::check_tensor_parallel(mc, tp, sp);
+    } catch (const sat::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of("gpt-mini", 3, false).find("--tp 3: gpt-mini has 4 attention heads"), std::string::npos);
+  EXPECT_NE(error_of("gpt-mini", 2, false, 4097).find("vocabulary of 4097"), std::string::npos);
+  EXPECT_NE(error_of("convnet", 2, false).find("convnet has no tensor-parallel form (models with one: mlp"),
+            std::string::npos);
+  EXPECT_NE(error_of("resnet18", 2, false).find("has no tensor-parallel form"), std::string::npos);
+  EXPECT_NE(error_of("gpt-mini", 1, true).find("--sequence-parallel needs --tp 2"), std::string::npos);
+  EXPECT_NE(error_of("mlp", 2, true).find("--sequence-parallel: mlp has no sequence"), std::string::npos);
+  EXPECT_NE(error_of("mlp", 3, false).find("hidden width 1024"), std::string::npos);
+  EXPECT_EQ(error_of("gpt2-124m", 4, true, 50304), "");
+  EXPECT_NE(error_of("gpt2-124m", 2, false).find("vocabulary of 50257 tokens does not divide by 2 (the embedding and "
+                                                 "output head are split by vocabulary): pad it, as Megatron-LM does, "
+                                                 "with --vocab 50432"),
+            std::string::npos);
+}
+
+// ---- under mpirun: exactness against one process ---------------------------------------
+
+struct Case {
+  std::string model;
+  int tp = 2, pp = 1;
+  bool sp = false;
+  int64_t batch = 2, accum = 2;
+  int steps = 20;
+  std::string optimizer = "sgd";
+  float lr = 0.05f;
+  int zero = 0;
+  bool evaluate = false;
+  float dropout = 0;
+};
+
+struct RunOut {
+  std::vector<double> losses;
+  sat::EvalResult test;
+  size_t predicted = 0, peak = 0;
+  sat::dist::Traffic tp_traffic;
+};
+
+RunOut train(const Case& c, Comm& comm, bool parallel) {
+  sat::cpu::set_num_threads(1);
+  auto mc = sat::model_config(c.model);
+  mc.dropout = c.dropout;
+  auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 7));
+  sat::TrainConfig cfg;
+  cfg.tp = parallel ? c.tp : 1;
+  cfg.pp = parallel ? c.pp : 1;
+  cfg.sequence_parallel = parallel && c.sp;
+  cfg.accum = c.accum;
+  cfg.batch = c.batch;
+  cfg.steps = c.steps;
+  cfg.seed = 3;
+  cfg.optim.name = c.optimizer;
+  cfg.optim.lr = c.lr;
+  cfg.optim.momentum = c.optimizer == "sgd" ? 0.9f : 0.0f;
+  cfg.evaluate = c.evaluate;
+  cfg.progress = 0;
+  cfg.comm = &comm;
+  cfg.zero = parallel ? c.zero : 0;
+  cfg.bucket_mb = 0.25;
+  sat::Trainer t(mc, cfg, *data.train, c.evaluate ? data.test.get() : nullptr);
+  sat::TrainResult r = t.run();
+  return {r.losses, r.test.value_or(sat::EvalResult{}), r.predicted_memory_bytes, r.peak_memory_bytes,
+          t.mesh().traffic_of("tp")};
+}
+
+// The layout on every rank (dp = world / (tp * pp)), one process on rank 0 with the same
+// global batch (dp * accum micro-batches).
+void expect_exact(const Case& c) {
+  Comm& w = world();
+  const int dp = w.size() / (c.tp * c.pp);
+  RunOut run = train(c, w, true);
+  EXPECT_LE(run.peak, run.predicted) << "rank " << w.rank();
+  EXPECT_GE(double(run.peak), 0.98 * double(run.predicted)) << "rank " << w.rank();
+  if (w.rank() == 0) {
+    auto self = sat::dist::make_self_comm();
+    Case one = c;
+    one.accum = c.accum * dp;
+    RunOut ref = train(one, *self, false);
+    const double d = sat::test::max_rel(run.losses, ref.losses);
+    std::printf("%s dp %d x tp %d%s x pp %d%s, micro-batch %lld x %lld, %s: max relative loss difference %.3g over %d "
+                "steps (%.5f -> %.5f); memory predicted %zu, peak %zu\n",
+                c.model.c_str(), dp, c.tp, c.sp ? " (sequence parallel)" : "", c.pp, c.zero ? ", ZeRO-1" : "",
+                (long long)c.batch, (long long)c.accum, c.optimizer.c_str(), d, c.steps, ref.losses.front(),
+                ref.losses.back(), run.predicted, run.peak);
+    EXPECT_LT(d, 1e-5) << c.model;
+    EXPECT_LT(ref.losses.back(), 0.97 * ref.losses.front()) << c.model << " did not learn";
+    if (c.evaluate) sat::test::expect_same_evaluation(run.test, ref.test);
+  }
+  w.barrier();
+}
+
+bool world_is(int n) { return distributed() && world().size() == n; }
+
+TEST(TensorParallel, TwoRanks) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
+  expect_exact({.model = "mlp", .batch = 8, .evaluate = true});
+  expect_exact({.model = "gpt-mini", .evaluate = true});
+  expect_exact({.model = "gpt-mini", .sp = true});
+  expect_exact({.model = "gpt-mini", .sp = true, .optimizer = "adamw", .lr = 3e-4f, .dropout = 0.1f});
+}
+
+TEST(TensorParallel, FourRanks) {
+  if (!world_is(4)) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R tensor_parallel_np4)";
+  expect_exact({.model = "mlp", .tp = 4, .batch = 8});
+  expect_exact({.model = "gpt-mini", .tp = 4, .batch = 1, .evaluate = true});
+  expect_exact({.model = "gpt-mini", .tp = 4, .sp = true, .batch = 1});
+  expect_exact({.model = "gpt-mini", .tp = 2, .batch = 1, .optimizer = "adamw", .lr = 3e-4f, .zero = 1,
+                .evaluate = true});  // dp 2 x tp 2
+  expect_exact({.model = "mlp", .tp = 2, .batch = 8});                           // dp 2 x tp 2
+  expect_exact({.model = "gpt-mini", .tp = 2, .pp = 2, .batch = 1, .accum = 4, .evaluate = true});  // tp 2 x pp 2
+}
+
+TEST(TensorParallel, EightRanks) {
+  if (!world_is(8)) GTEST_SKIP() << "runs under mpirun with 8 ranks (ctest -R tensor_parallel_np8)";
+  expect_exact({.model = "gpt-mini", .tp = 2, .pp = 2, .sp = true, .batch = 1, .accum = 4, .steps = 12,
+                .optimizer = "adamw", .lr = 3e-4f, .zero = 1, .evaluate = true});  // dp 2 x tp 2 x pp 2
+}
+
+// The bytes the tensor-parallel group's communicator counted per step (tp 2, micro-batch
+// b = 2, s = 128, h = 256, L = 4 layers, accum 2): without sequence parallelism 2 + 2
+// all-reduces of b*s*h floats per layer, plus the embedding's and the head's and the
+// cross-entropy's 3 floats per token; with it all-gathers and reduce-scatters of b*s*h
+// instead, plus the LayerNorm gradients' all-reduce once per step. The ring algorithm
+// moves 2 (n-1)/n of an all-reduce's payload and (n-1)/n of the others': per layer, the
+// same wire volume either way.
+TEST(TensorParallel, BytesPerStepAreTheTextbooks) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
+  const double b = 2, s = 128, h = 256, L = 4, f = 4, accum = 2, steps = 3, act = b * s * h * f;
+  double wire[2] = {0, 0};
+  for (bool sp : {false, true}) {
+    RunOut r = train({.model = "gpt-mini", .sp = sp, .accum = 2, .steps = 3}, world(), true);
+    const sat::dist::Traffic& t = r.tp_traffic;
+    const double per_micro_ce = 3 * b * s * f;
+    if (!sp) {
+      EXPECT_DOUBLE_EQ(double(t.all_reduce.bytes) / steps, accum * (L * 4 * act + 2 * act + per_micro_ce));
+      EXPECT_EQ(t.all_gather.bytes + t.reduce_scatter.bytes, 0u);
+      wire[0] = double(t.all_reduce.bytes - uint64_t(steps * accum * per_micro_ce)) * 2 * (2 - 1) / 2;
+    } else {
+      const double ln = (2 * L + 1) * 2 * h * f;  // LayerNorm weight and bias gradients, once per step
+      // Per micro-batch: gathers in forward (2 per layer, the head's) and in the backward of
+      // the reduce-scatters (2 per layer, the embedding's); reduce-scatters alike.
+      EXPECT_DOUBLE_EQ(double(t.all_gather.bytes) / steps, accum * (L * 4 * act + 2 * act));
+      EXPECT_DOUBLE_EQ(double(t.reduce_scatter.bytes) / steps, accum * (L * 4 * act + 2 * act));
+      EXPECT_DOUBLE_EQ(double(t.all_reduce.bytes) / steps, accum * per_micro_ce + ln);
+      wire[1] = double(t.all_gather.bytes + t.reduce_scatter.bytes) * (2 - 1) / 2;
+    }
+    EXPECT_EQ(t.p2p.bytes, 0u);
+  }
+  if (world().rank() == 0)
+    std::printf("tp 2: ring wire bytes of the activations per run: %.0f without, %.0f with sequence parallelism\n",
+                wire[0], wire[1]);
+  EXPECT_DOUBLE_EQ(wire[0], wire[1]);
+}
+
+}  // namespace
+
+// ---- whole jobs -----------------------------------------------------------------------------
+#ifdef SAT_MPIEXEC
+namespace {
+
+void expect_every_rank_refuses(int np, const std::string& args, const std::string& flag) {
+  sat::test::JobEnd e = sat::test::run_job(np, "train --data synthetic --steps 2 --threads 1 --eval off " + args, 60);
+  EXPECT_EQ(e.status, 2) << args << "\n" << e.out;
+  EXPECT_LT(e.seconds, 30) << args;
+  for (int r = 0; r < np; ++r)
+    EXPECT_NE(e.out.find("saturate: error on rank " + std::to_string(r) + ": " + flag), std::string::npos)
+        << "rank " << r << " did not name " << flag << " for: " << args << "\n" << e.out;
+  EXPECT_EQ(e.out.find("Segmentation"), std::string::npos) << e.out;
+  EXPECT_EQ(e.out.find("terminate called"), std::string::npos) << e.out;
+}
+
+double final_loss(const std::filesystem::path& dir) {
+  std::ifstream f(dir / "summary.json");
+  return nlohmann::json::parse(f)["final_train_loss"].get<double>();
+}
+
+}  // namespace
+
+TEST(TensorParallelFailure, BadLayoutsAreRefusedByEveryRank) {
+  if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  expect_every_rank_refuses(3, "--model gpt-mini --batch 1 --tp 3", "--tp 3: gpt-mini has 4 attention heads");
+  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --vocab 4097", "--tp 2: gpt-mini's vocabulary");
+  expect_every_rank_refuses(2, "--model convnet --batch 8 --tp 2", "--tp 2: convnet has no tensor-parallel form");
+  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --sequence-parallel", "--sequence-parallel needs --tp 2");
+  expect_every_rank_refuses(2, "--model mlp --batch 8 --tp 2 --sequence-parallel", "--sequence-parallel: mlp");
+  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 4", "--tp 4 x --pp 1 = 4 does not divide the 2");
+}
+
+// Weights saved by tp 2 x pp 2 are the whole model's under PyTorch's names (gathered from
+// the tensor-parallel parts and the stages), equal to one process's after the same
+// training and loadable by PyTorch's module; a one-process file loaded into tp 4 gives
+// the same next loss as in one process.
+TEST(TensorParallelJob, WeightsRoundTrip) {
+  if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("sat_tp_weights_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string common = "train --model gpt-mini --data synthetic --batch 1 --accum 4 --steps 3 --threads 1 --eval off ";
+  sat::test::JobEnd tp = sat::test::run_job(
+      4, common + "--tp 2 --pp 2 --save-weights " + (d / "tp.safetensors").string() + " --out " + (d / "tp").string(),
+      300);
+  ASSERT_EQ(tp.status, 0) << tp.out;
+  sat::test::JobEnd one = sat::test::run_job(1, common + "--save-weights " + (d / "one.safetensors").string());
+  ASSERT_EQ(one.status, 0) << one.out;
+  sat::BuiltModel m = sat::build_model(sat::model_config("gpt-mini"), 1);
+  sat::ParamStore a(m.graph->params(), m.graph->states(), 0), b(m.graph->params(), m.graph->states(), 0);
+  sat::load_safetensors((d / "tp.safetensors").string(), a);
+  sat::load_safetensors((d / "one.safetensors").string(), b);
+  double worst = 0;
+  for (size_t i = 0; i < a.num_params(); ++i) {
+    sat::Tensor x = a.param(i), y = b.param(i);
+    for (int64_t k = 0; k < x.numel(); ++k)
+      worst = std::max(worst, double(std::fabs(x.f32()[k] - y.f32()[k])) / (1e-3 + std::fabs(y.f32()[k])));
+  }
+  std::printf("gpt-mini after 3 steps: tp 2 x pp 2's saved weights differ from one process's by %.3g (relative)\n",
+              worst);
+  EXPECT_LT(worst, 1e-4);
+  std::ifstream sf(d / "tp" / "summary.json");
+  auto s = nlohmann::json::parse(sf);
+  EXPECT_EQ(s["layout"]["tp"], 2);
+  EXPECT_EQ(s["layout"]["pp"], 2);
+  ASSERT_EQ(s["ranks"].size(), 4u);
+  for (auto& r : s["ranks"]) {
+    EXPECT_GT(r["comm_bytes_per_step"]["tp"].get<double>(), 0);
+    EXPECT_GT(r["comm_bytes_per_step"]["pp"].get<double>(), 0);
+    EXPECT_GT(r["memory_by_kind"]["parameters"].get<double>(), 0);
+  }
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
+    const std::string cmd = std::string("/usr/bin/python3 ") + SAT_SOURCE_DIR + "/bench/peer/weights.py check gpt-mini " +
+                            (d / "tp.safetensors").string() + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  } else {
+    std::printf("PyTorch is not installed: bench/peer/weights.py check not run\n");
+  }
+  const std::string from = "--init-weights " + (d / "one.safetensors").string() + " --steps 1 ";
+  sat::test::JobEnd t4 = sat::test::run_job(4, common + from + "--tp 4 --out " + (d / "t4").string(), 120);
+  sat::test::JobEnd o1 = sat::test::run_job(1, common + from + "--out " + (d / "o1").string());
+  ASSERT_EQ(t4.status, 0) << t4.out;
+  ASSERT_EQ(o1.status, 0) << o1.out;
+  EXPECT_NEAR(final_loss(d / "t4"), final_loss(d / "o1"), 1e-5 * final_loss(d / "o1"));
+  fs::remove_all(d);
+}
+#endif
