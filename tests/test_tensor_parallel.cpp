@@ -224,6 +224,7 @@ struct RunOut {
   sat::EvalResult test;
   size_t predicted = 0, peak = 0;
   sat::dist::Traffic tp_traffic;
+  sat::GroupBytes measured, predicted_bytes;  // per step
 };
 
 RunOut train(const Case& c, Comm& comm, bool parallel) {
@@ -250,7 +251,8 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   sat::Trainer t(mc, cfg, *data.train, c.evaluate ? data.test.get() : nullptr);
   sat::TrainResult r = t.run();
   return {r.losses, r.test.value_or(sat::EvalResult{}), r.predicted_memory_bytes, r.peak_memory_bytes,
-          t.mesh().traffic_of("tp")};
+          t.mesh().traffic_of("tp"), r.comm_bytes_per_step,
+          sat::predict_comm(t.rank_plan(), cfg, t.mesh().dp())};
 }
 
 // The layout on every rank (dp = world / (tp * pp)), one process on rank 0 with the same
@@ -259,6 +261,11 @@ void expect_exact(const Case& c) {
   Comm& w = world();
   const int dp = w.size() / (c.tp * c.pp);
   RunOut run = train(c, w, true);
+  // What every group moved per step is what the plan predicts.
+  EXPECT_DOUBLE_EQ(run.measured.tp, run.predicted_bytes.tp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.dp, run.predicted_bytes.dp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.pp, run.predicted_bytes.pp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.embedding, run.predicted_bytes.embedding) << "rank " << w.rank();
   EXPECT_LE(run.peak, run.predicted) << "rank " << w.rank();
   EXPECT_GE(double(run.peak), 0.98 * double(run.predicted)) << "rank " << w.rank();
   if (w.rank() == 0) {

@@ -493,6 +493,14 @@ void print_plan(const sat::MemoryPlan& p) {
   std::printf("  %-30s %12zu  %s\n", "total", p.total(), sat::format_bytes(double(p.total())).c_str());
 }
 
+// The bytes a rank moves over each group per optimizer step (predict_comm).
+void print_comm(const sat::RankPlan& rp, const sat::TrainConfig& cfg, int dp) {
+  const sat::GroupBytes b = sat::predict_comm(rp, cfg, dp);
+  if (b.tp + b.dp + b.pp + b.embedding == 0) return;
+  std::printf("  %-30s tp %s, dp %s, pp %s, embedding %s\n", "communicated per step", sat::format_bytes(b.tp).c_str(),
+              sat::format_bytes(b.dp).c_str(), sat::format_bytes(b.pp).c_str(), sat::format_bytes(b.embedding).c_str());
+}
+
 // With --pp: every stage's part of the model and its plan (the plan its ranks train with).
 void print_stages(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, const sat::DataSplit& data, int dp) {
   std::printf("pipeline    %d stages, %s schedule%s, %lld micro-batches per step: bubble (P-1)/(%sM+P-1) = %.1f%%\n",
@@ -513,6 +521,7 @@ void print_stages(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, const
                 g.tied_copies().empty() ? "" : " (with a copy of the tied embedding)", rp.flops_per_sample,
                 rp.memory.contexts);
     print_plan(rp.memory);
+    print_comm(rp, cfg, dp);
   }
 }
 
@@ -544,6 +553,8 @@ int run_info(const InfoArgs& ia) {
   // is generated on demand, so opening it costs nothing): loader rings included.
   sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
   sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  mc.tp = cfg.tp;
+  mc.sequence_parallel = cfg.sequence_parallel;
   const int world = ia.ranks * cfg.pp * cfg.tp;
   sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), world);
   const auto& g = *m.graph;
@@ -558,10 +569,15 @@ int run_info(const InfoArgs& ia) {
   std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s):\n", (long long)ia.batch,
               ia.accum > 1 ? (" x " + std::to_string(ia.accum) + " accumulation").c_str() : "", ia.optimizer.c_str(),
               slot_note.c_str(), zero_note.c_str());
+  if (cfg.tp > 1)
+    std::printf("tensor      %d-way%s: each rank holds %lld of the parameters (split ones 1/%d, the rest whole)\n",
+                cfg.tp, cfg.sequence_parallel ? ", sequence parallel" : "",
+                (long long)sat::plan_rank(mc, cfg, *data.train, nullptr, 0, ia.ranks).model.graph->param_count(), cfg.tp);
   if (cfg.pp > 1) {
     print_stages(mc, cfg, data, ia.ranks);
   } else {
     print_plan(p);
+    print_comm(sat::plan_rank(mc, cfg, *data.train, data.test.get(), 0, ia.ranks), cfg, ia.ranks);
   }
   if (ia.zero && slots) {
     sat::TrainConfig whole = cfg;

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "data/loader.h"
+#include "nn/params.h"
 
 namespace sat {
 
@@ -238,6 +239,33 @@ RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset&
   r.memory = plan_memory(g, r.step, optimizer_slots(resolve_optim(cfg.optim)), inputs, cfg.zero >= 1 ? dp : 1);
   r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
   return r;
+}
+
+GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
+  const Graph& g = *plan.model.graph;
+  const double micro = double(cfg.accum);
+  GroupBytes b;
+  for (const Node& n : g.nodes()) b.tp += micro * (n.setup.comm_fwd + (n.needs_backward ? n.setup.comm_bwd : 0));
+  for (const ParamDecl& p : g.params())
+    if (p.shard.partial_grad) b.tp += double(p.spec.bytes());
+  if (dp > 1) {
+    const double flat = double(ParamStore::predict(g.params(), g.states(), 0, cfg.zero >= 1 ? dp : 1).params);
+    b.dp = (cfg.zero >= 1 ? 2 : 1) * flat + (g.loss() >= 0 ? 8 : 0);
+  }
+  if (cfg.pp > 1) {
+    for (const Chunk& c : g.chunks()) {
+      for (int v : c.sent) b.pp += micro * double(g.value(v).spec.bytes());
+      for (int v : c.received)
+        if (g.value(v).needs_grad) b.pp += micro * double(g.value(v).spec.bytes());
+    }
+    b.pp += 8;  // the step's loss, broadcast from the last stage
+  }
+  std::vector<std::string> tied = g.tied_copies();
+  tied.insert(tied.end(), g.tied_remote().begin(), g.tied_remote().end());
+  if (cfg.pp > 1)
+    for (const ParamDecl& p : g.params())
+      if (std::find(tied.begin(), tied.end(), p.name) != tied.end()) b.embedding += double(p.spec.bytes());
+  return b;
 }
 
 }  // namespace sat

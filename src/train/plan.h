@@ -60,6 +60,14 @@ struct RankPlan {
 // buffers are part of the plan when given and cfg.evaluate.
 RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
                    int dp);
+// The payload bytes this rank will move over each group of the mesh per optimizer step
+// (GroupBytes, as the communicators count them): the tensor-parallel layers' collectives
+// (LayerSetup::comm_*) of every micro-batch and the sequence-parallel LayerNorm gradients;
+// the data-parallel gradient reduction (ZeRO-1: reduce-scatter and all-gather) and the
+// step's loss; the pipeline's activations and gradients and the loss broadcast; the tied
+// embedding's gradients. dp: data-parallel ranks.
+GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp);
+
 // Loader ring slots: prefetched batches ahead of the consumer.
 constexpr int kPrefetch = 2;
 
