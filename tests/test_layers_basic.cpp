@@ -96,6 +96,29 @@ TEST(Linear, GradientsManyShapes) {
   }
 }
 
+// A rank's part of a column- or row-parallel Linear is a Linear of its own: gradients of
+// every part, and its parameters declare their place in the full tensor. (A row-parallel
+// layer adds its bias on part 0 only, so that the sum has it once; the other parts' bias
+// gradient is the whole layer's, not their own output's: tests/test_tensor_parallel.cpp
+// checks it against one process.)
+TEST(Linear, TensorParallelPartsHaveGradients) {
+  for (auto split : {LinearTP::Split::column, LinearTP::Split::row})
+    for (int index : {0, 1}) {
+      SCOPED_TRACE(std::string(split == LinearTP::Split::column ? "column" : "row") + " part " + std::to_string(index));
+      Linear lin(12, 6, true, std::nullopt, std::nullopt, "", LinearTP{split, TPRank{2, index}, 1});
+      const int64_t in = split == LinearTP::Split::row ? 6 : 12;
+      if (split == LinearTP::Split::column || index == 0) check(lin, f32_inputs({{3, in}}));
+      LayerSetup s;
+      s.name = "fc";
+      s.inputs = {{Shape{3, in}}};
+      lin.setup(s);
+      ASSERT_EQ(s.params.size(), 2u);
+      EXPECT_EQ(s.params[0].full_shape(), (Shape{6, 12}));
+      EXPECT_EQ(s.params[0].shard.index, index);
+      EXPECT_EQ(s.params[1].shard.split(), split == LinearTP::Split::column);
+    }
+}
+
 TEST(Linear, TiedWeightIsSharedAndHasNoBias) {
   Linear lin(6, 11, true, std::nullopt, std::nullopt, "transformer.wte.weight");
   OpCheck o = f32_inputs({{2, 3, 6}});

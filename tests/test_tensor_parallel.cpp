@@ -25,6 +25,8 @@
 #include "nn/shard.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "nn/layers/cross_entropy.h"
+#include "op_harness.h"
 #include "trajectory.h"
 #ifdef SAT_MPIEXEC
 #include "mpi_job.h"
@@ -287,6 +289,45 @@ void expect_exact(const Case& c) {
 }
 
 bool world_is(int n) { return distributed() && world().size() == n; }
+
+// The vocabulary-parallel cross-entropy against central differences: each rank holds 5 of
+// 10 classes; the loss is one number on every rank, and the gradient of a rank's logits
+// is checked by perturbing them on that rank alone (every rank recomputes the loss).
+TEST(TensorParallel, VocabParallelCrossEntropyGradient) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
+  Comm& w = world();
+  sat::CrossEntropy ce(sat::TPRank{2, w.rank()});
+  sat::test::OpCheck opt;
+  opt.seed = uint64_t(5 + w.rank());  // each rank its own logits (and its own weight of the loss)
+  opt.inputs = {{sat::Shape{6, 5}}, {sat::Shape{6}, sat::DType::i32}};
+  opt.fill_inputs = [](std::vector<sat::Tensor>& in) {  // the same labels on every rank, one ignored
+    const int32_t labels[6] = {0, 9, 4, 5, -1, 7};
+    for (int k = 0; k < 6; ++k) in[1].i32()[k] = labels[k];
+  };
+  sat::test::LayerRig rig(ce, opt);
+  rig.ctx().group = &w;
+  rig.forward();
+  rig.backward();
+  const sat::Tensor x = rig.ctx().in[0], dx = rig.ctx().din[0];
+  std::vector<float> analytic(dx.f32(), dx.f32() + dx.numel());
+  const float eps = 1e-2f;
+  double err = 0, norm = 0;
+  for (int owner = 0; owner < 2; ++owner)
+    for (int64_t k = 0; k < x.numel(); ++k) {
+      const float keep = x.f32()[k];
+      if (w.rank() == owner) x.f32()[k] = keep + eps;
+      const double up = rig.forward();
+      if (w.rank() == owner) x.f32()[k] = keep - eps;
+      const double down = rig.forward();
+      x.f32()[k] = keep;
+      if (w.rank() != owner) continue;
+      const double numeric = (up - down) / (2 * eps);
+      err += (numeric - analytic[size_t(k)]) * (numeric - analytic[size_t(k)]);
+      norm += numeric * numeric;
+    }
+  EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), 1e-2) << "rank " << w.rank();
+  EXPECT_GT(norm, 0) << "rank " << w.rank();
+}
 
 TEST(TensorParallel, TwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
