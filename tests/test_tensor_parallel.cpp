@@ -219,6 +219,7 @@ struct Case {
   int zero = 0;
   bool evaluate = false;
   float dropout = 0;
+  bool noise = false;
 };
 
 struct RunOut {
@@ -227,6 +228,7 @@ struct RunOut {
   size_t predicted = 0, peak = 0;
   sat::dist::Traffic tp_traffic;
   sat::GroupBytes measured, predicted_bytes;  // per step
+  double noise_scale = 0;
 };
 
 RunOut train(const Case& c, Comm& comm, bool parallel) {
@@ -250,11 +252,12 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   cfg.comm = &comm;
   cfg.zero = parallel ? c.zero : 0;
   cfg.bucket_mb = 0.25;
+  cfg.measure_noise = c.noise;
   sat::Trainer t(mc, cfg, *data.train, c.evaluate ? data.test.get() : nullptr);
   sat::TrainResult r = t.run();
   return {r.losses, r.test.value_or(sat::EvalResult{}), r.predicted_memory_bytes, r.peak_memory_bytes,
           t.mesh().traffic_of("tp"), r.comm_bytes_per_step,
-          sat::predict_comm(t.rank_plan(), cfg, t.mesh().dp())};
+          sat::predict_comm(t.rank_plan(), cfg, t.mesh().dp()), r.noise_scale};
 }
 
 // The layout on every rank (dp = world / (tp * pp)), one process on rank 0 with the same
@@ -289,6 +292,24 @@ void expect_exact(const Case& c) {
 }
 
 bool world_is(int n) { return distributed() && world().size() == n; }
+
+// The gradient noise scale counts each element once: a split parameter's parts on their
+// ranks, a whole one on the group's first rank.
+TEST(TensorParallel, NoiseScaleMatchesOneProcess) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
+  for (const char* model : {"mlp", "gpt-mini"}) {
+    const Case c{.model = model, .batch = 4, .steps = 8, .noise = true};
+    const RunOut run = train(c, world(), true);
+    if (world().rank() == 0) {
+      auto self = sat::dist::make_self_comm();
+      const RunOut ref = train(c, *self, false);
+      std::printf("%s tp 2: noise scale %.9g, one process %.9g\n", model, run.noise_scale, ref.noise_scale);
+      EXPECT_GT(ref.noise_scale, 0);
+      EXPECT_NEAR(run.noise_scale, ref.noise_scale, 1e-5 * ref.noise_scale) << model;
+    }
+    world().barrier();
+  }
+}
 
 // The vocabulary-parallel cross-entropy against central differences: each rank holds 5 of
 // 10 classes; the loss is one number on every rank, and the gradient of a rank's logits
