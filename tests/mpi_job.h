@@ -2,6 +2,7 @@
 // for what only a whole job shows (bad input on every rank, a rank killed or stopped).
 // Needs SAT_MPIEXEC and SAT_BINARY (CMake defines them for the tests run under mpirun).
 #pragma once
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +95,19 @@ inline pid_t wait_for_rank(const Job& j, int rank, double seconds = 30) {
     p = find_rank(j, rank);
   }
   return p;
+}
+
+// Bad input given to every rank of an np-rank job: each rank prints the error line naming
+// `flag` itself, and the job ends with status 2 at once (no hang, no crash).
+inline void expect_every_rank_refuses(int np, const std::string& args, const std::string& flag) {
+  JobEnd e = run_job(np, "train --data synthetic --steps 2 --threads 1 --eval off " + args, 60);
+  EXPECT_EQ(e.status, 2) << args << "\n" << e.out;
+  EXPECT_LT(e.seconds, 30) << args;
+  for (int r = 0; r < np; ++r)
+    EXPECT_NE(e.out.find("saturate: error on rank " + std::to_string(r) + ": " + flag), std::string::npos)
+        << "rank " << r << " did not name " << flag << " for: " << args << "\n" << e.out;
+  EXPECT_EQ(e.out.find("Segmentation"), std::string::npos) << e.out;
+  EXPECT_EQ(e.out.find("terminate called"), std::string::npos) << e.out;
 }
 
 }  // namespace sat::test

@@ -384,39 +384,23 @@ TEST(Pipeline, MemoryPlanHoldsEveryRanksPeak) {
 // ---- whole jobs: bad layouts on every rank, a dead or stuck stage --------------------
 
 #ifdef SAT_MPIEXEC
-namespace {
-
-// Each rank prints the error line itself, and the job ends with status 2 at once.
-void expect_every_rank_refuses(int np, const std::string& args, const std::string& flag) {
-  sat::test::JobEnd e = sat::test::run_job(np, "train --data synthetic --steps 2 --threads 1 --eval off " + args, 60);
-  EXPECT_EQ(e.status, 2) << args << "\n" << e.out;
-  EXPECT_LT(e.seconds, 30) << args;
-  for (int r = 0; r < np; ++r)
-    EXPECT_NE(e.out.find("saturate: error on rank " + std::to_string(r) + ": " + flag), std::string::npos)
-        << "rank " << r << " did not name " << flag << " for: " << args << "\n" << e.out;
-  EXPECT_EQ(e.out.find("Segmentation"), std::string::npos) << e.out;
-  EXPECT_EQ(e.out.find("terminate called"), std::string::npos) << e.out;
-}
-
-}  // namespace
-
 TEST(PipelineFailure, BadLayoutsAreRefusedByEveryRank) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
-  expect_every_rank_refuses(3, "--model mlp --batch 8 --pp 2", "--tp 1 x --pp 2 = 2 does not divide the 3 processes");
-  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --tp 3", "--tp 3 x --pp 2");
-  expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-split 6", "--pp-split 6");
-  expect_every_rank_refuses(2, "--model convnet --batch 8 --pp 2 --pp-split 4,2", "--pp-split 4,2");
-  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 2",
+  sat::test::expect_every_rank_refuses(3, "--model mlp --batch 8 --pp 2", "--tp 1 x --pp 2 = 2 does not divide the 3 processes");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --tp 3", "--tp 3 x --pp 2");
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-split 6", "--pp-split 6");
+  sat::test::expect_every_rank_refuses(2, "--model convnet --batch 8 --pp 2 --pp-split 4,2", "--pp-split 4,2");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 2",
                             "--pp 2 x --virtual-stages 3");
-  expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 1",
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 1",
                             "--accum 1");
-  expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule zigzag", "--pp-schedule");
-  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --accum 2 --pp 2 --noise-scale", "--noise-scale with --pp");
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule zigzag", "--pp-schedule");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --accum 2 --pp 2 --noise-scale", "--noise-scale with --pp");
 }
 
 TEST(PipelineFailure, MoreStagesThanBlocksIsRefused) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
-  expect_every_rank_refuses(4, "--model gpt-mini --batch 1 --pp 4 --pp-schedule interleaved --virtual-stages 2 --accum 4",
+  sat::test::expect_every_rank_refuses(4, "--model gpt-mini --batch 1 --pp 4 --pp-schedule interleaved --virtual-stages 2 --accum 4",
                             "--pp 4 x --virtual-stages 2 = 8 model chunks: gpt-mini has 4 blocks");
 }
 

@@ -417,17 +417,6 @@ TEST(TensorParallel, BytesPerStepAreTheTextbooks) {
 #ifdef SAT_MPIEXEC
 namespace {
 
-void expect_every_rank_refuses(int np, const std::string& args, const std::string& flag) {
-  sat::test::JobEnd e = sat::test::run_job(np, "train --data synthetic --steps 2 --threads 1 --eval off " + args, 60);
-  EXPECT_EQ(e.status, 2) << args << "\n" << e.out;
-  EXPECT_LT(e.seconds, 30) << args;
-  for (int r = 0; r < np; ++r)
-    EXPECT_NE(e.out.find("saturate: error on rank " + std::to_string(r) + ": " + flag), std::string::npos)
-        << "rank " << r << " did not name " << flag << " for: " << args << "\n" << e.out;
-  EXPECT_EQ(e.out.find("Segmentation"), std::string::npos) << e.out;
-  EXPECT_EQ(e.out.find("terminate called"), std::string::npos) << e.out;
-}
-
 double final_loss(const std::filesystem::path& dir) {
   std::ifstream f(dir / "summary.json");
   return nlohmann::json::parse(f)["final_train_loss"].get<double>();
@@ -437,12 +426,12 @@ double final_loss(const std::filesystem::path& dir) {
 
 TEST(TensorParallelFailure, BadLayoutsAreRefusedByEveryRank) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
-  expect_every_rank_refuses(3, "--model gpt-mini --batch 1 --tp 3", "--tp 3: gpt-mini has 4 attention heads");
-  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --vocab 4097", "--tp 2: gpt-mini's vocabulary");
-  expect_every_rank_refuses(2, "--model convnet --batch 8 --tp 2", "--tp 2: convnet has no tensor-parallel form");
-  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --sequence-parallel", "--sequence-parallel needs --tp 2");
-  expect_every_rank_refuses(2, "--model mlp --batch 8 --tp 2 --sequence-parallel", "--sequence-parallel: mlp");
-  expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 4", "--tp 4 x --pp 1 = 4 does not divide the 2");
+  sat::test::expect_every_rank_refuses(3, "--model gpt-mini --batch 1 --tp 3", "--tp 3: gpt-mini has 4 attention heads");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --vocab 4097", "--tp 2: gpt-mini's vocabulary");
+  sat::test::expect_every_rank_refuses(2, "--model convnet --batch 8 --tp 2", "--tp 2: convnet has no tensor-parallel form");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --sequence-parallel", "--sequence-parallel needs --tp 2");
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --tp 2 --sequence-parallel", "--sequence-parallel: mlp");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 4", "--tp 4 x --pp 1 = 4 does not divide the 2");
 }
 
 // Weights saved by tp 2 x pp 2 are the whole model's under PyTorch's names (gathered from
