@@ -22,8 +22,12 @@
 // exps and target logits (one all-reduce of 2 * rows floats), so every rank has the
 // loss; backward needs no communication (softmax of its own classes minus the one-hot).
 // scratch_fwd 1: [2, rows] for the sums and the target logits.
+// On the GPU the same steps run on the step's stream with the group's NCCL all-reduces
+// enqueued between the kernels (their Works kept in works_, see StreamWorks); the count of
+// valid labels stays in saved 1, and a label >= C * parts gives a NaN loss and gradient row.
 #pragma once
 #include "nn/layer.h"
+#include "nn/layers/tensor_parallel.h"  // StreamWorks
 
 namespace sat {
 
@@ -38,9 +42,13 @@ class CrossEntropy : public Layer {
 
  private:
   void forward_vocab_parallel(LayerCtx& c);
+#if SAT_HAVE_CUDA
+  void forward_vocab_parallel_cuda(LayerCtx& c);
+#endif
   int64_t classes_ = 0;  // this rank's
   TPRank tp_;
   std::string name_;
+  StreamWorks works_;  // GPU, vocabulary parallel: the all-reduces in flight
 };
 
 }  // namespace sat

@@ -21,10 +21,44 @@
 // residual adds between the regions treat rows alone, so a contiguous block of rows is a
 // valid slice (the same tokens as Megatron's sequence slice in its [seq, B, C] layout).
 // Buffers are f32 on the CPU (the activation dtype on the GPU); no parameters.
+// On the GPU (tensor_parallel.cu) the group is NCCL on the step's stream: every op is only
+// enqueued there, after the copies it needs, and its Work is kept in a StreamWorks (below).
 #pragma once
+#include <vector>
+
+#include "dist/comm.h"
 #include "nn/layer.h"
 
 namespace sat {
+
+// The Works of the collectives a GPU layer enqueued on the step's stream. The layer never
+// waits for them: the stream orders everything after them, and a step may be captured
+// into a CUDA graph. Nor may it drop one that has not completed, since destroying such a
+// Work waits for it on the host (dist/comm.h). So each is kept here until it is seen
+// complete: keep() first forgets the kept Works whose done() (which never blocks) is true,
+// waiting for them only to rethrow a failure (they are complete: it returns at once).
+//  * While the stream is being captured, NCCL's Work is complete at once, and no kept Work
+//    is asked (done() queries a CUDA event, which capture forbids): nothing is kept then.
+//  * The Works left at destruction are let go without being touched (their communicator may
+//    be gone already: the trainer destroys its NCCL groups before the graph's layers). By
+//    then the stream has run them, since every step ends waiting for it; only their
+//    handles (a CUDA event each) leak, at most the ops of one step per layer.
+class StreamWorks {
+ public:
+  StreamWorks() = default;
+  StreamWorks(const StreamWorks&) = delete;
+  StreamWorks& operator=(const StreamWorks&) = delete;
+  ~StreamWorks() {
+    for (dist::WorkPtr& w : works_) (void)w.release();
+  }
+#if SAT_HAVE_CUDA
+  // w: an op just enqueued on cuda.stream (tensor_parallel.cu).
+  void keep(dist::WorkPtr w, const CudaCtx& cuda);
+#endif
+
+ private:
+  std::vector<dist::WorkPtr> works_;
+};
 
 class TPCopy : public Layer {
  public:
@@ -36,6 +70,7 @@ class TPCopy : public Layer {
   SAT_CUDA_LAYER
  private:
   TPRank tp_;
+  StreamWorks works_;  // GPU
 };
 
 class TPAllReduce : public Layer {
@@ -48,6 +83,7 @@ class TPAllReduce : public Layer {
   SAT_CUDA_LAYER
  private:
   TPRank tp_;
+  StreamWorks works_;  // GPU
 };
 
 class TPAllGather : public Layer {
@@ -60,6 +96,7 @@ class TPAllGather : public Layer {
   SAT_CUDA_LAYER
  private:
   TPRank tp_;
+  StreamWorks works_;  // GPU
   Shape full_;
 };
 
@@ -73,6 +110,7 @@ class TPReduceScatter : public Layer {
   SAT_CUDA_LAYER
  private:
   TPRank tp_;
+  StreamWorks works_;  // GPU
 };
 
 }  // namespace sat
