@@ -115,7 +115,7 @@ TEST(Accumulation, SixteenTimesFourFollowsSixtyFour) {
 // The update rules, checked on a one-parameter store against the formulas of
 // torch.optim.SGD and torch.optim.AdamW written out by hand.
 TEST(Optimizer, SgdAndAdamwFollowPyTorchFormulas) {
-  std::vector<sat::ParamDecl> decls{{"w", {sat::Shape{3}, sat::DType::f32}, sat::ParamInit::zeros(), false}};
+  std::vector<sat::ParamDecl> decls{{"w", {sat::Shape{3}, sat::DType::f32}, sat::ParamInit::zeros(), false, {}}};
   const float g_seq[3][3] = {{0.5f, -1.0f, 2.0f}, {0.1f, 0.2f, -0.3f}, {-1.5f, 0.0f, 0.7f}};
   const float p0[3] = {1.0f, -2.0f, 0.5f};
   for (bool nesterov : {false, true}) {

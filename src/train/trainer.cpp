@@ -83,6 +83,8 @@ void check_layout(const TrainConfig& cfg, bool cuda, int world) {
   SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
             "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
   dist::Mesh::check(world, cfg.tp, cfg.pp);
+  SAT_CHECK(!cuda || !cfg.measure_noise || cfg.tp == 1, "--noise-scale with --tp needs --device cpu for now (the GPU "
+            "norms do not yet count a parameter whole on every tensor-parallel rank once)");
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
             "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
             "measure it without --sequence-parallel");
