@@ -468,6 +468,7 @@ TEST(TensorParallelJob, WeightsRoundTrip) {
   auto s = nlohmann::json::parse(sf);
   EXPECT_EQ(s["layout"]["tp"], 2);
   EXPECT_EQ(s["layout"]["pp"], 2);
+  EXPECT_EQ(s["parameters"], m.graph->param_count());  // the whole model's, not a rank's part
   ASSERT_EQ(s["ranks"].size(), 4u);
   for (auto& r : s["ranks"]) {
     EXPECT_GT(r["comm_bytes_per_step"]["tp"].get<double>(), 0);

@@ -420,9 +420,12 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
                  (long long)rp.model_parameters, (long long)cfg.batch, (long long)cfg.accum, world,
                  sat::cpu::num_threads(), sat::format_bytes(double(plan.device ? plan.device : plan.total())).c_str(),
                  cfg.pp > 1 ? " (stage 0)" : "");
-    if (cfg.pp > 1 || cfg.tp > 1)
+    if (cfg.pp > 1)
       std::fprintf(stderr, "layout: %s; %s schedule, stages %s\n", trainer.mesh().describe().c_str(),
                    sat::pipe_schedule_name(cfg.pp_schedule), rp.split.describe(*sat::build_model(mc, 1).graph).c_str());
+    else if (cfg.tp > 1)
+      std::fprintf(stderr, "layout: %s; tensor parallel%s\n", trainer.mesh().describe().c_str(),
+                   cfg.sequence_parallel ? " with sequence parallelism" : "");
   }
   sat::TrainResult r = trainer.run();
   if (!a.save_weights.empty()) {

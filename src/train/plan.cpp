@@ -216,8 +216,16 @@ RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset&
   RankPlan r;
   BuiltModel whole = build_model(mc, cfg.batch, true);
   r.split = split_model(*whole.graph, cfg, mc.name);
-  r.model_parameters = whole.graph->param_count();
-  r.model_flops_per_sample = train_flops_per_sample(whole, cfg.batch);
+  if (mc.tp > 1) {  // the whole model's size and work, not this tensor-parallel rank's part
+    ModelConfig one = mc;
+    one.tp = 1, one.tp_rank = 0, one.sequence_parallel = false;
+    const BuiltModel full = build_model(one, cfg.batch, true);
+    r.model_parameters = full.graph->param_count();
+    r.model_flops_per_sample = train_flops_per_sample(full, cfg.batch);
+  } else {
+    r.model_parameters = whole.graph->param_count();
+    r.model_flops_per_sample = train_flops_per_sample(whole, cfg.batch);
+  }
   r.stage = stage;
   r.model = cfg.pp > 1 ? build_model(mc, cfg.batch, true, r.split.nodes_of(*whole.graph, stage)) : std::move(whole);
   const Graph& g = *r.model.graph;

@@ -51,7 +51,7 @@ struct RankPlan {
   bool reads_data = false;      // some chunk reads the loader's batches
   int loader_keep = 1;          // loader batches that must stay valid at once
   double flops_per_sample = 0;  // this stage's forward + backward, per sample
-  int64_t model_parameters = 0;     // of the whole model
+  int64_t model_parameters = 0;     // of the whole model (all stages, all tensor-parallel parts)
   double model_flops_per_sample = 0;  // of the whole model, forward + backward
 };
 

@@ -374,7 +374,15 @@ void Trainer::setup_step(bool nccl_dp) {
   hooks_ = std::make_unique<Hooks>(*this);
 }
 
-Trainer::~Trainer() = default;
+// The graph's layers go before the GPU side they enqueue on: a tensor-parallel layer keeps
+// the Works of its NCCL collectives (complete once the engine has waited for its streams)
+// until it is destroyed, while their communicators still exist.
+Trainer::~Trainer() {
+  hooks_.reset();
+  exec_.reset();
+  engine_.reset();
+  plan_.model.graph.reset();
+}
 
 // Every data-parallel replica starts from dp rank 0's parameters and states (the same
 // seed gives the same values already; the broadcast makes it true for any initialisation).
@@ -420,14 +428,14 @@ void Trainer::setup_gpu(int dev_index, bool nccl_dp) {
     int least = 0, greatest = 0;
     SAT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     SAT_CUDA_CHECK(cudaStreamCreateWithPriority(&G.comm_stream, cudaStreamNonBlocking, greatest));
-    G.dp = dist::make_nccl_comm(m.dp_group(), dev_index, G.comm_stream);
+    G.dp = dist::counted(dist::make_nccl_comm(m.dp_group(), dev_index, G.comm_stream));
   }
-  if (m.pp() > 1) G.pp = dist::make_nccl_comm(m.pp_group(), dev_index, G.ctx->stream);
+  if (m.pp() > 1) G.pp = dist::counted(dist::make_nccl_comm(m.pp_group(), dev_index, G.ctx->stream));
   // The tensor-parallel layers' collectives run on the compute stream, in the step's order.
-  if (m.tp() > 1) G.tp = dist::make_nccl_comm(m.tp_group(), dev_index, G.ctx->stream);
+  if (m.tp() > 1) G.tp = dist::counted(dist::make_nccl_comm(m.tp_group(), dev_index, G.ctx->stream));
   const Graph& g = *plan_.model.graph;
   if (!g.tied_copies().empty() || !g.tied_remote().empty())
-    G.tie = dist::make_nccl_comm(*m.embedding_group(), dev_index, G.ctx->stream);
+    G.tie = dist::counted(dist::make_nccl_comm(*m.embedding_group(), dev_index, G.ctx->stream));
   if (cfg_.measure_noise) {
     SAT_CUDA_CHECK(cudaMalloc(&G.norms, (g.chunks().size() + 1) * sizeof(double)));
     SAT_CUDA_CHECK(cudaMalloc(&G.norm_partials, cuda::kSumSquaresPartials * sizeof(double)));
@@ -647,11 +655,21 @@ void Trainer::gather_ranks(TrainResult& r, double step_seconds, double wait_seco
   r.bubble_fraction = m.pp() > 1 ? bubble / double(m.size()) : 0;
 }
 
-// The payload bytes each group of the mesh has moved so far.
+// The payload bytes each group of the mesh has moved so far (on GPUs, plus what their NCCL
+// twins moved: the gradients, activations and tensor-parallel collectives).
 GroupBytes Trainer::traffic() const {
   const dist::Mesh& m = *mesh_;
-  return {m.traffic_of("tp").total(), m.traffic_of("dp").total(), m.traffic_of("pp").total(),
-          m.traffic_of("embedding").total()};
+  GroupBytes b{m.traffic_of("tp").total(), m.traffic_of("dp").total(), m.traffic_of("pp").total(),
+               m.traffic_of("embedding").total()};
+#if SAT_HAVE_CUDA
+  if (gpu_) {
+    auto add = [](double& to, const std::unique_ptr<dist::Comm>& c) {
+      if (c && c->traffic()) to += c->traffic()->total();
+    };
+    add(b.tp, gpu_->tp), add(b.dp, gpu_->dp), add(b.pp, gpu_->pp), add(b.embedding, gpu_->tie);
+  }
+#endif
+  return b;
 }
 
 // ---- evaluation -----------------------------------------------------------------------

@@ -39,18 +39,14 @@ namespace sat {
 // waiting for them only to rethrow a failure (they are complete: it returns at once).
 //  * While the stream is being captured, NCCL's Work is complete at once, and no kept Work
 //    is asked (done() queries a CUDA event, which capture forbids): nothing is kept then.
-//  * The Works left at destruction are let go without being touched (their communicator may
-//    be gone already: the trainer destroys its NCCL groups before the graph's layers). By
-//    then the stream has run them, since every step ends waiting for it; only their
-//    handles (a CUDA event each) leak, at most the ops of one step per layer.
+//  * At destruction the Works left are destroyed, which waits for any not complete (with the
+//    communication watchdog): the trainer destroys the graph's layers after its engine has
+//    waited for the streams and before its NCCL groups.
 class StreamWorks {
  public:
   StreamWorks() = default;
   StreamWorks(const StreamWorks&) = delete;
   StreamWorks& operator=(const StreamWorks&) = delete;
-  ~StreamWorks() {
-    for (dist::WorkPtr& w : works_) (void)w.release();
-  }
 #if SAT_HAVE_CUDA
   // w: an op just enqueued on cuda.stream (tensor_parallel.cu).
   void keep(dist::WorkPtr w, const CudaCtx& cuda);
@@ -60,57 +56,51 @@ class StreamWorks {
   std::vector<dist::WorkPtr> works_;
 };
 
-class TPCopy : public Layer {
+// What the four operators share: their place in the group and, on the GPU, the Works of
+// their collectives in flight.
+class TPCollective : public Layer {
  public:
-  explicit TPCopy(TPRank tp) : tp_(tp) {}
-  const char* kind() const override { return "TPCopy"; }
-  void setup(LayerSetup& s) override;
-  void forward(LayerCtx& c) override;
-  void backward(LayerCtx& c) override;
-  SAT_CUDA_LAYER
- private:
+  explicit TPCollective(TPRank tp) : tp_(tp) {}
+
+ protected:
   TPRank tp_;
   StreamWorks works_;  // GPU
 };
 
-class TPAllReduce : public Layer {
- public:
-  explicit TPAllReduce(TPRank tp) : tp_(tp) {}
-  const char* kind() const override { return "TPAllReduce"; }
-  void setup(LayerSetup& s) override;
-  void forward(LayerCtx& c) override;
-  void backward(LayerCtx& c) override;
+#define SAT_TP_COLLECTIVE(Name)                          \
+  const char* kind() const override { return #Name; }    \
+  void setup(LayerSetup& s) override;                    \
+  void forward(LayerCtx& c) override;                    \
+  void backward(LayerCtx& c) override;                   \
   SAT_CUDA_LAYER
- private:
-  TPRank tp_;
-  StreamWorks works_;  // GPU
+
+class TPCopy : public TPCollective {
+ public:
+  using TPCollective::TPCollective;
+  SAT_TP_COLLECTIVE(TPCopy)
 };
 
-class TPAllGather : public Layer {
+class TPAllReduce : public TPCollective {
  public:
-  TPAllGather(TPRank tp, Shape full) : tp_(tp), full_(full) {}
-  const char* kind() const override { return "TPAllGather"; }
-  void setup(LayerSetup& s) override;
-  void forward(LayerCtx& c) override;
-  void backward(LayerCtx& c) override;
-  SAT_CUDA_LAYER
+  using TPCollective::TPCollective;
+  SAT_TP_COLLECTIVE(TPAllReduce)
+};
+
+class TPAllGather : public TPCollective {
+ public:
+  TPAllGather(TPRank tp, Shape full) : TPCollective(tp), full_(full) {}
+  SAT_TP_COLLECTIVE(TPAllGather)
+
  private:
-  TPRank tp_;
-  StreamWorks works_;  // GPU
   Shape full_;
 };
 
-class TPReduceScatter : public Layer {
+class TPReduceScatter : public TPCollective {
  public:
-  explicit TPReduceScatter(TPRank tp) : tp_(tp) {}
-  const char* kind() const override { return "TPReduceScatter"; }
-  void setup(LayerSetup& s) override;
-  void forward(LayerCtx& c) override;
-  void backward(LayerCtx& c) override;
-  SAT_CUDA_LAYER
- private:
-  TPRank tp_;
-  StreamWorks works_;  // GPU
+  using TPCollective::TPCollective;
+  SAT_TP_COLLECTIVE(TPReduceScatter)
 };
+
+#undef SAT_TP_COLLECTIVE
 
 }  // namespace sat
