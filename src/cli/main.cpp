@@ -142,8 +142,9 @@ void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
 // that every rank prints the same one-line error and exits with status 2 (no rank can
 // hang waiting for another).
 void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bool noise_scale) {
-  sat::dist::Mesh::check(sat::dist::detect_process().world, cfg.tp, cfg.pp);
+  // The model's own limits first: no number of processes can fix them.
   sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  sat::dist::Mesh::check(sat::dist::detect_process().world, cfg.tp, cfg.pp);
   sat::check_pipeline(cfg);
   SAT_CHECK(!noise_scale || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm gradients "
             "are partial sums before the reduction, so the first micro-batch's norm is not measured yet; measure it "

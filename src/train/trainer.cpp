@@ -309,8 +309,8 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   mc_ = resolved(mc, cfg, &dev_index);
   const bool cuda = mc_.device == Device::cuda;
   const int world = world_->size();
-  check_layout(cfg, cuda, world);
   check_tensor_parallel(mc_, cfg.tp, cfg.sequence_parallel);
+  check_layout(cfg, cuda, world);
   mesh_ = std::make_unique<dist::Mesh>(*world_, cfg.tp, cfg.pp);
   const dist::Mesh& m = *mesh_;
   mc_.tp_rank = m.tp_rank();
