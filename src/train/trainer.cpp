@@ -44,13 +44,13 @@ DType activation_dtype(Precision p, Device dev) {
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
 
-// The model as this rank runs it: device, activation dtype and its tensor-parallel part.
-ModelConfig resolved(const ModelConfig& mc, const TrainConfig& cfg, int* dev_index = nullptr, int tp_rank = 0) {
+// The model as the job runs it: device, activation dtype and the tensor-parallel layout
+// (the rank's part, ModelConfig::tp_rank, is set once the mesh places it).
+ModelConfig resolved(const ModelConfig& mc, const TrainConfig& cfg, int* dev_index = nullptr) {
   ModelConfig m = mc;
   m.device = resolve_device(cfg.device, dev_index);
   m.act = activation_dtype(cfg.precision, m.device);
   m.tp = cfg.tp;
-  m.tp_rank = tp_rank;
   m.sequence_parallel = cfg.sequence_parallel;
   return m;
 }
