@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "nn/models.h"
+#include "nn/params.h"
+#include "nn/safetensors.h"
 #include "train/config.h"
 
 namespace sat::test {
@@ -25,6 +29,22 @@ inline void expect_same_evaluation(const EvalResult& got, const EvalResult& want
   EXPECT_EQ(got.samples, want.samples);
   EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::fabs(want.loss));
   EXPECT_NEAR(got.accuracy, want.accuracy, 1e-12);
+}
+
+// The largest relative difference (|a - b| / (1e-3 + |b|)) between the parameters of two
+// safetensors files of a model: the whole model must be in each (every tensor is loaded).
+inline double max_rel_weights(const std::string& model, const std::string& a_path, const std::string& b_path) {
+  BuiltModel m = build_model(model_config(model), 1);
+  ParamStore a(m.graph->params(), m.graph->states(), 0), b(m.graph->params(), m.graph->states(), 0);
+  load_safetensors(a_path, a);
+  load_safetensors(b_path, b);
+  double worst = 0;
+  for (size_t i = 0; i < a.num_params(); ++i) {
+    Tensor x = a.param(i), y = b.param(i);
+    for (int64_t k = 0; k < x.numel(); ++k)
+      worst = std::max(worst, double(std::fabs(x.f32()[k] - y.f32()[k])) / (1e-3 + std::fabs(y.f32()[k])));
+  }
+  return worst;
 }
 
 }  // namespace sat::test
