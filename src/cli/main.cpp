@@ -573,15 +573,16 @@ int run_info(const InfoArgs& ia) {
   std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s):\n", (long long)ia.batch,
               ia.accum > 1 ? (" x " + std::to_string(ia.accum) + " accumulation").c_str() : "", ia.optimizer.c_str(),
               slot_note.c_str(), zero_note.c_str());
+  const sat::RankPlan first = sat::plan_rank(mc, cfg, *data.train, data.test.get(), 0, ia.ranks);
   if (cfg.tp > 1)
-    std::printf("tensor      %d-way%s: each rank holds %lld of the parameters (split ones 1/%d, the rest whole)\n",
-                cfg.tp, cfg.sequence_parallel ? ", sequence parallel" : "",
-                (long long)sat::plan_rank(mc, cfg, *data.train, nullptr, 0, ia.ranks).model.graph->param_count(), cfg.tp);
+    std::printf("tensor      %d-way%s: each rank%s holds %lld of the parameters (split ones 1/%d, the rest whole)\n",
+                cfg.tp, cfg.sequence_parallel ? ", sequence parallel" : "", cfg.pp > 1 ? " of stage 0" : "",
+                (long long)first.model.graph->param_count(), cfg.tp);
   if (cfg.pp > 1) {
     print_stages(mc, cfg, data, ia.ranks);
   } else {
     print_plan(p);
-    print_comm(sat::plan_rank(mc, cfg, *data.train, data.test.get(), 0, ia.ranks), cfg, ia.ranks);
+    print_comm(first, cfg, ia.ranks);
   }
   if (ia.zero && slots) {
     sat::TrainConfig whole = cfg;

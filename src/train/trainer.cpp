@@ -767,25 +767,27 @@ std::vector<ParamDecl> full_decls(const std::vector<ParamDecl>& ps) {
 // all-gathered and put in their places.
 std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel() {
   dist::Comm& tp = mesh_->tp_group();
+  const bool root = tp.rank() == 0;
   const Graph& g = *plan_.model.graph;
-  auto out = std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0);
+  auto out = root ? std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0) : nullptr;
   std::vector<float> parts;
   for (size_t i = 0; i < params_->num_params(); ++i) {
     const ParamDecl& d = params_->decl(i);
-    Tensor local = params_->host_param(i), full = out->host_param(i);
-    if (!d.shard.split()) {
-      std::copy(local.f32(), local.f32() + local.numel(), full.f32());
-      continue;
+    Tensor local = params_->host_param(i);
+    if (d.shard.split()) {  // collective: every rank of the group takes part
+      parts.resize(size_t(local.numel() * tp.size()));
+      tp.all_gather(local.ptr, parts.data(), size_t(local.numel()), DType::f32)->wait();
     }
-    parts.resize(size_t(local.numel() * tp.size()));
-    tp.all_gather(local.ptr, parts.data(), size_t(local.numel()), DType::f32)->wait();
-    for (int r = 0; r < tp.size(); ++r) shard_insert_part(d, r, parts.data() + r * local.numel(), full.ptr);
+    if (!root) continue;
+    Tensor full = out->host_param(i);
+    if (!d.shard.split()) std::copy(local.f32(), local.f32() + local.numel(), full.f32());
+    else
+      for (int r = 0; r < tp.size(); ++r) shard_insert_part(d, r, parts.data() + r * local.numel(), full.ptr);
   }
-  for (size_t i = 0; i < params_->num_states(); ++i) {
+  for (size_t i = 0; root && i < params_->num_states(); ++i) {
     Tensor src = params_->host_state(i), dst = out->host_state(i);
     std::copy(src.u8(), src.u8() + src.bytes(), dst.u8());
   }
-  if (tp.rank() != 0) return nullptr;
   return out;
 }
 
