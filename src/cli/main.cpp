@@ -144,8 +144,12 @@ void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
 void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bool noise_scale) {
   // The model's own limits first: no number of processes can fix them.
   sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
-  sat::dist::Mesh::check(sat::dist::detect_process().world, cfg.tp, cfg.pp);
+  const int world = sat::dist::detect_process().world;
+  sat::dist::Mesh::check(world, cfg.tp, cfg.pp);
   sat::check_pipeline(cfg);
+  sat::TrainConfig z = cfg;
+  z.measure_noise = noise_scale;
+  sat::check_zero(z, false, world / (cfg.tp * cfg.pp));
   SAT_CHECK(!noise_scale || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm gradients "
             "are partial sums before the reduction, so the first micro-batch's norm is not measured yet; measure it "
             "without --sequence-parallel");
@@ -494,6 +498,9 @@ void print_plan(const sat::MemoryPlan& p) {
                   sat::format_bytes(double(p.by_kind[size_t(k)])).c_str());
   std::printf("  %-30s %12zu  %s  (transient kinds above share it by lifetime)\n", "step arena", p.transient,
               sat::format_bytes(double(p.transient)).c_str());
+  if (p.staging)
+    std::printf("  %-30s %12zu  %s  (ZeRO: gathered parameters and gradient buckets, by lifetime)\n", "staging arena",
+                p.staging, sat::format_bytes(double(p.staging)).c_str());
   std::printf("  %-30s %12zu  %s\n", "total", p.total(), sat::format_bytes(double(p.total())).c_str());
 }
 
@@ -529,9 +536,30 @@ void print_stages(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, const
   }
 }
 
+// What the ZeRO stage saves against plain data parallelism, per rank (stage 0 of a pipeline).
+void print_zero_saving(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, const sat::DataSplit& data, int world,
+                       const sat::MemoryPlan& p) {
+  sat::TrainConfig plain = cfg;
+  plain.zero = 0;
+  const sat::MemoryPlan w = sat::Trainer::plan(mc, plain, *data.train, data.test.get(), world);
+  auto kind = [](const sat::MemoryPlan& m, sat::MemKind k) { return sat::format_bytes(double(m.by_kind[size_t(k)])); };
+  const double saved = double(w.total()) - double(p.total());
+  std::printf("ZeRO-%d saves %s per rank (%.1f%% of %s): parameters %s (was %s), gradients %s (was %s), optimizer "
+              "state %s (was %s)",
+              cfg.zero, sat::format_bytes(saved).c_str(), 100.0 * saved / double(w.total()),
+              sat::format_bytes(double(w.total())).c_str(), kind(p, sat::MemKind::parameters).c_str(),
+              kind(w, sat::MemKind::parameters).c_str(), kind(p, sat::MemKind::gradients).c_str(),
+              kind(w, sat::MemKind::gradients).c_str(), kind(p, sat::MemKind::optimizer_state).c_str(),
+              kind(w, sat::MemKind::optimizer_state).c_str());
+  if (cfg.zero >= 2)
+    std::printf(", plus a staging arena of %s for gathered parameters and gradient buckets",
+                sat::format_bytes(double(p.staging)).c_str());
+  std::printf("\n");
+}
+
 int run_info(const InfoArgs& ia) {
   SAT_CHECK(ia.ranks >= 1, "--ranks: expected a positive number of data-parallel ranks, got ", ia.ranks);
-  SAT_CHECK(ia.zero == 0 || ia.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", ia.zero);
+  SAT_CHECK(ia.zero >= 0 && ia.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", ia.zero);
   SAT_CHECK(ia.batch >= 1, "--batch: expected a positive micro-batch size, got ", ia.batch);
   TrainArgs a;
   a.model = ia.model;
@@ -557,6 +585,7 @@ int run_info(const InfoArgs& ia) {
   // is generated on demand, so opening it costs nothing): loader rings included.
   sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
   sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  sat::check_zero(cfg, false, ia.ranks);
   mc.tp = cfg.tp;
   mc.sequence_parallel = cfg.sequence_parallel;
   const int world = ia.ranks * cfg.pp * cfg.tp;
@@ -568,7 +597,8 @@ int run_info(const InfoArgs& ia) {
   std::printf("layers      %zu in %zu blocks\n", g.nodes().size(), g.block_starts().size());
   std::printf("FLOPs       %.4g per sample forward, %.4g per sample training step (forward + backward)\n",
               g.flops_forward() / double(ia.batch), sat::train_flops_per_sample(m, ia.batch));
-  const std::string zero_note = ia.zero ? ", ZeRO-1 over " + std::to_string(ia.ranks) + " rank(s)" : "";
+  const std::string zero_note =
+      ia.zero ? ", ZeRO-" + std::to_string(ia.zero) + " over " + std::to_string(ia.ranks) + " rank(s)" : "";
   const std::string slot_note = slots ? " with " + std::to_string(slots) + " state slot(s)" : "";
   std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s):\n", (long long)ia.batch,
               ia.accum > 1 ? (" x " + std::to_string(ia.accum) + " accumulation").c_str() : "", ia.optimizer.c_str(),
@@ -584,19 +614,7 @@ int run_info(const InfoArgs& ia) {
     print_plan(p);
     print_comm(first, cfg, ia.ranks);
   }
-  if (ia.zero && slots) {
-    sat::TrainConfig whole = cfg;
-    whole.zero = 0;
-    const sat::MemoryPlan w = sat::Trainer::plan(mc, whole, *data.train, data.test.get(), world);
-    const size_t saved = w.total() - p.total();
-    std::printf("ZeRO-1 saves %s per rank (optimizer state %s instead of %s; %.1f%% of the total)\n",
-                sat::format_bytes(double(saved)).c_str(),
-                sat::format_bytes(double(p.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
-                sat::format_bytes(double(w.by_kind[size_t(sat::MemKind::optimizer_state)])).c_str(),
-                100.0 * double(saved) / double(w.total()));
-  } else if (ia.zero) {
-    std::printf("ZeRO-1 saves nothing here: %s keeps no optimizer state\n", ia.optimizer.c_str());
-  }
+  if (ia.zero) print_zero_saving(mc, cfg, data, world, p);
   return 0;
 }
 
@@ -637,7 +655,8 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
                 "data parallel: auto | mpi | nccl (auto: mpi on the CPU, nccl on GPUs; nccl with one rank runs the NCCL path alone)")
       ->capture_default_str();
   t->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
-  t->add_option("--zero", a.zero, "data parallel: 1 = shard optimizer state over the ranks (ZeRO-1), 0 = off")->capture_default_str();
+  t->add_option("--zero", a.zero, "data parallel: shard over the ranks 1 = optimizer state (ZeRO-1), 2 = + gradients, "
+                "3 = + parameters (fully sharded), 0 = off")->capture_default_str();
   t->add_option("--tp", a.tp, "tensor-parallel ranks per layer (Megatron-LM's splits; mlp and the GPT models)")->capture_default_str();
   t->add_flag("--sequence-parallel", a.sequence_parallel, "with --tp: LayerNorm and dropout on 1/tp of the sequence (all-gather / reduce-scatter instead of all-reduce)");
   t->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")->capture_default_str();
@@ -677,7 +696,7 @@ int main(int argc, char** argv) {
   info->add_option("--momentum", ia.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ia.vocab, "GPT models: vocabulary size");
   info->add_option("--ranks", ia.ranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
-  info->add_option("--zero", ia.zero, "1: optimizer state sharded over the ranks (ZeRO-1)")->capture_default_str();
+  info->add_option("--zero", ia.zero, "ZeRO stage over the ranks: 1 optimizer state, 2 + gradients, 3 + parameters")->capture_default_str();
   info->add_option("--pp", ia.pp, "pipeline stages: print every stage's plan")->capture_default_str();
   info->add_option("--tp", ia.tp, "tensor-parallel ranks per layer: the plan of one of them")->capture_default_str();
   info->add_flag("--sequence-parallel", ia.sequence_parallel, "with --tp: sequence parallelism");

@@ -11,6 +11,8 @@ const char* mem_kind_name(MemKind k) {
   switch (k) {
     case MemKind::lp_params: return "low-precision parameters";
     case MemKind::workspace: return "library workspace";
+    case MemKind::gathered_params: return "gathered parameters (ZeRO-3)";
+    case MemKind::grad_buckets: return "gradient buckets (ZeRO-2/3)";
     case MemKind::parameters: return "parameters";
     case MemKind::gradients: return "gradients";
     case MemKind::optimizer_state: return "optimizer state";

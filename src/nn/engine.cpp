@@ -202,6 +202,11 @@ void Engine::set_group(dist::Comm* group) {
     for (NodeRun& run : c.runs) run.ctx.group = group;
 }
 
+void Engine::set_node_hooks(NodeHooks* h) {
+  SAT_CHECK(!h || device() == Device::cpu, "internal error: node hooks need the CPU engine");
+  node_hooks_ = h;
+}
+
 void Engine::set_dloss(float dloss, const float* scale_dev) {
   dloss_ = dloss;
   dloss_scale_ = scale_dev;
@@ -250,9 +255,11 @@ void Engine::run_forward_nodes(Context& c, const Chunk& ch, bool training, uint6
     r.ctx.training = training;
     r.ctx.seed = mix_seed(seed, nodes[size_t(i)].seed_key);
     r.ctx.scratch = r.scratch_fwd;
+    if (node_hooks_) node_hooks_->before_forward(i);
     const double t0 = profile_ ? now_seconds() : 0;
     if (gpu) nodes[size_t(i)].layer->forward_cuda(r.ctx);
     else nodes[size_t(i)].layer->forward(r.ctx);
+    if (node_hooks_) node_hooks_->after_forward(i);
     if (!profile_) continue;
     times_.resize(nodes.size());
     times_[size_t(i)].fwd += now_seconds() - t0;
@@ -268,6 +275,7 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
     NodeRun& r = c.runs[size_t(i)];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
     r.ctx.scratch = r.scratch_bwd;
+    if (node_hooks_) node_hooks_->before_backward(i);
     const double t0 = profile_ ? now_seconds() : 0;
     if (gpu) {
       nodes[size_t(i)].layer->backward_cuda(r.ctx);
@@ -285,6 +293,7 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
       }
     }
     if (profile_) times_[size_t(i)].bwd += now_seconds() - t0;
+    if (node_hooks_) node_hooks_->after_backward(i);
     if (hook && *hook) (*hook)(i);
   }
 }

@@ -32,13 +32,26 @@ namespace sat {
 
 struct CudaCtx;
 
+// Called around every node of a forward or backward on the CPU: the seam where work tied to
+// node boundaries plugs in (fully sharded data parallelism gathers a unit's parameters
+// before its first node and reduce-scatters its gradients after its last).
+class NodeHooks {
+ public:
+  virtual ~NodeHooks() = default;
+  virtual void before_forward(int node) = 0;
+  virtual void after_forward(int node) = 0;
+  virtual void before_backward(int node) = 0;
+  virtual void after_backward(int node) = 0;
+};
+
 struct MemoryPlan {
   std::array<size_t, size_t(MemKind::kCount)> by_kind{};  // transient kinds: before reuse
   size_t persistent = 0;  // parameters, gradients, optimizer state, model state
   size_t transient = 0;   // the step arena, after lifetime reuse
   size_t inputs = 0;      // input batch buffers of the prefetching loader (+ GPU input slots)
+  size_t staging = 0;     // ZeRO-2/3: gathered parameters and gradient buckets, after lifetime reuse
   int contexts = 1;       // micro-batches in flight (each with its own buffers)
-  size_t total() const { return persistent + transient + inputs; }
+  size_t total() const { return persistent + transient + inputs + staging; }
   size_t device = 0;      // GPU: the part of total() in device memory (0 on the CPU)
 };
 
@@ -105,6 +118,8 @@ class Engine {
   // (LayerCtx::group); it must outlive its use and work on the step's memory (host memory on
   // the CPU; device memory on the step's stream on the GPU).
   void set_group(dist::Comm* group);
+  // Hooks around every node (CPU; null: none). h must outlive its use.
+  void set_node_hooks(NodeHooks* h);
 
  private:
   struct NodeRun {
@@ -139,6 +154,7 @@ class Engine {
   const float* dloss_scale_ = nullptr;
   bool profile_ = false;
   bool graphs_on_ = false;
+  NodeHooks* node_hooks_ = nullptr;
   std::vector<NodeTime> times_;
   std::unique_ptr<Gpu> gpu_;
 };

@@ -1,5 +1,6 @@
 #include "nn/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -16,49 +17,106 @@ namespace {
 int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 size_t pad64(size_t n) { return (n + 63) / 64 * 64; }
 
-// shards: the flat length is a multiple of 16 * shards, so that every optimizer shard
-// has the same length and starts on a 64-byte boundary.
-void layout(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int shards,
-            std::vector<int64_t>* offs, int64_t* flat, std::vector<size_t>* soffs, size_t* sbytes) {
+// The flat layout: each tensor at a multiple of 16 floats. ZeRO-1: the flat length is a
+// multiple of 16 * parts, so that every optimizer shard has the same length and starts on
+// a 64-byte boundary. ZeRO-2/3: so is every unit (units: [lo, hi) per unit).
+struct Layout {
+  std::vector<int64_t> offs;
+  std::vector<int64_t> unit_lo, unit_hi;
+  std::vector<int> unit_of;
+  int64_t flat = 0;
+  std::vector<size_t> soffs;
+  size_t sbytes = 0;
+};
+
+Layout layout(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, const StoreSharding& sh) {
+  Layout L;
+  const int64_t unit = 16 * int64_t(sh.parts);
+  auto round = [&](int64_t n) { return (n + unit - 1) / unit * unit; };
   int64_t f = 0;
-  for (auto& p : params) {
-    if (offs) offs->push_back(f);
-    f += pad16(p.spec.shape.numel());
+  size_t next_unit = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (sh.stage >= 2 && next_unit < sh.units.size() && sh.units[next_unit] == int(i)) {
+      if (!L.unit_lo.empty()) L.unit_hi.push_back(f = round(f));
+      L.unit_lo.push_back(f);
+      ++next_unit;
+    }
+    L.offs.push_back(f);
+    L.unit_of.push_back(int(L.unit_lo.size()) - 1);
+    f += pad16(params[i].spec.shape.numel());
   }
-  const int64_t unit = 16 * int64_t(shards);
-  *flat = (f + unit - 1) / unit * unit;
-  size_t b = 0;
+  L.flat = round(f);
+  if (!L.unit_lo.empty()) L.unit_hi.push_back(L.flat);
   for (auto& s : states) {
-    if (soffs) soffs->push_back(b);
-    b += pad64(s.spec.bytes());
+    L.soffs.push_back(L.sbytes);
+    L.sbytes += pad64(s.spec.bytes());
   }
-  *sbytes = b;
+  return L;
+}
+
+void check_sharding(const StoreSharding& sh, size_t params) {
+  SAT_CHECK(sh.stage >= 0 && sh.stage <= 3 && sh.parts >= 1 && sh.index >= 0 && sh.index < sh.parts,
+            "internal error: ZeRO stage ", sh.stage, ", shard ", sh.index, " of ", sh.parts);
+  if (sh.stage < 2 || params == 0) return;
+  SAT_CHECK(!sh.units.empty() && sh.units[0] == 0, "internal error: the first unit must start at parameter 0");
+  for (size_t k = 1; k < sh.units.size(); ++k)
+    SAT_CHECK(sh.units[k] > sh.units[k - 1] && size_t(sh.units[k]) < params, "internal error: bad unit starts");
 }
 }  // namespace
 
 ParamStore::Sizes ParamStore::predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states,
+                                      int slots, const StoreSharding& sh) {
+  check_sharding(sh, params.size());
+  const Layout L = layout(params, states, sh);
+  const int64_t shard = L.flat / sh.parts;
+  Sizes s;
+  s.params = size_t(sh.stage >= 3 ? shard : L.flat) * 4;
+  s.grads = size_t(sh.stage >= 2 ? shard : L.flat) * 4;
+  s.optimizer = size_t(sh.stage >= 1 ? shard : L.flat) * 4 * size_t(slots);
+  s.states = L.sbytes;
+  return s;
+}
+
+ParamStore::Sizes ParamStore::predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states,
                                       int slots, int shards) {
   SAT_CHECK(shards >= 1, "internal error: optimizer shards must be positive");
-  int64_t flat;
-  size_t sb;
-  layout(params, states, shards, nullptr, &flat, nullptr, &sb);
-  Sizes s;
-  s.params = size_t(flat) * 4;
-  s.grads = size_t(flat) * 4;
-  s.optimizer = size_t(flat / shards) * 4 * size_t(slots);
-  s.states = sb;
-  return s;
+  return predict(params, states, slots, StoreSharding{shards > 1 ? 1 : 0, shards, 0, {}});
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamStore::unit_ranges(const std::vector<ParamDecl>& params,
+                                                                 const StoreSharding& sh) {
+  check_sharding(sh, params.size());
+  const Layout L = layout(params, {}, sh);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t u = 0; u < L.unit_lo.size(); ++u) out.push_back({L.unit_lo[u], L.unit_hi[u]});
+  return out;
 }
 
 ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int slots,
                        int shards, int shard)
-    : decls_(params), state_decls_(states), slots_(slots) {
-  SAT_CHECK(shards >= 1 && shard >= 0 && shard < shards, "internal error: optimizer shard ", shard, " of ", shards);
-  layout(params, states, shards, &offsets_, &flat_, &state_offsets_, &state_bytes_);
-  shard_len_ = flat_ / shards;
-  shard_begin_ = shard_len_ * shard;
-  params_ = Buffer(size_t(flat_) * 4, "parameters");
-  grads_ = Buffer(size_t(flat_) * 4, "gradients");
+    : ParamStore(params, states, slots, StoreSharding{shards > 1 ? 1 : 0, shards, shard, {}}) {}
+
+ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int slots,
+                       StoreSharding sh)
+    : decls_(params), state_decls_(states), sharding_(std::move(sh)), slots_(slots) {
+  check_sharding(sharding_, params.size());
+  if (sharding_.stage == 0) sharding_.parts = 1, sharding_.index = 0;
+  Layout L = layout(params, states, sharding_);
+  offsets_ = std::move(L.offs);
+  state_offsets_ = std::move(L.soffs);
+  state_bytes_ = L.sbytes;
+  flat_ = L.flat;
+  unit_lo_ = std::move(L.unit_lo);
+  unit_hi_ = std::move(L.unit_hi);
+  unit_of_ = std::move(L.unit_of);
+  unit_params_.assign(unit_lo_.size(), nullptr);
+  unit_grads_.assign(unit_lo_.size(), nullptr);
+  const int stage = sharding_.stage;
+  shard_len_ = flat_ / sharding_.parts;
+  shard_begin_ = stage == 1 ? shard_len_ * sharding_.index : 0;
+  if (stage != 1) shard_len_ = stage >= 2 ? shard_len_ : flat_;
+  params_ = Buffer(size_t(stage >= 3 ? shard_len_ : flat_) * 4, "parameters");
+  grads_ = Buffer(size_t(stage >= 2 ? shard_len_ : flat_) * 4, "gradients");
   optim_ = Buffer(size_t(shard_len_) * 4 * size_t(slots), "optimizer state");
   states_ = Buffer(state_bytes_, "model state");
   std::memset(params_.data(), 0, params_.bytes());
@@ -70,6 +128,69 @@ ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<P
   o_ = optim_.as<float>();
   s_ = states_.as<uint8_t>();
 }
+
+float* ParamStore::param_ptr(size_t i) const {
+  if (sharding_.stage < 3) return p_ + offsets_[i];
+  const size_t u = size_t(unit_of_[i]);
+  return unit_params_[u] ? unit_params_[u] + (offsets_[i] - unit_lo_[u]) : nullptr;
+}
+
+float* ParamStore::grad_ptr(size_t i) const {
+  if (sharding_.stage < 2) return g_ + offsets_[i];
+  const size_t u = size_t(unit_of_[i]);
+  return unit_grads_[u] ? unit_grads_[u] + (offsets_[i] - unit_lo_[u]) : nullptr;
+}
+
+void ParamStore::bind_unit(size_t u, float* params, float* grads) {
+  SAT_CHECK(sharding_.stage >= 2 && u < unit_lo_.size(), "internal error: bind_unit without ZeRO-2/3 units");
+  unit_params_[u] = params;
+  unit_grads_[u] = grads;
+}
+
+std::vector<UpdateSpan> ParamStore::update_spans() const {
+  if (sharding_.stage != 2) return {{p_ + shard_begin_, g_ + shard_begin_, 0, shard_len_}};
+  std::vector<UpdateSpan> out;
+  for (size_t u = 0; u < unit_lo_.size(); ++u) {
+    const int64_t n = unit_piece(u), so = unit_lo_[u] / sharding_.parts;
+    out.push_back({p_ + unit_lo_[u] + sharding_.index * n, g_ + so, so, n});
+  }
+  return out;
+}
+
+// The part of parameter i that this rank's piece of its unit holds: flat [a, b), kept at
+// shard offset `at` (a == b: none).
+namespace {
+struct Overlap { int64_t a, b, at; };
+Overlap overlap(const ParamStore& ps, size_t i) {
+  const size_t u = size_t(ps.unit_of(i));
+  const int64_t n = ps.unit_piece(u), lo = ps.unit_begin(u) + ps.sharding().index * n;
+  const int64_t a = std::max(ps.offset(i), lo), b = std::min(ps.offset(i) + ps.decl(i).spec.shape.numel(), lo + n);
+  return {a, std::max(a, b), ps.unit_begin(u) / ps.sharding().parts + (a - lo)};
+}
+}  // namespace
+
+void ParamStore::shard_from(const ParamStore& full) {
+  SAT_CHECK(sharding_.stage >= 3 && device_ == Device::cpu && full.num_params() == decls_.size(),
+            "internal error: shard_from needs a ZeRO-3 store on the host");
+  for (size_t i = 0; i < decls_.size(); ++i) {
+    const Overlap o = overlap(*this, i);
+    const float* src = full.host_param(i).f32() + (o.a - offsets_[i]);
+    std::copy(src, src + (o.b - o.a), p_ + o.at);
+  }
+  SAT_CHECK(full.state_bytes_ == state_bytes_, "internal error: shard_from: different model states");
+  if (state_bytes_) std::memcpy(s_, full.s_, state_bytes_);
+}
+
+std::pair<int64_t, int64_t> ParamStore::shard_part(size_t i) const {
+  if (sharding_.stage < 2) {
+    const int64_t a = std::max(offsets_[i], shard_begin_);
+    const int64_t b = std::min(offsets_[i] + decls_[i].spec.shape.numel(), shard_begin_ + shard_len_);
+    return {a, std::max<int64_t>(0, b - a)};
+  }
+  const Overlap o = overlap(*this, i);
+  return {o.at, o.b - o.a};
+}
+
 
 size_t ParamStore::lp_bytes(const std::vector<ParamDecl>& params, DType lp) {
   if (lp == DType::f32) return 0;
@@ -165,6 +286,7 @@ void fill_param(const ParamDecl& d, Tensor local, Fill fill) {
 
 void ParamStore::init(uint64_t seed) {
   SAT_CHECK(device_ == Device::cpu, "internal error: initialise parameters before moving them to the GPU");
+  SAT_CHECK(sharding_.stage < 3, "internal error: initialise a full store, then shard_from() it (ZeRO-3)");
   for (size_t i = 0; i < decls_.size(); ++i) {
     const ParamInit& in = decls_[i].init;
     fill_param(decls_[i], host_param(i), [&](float* p, int64_t n) {
@@ -188,6 +310,7 @@ void ParamStore::init(uint64_t seed) {
 // v = 2 unit(fnv1a64(name), k) - 1 in double, stored as float (k, fan_in: of the full tensor).
 void ParamStore::init_parity() {
   SAT_CHECK(device_ == Device::cpu, "internal error: initialise parameters before moving them to the GPU");
+  SAT_CHECK(sharding_.stage < 3, "internal error: initialise a full store, then shard_from() it (ZeRO-3)");
   for (size_t i = 0; i < decls_.size(); ++i) {
     const ParamDecl& d = decls_[i];
     const Shape full = d.full_shape();

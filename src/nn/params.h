@@ -14,18 +14,50 @@
 
 namespace sat {
 
+// How a store is sharded over the data-parallel ranks (ZeRO stages).
+//   stage 1: optimizer state only. The flat length is padded to a multiple of 16 * parts
+//            and cut into `parts` equal, contiguous pieces; rank `index` keeps the state
+//            of its piece (shard_begin(), shard_len()).
+//   stage 2: gradients too; stage 3: parameters too. The flat arrays are cut into
+//            *units* (contiguous runs of parameters, starting at the parameter indices in
+//            `units`: a model's blocks), each padded to a multiple of 16 * parts; rank
+//            `index` owns piece `index` of every unit (unit_piece()). Its shard arrays
+//            (gradients, optimizer slots and, under stage 3, parameters) are its pieces of
+//            all units, in unit order. The full gradients of a unit, and under stage 3 its
+//            full parameters, exist only in buffers the step binds (bind_unit) while it
+//            needs them.
+struct StoreSharding {
+  int stage = 0;
+  int parts = 1, index = 0;
+  std::vector<int> units;  // stage >= 2: first parameter of each unit, ascending, from 0
+};
+
+// A contiguous range that the optimizer updates: n parameters at p, their gradients at
+// g, their state at flat_slot(s) + slot.
+struct UpdateSpan {
+  float* p;
+  const float* g;
+  int64_t slot;
+  int64_t n;
+};
+
 class ParamStore {
  public:
-  // ZeRO-1: with shards > 1 this store keeps optimizer state only for its shard (number
-  // `shard`) of the flat arrays: the flat length is padded to a multiple of 16 * shards
-  // and cut into `shards` equal, contiguous pieces.
   ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots,
-             int shards = 1, int shard = 0);
+             StoreSharding sharding = {});
+  // ZeRO-1 over `shards` ranks (stage 1 when shards > 1).
+  ParamStore(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots,
+             int shards, int shard = 0);
 
   // Bytes each part will take, without allocating.
   struct Sizes { size_t params = 0, grads = 0, optimizer = 0, states = 0; size_t total() const { return params + grads + optimizer + states; } };
   static Sizes predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots,
+                       const StoreSharding& sharding);
+  static Sizes predict(const std::vector<ParamDecl>& params, const std::vector<ParamDecl>& states, int optimizer_slots,
                        int shards = 1);
+  // ZeRO-2/3: the flat range [begin, end) of each unit, without allocating.
+  static std::vector<std::pair<int64_t, int64_t>> unit_ranges(const std::vector<ParamDecl>& params,
+                                                              const StoreSharding& sharding);
 
   // Initialise parameters by their ParamInit (seeded per name) and states by theirs.
   void init(uint64_t seed);
@@ -35,9 +67,10 @@ class ParamStore {
 
   size_t num_params() const { return decls_.size(); }
   const ParamDecl& decl(size_t i) const { return decls_[i]; }
-  // Views of the working copies: on the host, or on the GPU after to_device().
-  Tensor param(size_t i) const { return {p_ + offsets_[i], decls_[i].spec.shape, DType::f32, device_}; }
-  Tensor grad(size_t i) const { return {g_ + offsets_[i], decls_[i].spec.shape, DType::f32, device_}; }
+  // Views of the working copies: on the host, or on the GPU after to_device(). Under ZeRO-2
+  // the gradient, under ZeRO-3 both, lie in the buffers bound to the parameter's unit.
+  Tensor param(size_t i) const { return {param_ptr(i), decls_[i].spec.shape, DType::f32, device_}; }
+  Tensor grad(size_t i) const { return {grad_ptr(i), decls_[i].spec.shape, DType::f32, device_}; }
   // The parameter in the low-precision dtype (GEMM inputs); == param(i) under f32.
   Tensor param_lp(size_t i) const {
     if (lp_dtype_ == DType::f32) return param(i);
@@ -53,10 +86,32 @@ class ParamStore {
   }
   int find_state(const std::string& name) const;
 
-  // Flat views (length flat_size(), padding included) for the optimizer.
+  // Flat views (length flat_size(), padding included) for the optimizer. Under ZeRO-2
+  // flat_grads(), under ZeRO-3 flat_params() too, are this rank's shard (shard_size()).
   int64_t flat_size() const { return flat_; }
   float* flat_params() const { return p_; }
   float* flat_grads() const { return g_; }
+  // What the optimizer updates: one span, or under ZeRO-2 one per unit.
+  std::vector<UpdateSpan> update_spans() const;
+
+  // ZeRO-2/3 (sharding().stage >= 2).
+  const StoreSharding& sharding() const { return sharding_; }
+  size_t num_units() const { return unit_lo_.size(); }
+  int64_t unit_begin(size_t u) const { return unit_lo_[u]; }  // flat range, padding included
+  int64_t unit_end(size_t u) const { return unit_hi_[u]; }
+  int unit_of(size_t param) const { return unit_of_[param]; }
+  // This rank's piece of unit u: flat elements [unit_begin + index * n, + n), kept at
+  // shard offset unit_begin / parts.
+  int64_t unit_piece(size_t u) const { return (unit_hi_[u] - unit_lo_[u]) / sharding_.parts; }
+  int64_t shard_size() const { return flat_ / sharding_.parts; }
+  // Where unit u's full parameters (ZeRO-3; null under ZeRO-2) and gradients are while a
+  // step uses them; set before an Engine binds its views.
+  void bind_unit(size_t u, float* params, float* grads);
+  // The part of parameter i in this rank's shard arrays: {shard offset, elements}.
+  std::pair<int64_t, int64_t> shard_part(size_t i) const;
+  // ZeRO-3: copies this rank's pieces of every parameter from `full` (the same
+  // declarations, unsharded), and its model states.
+  void shard_from(const ParamStore& full);
   // Optimizer slot s covers this store's shard: flat elements [shard_begin(),
   // shard_begin() + shard_len()) (the whole array without sharding).
   float* flat_slot(int s) const { return o_ + int64_t(s) * shard_len_; }
@@ -87,7 +142,14 @@ class ParamStore {
   static size_t lp_bytes(const std::vector<ParamDecl>& params, DType lp);
 
  private:
+  float* param_ptr(size_t i) const;
+  float* grad_ptr(size_t i) const;
+
   std::vector<ParamDecl> decls_, state_decls_;
+  StoreSharding sharding_;
+  std::vector<int64_t> unit_lo_, unit_hi_;  // ZeRO-2/3
+  std::vector<int> unit_of_;                // per parameter
+  std::vector<float*> unit_params_, unit_grads_;
   std::vector<int64_t> offsets_;        // in floats
   std::vector<size_t> state_offsets_;   // in bytes
   int64_t flat_ = 0;

@@ -24,10 +24,14 @@ int optimizer_slots(const OptimConfig& c) {
 
 void Optimizer::step(ParamStore& ps, float lr) {
   ++t_;
-  // The flat arrays, or under ZeRO-1 this rank's shard of them (the slots cover it).
-  const int64_t n = ps.shard_len();
-  float* p = ps.flat_params() + ps.shard_begin();
-  const float* g = ps.flat_grads() + ps.shard_begin();
+  // The flat arrays, or under ZeRO this rank's shard of them (one span per unit under ZeRO-2).
+  for (const UpdateSpan& s : ps.update_spans()) update(ps, s, lr);
+}
+
+void Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
+  const int64_t n = s.n;
+  float* p = s.p;
+  const float* g = s.g;
   const float wd = c_.weight_decay;
   if (c_.name == "sgd") {
     // torch.optim.SGD: d = g + wd p; buf = momentum buf + d (buf = d on the first step);
@@ -38,7 +42,7 @@ void Optimizer::step(ParamStore& ps, float lr) {
       for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
       return;
     }
-    float* buf = ps.flat_slot(0);
+    float* buf = ps.flat_slot(0) + s.slot;
     const bool first = t_ == 1, nest = c_.nesterov;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -52,8 +56,8 @@ void Optimizer::step(ParamStore& ps, float lr) {
   // torch.optim.AdamW (1.13, single-tensor path):
   //   p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-  float* m = ps.flat_slot(0);
-  float* v = ps.flat_slot(1);
+  float* m = ps.flat_slot(0) + s.slot;
+  float* v = ps.flat_slot(1) + s.slot;
   const float b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
   const double bc1 = 1.0 - std::pow(double(b1), double(t_));
   const double bc2 = 1.0 - std::pow(double(b2), double(t_));

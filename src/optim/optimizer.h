@@ -29,6 +29,7 @@ class Optimizer {
   const OptimConfig& config() const { return c_; }
 
  private:
+  void update(ParamStore& ps, const UpdateSpan& s, float lr);
   OptimConfig c_;
   int64_t t_ = 0;
 };

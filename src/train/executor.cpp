@@ -71,7 +71,8 @@ StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, float lr,
                         hooks.data(a.chunk, a.micro));
         break;
       case ActionKind::backward: {
-        const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, a.micro == 0,
+        const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk,
+                                               a.micro == 0 || !hooks.accumulates_grads(),
                                                hooks.node_hook(a.chunk, a.micro));
         hooks.after_backward(a.chunk, a.micro, replayed);
         break;

@@ -31,6 +31,9 @@ class StepHooks {
   // After B(micro, chunk). replayed: the engine replayed a captured CUDA graph, so the
   // node hook did not run on the host (the work it enqueued at capture is in the graph).
   virtual void after_backward(int chunk, int micro, bool replayed) { (void)chunk, (void)micro, (void)replayed; }
+  // Whether a micro-batch's parameter gradients add to the earlier ones' (false: every
+  // backward overwrites them, as when they are reduce-scattered after each micro-batch).
+  virtual bool accumulates_grads() const { return true; }
   virtual void reduce_grads() {}
   virtual void optimizer_step(float lr) = 0;
 };

@@ -244,7 +244,12 @@ RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset&
     inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch + r.loader_keep - 1);
     if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
   }
-  r.memory = plan_memory(g, r.step, optimizer_slots(resolve_optim(cfg.optim)), inputs, cfg.zero >= 1 ? dp : 1);
+  const int slots = optimizer_slots(resolve_optim(cfg.optim));
+  r.memory = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
+  if (cfg.zero >= 2) {
+    r.shards = plan_shards(g, r.actions, cfg.zero, dp);
+    add_sharded_memory(r.memory, g, r.shards, slots);
+  }
   r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
   return r;
 }
@@ -256,7 +261,13 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
   for (const Node& n : g.nodes()) b.tp += micro * (n.setup.comm_fwd + (n.needs_backward ? n.setup.comm_bwd : 0));
   for (const ParamDecl& p : g.params())
     if (p.shard.partial_grad) b.tp += double(p.spec.bytes());
-  if (dp > 1) {
+  if (dp > 1 && cfg.zero >= 2) {
+    // Per micro-batch: every unit's gradients reduce-scattered, under ZeRO-3 its parameters
+    // gathered for forward and again for backward; ZeRO-2 gathers them once after the update.
+    double units = 0;
+    for (auto [lo, hi] : plan.shards.range) units += double(hi - lo) * 4;
+    b.dp = micro * units * (cfg.zero >= 3 ? 3 : 1) + (cfg.zero == 2 ? units : 0) + (g.loss() >= 0 ? 8 : 0);
+  } else if (dp > 1) {
     const double flat = double(ParamStore::predict(g.params(), g.states(), 0, cfg.zero >= 1 ? dp : 1).params);
     b.dp = (cfg.zero >= 1 ? 2 : 1) * flat + (g.loss() >= 0 ? 8 : 0);
   }
@@ -271,8 +282,18 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
   std::vector<std::string> tied = g.tied_copies();
   tied.insert(tied.end(), g.tied_remote().begin(), g.tied_remote().end());
   if (cfg.pp > 1)
-    for (const ParamDecl& p : g.params())
-      if (std::find(tied.begin(), tied.end(), p.name) != tied.end()) b.embedding += double(p.spec.bytes());
+    for (size_t i = 0; i < g.params().size(); ++i) {
+      const ParamDecl& p = g.params()[i];
+      if (std::find(tied.begin(), tied.end(), p.name) == tied.end()) continue;
+      if (cfg.zero < 2 || dp == 1) {
+        b.embedding += double(p.spec.bytes());
+        continue;
+      }
+      // ZeRO-2/3: the tied parameter is a unit of its own; a rank sums its piece.
+      const auto& units = plan.shards.units;
+      const size_t u = size_t(std::upper_bound(units.begin(), units.end(), int(i)) - units.begin()) - 1;
+      b.embedding += double(plan.shards.range[u].second - plan.shards.range[u].first) / dp * 4;
+    }
   return b;
 }
 

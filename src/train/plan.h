@@ -13,6 +13,7 @@
 #include "nn/step_plan.h"
 #include "train/config.h"
 #include "train/schedule.h"
+#include "train/sharded_dp.h"
 
 namespace sat {
 
@@ -47,6 +48,7 @@ struct RankPlan {
   std::vector<Action> actions;  // one optimizer step
   std::vector<std::vector<int>> ctx_of;  // [chunk][micro]: the context it uses
   StepPlan step;
+  ShardPlan shards;             // ZeRO-2/3 (stage 0 otherwise)
   MemoryPlan memory;
   bool reads_data = false;      // some chunk reads the loader's batches
   int loader_keep = 1;          // loader batches that must stay valid at once

@@ -67,9 +67,23 @@ void check_config(const TrainConfig& cfg) {
   SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
   SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
-  SAT_CHECK(cfg.zero == 0 || cfg.zero == 1, "--zero: expected 0 or 1 (ZeRO stage), got ", cfg.zero);
+  SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
   SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
 }
+
+}  // namespace
+
+void check_zero(const TrainConfig& cfg, bool cuda, int dp) {
+  SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
+  if (cfg.zero < 2) return;
+  SAT_CHECK(dp > 1, "--zero ", cfg.zero, " shards the model over the data-parallel ranks, and this job has one (",
+            cfg.tp * cfg.pp * dp, " rank(s), --tp ", cfg.tp, " --pp ", cfg.pp, "): run more ranks or leave --zero out");
+  SAT_CHECK(!cuda, "--zero ", cfg.zero, " needs --device cpu for now (ZeRO-2/3 on GPUs is not built yet)");
+  SAT_CHECK(!cfg.measure_noise, "--noise-scale with --zero ", cfg.zero, ": the noise scale needs each micro-batch's "
+            "whole gradient, which ZeRO-2/3 never holds; measure it with --zero 0 or 1");
+}
+
+namespace {
 
 // What the devices and the job's size allow (sat::Error naming the flag).
 void check_layout(const TrainConfig& cfg, bool cuda, int world) {
@@ -79,10 +93,12 @@ void check_layout(const TrainConfig& cfg, bool cuda, int world) {
   SAT_CHECK(!cuda || be != DistBackend::mpi || world == 1,
             "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
             "auto or nccl)");
-  SAT_CHECK(!cuda || cfg.zero == 0 || world == 1, "--zero 1 needs --device cpu for now (ZeRO-1 on GPUs is not built yet)");
+  SAT_CHECK(!cuda || cfg.zero == 0 || world == 1, "--zero ", cfg.zero, " needs --device cpu for now (ZeRO on GPUs is "
+            "not built yet)");
   SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
             "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
   dist::Mesh::check(world, cfg.tp, cfg.pp);
+  check_zero(cfg, cuda, world / (cfg.tp * cfg.pp));
   SAT_CHECK(!cuda || !cfg.measure_noise || cfg.tp == 1, "--noise-scale with --tp needs --device cpu for now (the GPU "
             "norms do not yet count a parameter whole on every tensor-parallel rank once)");
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
@@ -156,7 +172,14 @@ class Trainer::Hooks : public StepHooks {
         r.second = std::max(r.second, lo + d.spec.shape.numel());
         // Tensor parallel: a parameter whole on every rank of the group counts on its first.
         if (!d.shard.split() && t.mesh_->tp_rank() > 0) excluded_.push_back({lo, lo + d.spec.shape.numel()});
-        if (d.shard.partial_grad) partial_.push_back({lo, lo + d.spec.shape.numel()});
+        if (!d.shard.partial_grad) continue;
+        // Under ZeRO-2/3 the gradients are this rank's pieces: the parameter's part of them.
+        if (t.sharded_) {
+          auto [at, n] = t.params_->shard_part(size_t(pid));
+          if (n > 0) partial_.push_back({at, at + n});
+        } else {
+          partial_.push_back({lo, lo + d.spec.shape.numel()});
+        }
       }
     std::sort(excluded_.begin(), excluded_.end());
     std::sort(partial_.begin(), partial_.end());
@@ -179,14 +202,17 @@ class Trainer::Hooks : public StepHooks {
     return d;
   }
   const std::function<void(int)>* node_hook(int, int micro) override {
-    return t_.reducer_->node_hook(micro + 1 == t_.cfg_.accum);
+    return t_.reducer_ ? t_.reducer_->node_hook(micro + 1 == t_.cfg_.accum) : nullptr;
   }
+  bool accumulates_grads() const override { return !t_.sharded_; }
   void after_backward(int chunk, int micro, bool replayed) override {
-    t_.reducer_->after_backward(chunk, micro + 1 == t_.cfg_.accum, replayed);
+    if (t_.sharded_) t_.sharded_->end_backward(chunk);
+    else t_.reducer_->after_backward(chunk, micro + 1 == t_.cfg_.accum, replayed);
     if (t_.cfg_.measure_noise && micro == 0) small_sq_ += norm(ranges_[size_t(chunk)], int(chunk));
   }
   void reduce_grads() override {
-    t_.reducer_->reduce();
+    if (t_.sharded_) t_.sharded_->reduce();
+    else t_.reducer_->reduce();
     sum_partial_grads();
     if (!t_.cfg_.measure_noise) return;
     const ParamStore& ps = *t_.params_;
@@ -207,7 +233,8 @@ class Trainer::Hooks : public StepHooks {
     } else {
       t_.opt_->step(ps, lr);
     }
-    t_.reducer_->after_update();
+    if (t_.sharded_) t_.sharded_->after_update();
+    else t_.reducer_->after_update();
   }
   // The step's noise-estimator sample (see add_noise_sample), after the step.
   void noise_sample(std::vector<GradNormSample>& out) {
@@ -271,7 +298,10 @@ class Trainer::Hooks : public StepHooks {
     dist::Comm* tp = t_.tp_comm();
     for (size_t k = 0; k < partial_.size();) {
       int64_t lo = partial_[k].first, hi = partial_[k].second;
-      for (++k; k < partial_.size() && partial_[k].first <= ((hi + 15) / 16) * 16; ++k) hi = partial_[k].second;
+      // Neighbours separated by padding only go together (not pieces: there the gap may
+      // hold a part of another parameter).
+      for (++k; !t_.sharded_ && k < partial_.size() && partial_[k].first <= ((hi + 15) / 16) * 16; ++k)
+        hi = partial_[k].second;
       tp->all_reduce(t_.params_->flat_grads() + lo, size_t(hi - lo), DType::f32, dist::ReduceOp::sum)->wait();
     }
   }
@@ -327,15 +357,18 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
             " samples of ", train.name(), ")");
   const Graph& g = *plan_.model.graph;
   const int shards = cfg.zero >= 1 ? m.dp() : 1;
+  const StoreSharding sharding =
+      cfg.zero >= 2 ? plan_.shards.sharding(m.dp_rank()) : StoreSharding{shards > 1 ? 1 : 0, shards, shards > 1 ? m.dp_rank() : 0, {}};
   mem_base_ = mem_stats().current;
   mem_reset_peak();
-  params_ = std::make_unique<ParamStore>(g.params(), g.states(), optimizer_slots(cfg_.optim), shards,
-                                         shards > 1 ? m.dp_rank() : 0);
-  params_->init(cfg.seed);
-  broadcast_initial_state();
+  params_ = std::make_unique<ParamStore>(g.params(), g.states(), optimizer_slots(cfg_.optim), sharding);
+  init_params();
   const bool nccl_dp = cuda && (cfg.dist_backend == DistBackend::nccl || m.dp() > 1);
   if (cuda) setup_gpu(dev_index, nccl_dp);
+  dist::Comm* tie = g.tied_copies().empty() && g.tied_remote().empty() ? nullptr : m.embedding_group();
+  if (cfg.zero >= 2) sharded_ = std::make_unique<ShardedDP>(g, *params_, plan_.shards, m.dp_group(), tie);
   engine_ = std::make_unique<Engine>(*plan_.model.graph, *params_, plan_.step, gpu_ctx());
+  if (sharded_) engine_->set_node_hooks(sharded_.get());
   if (m.tp() > 1) engine_->set_group(tp_comm());
   if (cfg.sync_bn && m.dp() > 1) {
     replica_sum_ = std::make_unique<CommReplicaSum>(m.dp_group());
@@ -368,7 +401,7 @@ void Trainer::setup_step(bool nccl_dp) {
     if (pp) pp = gpu_->pp.get();
   }
 #endif
-  if (!reducer_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg_.zero >= 1);
+  if (!reducer_ && !sharded_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg_.zero >= 1);
   comm_backend_ = m.dp() > 1 || nccl_dp ? (gpu_ && nccl_dp ? "nccl" : m.dp_group().backend_name()) : "";
   exec_ = std::make_unique<Executor>(*engine_, plan_.actions, plan_.ctx_of, pp);
   hooks_ = std::make_unique<Hooks>(*this);
@@ -384,16 +417,43 @@ Trainer::~Trainer() {
   plan_.model.graph.reset();
 }
 
+namespace {
 // Every data-parallel replica starts from dp rank 0's parameters and states (the same
 // seed gives the same values already; the broadcast makes it true for any initialisation).
-void Trainer::broadcast_initial_state() {
-  dist::Comm& dp = mesh_->dp_group();
+void broadcast_store(dist::Comm& dp, ParamStore& ps) {
   if (dp.size() <= 1) return;
-  dp.broadcast_sync(params_->flat_params(), size_t(params_->flat_size()), DType::f32, 0);
-  for (size_t i = 0; i < params_->num_states(); ++i) {
-    Tensor t = params_->host_state(i);
+  dp.broadcast_sync(ps.flat_params(), size_t(ps.flat_size()), DType::f32, 0);
+  for (size_t i = 0; i < ps.num_states(); ++i) {
+    Tensor t = ps.host_state(i);
     dp.broadcast_sync(t.ptr, size_t(t.numel()), t.dtype, 0);
   }
+}
+}  // namespace
+
+void Trainer::broadcast_initial_state() { broadcast_store(mesh_->dp_group(), *params_); }
+
+// ZeRO-3 keeps only its pieces: the full parameters are drawn in a store of their own,
+// which is dropped once sharded (the measured peak then starts again: the plan is the step's).
+void Trainer::init_params() {
+  if (params_->sharding().stage < 3) {
+    params_->init(cfg_.seed);
+    broadcast_initial_state();
+    return;
+  }
+  {
+    const Graph& g = *plan_.model.graph;
+    ParamStore full(g.params(), g.states(), 0);
+    full.init(cfg_.seed);
+    broadcast_store(mesh_->dp_group(), full);
+    params_->shard_from(full);
+  }
+  mem_reset_peak();
+}
+
+const ParamStore& Trainer::unsharded(std::unique_ptr<ParamStore>& keep) {
+  if (!sharded_ || params_->sharding().stage < 3) return *params_;
+  keep = sharded_->unsharded();
+  return *keep;
 }
 
 dist::Comm* Trainer::tp_comm() const {
@@ -502,7 +562,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (step == r.warmup_excluded) {
       t_measure = t0;
       engine_->set_profiling(cfg_.profile && !on_gpu());  // time layers after warm-up only
-      reducer_->reset_timing();
+      if (reducer_) reducer_->reset_timing();
+      if (sharded_) sharded_->reset_timing();
     }
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
     hooks_->begin_step();
@@ -582,8 +643,10 @@ void Trainer::finish(TrainResult& r, [[maybe_unused]] int64_t total) {
   r.virtual_stages = cfg_.virtual_stages;
   r.pp_split.assign(plan_.split.cuts.begin() + 1, plan_.split.cuts.end() - 1);
   r.comm_backend = comm_backend_;
-  r.comm_seconds = reducer_->window_seconds();
-  r.comm_hidden_fraction = r.comm_seconds > 0
+  // ZeRO-2/3: the seconds the step waited for its gathers and reductions (what overlapped
+  // compute is not measured).
+  r.comm_seconds = reducer_ ? reducer_->window_seconds() : sharded_->exposed_seconds();
+  r.comm_hidden_fraction = reducer_ && r.comm_seconds > 0
                                ? std::clamp(1.0 - reducer_->exposed_seconds() / r.comm_seconds, 0.0, 1.0)
                                : 0.0;
   sync_states_from_first_replica();
@@ -746,6 +809,14 @@ void Trainer::load_weights(const std::string& path) {
   std::set<std::string> names;
   for (auto& p : whole.graph->params()) names.insert(p.name);
   for (auto& s : whole.graph->states()) names.insert(s.name);
+  if (params_->sharding().stage >= 3) {  // read in full, keep the pieces
+    const Graph& g = *plan_.model.graph;
+    ParamStore full(g.params(), g.states(), 0);
+    load_safetensors(path, full, mesh_->pp() > 1 ? &names : nullptr);
+    broadcast_store(mesh_->dp_group(), full);
+    params_->shard_from(full);
+    return;
+  }
   load_safetensors(path, *params_, mesh_->pp() > 1 ? &names : nullptr);
   if (mesh_->dp() > 1) broadcast_initial_state();
 }
@@ -765,15 +836,15 @@ std::vector<ParamDecl> full_decls(const std::vector<ParamDecl>& ps) {
 // This stage's parameters as full tensors on the tensor-parallel group's first rank
 // (collective over the group; nullptr elsewhere): each split parameter's parts are
 // all-gathered and put in their places.
-std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel() {
+std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel(const ParamStore& mine) {
   dist::Comm& tp = mesh_->tp_group();
   const bool root = tp.rank() == 0;
   const Graph& g = *plan_.model.graph;
   auto out = root ? std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0) : nullptr;
   std::vector<float> parts;
-  for (size_t i = 0; i < params_->num_params(); ++i) {
-    const ParamDecl& d = params_->decl(i);
-    Tensor local = params_->host_param(i);
+  for (size_t i = 0; i < mine.num_params(); ++i) {
+    const ParamDecl& d = mine.decl(i);
+    Tensor local = mine.host_param(i);
     if (d.shard.split()) {  // collective: every rank of the group takes part
       parts.resize(size_t(local.numel() * tp.size()));
       tp.all_gather(local.ptr, parts.data(), size_t(local.numel()), DType::f32)->wait();
@@ -784,8 +855,8 @@ std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel() {
     else
       for (int r = 0; r < tp.size(); ++r) shard_insert_part(d, r, parts.data() + r * local.numel(), full.ptr);
   }
-  for (size_t i = 0; root && i < params_->num_states(); ++i) {
-    Tensor src = params_->host_state(i), dst = out->host_state(i);
+  for (size_t i = 0; root && i < mine.num_states(); ++i) {
+    Tensor src = mine.host_state(i), dst = out->host_state(i);
     std::copy(src.u8(), src.u8() + src.bytes(), dst.u8());
   }
   return out;
@@ -794,12 +865,12 @@ std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel() {
 // The whole model on global rank 0: the tensor-parallel parts of each stage of the first
 // data-parallel replica are gathered on its first tp rank, which sends the stage's full
 // tensors there. nullptr on other ranks (and on rank 0 when its own store is the model).
-std::unique_ptr<ParamStore> Trainer::gather_whole_model() {
+std::unique_ptr<ParamStore> Trainer::gather_whole_model(const ParamStore& own) {
   const dist::Mesh& m = *mesh_;
   if (m.dp_rank() != 0) return nullptr;
-  std::unique_ptr<ParamStore> stage = m.tp() > 1 ? gather_tensor_parallel() : nullptr;
+  std::unique_ptr<ParamStore> stage = m.tp() > 1 ? gather_tensor_parallel(own) : nullptr;
   if (m.tp_rank() != 0 || m.pp() == 1) return stage;
-  const ParamStore& mine = stage ? *stage : *params_;
+  const ParamStore& mine = stage ? *stage : own;
   dist::Comm& pp = m.pp_group();
   if (m.pp_rank() != 0) {
     pp.send(mine.host_flat_params(), size_t(mine.flat_size()), DType::f32, 0)->wait();
@@ -841,9 +912,11 @@ std::unique_ptr<ParamStore> Trainer::gather_whole_model() {
 }
 
 void Trainer::save_weights(const std::string& path) {
-  std::unique_ptr<ParamStore> whole = gather_whole_model();
+  std::unique_ptr<ParamStore> full;
+  const ParamStore& own = unsharded(full);
+  std::unique_ptr<ParamStore> whole = gather_whole_model(own);
   if (world_->rank() != 0) return;
-  save_safetensors(path, whole ? *whole : *params_, mc_.name);
+  save_safetensors(path, whole ? *whole : own, mc_.name);
 }
 
 }  // namespace sat

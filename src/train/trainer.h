@@ -21,12 +21,16 @@
 #include "train/data_parallel.h"
 #include "train/executor.h"
 #include "train/plan.h"
+#include "train/sharded_dp.h"
 
 namespace sat {
 
 // What open_dataset needs to know about a model: its input shape, classes or
 // vocabulary and context.
 DataOptions data_options_for(const ModelConfig& mc, uint64_t seed);
+
+// ZeRO stage against the devices and the data-parallel ranks (sat::Error naming --zero).
+void check_zero(const TrainConfig& cfg, bool cuda, int dp);
 
 class Trainer {
  public:
@@ -61,13 +65,17 @@ class Trainer {
   void setup_gpu(int dev_index, bool nccl_dp);
   void setup_step(bool nccl_dp);
   void broadcast_initial_state();
+  void init_params();
+  // The parameters as full tensors: the store itself, or under ZeRO-3 a gathered copy in
+  // `keep` (collective over dp).
+  const ParamStore& unsharded(std::unique_ptr<ParamStore>& keep);
   double step_loss(double loss_sum, int losses, double& wait);
   void finish(TrainResult& r, int64_t total);
   void gather_ranks(TrainResult& r, double step_seconds, double wait_seconds);
   GroupBytes traffic() const;
   void sync_states_from_first_replica();
-  std::unique_ptr<ParamStore> gather_whole_model();
-  std::unique_ptr<ParamStore> gather_tensor_parallel();
+  std::unique_ptr<ParamStore> gather_whole_model(const ParamStore& mine);
+  std::unique_ptr<ParamStore> gather_tensor_parallel(const ParamStore& mine);
   CudaCtx* gpu_ctx() const;
   // The tensor-parallel group the step's layers use: the mesh's, or its NCCL twin on GPUs.
   dist::Comm* tp_comm() const;
@@ -88,7 +96,8 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<BatchLoader> train_loader_, test_loader_;
   std::unique_ptr<ReplicaSum> replica_sum_;  // --sync-bn over the dp group
-  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<GradReducer> reducer_;   // without ZeRO-2/3
+  std::unique_ptr<ShardedDP> sharded_;     // ZeRO-2/3
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<Hooks> hooks_;
   std::string comm_backend_;
