@@ -1,0 +1,289 @@
+// ZeRO-2 and ZeRO-3 (fully sharded data parallelism). Without mpirun: the units a model
+// is sharded by, the sharded store's sizes and pieces, the staging plan, and the errors of
+// bad layouts. Under mpirun (CMake runs this binary as zero_np2 and zero_np4): every stage
+// follows the one-process loss trajectory for mlp, gpt-mini and convnet (with tensor and
+// pipeline parallelism too), each rank's memory plan holds its measured peak, the bytes
+// each group moves per step are the predicted ones, ZeRO-2 moves what plain data
+// parallelism moves and ZeRO-3 1.5 times that, and the saved weights are one process's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <string>
+
+#include "backend/cpu/blas.h"
+#include "data/dataset.h"
+#include "dist/comm.h"
+#include "nn/models.h"
+#include "nn/params.h"
+#include "train/plan.h"
+#include "train/sharded_dp.h"
+#include "train/trainer.h"
+#include "trajectory.h"
+
+namespace {
+
+using sat::dist::Comm;
+
+Comm& world() {
+  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
+  return *c;
+}
+
+bool world_is(int n) { return sat::dist::detect_process().distributed() && world().size() == n; }
+
+// ---- units and the sharded store ---------------------------------------------------------
+
+// GPT: the tied token embedding is a unit of its own; the positions go with the first
+// transformer layer (the embedding is part of its block), the final LayerNorm with the last.
+TEST(ZeroUnits, FollowTheModelsBlocks) {
+  sat::BuiltModel m = sat::build_model(sat::model_config("gpt-mini"), 2);
+  const sat::Graph& g = *m.graph;
+  const std::vector<int> u = sat::shard_units(g);
+  std::vector<std::string> first;
+  for (int p : u) first.push_back(g.params()[size_t(p)].name);
+  EXPECT_EQ(first, (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight",
+                                             "transformer.h.1.ln_1.weight", "transformer.h.2.ln_1.weight",
+                                             "transformer.h.3.ln_1.weight"}));
+  // mlp: one unit per layer.
+  sat::BuiltModel mlp = sat::build_model(sat::model_config("mlp"), 2);
+  EXPECT_EQ(sat::shard_units(*mlp.graph), (std::vector<int>{0, 2, 4}));
+}
+
+// Every element of every parameter is in exactly one rank's pieces; the shard arrays are
+// 1/N of the padded flat arrays; every unit is padded to whole pieces of 16 floats.
+TEST(ZeroUnits, PiecesCoverEveryElementOnce) {
+  for (const char* name : {"mlp", "gpt-mini", "convnet"})
+    for (int parts : {2, 3, 4})
+      for (int stage : {2, 3}) {
+        sat::BuiltModel m = sat::build_model(sat::model_config(name), 2);
+        const sat::Graph& g = *m.graph;
+        std::vector<int64_t> covered(g.params().size(), 0);
+        for (int r = 0; r < parts; ++r) {
+          sat::ParamStore ps(g.params(), g.states(), 2, sat::StoreSharding{stage, parts, r, sat::shard_units(g)});
+          for (size_t u = 0; u < ps.num_units(); ++u) {
+            EXPECT_EQ((ps.unit_end(u) - ps.unit_begin(u)) % (16 * parts), 0) << name;
+            EXPECT_EQ(ps.unit_begin(u) % (16 * parts), 0) << name;
+          }
+          EXPECT_EQ(ps.shard_size() * parts, ps.flat_size());
+          for (size_t i = 0; i < ps.num_params(); ++i) covered[i] += ps.shard_part(i).second;
+          const auto sizes = sat::ParamStore::predict(g.params(), g.states(), 2, ps.sharding());
+          EXPECT_EQ(sizes.grads, size_t(ps.shard_size()) * 4);
+          EXPECT_EQ(sizes.params, size_t(stage == 3 ? ps.shard_size() : ps.flat_size()) * 4);
+          EXPECT_EQ(sizes.optimizer, size_t(ps.shard_size()) * 8);
+        }
+        for (size_t i = 0; i < covered.size(); ++i)
+          EXPECT_EQ(covered[i], g.params()[i].spec.shape.numel()) << name << " " << g.params()[i].name;
+      }
+}
+
+// ZeRO-3 keeps pieces only: what shard_from copies is the full store's elements.
+TEST(ZeroUnits, ShardFromKeepsThisRanksPieces) {
+  sat::BuiltModel m = sat::build_model(sat::model_config("gpt-mini"), 2);
+  const sat::Graph& g = *m.graph;
+  sat::ParamStore full(g.params(), g.states(), 0);
+  full.init(5);
+  for (int r = 0; r < 3; ++r) {
+    sat::ParamStore ps(g.params(), g.states(), 0, sat::StoreSharding{3, 3, r, sat::shard_units(g)});
+    ps.shard_from(full);
+    for (size_t i = 0; i < ps.num_params(); ++i) {
+      auto [at, n] = ps.shard_part(i);
+      if (n == 0) continue;
+      const size_t u = size_t(ps.unit_of(i));
+      const int64_t first = ps.unit_begin(u) + r * ps.unit_piece(u);  // flat index of the piece
+      const int64_t in_param = std::max<int64_t>(0, first - ps.offset(i));
+      for (int64_t k = 0; k < n; ++k)
+        ASSERT_EQ(ps.flat_params()[at + k], full.param(i).f32()[in_param + k]) << g.params()[i].name;
+    }
+  }
+}
+
+// The staging arena holds, at any moment, what the hooks keep: less than every unit's
+// gathered parameters and buckets together, at least the largest unit's.
+TEST(ZeroPlan, StagingIsPlannedByLifetime) {
+  sat::BuiltModel m = sat::build_model(sat::model_config("gpt-mini"), 2);
+  const sat::Graph& g = *m.graph;
+  const auto actions = sat::make_schedule({sat::PipeSchedule::one_f_one_b, 1, 2, 1}, 0);
+  for (int stage : {2, 3}) {
+    const sat::ShardPlan sp = sat::plan_shards(g, actions, stage, 4);
+    size_t largest = 0, all = 0;
+    for (auto [lo, hi] : sp.range) largest = std::max(largest, size_t(hi - lo) * 4), all += size_t(hi - lo) * 4;
+    EXPECT_EQ(sp.buckets, all);
+    EXPECT_EQ(sp.gathered, stage == 3 ? all : 0u);
+    EXPECT_GE(sp.staging, largest * (stage == 3 ? 2 : 1));
+    EXPECT_LT(sp.staging, sp.gathered + sp.buckets);
+  }
+}
+
+TEST(ZeroErrors, BadLayoutsAreClearErrors) {
+  auto error_of = [](int zero, bool cuda, int dp, bool noise = false) {
+    sat::TrainConfig cfg;
+    cfg.zero = zero;
+    cfg.measure_noise = noise;
+    try {
+      sat::check_zero(cfg, cuda, dp);
+    } catch (const sat::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of(3, false, 1).find("--zero 3 shards the model over the data-parallel ranks, and this job has one"),
+            std::string::npos);
+  EXPECT_NE(error_of(4, false, 2).find("--zero: expected a ZeRO stage 0, 1, 2 or 3, got 4"), std::string::npos);
+  EXPECT_NE(error_of(2, true, 2).find("--zero 2 needs --device cpu"), std::string::npos);
+  EXPECT_NE(error_of(3, false, 2, true).find("--noise-scale with --zero 3"), std::string::npos);
+  EXPECT_EQ(error_of(3, false, 2), "");
+  EXPECT_EQ(error_of(1, false, 1), "");
+}
+
+// ---- under mpirun: exactness against one process ---------------------------------------
+
+struct Case {
+  std::string model;
+  int zero = 3, tp = 1, pp = 1;
+  int64_t batch = 2, accum = 2;
+  int steps = 20;
+  std::string optimizer = "adamw";
+  float lr = 1e-3f;
+  bool sync_bn = false;
+  bool evaluate = false;
+  std::string save = "";  // save the weights there
+};
+
+struct RunOut {
+  std::vector<double> losses;
+  sat::EvalResult test;
+  size_t predicted = 0, peak = 0;
+  sat::dist::Traffic dp_traffic;
+  sat::GroupBytes measured, predicted_bytes;  // per step
+};
+
+RunOut train(const Case& c, Comm& comm, bool parallel) {
+  sat::cpu::set_num_threads(1);
+  auto mc = sat::model_config(c.model);
+  auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 7));
+  sat::TrainConfig cfg;
+  cfg.tp = parallel ? c.tp : 1;
+  cfg.pp = parallel ? c.pp : 1;
+  cfg.zero = parallel ? c.zero : 0;
+  cfg.accum = c.accum;
+  cfg.batch = c.batch;
+  cfg.steps = c.steps;
+  cfg.seed = 3;
+  cfg.optim.name = c.optimizer;
+  cfg.optim.lr = c.lr;
+  cfg.optim.momentum = c.optimizer == "sgd" ? 0.9f : 0.0f;
+  cfg.sync_bn = parallel && c.sync_bn;
+  cfg.evaluate = c.evaluate;
+  cfg.progress = 0;
+  cfg.comm = &comm;
+  sat::Trainer t(mc, cfg, *data.train, c.evaluate ? data.test.get() : nullptr);
+  sat::TrainResult r = t.run();
+  if (!c.save.empty()) t.save_weights(c.save);
+  return {r.losses, r.test.value_or(sat::EvalResult{}), r.predicted_memory_bytes, r.peak_memory_bytes,
+          t.mesh().traffic_of("dp"), r.comm_bytes_per_step, sat::predict_comm(t.rank_plan(), cfg, t.mesh().dp())};
+}
+
+// The layout on every rank (dp = world / (tp * pp)); one process on rank 0 with the same
+// global batch (dp * accum micro-batches).
+RunOut expect_exact(const Case& c) {
+  Comm& w = world();
+  const int dp = w.size() / (c.tp * c.pp);
+  Case mine = c;
+  if (!c.save.empty()) mine.save = c.save + ".zero.safetensors";
+  RunOut run = train(mine, w, true);
+  // What every group moved per step is what the plan predicts (sync-BN's statistics are
+  // not part of the prediction).
+  if (!c.sync_bn) {
+    EXPECT_DOUBLE_EQ(run.measured.dp, run.predicted_bytes.dp) << "rank " << w.rank();
+  }
+  EXPECT_DOUBLE_EQ(run.measured.tp, run.predicted_bytes.tp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.pp, run.predicted_bytes.pp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.embedding, run.predicted_bytes.embedding) << "rank " << w.rank();
+  EXPECT_LE(run.peak, run.predicted) << "rank " << w.rank();
+  EXPECT_GE(double(run.peak), 0.98 * double(run.predicted)) << "rank " << w.rank();
+  if (w.rank() == 0) {
+    auto self = sat::dist::make_self_comm();
+    // The same global batch in one process: dp * accum micro-batches, or under sync-BN
+    // (statistics over the ranks' micro-batches together) micro-batches dp times larger.
+    Case one = c;
+    if (c.sync_bn) one.batch = c.batch * dp;
+    else one.accum = c.accum * dp;
+    if (!c.save.empty()) one.save = c.save + ".one.safetensors";
+    RunOut ref = train(one, *self, false);
+    const double d = sat::test::max_rel(run.losses, ref.losses);
+    std::printf("%s ZeRO-%d dp %d x tp %d x pp %d, micro-batch %lld x %lld, %s: max relative loss difference %.3g over "
+                "%d steps (%.5f -> %.5f); memory predicted %zu, peak %zu\n",
+                c.model.c_str(), c.zero, dp, c.tp, c.pp, (long long)c.batch, (long long)c.accum, c.optimizer.c_str(), d,
+                c.steps, ref.losses.front(), ref.losses.back(), run.predicted, run.peak);
+    EXPECT_LT(d, 1e-5) << c.model;
+    EXPECT_LT(ref.losses.back(), 0.97 * ref.losses.front()) << c.model << " did not learn";
+    if (c.evaluate) sat::test::expect_same_evaluation(run.test, ref.test);
+    if (!c.save.empty()) {
+      const double wd = sat::test::max_rel_weights(c.model, mine.save, one.save);
+      std::printf("  saved weights: max relative difference %.3g from one process\n", wd);
+      EXPECT_LT(wd, 1e-4);
+    }
+  }
+  w.barrier();
+  return run;
+}
+
+TEST(Zero, TwoRanks) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R zero_np2)";
+  const std::string dir = (std::filesystem::temp_directory_path() / "sat_zero_np2").string();
+  if (world().rank() == 0) std::filesystem::create_directories(dir);
+  world().barrier();
+  for (int zero : {2, 3}) {
+    expect_exact({.model = "mlp", .zero = zero, .batch = 8, .optimizer = "sgd", .lr = 0.05f, .evaluate = true,
+                  .save = dir + "/mlp" + std::to_string(zero)});
+    expect_exact({.model = "gpt-mini", .zero = zero, .batch = 1, .lr = 3e-4f, .evaluate = zero == 3});
+    if (zero == 3)
+      expect_exact({.model = "gpt-mini", .zero = zero, .batch = 1, .steps = 5, .optimizer = "sgd", .lr = 0.05f,
+                    .save = dir + "/gpt"});
+    expect_exact({.model = "convnet", .zero = zero, .batch = 8, .accum = 1, .optimizer = "sgd", .lr = 0.05f,
+                  .sync_bn = true});
+  }
+}
+
+TEST(Zero, FourRanks) {
+  if (!world_is(4)) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R zero_np4)";
+  for (int zero : {2, 3}) {
+    expect_exact({.model = "mlp", .zero = zero, .batch = 4, .accum = 1});
+    expect_exact({.model = "gpt-mini", .zero = zero, .batch = 1, .accum = 1, .lr = 3e-4f});
+    expect_exact({.model = "convnet", .zero = zero, .batch = 4, .accum = 1, .optimizer = "sgd", .lr = 0.05f,
+                  .sync_bn = true});
+  }
+  expect_exact({.model = "gpt-mini", .zero = 3, .tp = 2, .batch = 1, .lr = 3e-4f, .evaluate = true});  // dp 2 x tp 2
+  expect_exact({.model = "gpt-mini", .zero = 3, .pp = 2, .batch = 1, .accum = 4, .lr = 3e-4f});  // dp 2 x pp 2
+}
+
+// The data-parallel group's bytes per step, counted by its communicator (accum 1): plain data
+// parallelism all-reduces the gradients (payload P); ZeRO-2 reduce-scatters them and
+// all-gathers the parameters (2 P' payload, P' the units' padded size); ZeRO-3 gathers the
+// parameters twice and reduce-scatters once (3 P'). On the wire of the ring algorithms over n
+// ranks: 2 (n-1)/n P, 2 (n-1)/n P' and 3 (n-1)/n P': ZeRO-2 moves what data parallelism
+// moves (up to the padding of its units) and ZeRO-3 exactly 1.5 times ZeRO-2.
+TEST(Zero, BytesPerStepAreThePapers) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R zero_np2)";
+  const double n = 2, steps = 3;
+  double wire[4] = {0, 0, 0, 0};
+  for (int zero : {0, 1, 2, 3}) {
+    const RunOut r = train({.model = "gpt-mini", .zero = zero, .batch = 1, .accum = 1, .steps = int(steps)}, world(), true);
+    const sat::dist::Traffic& t = r.dp_traffic;
+    const double loss = 8 * steps;  // the step's loss, all-reduced
+    wire[zero] = ((double(t.all_reduce.bytes) - loss) * 2 + double(t.reduce_scatter.bytes + t.all_gather.bytes)) *
+                 (n - 1) / n / steps;
+  }
+  if (world().rank() == 0)
+    std::printf("gpt-mini over 2 ranks, ring wire bytes per step: data parallel %.0f, ZeRO-1 %.0f, ZeRO-2 %.0f, ZeRO-3 "
+                "%.0f (ZeRO-3 / ZeRO-2 = %.4f)\n",
+                wire[0], wire[1], wire[2], wire[3], wire[3] / wire[2]);
+  EXPECT_NEAR(wire[2], wire[0], 0.002 * wire[0]) << "ZeRO-2 moves what data parallelism moves, up to padding";
+  EXPECT_NEAR(wire[1], wire[0], 0.002 * wire[0]);
+  EXPECT_DOUBLE_EQ(wire[3], 1.5 * wire[2]);
+}
+
+}  // namespace
