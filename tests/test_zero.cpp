@@ -22,6 +22,12 @@
 #include "train/sharded_dp.h"
 #include "train/trainer.h"
 #include "trajectory.h"
+#ifdef SAT_MPIEXEC
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "mpi_job.h"
+#endif
 
 namespace {
 
@@ -287,3 +293,52 @@ TEST(Zero, BytesPerStepAreThePapers) {
 }
 
 }  // namespace
+
+// ---- whole jobs -----------------------------------------------------------------------------
+#ifdef SAT_MPIEXEC
+TEST(ZeroJob, BadInputIsRefusedByEveryRank) {
+  if (sat::dist::detect_process().distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  const sat::test::JobEnd one = sat::test::run_job(1, "train --data synthetic --steps 2 --model mlp --batch 8 --zero 3");
+  EXPECT_EQ(one.status, 2) << one.out;
+  EXPECT_NE(one.out.find("saturate: error: --zero 3 shards the model over the data-parallel ranks, and this job has "
+                         "one (1 rank(s), --tp 1 --pp 1): run more ranks or leave --zero out"),
+            std::string::npos)
+      << one.out;
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --zero 2", "--zero 2 shards the model");
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 5", "--zero: expected a ZeRO stage 0, 1, 2 or 3");
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 3 --accum 2 --noise-scale",
+                                       "--noise-scale with --zero 3");
+}
+
+// A job under ZeRO-3 reports its lever and the sharded memory in summary.json, and starts
+// from a weights file as one process does.
+TEST(ZeroJob, SummaryAndInitWeights) {
+  if (sat::dist::detect_process().distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("sat_zero_job_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string common = "train --model gpt-mini --data synthetic --batch 1 --steps 2 --threads 1 --eval off ";
+  sat::test::JobEnd one = sat::test::run_job(1, common + "--save-weights " + (d / "one.safetensors").string());
+  ASSERT_EQ(one.status, 0) << one.out;
+  const std::string from = "--init-weights " + (d / "one.safetensors").string() + " ";
+  sat::test::JobEnd z = sat::test::run_job(2, common + from + "--accum 1 --zero 3 --out " + (d / "z").string(), 120);
+  sat::test::JobEnd o = sat::test::run_job(1, common + from + "--accum 2 --out " + (d / "o").string());
+  ASSERT_EQ(z.status, 0) << z.out;
+  ASSERT_EQ(o.status, 0) << o.out;
+  auto summary = [&](const char* run) {
+    std::ifstream f(d / run / "summary.json");
+    return nlohmann::json::parse(f);
+  };
+  const auto zs = summary("z"), os = summary("o");
+  EXPECT_NEAR(zs["final_train_loss"].get<double>(), os["final_train_loss"].get<double>(),
+              1e-5 * os["final_train_loss"].get<double>());
+  EXPECT_EQ(zs["zero"], 3);
+  ASSERT_EQ(zs["ranks"].size(), 2u);
+  for (auto& r : zs["ranks"]) {
+    EXPECT_GT(r["memory_by_kind"]["gathered parameters (ZeRO-3)"].get<double>(), 0);
+    EXPECT_GT(r["comm_bytes_per_step"]["dp"].get<double>(), 0);
+  }
+  fs::remove_all(d);
+}
+#endif
