@@ -231,7 +231,7 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   const std::filesystem::path cache = tune_cache_dir(key);
   if (!tune_only) {
     // Rank 0 reads the cache and tells the others whether to tune.
-    double hit[4] = {0, 0, 0, 0};
+    double hit[6] = {0, 0, 0, 0, 0, 0};
     if (lead && std::filesystem::exists(cache / "tune.json")) {
       try {
         std::ifstream f(cache / "tune.json");
@@ -241,6 +241,8 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
         hit[1] = c.at("micro_batch").get<double>();
         hit[2] = c.at("accum").get<double>();
         hit[3] = c.at("lr").get<double>();
+        hit[4] = c.value("zero", 0);  // caches written before the levers have none
+        hit[5] = double(sat::parse_recompute(c.value("recompute", std::string("none"))));
         tr.choice.reason = c.at("reason").get<std::string>();
         tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
         tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
@@ -248,12 +250,14 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
         hit[0] = 0;  // unreadable: tune again and overwrite it
       }
     }
-    comm.broadcast_sync(hit, 4, sat::DType::f64, 0);
+    comm.broadcast_sync(hit, 6, sat::DType::f64, 0);
     if (hit[0] > 0) {
       cached = true;
       tr.choice.micro_batch = int64_t(hit[1]);
       tr.choice.accum = int64_t(hit[2]);
       tr.choice.lr = float(hit[3]);
+      tr.choice.zero = int(hit[4]);
+      tr.choice.recompute = sat::Recompute(int(hit[5]));
       tr.choice.global_batch = tr.choice.micro_batch * tr.choice.accum * world;
       if (lead) {
         std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n",
@@ -287,10 +291,14 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   }
   const auto& ch = tr.choice;
   if (lead) {
-    std::printf("tune: micro-batch %lld x %lld accumulation x %d rank(s) = global batch %lld, lr %.4g (%s from %g at "
+    const std::string lever = ch.zero ? ", with ZeRO-" + std::to_string(ch.zero)
+                              : ch.recompute != sat::Recompute::none
+                                  ? std::string(", with --recompute ") + sat::recompute_name(ch.recompute)
+                                  : "";
+    std::printf("tune: micro-batch %lld x %lld accumulation x %d rank(s) = global batch %lld%s, lr %.4g (%s from %g at "
                 "batch %lld)\ntune: %s\n",
-                (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, double(ch.lr),
-                ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)a.lr_batch, ch.reason.c_str());
+                (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, lever.c_str(),
+                double(ch.lr), ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)a.lr_batch, ch.reason.c_str());
     if (!a.out.empty() && std::filesystem::exists(a.out + "/tune.html"))
       std::printf("tune: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
     std::fflush(stdout);
@@ -299,6 +307,10 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   cfg.batch = ch.micro_batch;
   cfg.accum = ch.accum;
   cfg.optim.lr = ch.lr;
+  if (ch.zero || ch.recompute != sat::Recompute::none) {  // a lever the tuner chose
+    cfg.zero = ch.zero;
+    cfg.recompute = ch.recompute;
+  }
   if (ch.warmup_fraction > 0) {
     const int64_t per_epoch = data.train->size() / ch.global_batch;
     const int64_t total = a.steps > 0 ? a.steps : a.epochs * per_epoch;

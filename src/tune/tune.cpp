@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "backend/device.h"
 #include "core/alloc.h"
@@ -63,6 +64,51 @@ size_t predicted(const ModelConfig& mc, const TrainConfig& c, const Dataset& tra
 template <typename T>
 void agree(dist::Comm* comm, T* v, size_t n, DType t) {
   if (comm && comm->size() > 1) comm->broadcast_sync(v, n, t, 0);
+}
+
+// The memory levers a run could pull, cheapest first: ZeRO-1 and ZeRO-2 move what data
+// parallelism moves; selective recomputation reruns attention's softmax; ZeRO-3 moves 1.5
+// times as much; full recomputation reruns a third of the step's FLOPs. None when the
+// user chose a lever already.
+std::vector<TuneLever> lever_options(const ModelConfig& mc, const TrainConfig& base, int world) {
+  std::vector<TuneLever> out;
+  if (base.zero != 0 || base.recompute != Recompute::none) return out;
+  auto supports = [&](Recompute r) {
+    ModelConfig m = mc;
+    m.recompute = r;
+    try {
+      check_recompute(m);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (world > 1) out.push_back({"ZeRO-1", 1});
+  if (world > 1) out.push_back({"ZeRO-2", 2});
+  if (supports(Recompute::selective)) out.push_back({"recompute selective", 0, Recompute::selective});
+  if (world > 1) out.push_back({"ZeRO-3", 3});
+  if (supports(Recompute::full)) out.push_back({"recompute full", 0, Recompute::full});
+  return out;
+}
+
+TrainConfig with_lever(TrainConfig c, const TuneLever& l) {
+  c.zero = l.zero;
+  c.recompute = l.recompute;
+  return c;
+}
+
+// The largest micro-batch in [1, cap] for which fits(b) (fits(1) may be false: 0).
+int64_t largest_fitting(int64_t cap, const std::function<bool(int64_t)>& fits) {
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  while (hi <= cap && fits(hi)) lo = hi, hi *= 2;
+  hi = std::min(hi, cap + 1);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid;
+  }
+  return lo;
 }
 
 }  // namespace
@@ -130,14 +176,7 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
               " per rank at micro-batch 1, more than the budget of ", format_bytes(double(r.budget)),
               (cfg.memory_budget ? "" : " (" + r.budget_source + ")"));
   }
-  int64_t lo = 1, hi = 2;  // lo fits; find hi that does not (or the cap)
-  while (hi <= cap && fits(hi)) lo = hi, hi *= 2;
-  hi = std::min(hi, cap + 1);
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid)) lo = mid;
-    else hi = mid;
-  }
+  const int64_t lo = largest_fitting(cap, fits);
   r.max_micro_batch = lo;
   {
     TrainConfig c = final_cfg;
@@ -159,9 +198,9 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
   } reset{dev};
 
   auto run_probe = [&](int64_t micro, int64_t accum, int64_t steps, double seconds, bool noise,
-                       std::vector<GradNormSample>* norms, float lr) -> Probe {
+                       std::vector<GradNormSample>* norms, float lr, const TuneLever* lever = nullptr) -> Probe {
     Probe p;
-    TrainConfig c = probe_config(base, micro, accum, steps);
+    TrainConfig c = probe_config(lever ? with_lever(base, *lever) : base, micro, accum, steps);
     c.time_limit = seconds;
     c.measure_noise = noise;
     c.optim.lr = lr;
@@ -338,12 +377,77 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
     ch.reason = buf;
     if (cfg.objective == "goodput") ch.reason += " (goodput needs the noise scale, which could not be measured here)";
   }
+  // Probes lever l at the largest micro-batch it fits up to the target (dividing the share
+  // when the global batch is kept); it is chosen when it beats the choice by the knee.
+  auto choose_lever = [&](TuneLever& l) {
+    int64_t b = std::min(l.max_micro_batch, target);
+    while (share && share % b != 0) --b;
+    TrainConfig c = with_lever(probe_config(base, b, 1, 1), l);
+    l.micro_batch = b;
+    l.predicted_memory_bytes = predicted(mc, c, train, nullptr, world);
+    Probe p = run_probe(b, 1, 200, cfg.probe_seconds, false, nullptr, base.optim.lr, &l);
+    ++r.probes;
+    agree(comm, &p.sps, 1, DType::f64);
+    l.samples_per_second = p.oom ? 0 : p.sps;
+    l.measured_peak_bytes = p.peak;
+    say("tune: micro-batch ", b, " with ", l.name, ": ", int64_t(p.sps), " samples/s, peak ",
+        format_bytes(double(p.peak)), " (plan ", format_bytes(double(l.predicted_memory_bytes)), ")");
+    const double before = pick->samples_per_second;
+    char why[512];
+    std::snprintf(why, sizeof why,
+                  ". Micro-batch %lld does not fit the budget as it is; %s (the cheapest lever that fits %s) makes it "
+                  "fit (plan %s) and trained at %.0f samples/s, %+.0f%% against %lld without it",
+                  (long long)b, l.name.c_str(), l.max_micro_batch >= target ? "it" : "the most",
+                  format_bytes(double(l.predicted_memory_bytes)).c_str(), l.samples_per_second,
+                  100.0 * (l.samples_per_second / before - 1), (long long)pick->micro_batch);
+    ch.reason += why;
+    if (l.samples_per_second <= (1 + cfg.knee) * before) {
+      ch.reason += str_cat(": not faster by more than ", pct, "%, so no lever");
+      return;
+    }
+    ch.reason += ": chosen";
+    ch.micro_batch = b;
+    ch.accum = share ? share / b : 1;
+    ch.global_batch = ch.micro_batch * ch.accum * world;
+    ch.zero = l.zero;
+    ch.recompute = l.recompute;
+  };
+
+  // ---- memory levers, when the budget holds back a micro-batch that may be faster --------
+  const bool rising = probed.size() < 2 || probed.back()->samples_per_second >
+                                               (1 + cfg.knee) * probed[probed.size() - 2]->samples_per_second;
+  const bool by_goodput = !share && cfg.objective == "goodput" && r.noise_scale > 0;
+  int64_t target = 0;  // the next micro-batch worth trying
+  if (share) {
+    for (int64_t b = r.max_micro_batch + 1; b <= std::min(share, train.size() / world) && !target; ++b)
+      if (share % b == 0) target = b;
+  } else {
+    target = std::min(2 * r.max_micro_batch, train.size() / world);
+  }
+  if (!by_goodput && rising && ch.micro_batch == r.max_micro_batch && target > r.max_micro_batch) {
+    r.levers = lever_options(mc, base, world);
+    TuneLever* use = nullptr;
+    for (TuneLever& l : r.levers) {
+      l.max_micro_batch = largest_fitting(std::max(target, cap), [&](int64_t b) {
+        TrainConfig c = with_lever(final_cfg, l);
+        c.batch = b;
+        return predicted(mc, c, train, test, world) <= r.budget;
+      });
+      if (!use && l.max_micro_batch >= target) use = &l;
+    }
+    for (TuneLever& l : r.levers)  // none reaches the target: the one that gets closest
+      if (!use || (use->max_micro_batch < target && l.max_micro_batch > use->max_micro_batch)) use = &l;
+    if (use && use->max_micro_batch > r.max_micro_batch) choose_lever(*use);
+  }
+
   // All ranks take rank 0's choice (their timings differ a little).
-  int64_t agreed[3] = {ch.micro_batch, ch.accum, ch.global_batch};
-  agree(comm, agreed, 3, DType::i64);
+  int64_t agreed[5] = {ch.micro_batch, ch.accum, ch.global_batch, ch.zero, int64_t(ch.recompute)};
+  agree(comm, agreed, 5, DType::i64);
   ch.micro_batch = agreed[0];
   ch.accum = agreed[1];
   ch.global_batch = agreed[2];
+  ch.zero = int(agreed[3]);
+  ch.recompute = Recompute(agreed[4]);
   ch.lr = scale_lr(base.optim.name, base.optim.lr, cfg.lr_batch, ch.global_batch, &ch.lr_rule);
   ch.warmup_fraction = ch.global_batch > cfg.lr_batch ? 0.05 : 0.0;
   r.failed_allocations = int(device_mem_failed(dev) - failed_before);

@@ -48,8 +48,23 @@ struct TuneCandidate {
   bool fits = true;                   // predicted_memory_bytes <= budget
 };
 
+// A memory lever the tuner considered: ZeRO stages and activation recomputation let a
+// larger micro-batch fit the same budget, at a cost in communication or compute.
+struct TuneLever {
+  std::string name;               // "ZeRO-2", "recompute selective", ...
+  int zero = 0;
+  Recompute recompute = Recompute::none;
+  int64_t max_micro_batch = 0;    // the largest micro-batch its plan fits in the budget
+  int64_t micro_batch = 0;        // the one probed with it (0: not probed)
+  size_t predicted_memory_bytes = 0;  // its plan at micro_batch
+  size_t measured_peak_bytes = 0;
+  double samples_per_second = 0;  // global
+};
+
 struct TuneChoice {
   int64_t micro_batch = 0, accum = 1, global_batch = 0;
+  int zero = 0;                    // the lever chosen (ZeRO stage; recompute mode)
+  Recompute recompute = Recompute::none;
   float lr = 0;                // scaled from the user's lr at lr_batch
   std::string lr_rule;         // "linear (SGD)" | "square root (Adam family)"
   double warmup_fraction = 0;  // of the training steps, linear warm-up (0: none)
@@ -74,6 +89,10 @@ struct TuneResult {
   size_t confirm_peak_bytes = 0;      // the confirming step at max_micro_batch
   int failed_allocations = 0;         // allocations refused by the budget during tuning
   std::vector<TuneCandidate> candidates;  // every probed size, ascending (plus max)
+  // When the budget cannot hold a micro-batch that could be faster than the largest that
+  // fits: the levers considered, cheapest first (empty when not needed, or when the user
+  // chose --zero or --recompute).
+  std::vector<TuneLever> levers;
   int probes = 0;                     // timed probes run
   double knee = 0.03;
   std::string objective;

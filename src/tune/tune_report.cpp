@@ -316,8 +316,16 @@ std::string tune_json(const TuneResult& r) {
          {"timed_steps", c.timed_steps}, {"probed", c.probed}, {"fits", c.fits}});
   const TuneChoice& ch = r.choice;
   j["choice"] = {{"micro_batch", ch.micro_batch}, {"accum", ch.accum}, {"global_batch", ch.global_batch},
+                 {"zero", ch.zero}, {"recompute", recompute_name(ch.recompute)},
                  {"lr", num(ch.lr)}, {"lr_rule", ch.lr_rule}, {"warmup_fraction", num(ch.warmup_fraction)},
                  {"reason", ch.reason}};
+  j["levers"] = ojson::array();
+  for (auto& l : r.levers)
+    j["levers"].push_back({{"name", l.name}, {"zero", l.zero}, {"recompute", recompute_name(l.recompute)},
+                           {"max_micro_batch", l.max_micro_batch}, {"micro_batch", l.micro_batch},
+                           {"predicted_memory_bytes", uint64_t(l.predicted_memory_bytes)},
+                           {"measured_peak_bytes", uint64_t(l.measured_peak_bytes)},
+                           {"samples_per_second", num(l.samples_per_second)}});
   j["noise_scale"] = r.noise_scale != 0 ? num(r.noise_scale) : ojson(nullptr);
   j["noise"] = ojson::array();
   for (auto& n : r.noise)
