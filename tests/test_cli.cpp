@@ -102,6 +102,13 @@ TEST(Cli, UnknownModelAndFlag) {
     expect_user_error(saturate("bench comm --backend nccl"), "--backend nccl");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --noise-scale"), "--noise-scale needs --accum 2");
   expect_user_error(saturate("info --model mlp --zero 3"), "--zero");
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --recompute some"),
+                    "--recompute: unknown mode 'some' (expected none, selective or full)");
+  expect_user_error(saturate("train --model resnet18 --data synthetic --steps 1 --recompute selective"),
+                    "--recompute selective: resnet18 has no attention");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --recompute full"),
+                    "--recompute full: mlp has no recomputable blocks");
+  expect_user_error(saturate("info --model convnet --recompute full"), "--recompute full: convnet");
   expect_user_error(saturate("info --model mlp --ranks 0"), "--ranks");
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -120,6 +121,49 @@ TEST(CausalSelfAttention, GradientsFiniteDifference) {
     double worst = test::check_layer(layer, opt);
     EXPECT_LT(worst, 1e-2);
   }
+}
+
+// Selective recomputation: P is not saved; backward recomputes it per head.
+TEST(CausalSelfAttention, SelectiveRecomputeGradientsFiniteDifference) {
+  struct Case { int64_t B, T, C, nh; };
+  for (Case k : {Case{1, 1, 4, 1}, Case{2, 5, 8, 2}, Case{2, 17, 12, 3}, Case{1, 70, 12, 2}}) {
+    SCOPED_TRACE(testing::Message() << "B=" << k.B << " T=" << k.T << " C=" << k.C << " nh=" << k.nh);
+    CausalSelfAttention layer(k.nh, true);
+    test::OpCheck opt;
+    opt.inputs = {{Shape{k.B, k.T, 3 * k.C}}};
+    double worst = test::check_layer(layer, opt);
+    EXPECT_LT(worst, 1e-2);
+  }
+}
+
+// ... and computes bitwise the same gradient as the layer that keeps P (the same code
+// computes P in both), with no saved buffer and one more [slots, T, T] backward scratch.
+TEST(CausalSelfAttention, SelectiveRecomputeIsBitwiseTheSame) {
+  const int64_t B = 2, T = 70, C = 48, nh = 3;
+  std::vector<float> din[2];
+  for (bool recompute : {false, true}) {
+    CausalSelfAttention layer(nh, recompute);
+    test::OpCheck opt;
+    opt.inputs = {{Shape{B, T, 3 * C}}};
+    test::LayerRig rig(layer, opt);
+    auto& c = rig.ctx();
+    auto qkv = random_qkv(B * T * 3 * C, 9, 1.0f);
+    std::copy(qkv.begin(), qkv.end(), c.in[0].f32());
+    for (int64_t i = 0; i < c.dout.numel(); ++i) c.dout.f32()[i] = float(i % 7) * 0.25f - 0.75f;
+    rig.forward();
+    rig.backward();
+    EXPECT_TRUE(rig.guards_intact());
+    din[recompute].assign(c.din[0].f32(), c.din[0].f32() + c.din[0].numel());
+    LayerSetup s;
+    s.name = "attn";
+    s.inputs = {{Shape{B, T, 3 * C}}};
+    layer.setup(s);
+    EXPECT_EQ(s.saved.size(), recompute ? 0u : 1u);
+    EXPECT_EQ(s.scratch_fwd.size(), recompute ? 1u : 0u);
+    EXPECT_EQ(s.scratch_bwd.size(), recompute ? 2u : 1u);
+  }
+  ASSERT_EQ(din[0].size(), din[1].size());
+  EXPECT_EQ(std::memcmp(din[0].data(), din[1].data(), din[0].size() * sizeof(float)), 0);
 }
 
 TEST(CausalSelfAttention, EvalModeChecks) {

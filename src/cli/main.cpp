@@ -77,6 +77,7 @@ struct TrainArgs {
   int tp = 1, pp = 1, virtual_stages = 1;
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b", pp_split;
+  std::string recompute = "none";  // activation recomputation
   // Tuning (saturate tune, --batch auto).
   std::string memory_budget, objective = "throughput";
   int64_t global_batch = 0, lr_batch = 64;
@@ -135,6 +136,7 @@ void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
   cfg.pp_schedule = sat::parse_pipe_schedule(a.pp_schedule);
   cfg.virtual_stages = a.virtual_stages;
   cfg.pp_split = parse_int_list("--pp-split", a.pp_split);
+  cfg.recompute = sat::parse_recompute(a.recompute);
 }
 
 // Every check of the layout that needs no communication: the world size from the
@@ -144,6 +146,9 @@ void layout_into(const TrainArgs& a, sat::TrainConfig& cfg) {
 void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bool noise_scale) {
   // The model's own limits first: no number of processes can fix them.
   sat::check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  sat::ModelConfig rc = mc;
+  rc.recompute = cfg.recompute;
+  sat::check_recompute(rc);
   const int world = sat::dist::detect_process().world;
   sat::dist::Mesh::check(world, cfg.tp, cfg.pp);
   sat::check_pipeline(cfg);
@@ -227,7 +232,8 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   const std::string key = sat::str_cat(mc.name, "|", data.description, "|", a.device, "|", a.precision, "|", world,
                                        "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
                                        a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
-                                       sat::cpu::num_threads());
+                                       sat::cpu::num_threads(),
+                                       a.recompute == "none" ? "" : "|recompute " + a.recompute);
   const std::filesystem::path cache = tune_cache_dir(key);
   if (!tune_only) {
     // Rank 0 reads the cache and tells the others whether to tune.
@@ -501,6 +507,7 @@ struct InfoArgs {
   double momentum = 0;
   int ranks = 1, zero = 0, pp = 1, virtual_stages = 1, tp = 1;
   bool sequence_parallel = false;
+  std::string recompute = "none";
 };
 
 void print_plan(const sat::MemoryPlan& p) {
@@ -582,6 +589,7 @@ int run_info(const InfoArgs& ia) {
   a.pp_schedule = ia.pp_schedule;
   a.virtual_stages = ia.virtual_stages;
   a.pp_split = ia.pp_split;
+  a.recompute = ia.recompute;
   sat::ModelConfig mc = model_for(a);
   sat::BuiltModel m = sat::build_model(mc, ia.batch, true);
   sat::TrainConfig cfg;
@@ -600,6 +608,8 @@ int run_info(const InfoArgs& ia) {
   sat::check_zero(cfg, false, ia.ranks);
   mc.tp = cfg.tp;
   mc.sequence_parallel = cfg.sequence_parallel;
+  mc.recompute = cfg.recompute;
+  sat::check_recompute(mc);
   const int world = ia.ranks * cfg.pp * cfg.tp;
   sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), world);
   const auto& g = *m.graph;
@@ -625,6 +635,23 @@ int run_info(const InfoArgs& ia) {
   } else {
     print_plan(p);
     print_comm(first, cfg, ia.ranks);
+  }
+  if (cfg.recompute != sat::Recompute::none) {
+    // The same plan keeping every activation; the FLOPs recomputation adds (whole model).
+    sat::TrainConfig keep = cfg;
+    keep.recompute = sat::Recompute::none;
+    const sat::MemoryPlan w = sat::Trainer::plan(mc, keep, *data.train, data.test.get(), world);
+    sat::ModelConfig one = mc;
+    one.tp = 1, one.tp_rank = 0, one.sequence_parallel = false;
+    const sat::BuiltModel rm = sat::build_model(one, ia.batch, true);
+    const double extra = sat::recompute_flops(*rm.graph) / double(ia.batch);
+    const double step = sat::train_flops_per_sample(rm, ia.batch);
+    std::printf("recompute %s: activations (step arena) %s (none: %s), total %s (none: %s)%s; recomputing adds %.4g "
+                "FLOPs per sample, %.1f%% of the step's %.4g\n",
+                sat::recompute_name(cfg.recompute), sat::format_bytes(double(p.transient)).c_str(),
+                sat::format_bytes(double(w.transient)).c_str(), sat::format_bytes(double(p.total())).c_str(),
+                sat::format_bytes(double(w.total())).c_str(), cfg.pp > 1 ? " (stage 0)" : "", extra,
+                100.0 * extra / step, step);
   }
   if (ia.zero) print_zero_saving(mc, cfg, data, world, p);
   return 0;
@@ -675,6 +702,7 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved (see saturate schedule)")->capture_default_str();
   t->add_option("--virtual-stages", a.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
   t->add_option("--pp-split", a.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced by FLOPs and memory");
+  t->add_option("--recompute", a.recompute, "none | selective | full: recompute activations in backward instead of keeping them (selective: attention's probabilities; full: each transformer layer / residual block)")->capture_default_str();
   t->add_option("--memory-budget", a.memory_budget, "bytes per rank (8GiB, 512MiB, ...): an allocation beyond it is an error; the tuner fits in it");
   t->add_option("--global-batch", a.global_batch, "with --batch auto: keep this global batch (micro-batch x accum x ranks)");
   t->add_option("--objective", a.objective, "with --batch auto: throughput | goodput (throughput x statistical efficiency)")->capture_default_str();
@@ -716,6 +744,7 @@ int main(int argc, char** argv) {
   info->add_option("--pp-schedule", ia.pp_schedule, "none | gpipe | 1f1b | interleaved")->capture_default_str();
   info->add_option("--virtual-stages", ia.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
   info->add_option("--pp-split", ia.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced");
+  info->add_option("--recompute", ia.recompute, "none | selective | full: the plan with activation recomputation (and its saving)")->capture_default_str();
 
   sat::ScheduleSpec sspec;
   std::string sched_kind = "1f1b";

@@ -85,6 +85,7 @@ Engine::Engine(Graph& g, ParamStore& ps, const StepPlan& plan, CudaCtx* cuda) : 
   const Device dev = g.device();
   SAT_CHECK(dev == Device::cpu || cuda, "internal error: a GPU graph needs a CUDA context");
   SAT_CHECK(ps.device() == dev, "internal error: parameters and graph are on different devices");
+  SAT_CHECK(dev == Device::cpu || !g.recompute(), "full recomputation needs the CPU engine for now");
   arena_ = DeviceBuffer(dev, plan.arena, "activations arena");
   data_users_.resize(g.values().size());
   for (size_t i = 0; i < g.nodes().size(); ++i)
@@ -271,11 +272,12 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
   auto& nodes = g_.nodes();
   const bool gpu = device() == Device::cuda;
   for (int i = ch.end; i-- > ch.begin;) {
+    if (node_hooks_) node_hooks_->before_backward(i);  // before recomputing: it may gather the unit's parameters
+    recompute_unit(c, i);
     if (!nodes[size_t(i)].needs_backward) continue;
     NodeRun& r = c.runs[size_t(i)];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
     r.ctx.scratch = r.scratch_bwd;
-    if (node_hooks_) node_hooks_->before_backward(i);
     const double t0 = profile_ ? now_seconds() : 0;
     if (gpu) {
       nodes[size_t(i)].layer->backward_cuda(r.ctx);
@@ -295,6 +297,25 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
     if (profile_) times_[size_t(i)].bwd += now_seconds() - t0;
     if (node_hooks_) node_hooks_->after_backward(i);
     if (hook && *hook) (*hook)(i);
+  }
+}
+
+void Engine::recompute_unit(Context& c, int i) {
+  auto& nodes = g_.nodes();
+  const Node& last = nodes[size_t(i)];
+  if (last.rc_last != i) return;
+  for (int j = last.rc_first; j <= i; ++j) {
+    NodeRun& r = c.runs[size_t(j)];
+    // r.ctx.seed is still the one this context's forward drew (dropout masks repeat).
+    r.ctx.training = true;
+    r.ctx.recomputing = true;
+    r.ctx.scratch = r.scratch_fwd;
+    const double t0 = profile_ ? now_seconds() : 0;
+    nodes[size_t(j)].layer->forward(r.ctx);
+    r.ctx.recomputing = false;
+    if (!profile_) continue;
+    times_.resize(nodes.size());
+    times_[size_t(j)].bwd += now_seconds() - t0;  // counted in backward
   }
 }
 

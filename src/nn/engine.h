@@ -136,6 +136,9 @@ class Engine {
   void point_inputs(Context& c, int v, const Tensor& t);
   void run_forward_nodes(Context& c, const Chunk& ch, bool training, uint64_t seed);
   void run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, const std::function<void(int)>* hook);
+  // Full recomputation: before node i's backward, when i is the last node of a recompute
+  // unit, runs the unit's forward again (training, the seeds of the context's forward).
+  void recompute_unit(Context& c, int i);
   // GPU (engine.cpp, under SAT_HAVE_CUDA).
   struct Gpu;
   void forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const std::vector<Tensor>& data);

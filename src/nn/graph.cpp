@@ -21,6 +21,19 @@ int Graph::keep_chunk(int gid) const {
   return -1;
 }
 
+void Graph::begin_recompute() {
+  SAT_CHECK(unit_ < 0, "internal error: recompute units do not nest");
+  unit_ = units_++;
+  unit_block_ = int(block_starts_.size());
+  unit_first_ = -1;
+}
+
+void Graph::end_recompute() {
+  SAT_CHECK(unit_ >= 0, "internal error: end_recompute() without begin_recompute()");
+  SAT_CHECK(unit_block_ == int(block_starts_.size()), "internal error: a recompute unit crosses a block boundary");
+  unit_ = -1;
+}
+
 int Graph::input(const std::string& name, Shape shape, DType dtype) {
   if (dtype == DType::f32) dtype = act_;
   Value v;
@@ -139,6 +152,16 @@ void Graph::add_kept(Node& n, int chunk) {
   out.chunk = chunk;
   values_.push_back(out);
   n.output = int(values_.size()) - 1;
+  if (recompute_ && unit_ >= 0) {
+    // A unit lies inside one block, and a block inside one chunk: its kept nodes are
+    // consecutive here.
+    if (unit_first_ < 0) unit_first_ = node_id;
+    SAT_CHECK(nodes_.size() == size_t(unit_first_) || nodes_[size_t(unit_first_)].chunk == chunk,
+              "internal error: a recompute unit spans two model chunks");
+    n.rc_first = unit_first_;
+    for (int j = unit_first_; j < node_id; ++j) nodes_[size_t(j)].rc_last = node_id;
+    n.rc_last = node_id;
+  }
   nodes_.push_back(std::move(n));
   chunks_.clear();
 }

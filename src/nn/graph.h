@@ -58,6 +58,10 @@ struct Node {
   int gid = 0;                   // index of the node in the whole model
   uint64_t seed_key = 0;         // mixed into the micro-batch's seed for this node: a hash of its name
   int chunk = 0;                 // the model chunk (stage filter range) it belongs to
+  // Full recomputation (Graph::set_recompute): the first and last node (indices in this
+  // graph) of the recompute unit it belongs to, -1 when it is in none. Backward reruns
+  // the unit's forward just before the backward of its last node.
+  int rc_first = -1, rc_last = -1;
 };
 
 // The nodes [begin, end) of one model chunk and its data flow to other stages.
@@ -92,6 +96,16 @@ class Graph {
   // first node of each block; a cut between blocks must be crossed by values that the
   // next block reads directly.
   void begin_block() { block_starts_.push_back(next_gid_); }
+  // Recompute units (full recomputation: transformer layers, residual blocks): the nodes
+  // added between begin_recompute() and end_recompute(), inside one block. With
+  // set_recompute(true) (a training graph; call before adding nodes) backward recomputes
+  // them: their values that nothing after the unit reads, and their saved buffers, live
+  // in forward only while forward needs them, and again from the unit's recompute to
+  // their backward. Without it the marks change nothing.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
+  void begin_recompute();
+  void end_recompute();
   // Values read after forward (the loss; the logits for evaluation). Values computed on
   // other stages are ignored.
   void set_loss(int v);
@@ -144,6 +158,11 @@ class Graph {
   std::vector<std::string> tied_copies_, tied_remote_;
   std::vector<int> block_starts_;
   int next_gid_ = 0;
+  bool recompute_ = false;
+  int unit_ = -1;         // the open recompute unit (count of units begun - 1), -1: none open
+  int units_ = 0;
+  int unit_block_ = -1;   // the block the open unit started in
+  int unit_first_ = -1;   // this graph's first node of the open unit, -1: none kept yet
   int loss_ = -1, logits_ = -1;
   mutable std::vector<Chunk> chunks_;
 };

@@ -148,6 +148,9 @@ struct LayerCtx {
   std::vector<Tensor> saved;
   std::vector<Tensor> scratch;  // scratch_fwd during forward, scratch_bwd during backward
   bool training = true;
+  // Forward run again in backward (full recomputation): same inputs, seed and results,
+  // but model state must not change twice (BatchNorm's running statistics).
+  bool recomputing = false;
   uint64_t seed = 0;            // per step and micro-batch; same in forward and backward
   ReplicaSum* replicas = nullptr;  // CPU: statistics over the global batch (see ReplicaSum)
   // The tensor-parallel group (layers that communicate: the conjugate operators, the

@@ -72,6 +72,29 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             " does not divide by --tp ", tp);
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::none;
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  fail("--recompute: unknown mode '", s, "' (expected none, selective or full)");
+}
+
+const char* recompute_name(Recompute r) {
+  return r == Recompute::full ? "full" : r == Recompute::selective ? "selective" : "none";
+}
+
+void check_recompute(const ModelConfig& c) {
+  if (c.recompute == Recompute::none) return;
+  const std::string mode = recompute_name(c.recompute);
+  if (c.recompute == Recompute::selective)
+    SAT_CHECK(c.tokens, "--recompute selective: ", c.name, " has no attention to recompute (models with attention: "
+              "gpt-mini, gpt2-124m; resnet18 supports --recompute full)");
+  SAT_CHECK(c.tokens || c.name == "resnet18", "--recompute ", mode, ": ", c.name, " has no recomputable blocks "
+            "(--recompute full: gpt-mini, gpt2-124m, resnet18; selective: gpt-mini, gpt2-124m)");
+  SAT_CHECK(c.device == Device::cpu, "--recompute ", mode, " needs --device cpu for now (the GPU engine does not "
+            "recompute yet)");
+}
+
 namespace {
 
 int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int64_t cin, int64_t cout,
@@ -133,7 +156,7 @@ void build_convnet(BuiltModel& m, Graph& g) {
 void build_resnet18(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   int64_t C = c.image[0];
-  // Blocks: the stem, each BasicBlock, the head.
+  // Blocks: the stem, each BasicBlock (a recompute unit), the head.
   g.begin_block();
   int x = conv_bn(g, "conv1", "bn1", m.x, C, 64, 3, 1, 1, kaiming_fan_out(64, 3));
   x = g.add<ReLU>("relu", {x});
@@ -144,6 +167,7 @@ void build_resnet18(BuiltModel& m, Graph& g) {
       std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b) + ".";
       int64_t w = widths[l], stride = (l > 0 && b == 0) ? 2 : 1;
       g.begin_block();
+      g.begin_recompute();
       int h = conv_bn(g, p + "conv1", p + "bn1", x, cin, w, 3, stride, 1, kaiming_fan_out(w, 3));
       h = g.add<ReLU>(p + "relu1", {h});
       h = conv_bn(g, p + "conv2", p + "bn2", h, w, w, 3, 1, 1, kaiming_fan_out(w, 3));
@@ -152,6 +176,7 @@ void build_resnet18(BuiltModel& m, Graph& g) {
         shortcut = conv_bn(g, p + "downsample.0", p + "downsample.1", x, cin, w, 1, stride, 0, kaiming_fan_out(w, 1));
       x = g.add<Add>(p + "add", {h, shortcut});
       x = g.add<ReLU>(p + "relu2", {x});
+      g.end_recompute();
       cin = w;
     }
   }
@@ -196,7 +221,8 @@ void build_gpt(BuiltModel& m, Graph& g) {
   ParamInit w02 = ParamInit::normal(0.02f), zero = ParamInit::zeros();
   ParamInit wproj = ParamInit::normal(0.02f / std::sqrt(2.0f * float(c.n_layer)));
   // Blocks: the transformer layers (Megatron's); the embedding belongs to the first and
-  // the final LayerNorm and output head to the last.
+  // the final LayerNorm and output head to the last. Each transformer layer proper (ln_1
+  // to add2) is a recompute unit.
   g.begin_block();
   int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f, tp);
   x = region.leave("transformer", x);
@@ -204,10 +230,12 @@ void build_gpt(BuiltModel& m, Graph& g) {
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
     if (l > 0) g.begin_block();
+    g.begin_recompute();
     int h = g.add<LayerNorm>(p + "ln_1", {x}, C, 1e-5f, sp);
     h = region.enter(p + "attn", h);
     h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero, "", qkv);
-    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head / tp.parts);
+    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head / tp.parts,
+                                   c.recompute == Recompute::selective);
     h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero, "", row);
     h = region.leave(p + "attn", h);
     if (c.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, c.dropout, rows);
@@ -220,6 +248,7 @@ void build_gpt(BuiltModel& m, Graph& g) {
     h = region.leave(p + "mlp", h);
     if (c.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, c.dropout, rows);
     x = g.add<Add>(p + "add2", {x, h});
+    g.end_recompute();
   }
   x = g.add<LayerNorm>("transformer.ln_f", {x}, C, 1e-5f, sp);
   x = region.enter("lm_head", x);
@@ -231,10 +260,12 @@ void build_gpt(BuiltModel& m, Graph& g) {
 BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
   check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);
+  check_recompute(cfg);
   BuiltModel m;
   m.config = cfg;
   m.graph = std::make_unique<Graph>(training, cfg.act, cfg.device);
   Graph& g = *m.graph;
+  g.set_recompute(training && cfg.recompute == Recompute::full);
   if (!stage.empty()) g.keep_nodes(stage);
   if (cfg.tokens) {
     m.x_shape = Shape{B, cfg.seq_len};
@@ -259,6 +290,19 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
 
 double train_flops_per_sample(const BuiltModel& m, int64_t batch) {
   return (m.graph->flops_forward() + m.graph->flops_backward()) / double(batch);
+}
+
+double recompute_flops(const Graph& g) {
+  double f = 0;
+  for (const Node& n : g.nodes()) {
+    if (!g.training()) break;
+    if (n.rc_first >= 0) {
+      f += n.setup.flops_fwd;
+    } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(n.layer.get()); a && a->recompute()) {
+      f += n.setup.flops_fwd / 2;  // q k^T of the two products
+    }
+  }
+  return f;
 }
 
 }  // namespace sat

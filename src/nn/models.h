@@ -10,6 +10,17 @@
 
 namespace sat {
 
+// Activation recomputation (--recompute): what backward recomputes instead of keeping.
+//   none       every activation and saved buffer stays from its forward to its backward;
+//   selective  attention's softmax probabilities P [B, n_head, T, T] are not saved:
+//              backward recomputes them from q and k (GPT models);
+//   full       only each recomputable block's input (GPT's transformer layers, resnet18's
+//              residual blocks) is kept; backward reruns the block's forward just before
+//              the block's backward (Graph::begin_block, Node::rc_first).
+enum class Recompute { none, selective, full };
+Recompute parse_recompute(const std::string& s);  // sat::Error naming --recompute
+const char* recompute_name(Recompute r);
+
 struct ModelConfig {
   std::string name;
   bool tokens = false;        // GPT family: int32 token input [B,T], targets [B,T]
@@ -23,6 +34,7 @@ struct ModelConfig {
   // split as Megatron-LM splits them), and sequence parallelism within it.
   int tp = 1, tp_rank = 0;
   bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
 };
 
 const std::vector<std::string>& model_names();
@@ -32,6 +44,9 @@ bool has_tensor_parallel_form(const std::string& name);
 // model has no tensor-parallel form, its heads, hidden width or vocabulary do not divide
 // by tp, or sequence parallelism has nothing to split.
 void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_parallel);
+// --recompute against the model: sat::Error naming the flag and the models that support
+// the mode (full: the GPT models and resnet18; selective: the GPT models).
+void check_recompute(const ModelConfig& cfg);
 ModelConfig model_config(const std::string& name);  // defaults; sat::Error on an unknown name
 
 struct BuiltModel {
@@ -49,5 +64,9 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t batch, bool training = tr
 
 // FLOPs of one training step per sample (forward + backward), from the layers.
 double train_flops_per_sample(const BuiltModel& m, int64_t batch);
+// FLOPs that recomputation adds to one micro-batch's backward (not counted in the
+// layers' flops_bwd, which stay the model's): full, the forward of every recompute unit;
+// selective, attention's q k^T products.
+double recompute_flops(const Graph& g);
 
 }  // namespace sat

@@ -34,11 +34,33 @@ class CtxBuffers {
   std::map<std::tuple<int, int, int>, int> ids_;
 };
 
+// Times within an action: forward node i at unit i; backward is a sequence of events,
+// for each node in backward order the recompute of its unit's nodes (forward order) when
+// it is the unit's last node (full recomputation), then its backward.
+struct Events {
+  std::vector<int> bwd, rec;  // per node: its backward's unit; its recompute's (-1: none)
+  int units = 0;              // units of a backward action (>= nodes)
+  explicit Events(const Graph& g) {
+    const auto& nodes = g.nodes();
+    const int N = int(nodes.size());
+    bwd.assign(size_t(N), -1);
+    rec.assign(size_t(N), -1);
+    for (int i = N; i-- > 0;) {
+      const Node& n = nodes[size_t(i)];
+      if (n.rc_last == i)
+        for (int k = n.rc_first; k <= i; ++k) rec[size_t(k)] = units++;
+      bwd[size_t(i)] = units++;
+    }
+  }
+};
+
 struct Times {
-  int W, N;
+  int W;
+  const Events& ev;
   MicroUse u;
   int f(int node) const { return u.fwd * W + node; }
-  int b(int node) const { return u.bwd * W + (N - 1 - node); }
+  int b(int node) const { return u.bwd * W + ev.bwd[size_t(node)]; }
+  int r(int node) const { return u.bwd * W + ev.rec[size_t(node)]; }
   int at(int action) const { return action * W; }
 };
 
@@ -58,6 +80,16 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
     int n = int(nodes.size());
     for (auto& c : v.consumers) n = std::min(n, c.first);
     return n;
+  };
+  // Full recomputation: a value computed inside a recompute unit that nothing after the
+  // unit reads (the unit's output stays: later units and the stage's sends read it).
+  auto recomputed = [&](int id) {
+    const Value& v = vals[size_t(id)];
+    const Node& p = nodes[size_t(v.producer)];
+    if (p.rc_first < 0 || v.sent || id == g.loss() || id == g.logits()) return false;
+    for (auto& c : v.consumers)
+      if (c.first > p.rc_last) return false;
+    return true;
   };
   // Values first, then each node's own buffers (the order breaks the planner's ties).
   for (size_t id = 0; id < vals.size(); ++id) {
@@ -83,7 +115,14 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
       end = t.f(end);
     }
     if (v.sent) end = std::max(end, t.at(t.u.send));
-    bufs.live(CtxBuffers::value, int(id), 0, v.name, MemKind::activations, v.spec.bytes(), t.f(i), end);
+    if (train && recomputed(int(id))) {
+      // Dropped after its last reader's forward; recomputed for backward.
+      bufs.live(CtxBuffers::value, int(id), 0, v.name, MemKind::activations, v.spec.bytes(), t.f(i),
+                t.f(last_reader(v, i)));
+      bufs.live(CtxBuffers::value, int(id), 0, v.name, MemKind::activations, v.spec.bytes(), t.r(i), end);
+    } else {
+      bufs.live(CtxBuffers::value, int(id), 0, v.name, MemKind::activations, v.spec.bytes(), t.f(i), end);
+    }
     if (train && v.needs_grad) {
       const int begin = v.sent ? t.at(t.u.recv_grad >= 0 ? t.u.recv_grad : t.u.bwd)
                                : t.b(last_reader(v, i));
@@ -92,12 +131,18 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
   }
   for (int i = ch.begin; i < ch.end; ++i) {
     const Node& n = nodes[size_t(i)];
-    for (size_t k = 0; k < n.setup.saved.size(); ++k)
-      bufs.live(CtxBuffers::saved, i, int(k), n.name + ".saved", MemKind::saved, n.setup.saved[k].bytes(), t.f(i),
-                train ? t.b(i) : t.f(i));
-    for (size_t k = 0; k < n.setup.scratch_fwd.size(); ++k)
-      bufs.live(CtxBuffers::sfwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_fwd[k].bytes(),
-                t.f(i), t.f(i));
+    const bool rec = train && n.rc_first >= 0;  // its forward runs again in backward
+    for (size_t k = 0; k < n.setup.saved.size(); ++k) {
+      const std::string what = n.name + ".saved";
+      bufs.live(CtxBuffers::saved, i, int(k), what, MemKind::saved, n.setup.saved[k].bytes(), t.f(i),
+                train && !rec ? t.b(i) : t.f(i));
+      if (rec) bufs.live(CtxBuffers::saved, i, int(k), what, MemKind::saved, n.setup.saved[k].bytes(), t.r(i), t.b(i));
+    }
+    for (size_t k = 0; k < n.setup.scratch_fwd.size(); ++k) {
+      const std::string what = n.name + ".scratch";
+      bufs.live(CtxBuffers::sfwd, i, int(k), what, MemKind::scratch, n.setup.scratch_fwd[k].bytes(), t.f(i), t.f(i));
+      if (rec) bufs.live(CtxBuffers::sfwd, i, int(k), what, MemKind::scratch, n.setup.scratch_fwd[k].bytes(), t.r(i), t.r(i));
+    }
     if (!train || !n.needs_backward) continue;
     for (size_t k = 0; k < n.setup.scratch_bwd.size(); ++k)
       bufs.live(CtxBuffers::sbwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_bwd[k].bytes(),
@@ -127,7 +172,8 @@ StepPlan plan_step(const Graph& g, const Timeline& tl) {
   for (auto& u : uses) sp.contexts = std::max(sp.contexts, u.ctx + 1);
   std::vector<CtxBuffers> bufs;
   for (int k = 0; k < sp.contexts; ++k) bufs.emplace_back(planner, k);
-  for (auto& u : uses) plan_use(g, Times{N + 1, N, u}, bufs[size_t(u.ctx)]);
+  const Events ev(g);
+  for (auto& u : uses) plan_use(g, Times{std::max(N, ev.units) + 1, ev, u}, bufs[size_t(u.ctx)]);
   sp.arena = planner.solve();
   for (size_t i = 0; i < planner.size(); ++i) sp.by_kind[size_t(planner[int(i)].kind)] += planner[int(i)].bytes;
   const auto& nodes = g.nodes();

@@ -20,6 +20,14 @@
 //   a received input:      arrival .. the backward of its last reader
 //   its gradient:          the first reader's backward .. it has been sent
 //   saved of node i:       forward(i) .. backward(i); scratch: during the call
+// Under full recomputation (Graph::set_recompute) a backward action is a finer sequence
+// (W = its events + 1 units): for each node in backward order, the forward of its
+// recompute unit's nodes when it is the unit's last node, then its backward. A value
+// computed in a unit that nothing after the unit reads lives from forward(i) to its last
+// reader's forward, then again from recompute(i) to backward(i); the unit's saved buffers
+// live during the node's forward, then from recompute(i) to backward(i); forward scratch
+// during both forward calls. The unit's output keeps its whole interval (the recompute
+// writes the same bits into it).
 // With one micro-batch at a time (no pipelining) every micro-batch reuses context 0 and
 // the arena is that of a single micro-batch. Forward-only uses (evaluation) keep a value
 // until its last reader, and the graph's loss and logits until the end of the forward.

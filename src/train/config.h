@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/loader.h"
+#include "nn/models.h"
 #include "optim/optimizer.h"
 #include "train/schedule.h"
 
@@ -52,6 +53,10 @@ struct TrainConfig {
   // sequence_parallel the LayerNorm and dropout regions are split along the sequence too.
   int tp = 1;
   bool sequence_parallel = false;
+  // Activation recomputation (--recompute; nn/models.h): less activation memory for
+  // recomputing in backward (full: each recompute unit's forward; selective: attention's
+  // probabilities). CPU only for now.
+  Recompute recompute = Recompute::none;
   // Pipeline parallelism (--pp): the model is cut into pp stages (pp * virtual_stages
   // model chunks) between blocks, balanced by FLOPs and memory unless pp_split names the
   // cut points (block indices, ascending); every optimizer step runs `accum`

@@ -258,7 +258,9 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
   const Graph& g = *plan.model.graph;
   const double micro = double(cfg.accum);
   GroupBytes b;
-  for (const Node& n : g.nodes()) b.tp += micro * (n.setup.comm_fwd + (n.needs_backward ? n.setup.comm_bwd : 0));
+  // A recompute unit's forward runs twice (full recomputation): its collectives too.
+  for (const Node& n : g.nodes())
+    b.tp += micro * (n.setup.comm_fwd * (n.rc_first >= 0 ? 2 : 1) + (n.needs_backward ? n.setup.comm_bwd : 0));
   for (const ParamDecl& p : g.params())
     if (p.shard.partial_grad) b.tp += double(p.spec.bytes());
   if (dp > 1 && cfg.zero >= 2) {

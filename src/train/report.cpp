@@ -105,6 +105,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   }
   s["ranks"] = ranks;
   s["sequence_parallel"] = cfg.sequence_parallel;
+  s["recompute"] = recompute_name(cfg.recompute);
   s["sync_bn"] = cfg.sync_bn;
   s["zero"] = cfg.zero;
   s["optimizer_state_bytes"] = plan.by_kind[size_t(MemKind::optimizer_state)];

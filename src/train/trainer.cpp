@@ -52,6 +52,7 @@ ModelConfig resolved(const ModelConfig& mc, const TrainConfig& cfg, int* dev_ind
   m.act = activation_dtype(cfg.precision, m.device);
   m.tp = cfg.tp;
   m.sequence_parallel = cfg.sequence_parallel;
+  m.recompute = cfg.recompute;
   return m;
 }
 
@@ -95,6 +96,8 @@ void check_layout(const TrainConfig& cfg, bool cuda, int world) {
             "auto or nccl)");
   SAT_CHECK(!cuda || cfg.zero == 0 || world == 1, "--zero ", cfg.zero, " needs --device cpu for now (ZeRO on GPUs is "
             "not built yet)");
+  SAT_CHECK(!cuda || cfg.recompute == Recompute::none, "--recompute ", recompute_name(cfg.recompute),
+            " needs --device cpu for now (the GPU engine does not recompute activations yet)");
   SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
             "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
   dist::Mesh::check(world, cfg.tp, cfg.pp);
@@ -341,6 +344,7 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   const int world = world_->size();
   check_tensor_parallel(mc_, cfg.tp, cfg.sequence_parallel);
   check_layout(cfg, cuda, world);
+  check_recompute(mc_);
   mesh_ = std::make_unique<dist::Mesh>(*world_, cfg.tp, cfg.pp);
   const dist::Mesh& m = *mesh_;
   mc_.tp_rank = m.tp_rank();

@@ -377,6 +377,17 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
     ch.reason = buf;
     if (cfg.objective == "goodput") ch.reason += " (goodput needs the noise scale, which could not be measured here)";
   }
+  // ---- memory levers, when the budget holds back a micro-batch that may be faster --------
+  const bool rising = probed.size() < 2 || probed.back()->samples_per_second >
+                                               (1 + cfg.knee) * probed[probed.size() - 2]->samples_per_second;
+  const bool by_goodput = !share && cfg.objective == "goodput" && r.noise_scale > 0;
+  int64_t target = 0;  // the next micro-batch worth trying
+  if (share) {
+    for (int64_t b = r.max_micro_batch + 1; b <= std::min(share, train.size() / world) && !target; ++b)
+      if (share % b == 0) target = b;
+  } else {
+    target = std::min(2 * r.max_micro_batch, train.size() / world);
+  }
   // Probes lever l at the largest micro-batch it fits up to the target (dividing the share
   // when the global batch is kept); it is chosen when it beats the choice by the knee.
   auto choose_lever = [&](TuneLever& l) {
@@ -413,17 +424,6 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
     ch.recompute = l.recompute;
   };
 
-  // ---- memory levers, when the budget holds back a micro-batch that may be faster --------
-  const bool rising = probed.size() < 2 || probed.back()->samples_per_second >
-                                               (1 + cfg.knee) * probed[probed.size() - 2]->samples_per_second;
-  const bool by_goodput = !share && cfg.objective == "goodput" && r.noise_scale > 0;
-  int64_t target = 0;  // the next micro-batch worth trying
-  if (share) {
-    for (int64_t b = r.max_micro_batch + 1; b <= std::min(share, train.size() / world) && !target; ++b)
-      if (share % b == 0) target = b;
-  } else {
-    target = std::min(2 * r.max_micro_batch, train.size() / world);
-  }
   if (!by_goodput && rising && ch.micro_batch == r.max_micro_batch && target > r.max_micro_batch) {
     r.levers = lever_options(mc, base, world);
     TuneLever* use = nullptr;

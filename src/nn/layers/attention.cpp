@@ -157,9 +157,20 @@ int threads_for(int64_t heads, int64_t slots) {
   return int(std::max<int64_t>(1, std::min<int64_t>({heads, slots, int64_t(omp_get_max_threads())})));
 }
 
+// P[0:T, 0:T] of one head: the scores q k^T / sqrt(hs), block of rows by block, then the
+// causal softmax of each row (zeros above the diagonal). Forward and the recompute of
+// selective recomputation both call it, so they compute bitwise the same P.
+void probs_block(const float* q, const float* k, int64_t ld, int64_t T, int64_t hs, float scale, int64_t i0,
+                 float* P) {
+  const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+  // S[i0:i1, 0:i1] = q[i0:i1] k[0:i1]^T / sqrt(hs)
+  sgemm(false, true, m, i1, hs, scale, q + i0 * ld, ld, k, ld, P + i0 * T, T);
+  for (int64_t i = i0; i < i1; ++i) softmax_causal_row(P + i * T, i + 1, T);
+}
+
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(int64_t n_head) : n_head_(n_head) {
+CausalSelfAttention::CausalSelfAttention(int64_t n_head, bool recompute) : n_head_(n_head), recompute_(recompute) {
   SAT_CHECK(n_head > 0, "CausalSelfAttention: n_head must be positive, got ", n_head);
 }
 
@@ -175,6 +186,8 @@ void CausalSelfAttention::setup(LayerSetup& s) {
   const int64_t hs = C / n_head_;
   s.set_output(Shape{B, T, C}, s.act);
 
+  SAT_CHECK(!recompute_ || s.device == Device::cpu, s.name, ": selective recomputation needs the CPU engine for now");
+  const bool keep = s.training && !recompute_;  // P saved for backward
   if (s.device == Device::cuda) {
     // GPU (attention.cu): per-head copies of q, k, v and batched GEMMs over all heads.
     const Shape heads3{3, B, n_head_, T, hs}, heads1{B, n_head_, T, hs}, probs{B, n_head_, T, T};
@@ -195,11 +208,11 @@ void CausalSelfAttention::setup(LayerSetup& s) {
     // Per-thread scratch slots: sized for the OpenMP threads available now (and never more
     // than there are heads to process); forward/backward never use more threads than this.
     const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(cpu::num_threads(), B * n_head_));
+    if (keep) s.save(Shape{B, n_head_, T, T});     // P, kept for backward
+    else s.scratch_forward(Shape{slots, T, T});    // P, one per thread (not kept)
     if (s.training) {
-      s.save(Shape{B, n_head_, T, T});             // P, kept for backward
-      s.scratch_backward(Shape{slots, T, T});      // dP, then dS in place, one per thread
-    } else {
-      s.scratch_forward(Shape{slots, T, T});       // P, one per thread (not kept)
+      s.scratch_backward(Shape{slots, T, T});      // 0: dP, then dS in place, one per thread
+      if (!keep) s.scratch_backward(Shape{slots, T, T});  // 1: P recomputed, one per thread
     }
   }
 
@@ -231,9 +244,7 @@ void CausalSelfAttention::forward(LayerCtx& c) {
     float* yh = y + b * T * C + h * hs;  // [T, hs], row stride C
     for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
       const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-      // S[i0:i1, 0:i1] = q[i0:i1] k[0:i1]^T / sqrt(hs)
-      sgemm(false, true, m, i1, hs, scale, q + i0 * ld, ld, k, ld, P + i0 * T, T);
-      for (int64_t i = i0; i < i1; ++i) softmax_causal_row(P + i * T, i + 1, T);
+      probs_block(q, k, ld, T, hs, scale, i0, P);
       // y[i0:i1] = P[i0:i1, 0:i1] v[0:i1]
       sgemm(false, false, m, hs, i1, 1.0f, P + i0 * T, T, v, ld, yh + i0 * C, C);
     }
@@ -242,14 +253,17 @@ void CausalSelfAttention::forward(LayerCtx& c) {
 
 void CausalSelfAttention::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
-  SAT_CHECK(!c.saved.empty(), "CausalSelfAttention: backward called on a layer set up without training");
+  SAT_CHECK(!c.saved.empty() || c.scratch.size() == 2,
+            "CausalSelfAttention: backward called on a layer set up without training");
+  const bool kept = !c.saved.empty();  // else recomputed per head into scratch[1]
   const Dims d = dims_of(c.in[0], n_head_);
   const int64_t T = d.T, C = d.C, hs = d.hs, ld = 3 * C, heads = d.B * d.nh;
   const float scale = 1.0f / std::sqrt(float(hs));
   const float* qkv = c.in[0].f32();
   const float* dy = c.dout.f32();
   float* dx = c.din[0].f32();
-  const float* P_all = c.saved[0].f32();
+  const float* P_all = kept ? c.saved[0].f32() : nullptr;
+  float* Pr_all = kept ? nullptr : c.scratch[1].f32();
   float* dS_all = c.scratch[0].f32();
   const int nthr = threads_for(heads, c.scratch[0].shape[0]);
 
@@ -264,8 +278,16 @@ void CausalSelfAttention::backward(LayerCtx& c) {
     float* dk = dq + C;
     float* dv = dq + 2 * C;
     const float* dyh = dy + b * T * C + h * hs;  // [T, hs], row stride C
-    const float* P = P_all + bh * T * T;         // [T, T], zero above the diagonal
-    float* dS = dS_all + int64_t(omp_get_thread_num()) * T * T;  // [T, T]
+    const int64_t slot = int64_t(omp_get_thread_num());
+    float* dS = dS_all + slot * T * T;  // [T, T]
+    const float* P;                     // [T, T], zero above the diagonal
+    if (kept) {
+      P = P_all + bh * T * T;
+    } else {
+      float* Pr = Pr_all + slot * T * T;
+      for (int64_t i0 = 0; i0 < T; i0 += kBlock) probs_block(q, k, ld, T, hs, scale, i0, Pr);
+      P = Pr;
+    }
 
     for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
       const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;

@@ -13,6 +13,12 @@
 //    GPT-2 small at B=8, T=1024, 12 heads). Only the causal lower triangle is meaningful;
 //    the upper triangle is stored as zeros. Backward scratch: dS [slots, T, T].
 //  * inference (setup with training=false): P is forward scratch [slots, T, T] instead.
+//  * selective recomputation (recompute = true, training; CPU only): P is not saved. Forward
+//    computes it into forward scratch [slots, T, T] as inference does, and backward
+//    recomputes each head's P from q and k (kept: they are the input) into backward
+//    scratch [slots, T, T], beside dS, with the same code as forward, so backward sees
+//    bitwise the same P. It costs the q k^T GEMMs and the softmax again: half the
+//    forward's FLOPs (not counted in flops_bwd, which stays the model's).
 //  slots = min(sat::cpu::num_threads() at setup time, B * n_head): one T x T matrix per
 //  thread; forward/backward never run more threads than there are slots.
 // CPU: one OpenMP loop over (batch, head); per head, single-threaded BLAS GEMMs on row
@@ -35,16 +41,18 @@ namespace sat {
 
 class CausalSelfAttention : public Layer {
  public:
-  explicit CausalSelfAttention(int64_t n_head);
+  explicit CausalSelfAttention(int64_t n_head, bool recompute = false);
   const char* kind() const override { return "CausalSelfAttention"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
   SAT_CUDA_LAYER
   int64_t n_head() const { return n_head_; }
+  bool recompute() const { return recompute_; }
 
  private:
   int64_t n_head_;
+  bool recompute_;
 };
 
 }  // namespace sat

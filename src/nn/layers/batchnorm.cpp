@@ -108,8 +108,10 @@ void BatchNorm2d::forward(LayerCtx& c) {
       mean = sum[ch] / count;
       const double var = sq[ch] / count;  // biased: normalisation uses it
       invstd = 1.0 / std::sqrt(var + double(eps_));
-      rm[ch] = float((1.0 - m) * rm[ch] + m * mean);
-      rv[ch] = float((1.0 - m) * rv[ch] + m * (sq[ch] / (count - 1)));  // unbiased
+      if (!c.recomputing) {
+        rm[ch] = float((1.0 - m) * rm[ch] + m * mean);
+        rv[ch] = float((1.0 - m) * rv[ch] + m * (sq[ch] / (count - 1)));  // unbiased
+      }
     } else {
       mean = rm[ch];
       invstd = 1.0 / std::sqrt(double(rv[ch]) + double(eps_));
@@ -125,7 +127,7 @@ void BatchNorm2d::forward(LayerCtx& c) {
       for (int64_t j = 0; j < HW; ++j) q[j] = p[j] * scale + shift;
     }
   }
-  if (train) ++static_cast<int64_t*>(c.states[2].ptr)[0];
+  if (train && !c.recomputing) ++static_cast<int64_t*>(c.states[2].ptr)[0];
 }
 
 void BatchNorm2d::backward(LayerCtx& c) {
