@@ -25,7 +25,7 @@ namespace {
 
 LayerSetup setup_on(Layer& layer, Device dev, DType act, std::vector<TensorSpec> inputs) {
   LayerSetup s;
-  s.name = "t";
+  s.name = std::string("t");  // (assigning the literal trips GCC 12's false -Wrestrict here)
   s.device = dev;
   s.act = act;
   s.inputs = std::move(inputs);

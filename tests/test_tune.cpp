@@ -155,12 +155,21 @@ void expect_stays_within(const std::string& model, int64_t X) {
               model.c_str(), budget, (long long)X, (long long)r.max_micro_batch, (long long)r.choice.micro_batch,
               r.probes, r.confirm_peak_bytes, r.tuning_seconds);
   EXPECT_EQ(r.max_micro_batch, X) << model;
-  EXPECT_LE(r.choice.micro_batch, X);
+  // Larger only with a memory lever, whose plan fits the budget too.
+  const bool lever = r.choice.zero || r.choice.recompute != sat::Recompute::none;
+  EXPECT_LE(r.choice.micro_batch, lever ? 2 * X : X);
   EXPECT_GE(r.choice.micro_batch, 1);
   EXPECT_EQ(r.failed_allocations, 0);
   EXPECT_GT(r.confirm_peak_bytes, 0u);
   EXPECT_LE(r.confirm_peak_bytes, budget);
-  EXPECT_LE(r.probes, int(std::floor(std::log2(double(X)))) + 2);
+  EXPECT_LE(r.probes, int(std::floor(std::log2(double(X)))) + 2 + (r.levers.empty() ? 0 : 1));
+  int lever_probes = 0;
+  for (auto& l : r.levers) {
+    if (!l.micro_batch) continue;
+    ++lever_probes;
+    EXPECT_LE(l.predicted_memory_bytes, budget) << l.name;
+    EXPECT_LE(l.measured_peak_bytes, l.predicted_memory_bytes) << l.name;
+  }
   EXPECT_EQ(sat::mem_stats().budget, 0u) << "the tuner must lift its budget when done";
   int probed = 0;
   for (auto& c : r.candidates) {
@@ -172,7 +181,7 @@ void expect_stays_within(const std::string& model, int64_t X) {
     EXPECT_LE(c.measured_peak_bytes, c.predicted_memory_bytes) << model << " micro-batch " << c.micro_batch;
     EXPECT_GE(double(c.measured_peak_bytes), 0.98 * double(c.predicted_memory_bytes)) << c.micro_batch;
   }
-  EXPECT_EQ(probed, r.probes);
+  EXPECT_EQ(probed + lever_probes, r.probes);
 }
 
 TEST(Tune, StaysWithinBudgetsThatAdmitOnlySmallBatches) {
@@ -180,6 +189,42 @@ TEST(Tune, StaysWithinBudgetsThatAdmitOnlySmallBatches) {
   expect_stays_within("mlp", 300);
   expect_stays_within("convnet", 12);
   expect_stays_within("gpt-mini", 3);
+}
+
+// A budget that holds micro-batch 1 of gpt-mini and not 2: the throughput curve cannot be
+// seen to flatten, so the tuner weighs the memory levers (one process: recomputation,
+// cheapest first), probes the one that fits a larger micro-batch within the budget, and
+// says why it took it or not.
+TEST(Tune, ConsidersTheMemoryLeversWhenTheBudgetHoldsTheBatchBack) {
+  Problem s = setup("gpt-mini");
+  s.base.optim.name = "adamw";
+  s.base.optim.lr = 3e-4f;
+  const size_t budget = plan_at(s, 1) + (plan_at(s, 2) - plan_at(s, 1)) / 2;
+  TuneResult r = sat::tune(s.mc, s.base, *s.data.train, nullptr, quick(budget));
+  ASSERT_EQ(r.max_micro_batch, 1);
+  ASSERT_EQ(r.levers.size(), 2u);
+  EXPECT_EQ(r.levers[0].name, "recompute selective");
+  EXPECT_EQ(r.levers[1].name, "recompute full");
+  EXPECT_GE(r.levers[1].max_micro_batch, 2) << "full recomputation fits a larger micro-batch";
+  EXPECT_GE(r.levers[1].max_micro_batch, r.levers[0].max_micro_batch);
+  const sat::TuneLever* probed = nullptr;
+  for (auto& l : r.levers)
+    if (l.micro_batch) probed = &l;
+  ASSERT_TRUE(probed);
+  EXPECT_EQ(probed->micro_batch, 2);
+  EXPECT_LE(probed->predicted_memory_bytes, budget);
+  EXPECT_LE(probed->measured_peak_bytes, probed->predicted_memory_bytes);
+  EXPECT_GT(probed->samples_per_second, 0);
+  EXPECT_NE(r.choice.reason.find(probed->name + " (the cheapest lever that fits it)"), std::string::npos)
+      << r.choice.reason;
+  const bool took = r.choice.recompute != sat::Recompute::none;
+  EXPECT_NE(r.choice.reason.find(took ? ": chosen" : "so no lever"), std::string::npos) << r.choice.reason;
+  EXPECT_EQ(r.choice.micro_batch, took ? 2 : 1);
+  EXPECT_EQ(r.failed_allocations, 0);
+  std::printf("gpt-mini, budget %zu: %s\n", budget, r.choice.reason.c_str());
+  const std::string json = sat::tune_json(r);
+  EXPECT_NE(json.find("\"levers\""), std::string::npos);
+  EXPECT_NE(json.find(probed->name), std::string::npos);
 }
 
 TEST(Tune, KeepsTheGlobalBatch) {

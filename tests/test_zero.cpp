@@ -154,6 +154,7 @@ struct Case {
   std::string optimizer = "adamw";
   float lr = 1e-3f;
   bool sync_bn = false;
+  sat::Recompute recompute = sat::Recompute::none;
   bool evaluate = false;
   std::string save = "";  // save the weights there
 };
@@ -182,6 +183,7 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   cfg.optim.lr = c.lr;
   cfg.optim.momentum = c.optimizer == "sgd" ? 0.9f : 0.0f;
   cfg.sync_bn = parallel && c.sync_bn;
+  cfg.recompute = c.recompute;
   cfg.evaluate = c.evaluate;
   cfg.progress = 0;
   cfg.comm = &comm;
@@ -220,9 +222,10 @@ RunOut expect_exact(const Case& c) {
     if (!c.save.empty()) one.save = c.save + ".one.safetensors";
     RunOut ref = train(one, *self, false);
     const double d = sat::test::max_rel(run.losses, ref.losses);
-    std::printf("%s ZeRO-%d dp %d x tp %d x pp %d, micro-batch %lld x %lld, %s: max relative loss difference %.3g over "
+    std::printf("%s ZeRO-%d%s dp %d x tp %d x pp %d, micro-batch %lld x %lld, %s: max relative loss difference %.3g over "
                 "%d steps (%.5f -> %.5f); memory predicted %zu, peak %zu\n",
-                c.model.c_str(), c.zero, dp, c.tp, c.pp, (long long)c.batch, (long long)c.accum, c.optimizer.c_str(), d,
+                c.model.c_str(), c.zero, c.recompute == sat::Recompute::none ? "" : " + recompute",
+                dp, c.tp, c.pp, (long long)c.batch, (long long)c.accum, c.optimizer.c_str(), d,
                 c.steps, ref.losses.front(), ref.losses.back(), run.predicted, run.peak);
     EXPECT_LT(d, 1e-5) << c.model;
     EXPECT_LT(ref.losses.back(), 0.97 * ref.losses.front()) << c.model << " did not learn";
@@ -252,6 +255,8 @@ TEST(Zero, TwoRanks) {
     expect_exact({.model = "convnet", .zero = zero, .batch = 8, .accum = 1, .optimizer = "sgd", .lr = 0.05f,
                   .sync_bn = true});
   }
+  // Both levers at once: a recomputed block's forward reruns with its gathered parameters.
+  expect_exact({.model = "gpt-mini", .zero = 3, .batch = 1, .lr = 3e-4f, .recompute = sat::Recompute::full});
 }
 
 TEST(Zero, FourRanks) {

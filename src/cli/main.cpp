@@ -281,6 +281,7 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   }
   if (!cached) {
     sat::TrainConfig base = cfg;
+    base.measure_noise = a.noise_scale;  // the tuner leaves out the levers that cannot measure it
     tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, [&] {
       sat::TuneConfig t = tcfg;
       t.progress = lead ? 1 : 0;

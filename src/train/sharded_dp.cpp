@@ -53,7 +53,7 @@ void live(ArenaPlanner& p, std::vector<int>& ids, int u, MemKind kind, size_t by
 // The units' nodes and the orders the hooks visit them in.
 void order_units(const Graph& g, ShardPlan& sp) {
   const size_t U = sp.units.size();
-  sp.first.assign(U, -1), sp.last.assign(U, -1), sp.chunk.assign(U, 0);
+  sp.first.assign(U, -1), sp.last.assign(U, -1), sp.bwd_last.assign(U, -1), sp.chunk.assign(U, 0);
   std::vector<int> unit_of(g.params().size());
   for (size_t u = 0; u < U; ++u)
     for (size_t p = size_t(sp.units[u]); p < (u + 1 < U ? size_t(sp.units[u + 1]) : unit_of.size()); ++p)
@@ -64,6 +64,7 @@ void order_units(const Graph& g, ShardPlan& sp) {
       const size_t u = size_t(unit_of[size_t(pid)]);
       if (sp.first[u] < 0) sp.first[u] = i;
       sp.last[u] = i;
+      sp.bwd_last[u] = std::max({sp.bwd_last[u], i, nodes[size_t(i)].rc_last});
       sp.chunk[u] = nodes[size_t(i)].chunk;
     }
   const size_t C = g.chunks().size();
@@ -76,7 +77,7 @@ void order_units(const Graph& g, ShardPlan& sp) {
     for (auto& o : orders) std::stable_sort(o.begin(), o.end(), less);
   };
   by(sp.fwd_order, [&](int a, int b) { return sp.first[size_t(a)] < sp.first[size_t(b)]; });
-  by(sp.bwd_order, [&](int a, int b) { return sp.last[size_t(a)] > sp.last[size_t(b)]; });
+  by(sp.bwd_order, [&](int a, int b) { return sp.bwd_last[size_t(a)] > sp.bwd_last[size_t(b)]; });
   by(sp.reduce_order, [&](int a, int b) { return sp.first[size_t(a)] > sp.first[size_t(b)]; });
 }
 }  // namespace
@@ -107,7 +108,7 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
       const auto& o = sp.bwd_order[size_t(act.chunk)];
       for (size_t j = 0; j < o.size(); ++j)
         live(planner, pid, o[j], MemKind::gathered_params, bytes(o[j]),
-             j == 0 ? t.start() : t.bwd(sp.last[size_t(o[j - 1])]), t.bwd(sp.first[size_t(o[j])]));
+             j == 0 ? t.start() : t.bwd(sp.bwd_last[size_t(o[j - 1])]), t.bwd(sp.first[size_t(o[j])]));
     }
     const auto& r = sp.reduce_order[size_t(act.chunk)];
     for (size_t j = 0; j < r.size(); ++j)
@@ -148,12 +149,13 @@ ShardedDP::ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm&
             " ranks for a plan of ", plan_.parts);
   const size_t U = plan_.units.size(), N = g.nodes().size();
   gathers_.resize(U);
-  at_first_.assign(N, {}), at_last_.assign(N, {});
+  at_first_.assign(N, {}), at_last_.assign(N, {}), at_bwd_.assign(N, {});
   gaps_.assign(U, {});
   for (size_t u = 0; u < U; ++u) {
     ps.bind_unit(u, unit_params(int(u)), unit_grads(int(u)));
     if (plan_.first[u] >= 0) at_first_[size_t(plan_.first[u])].push_back(int(u));
     if (plan_.last[u] >= 0) at_last_[size_t(plan_.last[u])].push_back(int(u));
+    if (plan_.bwd_last[u] >= 0) at_bwd_[size_t(plan_.bwd_last[u])].push_back(int(u));
   }
   // Padding inside each unit: zero in the buckets before they are reduced, so that the
   // shards' padding stays zero.
@@ -223,7 +225,7 @@ void ShardedDP::after_forward(int node) {
 void ShardedDP::before_backward(int node) {
   if (plan_.stage < 3) return;
   const auto& o = plan_.bwd_order[size_t(g_.nodes()[size_t(node)].chunk)];
-  for (int u : at_last_[size_t(node)]) {
+  for (int u : at_bwd_[size_t(node)]) {
     ready(u);
     auto it = std::find(o.begin(), o.end(), u);
     if (it + 1 < o.end()) gather(*(it + 1));

@@ -48,6 +48,9 @@ struct ShardPlan {
   std::vector<int> units;                          // shard_units
   std::vector<std::pair<int64_t, int64_t>> range;  // per unit: flat [begin, end)
   std::vector<int> first, last, chunk;             // per unit: the nodes that use it (-1: none)
+  // per unit: the node whose backward needs it first: `last`, or the last node of a
+  // recomputed block that uses it (its forward reruns before that node's backward)
+  std::vector<int> bwd_last;
   std::vector<int64_t> param_at, grad_at;          // per unit: byte offset in the arena (-1: none)
   size_t staging = 0;                              // arena bytes, after lifetime reuse
   size_t gathered = 0, buckets = 0;                // bytes before reuse
@@ -102,7 +105,8 @@ class ShardedDP : public NodeHooks {
   dist::WorkPtr pending_;               // the reduce-scatter in flight
   int pending_unit_ = -1;
   std::vector<bool> first_micro_;       // per chunk: its next backward is the step's first
-  std::vector<std::vector<int>> at_first_, at_last_;  // per node: units it starts (fwd) / ends
+  std::vector<std::vector<int>> at_first_, at_last_, at_bwd_;  // per node: units its forward starts,
+                                                                // its forward ends, its backward starts
   std::vector<std::vector<std::pair<int64_t, int64_t>>> gaps_;  // per unit: padding ranges
   std::vector<int> tied_units_;
   double exposed_ = 0;

@@ -70,9 +70,12 @@ void agree(dist::Comm* comm, T* v, size_t n, DType t) {
 // parallelism moves; selective recomputation reruns attention's softmax; ZeRO-3 moves 1.5
 // times as much; full recomputation reruns a third of the step's FLOPs. None when the
 // user chose a lever already.
-std::vector<TuneLever> lever_options(const ModelConfig& mc, const TrainConfig& base, int world) {
+// ZeRO-2/3 are left out when the run measures the noise scale (they never hold a micro-batch's
+// whole gradient); on GPUs neither lever is built yet.
+std::vector<TuneLever> lever_options(const ModelConfig& mc, const TrainConfig& base, int world, Device dev) {
   std::vector<TuneLever> out;
-  if (base.zero != 0 || base.recompute != Recompute::none) return out;
+  if (base.zero != 0 || base.recompute != Recompute::none || dev != Device::cpu) return out;
+  const bool sharded = world > 1 && !base.measure_noise;
   auto supports = [&](Recompute r) {
     ModelConfig m = mc;
     m.recompute = r;
@@ -84,9 +87,9 @@ std::vector<TuneLever> lever_options(const ModelConfig& mc, const TrainConfig& b
     }
   };
   if (world > 1) out.push_back({"ZeRO-1", 1});
-  if (world > 1) out.push_back({"ZeRO-2", 2});
+  if (sharded) out.push_back({"ZeRO-2", 2});
   if (supports(Recompute::selective)) out.push_back({"recompute selective", 0, Recompute::selective});
-  if (world > 1) out.push_back({"ZeRO-3", 3});
+  if (sharded) out.push_back({"ZeRO-3", 3});
   if (supports(Recompute::full)) out.push_back({"recompute full", 0, Recompute::full});
   return out;
 }
@@ -425,7 +428,7 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset
   };
 
   if (!by_goodput && rising && ch.micro_batch == r.max_micro_batch && target > r.max_micro_batch) {
-    r.levers = lever_options(mc, base, world);
+    r.levers = lever_options(mc, base, world, dev);
     TuneLever* use = nullptr;
     for (TuneLever& l : r.levers) {
       l.max_micro_batch = largest_fitting(std::max(target, cap), [&](int64_t b) {
