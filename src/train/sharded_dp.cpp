@@ -9,7 +9,12 @@
 
 namespace sat {
 
-std::vector<int> shard_units(const Graph& g) {
+std::vector<int> shard_units(const Graph& g, int stage) {
+  if (stage == 2) {
+    std::vector<int> all(g.params().size());
+    for (size_t p = 0; p < all.size(); ++p) all[p] = int(p);
+    return all;
+  }
   const auto& starts = g.block_starts();
   auto block_of = [&](int gid) {
     return int(std::upper_bound(starts.begin(), starts.end(), gid) - starts.begin()) - 1;
@@ -86,7 +91,7 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
   ShardPlan sp;
   sp.stage = stage, sp.parts = parts;
   if (stage < 2 || g.params().empty()) return sp;
-  sp.units = shard_units(g);
+  sp.units = shard_units(g, stage);
   sp.range = ParamStore::unit_ranges(g.params(), sp.sharding(0));
   order_units(g, sp);
   const size_t U = sp.units.size();

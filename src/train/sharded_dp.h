@@ -2,8 +2,10 @@
 // data-parallel ranks) and ZeRO-3 (parameters too), run as PyTorch FSDP runs its
 // SHARD_GRAD_OP and FULL_SHARD strategies.
 //
-// The parameters are cut into units, the model's blocks (shard_units), and every rank
-// owns 1/N of each unit (ParamStore, StoreSharding). During a step a unit's full
+// The parameters are cut into units (shard_units: under ZeRO-3 the model's blocks, which
+// are gathered whole; under ZeRO-2 each parameter, so that few gradients wait in buckets
+// at once), and every rank owns 1/N of each unit (ParamStore, StoreSharding). During a
+// step a unit's full
 // gradient, and under ZeRO-3 its full parameters, live in buffers of one staging arena
 // that is planned from the rank's schedule exactly as the step's activations are, so the
 // memory plan knows every byte:
@@ -36,10 +38,11 @@
 
 namespace sat {
 
-// The first parameter of each unit: the model's blocks (a transformer layer, a residual
-// block, a layer of a plain stack); a parameter that nodes of several blocks use, or that
-// is tied to a parameter of another pipeline stage, is a unit of its own.
-std::vector<int> shard_units(const Graph& g);
+// The first parameter of each unit. ZeRO-3: the model's blocks (a transformer layer, a
+// residual block, a layer of a plain stack); a parameter that nodes of several blocks use,
+// or that is tied to a parameter of another pipeline stage, is a unit of its own.
+// ZeRO-2 (nothing is gathered): every parameter.
+std::vector<int> shard_units(const Graph& g, int stage = 3);
 
 // The staging arena of one rank.
 struct ShardPlan {
