@@ -217,6 +217,35 @@ TEST(Recompute, MemoryPlanExactAndOrdered) {
 
 // ---- under mpirun with 2 ranks -----------------------------------------------------------
 
+// What one more GPT layer adds to the step arena, against Korthikanti et al.'s count of
+// the activations a layer keeps (float32, no dropout; s sequence, b batch, h width, a heads):
+//   none       72 s b h + 4 a s^2 b + 16 s b bytes: every output of the layer (ln_1 4, qkv 12,
+//              attention 4, c_proj 4, add 4, ln_2 4, c_fc 16, gelu 16, c_proj 4, add 4: 72 sbh),
+//              attention's probabilities, and the two LayerNorms' mean and 1/std per token;
+//   selective  the same without the probabilities;
+//   full       only the layer's input: 4 s b h.
+TEST(Recompute, ActivationsPerLayerAreTheFormulas) {
+  const double s = 128, b = 8, h = 256, a = 4;
+  const double want[3] = {72 * s * b * h + 4 * a * s * s * b + 16 * s * b, 72 * s * b * h + 16 * s * b, 4 * s * b * h};
+  int k = 0;
+  for (auto rc : {sat::Recompute::none, sat::Recompute::selective, sat::Recompute::full}) {
+    size_t arena[2];
+    for (int L : {5, 6}) {
+      sat::ModelConfig mc = sat::model_config("gpt-mini");
+      mc.n_layer = L;
+      mc.recompute = rc;
+      auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
+      sat::TrainConfig cfg;
+      cfg.batch = int64_t(b);
+      cfg.recompute = rc;
+      cfg.evaluate = false;
+      arena[L - 5] = sat::plan_rank(mc, cfg, *data.train, nullptr, 0, 1).step.arena;
+    }
+    EXPECT_EQ(double(arena[1] - arena[0]), want[k]) << sat::recompute_name(rc);
+    ++k;
+  }
+}
+
 TEST(Recompute, BitwiseUnderPipelineParallelism) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R recompute_np2)";
   Case c;
