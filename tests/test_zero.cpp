@@ -273,6 +273,25 @@ TEST(Zero, FourRanks) {
   expect_exact({.model = "gpt-mini", .zero = 3, .pp = 2, .batch = 1, .accum = 4, .lr = 3e-4f});  // dp 2 x pp 2
 }
 
+// Every rank's plan holds its measured peak (within 2%, never below) at several micro-batches,
+// for every lever alone and for ZeRO-3 with full recomputation.
+TEST(Zero, MemoryPlanHoldsAtSeveralBatches) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R zero_np2)";
+  for (int64_t batch : {2, 4})
+    for (int zero : {1, 2, 3})
+      for (auto rc : {sat::Recompute::none, sat::Recompute::full}) {
+        if (rc != sat::Recompute::none && zero != 3) continue;
+        const RunOut r = train({.model = "gpt-mini", .zero = zero, .batch = batch, .accum = 1, .steps = 2,
+                                .recompute = rc},
+                               world(), true);
+        EXPECT_LE(r.peak, r.predicted) << "ZeRO-" << zero << " batch " << batch;
+        EXPECT_GE(double(r.peak), 0.98 * double(r.predicted)) << "ZeRO-" << zero << " batch " << batch;
+        if (world().rank() == 0)
+          std::printf("gpt-mini ZeRO-%d%s micro-batch %lld: predicted %zu, peak %zu\n", zero,
+                      rc == sat::Recompute::none ? "" : " + recompute full", (long long)batch, r.predicted, r.peak);
+      }
+}
+
 // The data-parallel group's bytes per step, counted by its communicator (accum 1): plain data
 // parallelism all-reduces the gradients (payload P); ZeRO-1 and ZeRO-2 reduce-scatter them
 // and all-gather the parameters (2 P' payload, P' the padded size of their shards' units);
