@@ -34,7 +34,29 @@ struct BucketOptions {
   int min_buckets = 8;         // cap the later buckets at (gradient bytes / this) as well
 };
 
-class GradReducer {
+// How a data-parallel step reduces its gradients and refreshes its parameters, plugged
+// into the executor's hooks: GradReducer (plain data parallelism and ZeRO-1, below) or
+// ShardedDP (ZeRO-2 and 3, train/sharded_dp.h).
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  // The hook to run after each backward node of a micro-batch of a chunk (null: none).
+  virtual const std::function<void(int)>* node_hook(bool last_micro) = 0;
+  // Whether a micro-batch's parameter gradients add to the earlier ones' in the store.
+  virtual bool accumulates_grads() const { return true; }
+  // After a micro-batch's backward of a chunk; replayed: the engine replayed a CUDA graph.
+  virtual void after_backward(int chunk, bool last_micro, bool replayed) = 0;
+  // The reduce_grads action, and after the optimizer step.
+  virtual void reduce() = 0;
+  virtual void after_update() = 0;
+  // Seconds from the first reduction's launch to the end of the last, and of them the ones
+  // the step waited for, summed since reset_timing().
+  virtual double window_seconds() const = 0;
+  virtual double exposed_seconds() const = 0;
+  virtual void reset_timing() = 0;
+};
+
+class GradReducer : public GradSync {
  public:
   // dp: the data-parallel group (size 1: nothing to average unless force, as
   // --dist-backend nccl with one rank asks). tie: the embedding group (null: no tied
@@ -42,26 +64,26 @@ class GradReducer {
   // and the stream of dp's operations.
   GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt, bool zero,
               bool force = false, CUstream_st* compute_stream = nullptr, CUstream_st* comm_stream = nullptr);
-  ~GradReducer();
+  ~GradReducer() override;
 
   // The hook to run after each backward node of the step's last micro-batch of a chunk
   // (null when nothing is reduced during backward).
-  const std::function<void(int)>* node_hook(bool last_micro);
+  const std::function<void(int)>* node_hook(bool last_micro) override;
   // After the last micro-batch's backward of a chunk; replayed: the engine replayed a
   // CUDA graph, in which the buckets of this chunk were launched at capture.
-  void after_backward(int chunk, bool last_micro, bool replayed);
+  void after_backward(int chunk, bool last_micro, bool replayed) override;
   // The reduce_grads action: every bucket launched and reduced (ZeRO-1: reduce-scattered),
   // tied copies summed. Measures the reduction window and the part of it that overlapped
   // backward.
-  void reduce();
+  void reduce() override;
   // After the optimizer step: ZeRO-1 gathers the updated parameter shards.
-  void after_update();
+  void after_update() override;
 
   // Seconds from the first bucket's launch to the end of the reduction, and of them the
   // ones not overlapped by backward, summed since reset_timing().
-  double window_seconds() const { return window_; }
-  double exposed_seconds() const { return exposed_; }
-  void reset_timing() { window_ = exposed_ = 0; }
+  double window_seconds() const override { return window_; }
+  double exposed_seconds() const override { return exposed_; }
+  void reset_timing() override { window_ = exposed_ = 0; }
 
  private:
   struct Bucket { int64_t lo, hi; int ready_node; int chunk; };

@@ -277,7 +277,7 @@ void ShardedDP::finish_bucket() {
   }
 }
 
-void ShardedDP::end_backward(int chunk) {
+void ShardedDP::after_backward(int chunk, bool, bool) {
   finish_bucket();
   first_micro_[size_t(chunk)] = false;
 }

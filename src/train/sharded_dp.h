@@ -34,6 +34,7 @@
 #include "nn/engine.h"
 #include "nn/graph.h"
 #include "nn/params.h"
+#include "train/data_parallel.h"
 #include "train/schedule.h"
 
 namespace sat {
@@ -66,7 +67,7 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
 // ZeRO-2/3 memory: the store's sharded sizes, the staging arena and its kinds.
 void add_sharded_memory(MemoryPlan& m, const Graph& g, const ShardPlan& sp, int optimizer_slots);
 
-class ShardedDP : public NodeHooks {
+class ShardedDP : public NodeHooks, public GradSync {
  public:
   // dp: the data-parallel group; tie: the embedding group (null: no tied parameters).
   // Binds every unit's buffers in ps (before an Engine is built on it).
@@ -77,17 +78,22 @@ class ShardedDP : public NodeHooks {
   void after_forward(int node) override;
   void before_backward(int node) override;
   void after_backward(int node) override;
-  // After a chunk's backward: its last bucket reduced and added in.
-  void end_backward(int chunk);
+  // Every micro-batch's backward overwrites the buckets; node_hook: none (NodeHooks do it).
+  const std::function<void(int)>* node_hook(bool) override { return nullptr; }
+  bool accumulates_grads() const override { return false; }
+  // After a micro-batch's backward of a chunk: its last bucket reduced and added in.
+  void after_backward(int chunk, bool last_micro, bool replayed) override;
   // The reduce_grads action: gradients tied across stages summed over the embedding group.
-  void reduce();
+  void reduce() override;
   // After the optimizer step: ZeRO-2 gathers the updated parameters.
-  void after_update();
+  void after_update() override;
   // ZeRO-3: the full parameters and states (collective over dp).
   std::unique_ptr<ParamStore> unsharded() const;
-  // Seconds the step waited for gathers and reductions, since reset_timing().
-  double exposed_seconds() const { return exposed_; }
-  void reset_timing() { exposed_ = 0; }
+  // Seconds the step waited for gathers and reductions (what overlapped compute is not
+  // measured: the window is the waiting), since reset_timing().
+  double window_seconds() const override { return exposed_; }
+  double exposed_seconds() const override { return exposed_; }
+  void reset_timing() override { exposed_ = 0; }
 
  private:
   float* unit_params(int u) const;

@@ -205,17 +205,15 @@ class Trainer::Hooks : public StepHooks {
     return d;
   }
   const std::function<void(int)>* node_hook(int, int micro) override {
-    return t_.reducer_ ? t_.reducer_->node_hook(micro + 1 == t_.cfg_.accum) : nullptr;
+    return t_.reducer_->node_hook(micro + 1 == t_.cfg_.accum);
   }
-  bool accumulates_grads() const override { return !t_.sharded_; }
+  bool accumulates_grads() const override { return t_.reducer_->accumulates_grads(); }
   void after_backward(int chunk, int micro, bool replayed) override {
-    if (t_.sharded_) t_.sharded_->end_backward(chunk);
-    else t_.reducer_->after_backward(chunk, micro + 1 == t_.cfg_.accum, replayed);
+    t_.reducer_->after_backward(chunk, micro + 1 == t_.cfg_.accum, replayed);
     if (t_.cfg_.measure_noise && micro == 0) small_sq_ += norm(ranges_[size_t(chunk)], int(chunk));
   }
   void reduce_grads() override {
-    if (t_.sharded_) t_.sharded_->reduce();
-    else t_.reducer_->reduce();
+    t_.reducer_->reduce();
     sum_partial_grads();
     if (!t_.cfg_.measure_noise) return;
     const ParamStore& ps = *t_.params_;
@@ -236,8 +234,7 @@ class Trainer::Hooks : public StepHooks {
     } else {
       t_.opt_->step(ps, lr);
     }
-    if (t_.sharded_) t_.sharded_->after_update();
-    else t_.reducer_->after_update();
+    t_.reducer_->after_update();
   }
   // The step's noise-estimator sample (see add_noise_sample), after the step.
   void noise_sample(std::vector<GradNormSample>& out) {
@@ -370,9 +367,12 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   const bool nccl_dp = cuda && (cfg.dist_backend == DistBackend::nccl || m.dp() > 1);
   if (cuda) setup_gpu(dev_index, nccl_dp);
   dist::Comm* tie = g.tied_copies().empty() && g.tied_remote().empty() ? nullptr : m.embedding_group();
-  if (cfg.zero >= 2) sharded_ = std::make_unique<ShardedDP>(g, *params_, plan_.shards, m.dp_group(), tie);
+  if (cfg.zero >= 2) {
+    reducer_ = std::make_unique<ShardedDP>(g, *params_, plan_.shards, m.dp_group(), tie);
+    sharded_ = static_cast<ShardedDP*>(reducer_.get());
+  }
   engine_ = std::make_unique<Engine>(*plan_.model.graph, *params_, plan_.step, gpu_ctx());
-  if (sharded_) engine_->set_node_hooks(sharded_.get());
+  if (sharded_) engine_->set_node_hooks(sharded_);
   if (m.tp() > 1) engine_->set_group(tp_comm());
   if (cfg.sync_bn && m.dp() > 1) {
     replica_sum_ = std::make_unique<CommReplicaSum>(m.dp_group());
@@ -405,7 +405,7 @@ void Trainer::setup_step(bool nccl_dp) {
     if (pp) pp = gpu_->pp.get();
   }
 #endif
-  if (!reducer_ && !sharded_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg_.zero >= 1);
+  if (!reducer_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg_.zero >= 1);
   comm_backend_ = m.dp() > 1 || nccl_dp ? (gpu_ && nccl_dp ? "nccl" : m.dp_group().backend_name()) : "";
   exec_ = std::make_unique<Executor>(*engine_, plan_.actions, plan_.ctx_of, pp);
   hooks_ = std::make_unique<Hooks>(*this);
@@ -566,8 +566,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (step == r.warmup_excluded) {
       t_measure = t0;
       engine_->set_profiling(cfg_.profile && !on_gpu());  // time layers after warm-up only
-      if (reducer_) reducer_->reset_timing();
-      if (sharded_) sharded_->reset_timing();
+      reducer_->reset_timing();
     }
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
     hooks_->begin_step();
@@ -647,10 +646,10 @@ void Trainer::finish(TrainResult& r, [[maybe_unused]] int64_t total) {
   r.virtual_stages = cfg_.virtual_stages;
   r.pp_split.assign(plan_.split.cuts.begin() + 1, plan_.split.cuts.end() - 1);
   r.comm_backend = comm_backend_;
-  // ZeRO-2/3: the seconds the step waited for its gathers and reductions (what overlapped
-  // compute is not measured).
-  r.comm_seconds = reducer_ ? reducer_->window_seconds() : sharded_->exposed_seconds();
-  r.comm_hidden_fraction = reducer_ && r.comm_seconds > 0
+  // (ZeRO-2/3 measure only the seconds the step waited for its gathers and reductions: no
+  // part of them counts as hidden.)
+  r.comm_seconds = reducer_->window_seconds();
+  r.comm_hidden_fraction = r.comm_seconds > 0
                                ? std::clamp(1.0 - reducer_->exposed_seconds() / r.comm_seconds, 0.0, 1.0)
                                : 0.0;
   sync_states_from_first_replica();

@@ -96,8 +96,8 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<BatchLoader> train_loader_, test_loader_;
   std::unique_ptr<ReplicaSum> replica_sum_;  // --sync-bn over the dp group
-  std::unique_ptr<GradReducer> reducer_;   // without ZeRO-2/3
-  std::unique_ptr<ShardedDP> sharded_;     // ZeRO-2/3
+  ShardedDP* sharded_ = nullptr;           // ZeRO-2/3: the reducer, also the engine's node hooks
+  std::unique_ptr<GradSync> reducer_;       // data-parallel reduction (GradReducer, or sharded_)
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<Hooks> hooks_;
   std::string comm_backend_;
