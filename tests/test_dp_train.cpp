@@ -23,6 +23,7 @@
 #include "backend/cpu/blas.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "mpi_world.h"
 #include "nn/models.h"
 #include "train/trainer.h"
 #include "trajectory.h"
@@ -34,12 +35,9 @@ namespace {
 
 using sat::dist::Comm;
 
-Comm& world() {
-  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
-  return *c;
-}
+using sat::test::world;
+using sat::test::distributed;
 
-bool distributed() { return sat::dist::detect_process().distributed(); }
 
 struct RunResult {
   std::vector<double> losses;

@@ -19,6 +19,7 @@
 #include "backend/cpu/blas.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "mpi_world.h"
 #include "nn/models.h"
 #include "nn/safetensors.h"
 #include "train/plan.h"
@@ -33,12 +34,9 @@ namespace {
 using sat::dist::Comm;
 using sat::PipeSchedule;
 
-Comm& world() {
-  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
-  return *c;
-}
+using sat::test::world;
+using sat::test::distributed;
 
-bool distributed() { return sat::dist::detect_process().distributed(); }
 
 sat::TrainConfig layout(int pp, PipeSchedule kind, int accum, int v = 1) {
   sat::TrainConfig cfg;

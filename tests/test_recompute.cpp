@@ -16,6 +16,7 @@
 #include "backend/cpu/blas.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "mpi_world.h"
 #include "nn/models.h"
 #include "nn/params.h"
 #include "train/plan.h"
@@ -26,12 +27,10 @@ namespace {
 using sat::Recompute;
 using sat::dist::Comm;
 
-Comm& world() {
-  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
-  return *c;
-}
+using sat::test::world;
+using sat::test::distributed;
+using sat::test::world_is;
 
-bool distributed() { return sat::dist::detect_process().distributed(); }
 
 struct Case {
   std::string model = "gpt-mini";
@@ -122,7 +121,6 @@ void expect_exact(const Case& c, std::vector<Recompute> modes, const char* what)
   }
 }
 
-bool world_is(int n) { return distributed() && world().size() == n; }
 
 }  // namespace
 

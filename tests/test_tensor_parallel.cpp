@@ -19,6 +19,7 @@
 #include "backend/cpu/blas.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "mpi_world.h"
 #include "nn/models.h"
 #include "nn/params.h"
 #include "nn/safetensors.h"
@@ -36,12 +37,10 @@ namespace {
 
 using sat::dist::Comm;
 
-Comm& world() {
-  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
-  return *c;
-}
+using sat::test::world;
+using sat::test::distributed;
+using sat::test::world_is;
 
-bool distributed() { return sat::dist::detect_process().distributed(); }
 
 sat::ModelConfig tp_model(const std::string& name, int tp, int rank, bool sp = false) {
   sat::ModelConfig mc = sat::model_config(name);
@@ -291,7 +290,6 @@ void expect_exact(const Case& c) {
   w.barrier();
 }
 
-bool world_is(int n) { return distributed() && world().size() == n; }
 
 // The gradient noise scale counts each element once: a split parameter's parts on their
 // ranks, a whole one on the group's first rank.

@@ -16,6 +16,7 @@
 #include "backend/cpu/blas.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "mpi_world.h"
 #include "nn/models.h"
 #include "nn/params.h"
 #include "train/plan.h"
@@ -33,12 +34,10 @@ namespace {
 
 using sat::dist::Comm;
 
-Comm& world() {
-  static std::unique_ptr<Comm> c = sat::dist::make_world_comm();
-  return *c;
-}
+using sat::test::world;
+using sat::test::world_is;
+using sat::test::distributed;
 
-bool world_is(int n) { return sat::dist::detect_process().distributed() && world().size() == n; }
 
 // ---- units and the sharded store ---------------------------------------------------------
 
