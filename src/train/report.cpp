@@ -61,6 +61,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
   for (int k = 0; k < int(MemKind::kCount); ++k) j[mem_kind_name(MemKind(k))] = p.by_kind[size_t(k)];
   j["persistent"] = p.persistent;
   j["transient_arena"] = p.transient;
+  j["staging_arena"] = p.staging;  // ZeRO-2/3: gathered parameters and gradient buckets
   j["inputs"] = p.inputs;
   j["contexts"] = p.contexts;
   j["total"] = p.total();
