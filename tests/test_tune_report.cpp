@@ -52,6 +52,16 @@ sat::TuneResult example() {
   r.choice.lr_rule = "square root (Adam family)";
   r.choice.warmup_fraction = 0.05;
   r.choice.reason = "64 <b>& is the smallest micro-batch within 3% of the best throughput";
+  r.choice.zero = 2;
+  sat::TuneLever lever;
+  lever.name = "ZeRO-2";
+  lever.zero = 2;
+  lever.max_micro_batch = 300;
+  lever.micro_batch = 256;
+  lever.predicted_memory_bytes = 8000 * MiB;
+  lever.measured_peak_bytes = 7990 * MiB;
+  lever.samples_per_second = 1234.5;
+  r.levers = {lever, sat::TuneLever{"recompute full", 0, sat::Recompute::full, 400}};
   for (int s = 0; s < 12; ++s) {
     sat::NoisePoint n;
     n.step = s;
@@ -95,8 +105,8 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
   EXPECT_EQ(keys, (std::vector<std::string>{"model", "data", "device", "world_size", "memory_budget_bytes",
                                             "budget_source", "max_micro_batch", "max_predicted_bytes",
                                             "confirm_peak_bytes", "failed_allocations", "objective", "knee",
-                                            "requested_global_batch", "candidates", "choice", "noise_scale", "noise",
-                                            "probes", "tuning_seconds"}));
+                                            "requested_global_batch", "candidates", "choice", "levers", "noise_scale",
+                                            "noise", "probes", "tuning_seconds"}));
   EXPECT_EQ(j["model"], "res<b>&net");
   EXPECT_EQ(j["data"], "cifar10 \"train\"");
   EXPECT_EQ(j["world_size"], 2);
@@ -129,8 +139,22 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
   auto& ch = j["choice"];
   std::vector<std::string> chkeys;
   for (auto& [k, v] : ch.items()) chkeys.push_back(k);
-  EXPECT_EQ(chkeys, (std::vector<std::string>{"micro_batch", "accum", "global_batch", "lr", "lr_rule",
-                                              "warmup_fraction", "reason"}));
+  EXPECT_EQ(chkeys, (std::vector<std::string>{"micro_batch", "accum", "global_batch", "zero", "recompute", "lr",
+                                              "lr_rule", "warmup_fraction", "reason"}));
+  EXPECT_EQ(ch["zero"], 2);
+  EXPECT_EQ(ch["recompute"], "none");
+  ASSERT_EQ(j["levers"].size(), 2u);
+  std::vector<std::string> lkeys;
+  for (auto& [k, v] : j["levers"][0].items()) lkeys.push_back(k);
+  EXPECT_EQ(lkeys, (std::vector<std::string>{"name", "zero", "recompute", "max_micro_batch", "micro_batch",
+                                             "predicted_memory_bytes", "measured_peak_bytes", "samples_per_second"}));
+  EXPECT_EQ(j["levers"][0]["name"], "ZeRO-2");
+  EXPECT_EQ(j["levers"][0]["micro_batch"], 256);
+  EXPECT_EQ(j["levers"][0]["measured_peak_bytes"], 7990 * MiB);
+  EXPECT_DOUBLE_EQ(j["levers"][0]["samples_per_second"].get<double>(), 1234.5);
+  EXPECT_EQ(j["levers"][1]["recompute"], "full");
+  EXPECT_EQ(j["levers"][1]["max_micro_batch"], 400);
+  EXPECT_EQ(j["levers"][1]["micro_batch"], 0);
   EXPECT_EQ(ch["micro_batch"], 64);
   EXPECT_EQ(ch["accum"], 2);
   EXPECT_EQ(ch["global_batch"], 256);

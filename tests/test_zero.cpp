@@ -55,8 +55,10 @@ TEST(ZeroUnits, FollowTheModelsBlocks) {
   // mlp: one unit per layer.
   sat::BuiltModel mlp = sat::build_model(sat::model_config("mlp"), 2);
   EXPECT_EQ(sat::shard_units(*mlp.graph), (std::vector<int>{0, 2, 4}));
-  // ZeRO-2 gathers nothing: each parameter is a unit, so that few gradients wait at once.
-  EXPECT_EQ(sat::shard_units(*mlp.graph, 2), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  // ZeRO-2 gathers nothing: each layer's parameters are a unit, so that few gradients wait
+  // at once (GPT: 2 embedding tables, 6 layers of 2 parameters per block, ln_f).
+  EXPECT_EQ(sat::shard_units(*mlp.graph, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(sat::shard_units(g, 2).size(), 2u + 4u * 6u + 1u);
 }
 
 // Every element of every parameter is in exactly one rank's pieces; the shard arrays are

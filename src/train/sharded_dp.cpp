@@ -10,24 +10,21 @@
 namespace sat {
 
 std::vector<int> shard_units(const Graph& g, int stage) {
-  if (stage == 2) {
-    std::vector<int> all(g.params().size());
-    for (size_t p = 0; p < all.size(); ++p) all[p] = int(p);
-    return all;
-  }
+  // The group of a node: its block (ZeRO-3), or the node itself (ZeRO-2).
   const auto& starts = g.block_starts();
-  auto block_of = [&](int gid) {
+  auto group_of = [&](int gid) {
+    if (stage == 2) return gid;
     return int(std::upper_bound(starts.begin(), starts.end(), gid) - starts.begin()) - 1;
   };
   std::set<std::string> tied(g.tied_copies().begin(), g.tied_copies().end());
   tied.insert(g.tied_remote().begin(), g.tied_remote().end());
-  // A parameter's key: the block of the nodes that use it, or its own (-2 - index) when
-  // nodes of several blocks use it or it is tied across stages.
+  // A parameter's key: the group of the nodes that use it, or its own (-2 - index) when
+  // nodes of several groups use it or it is tied across stages.
   const size_t P = g.params().size();
   std::vector<int> key(P, -1);
   for (const Node& n : g.nodes())
     for (int pid : n.param_ids) {
-      const int b = block_of(n.gid);
+      const int b = group_of(n.gid);
       int& k = key[size_t(pid)];
       k = k == -1 || k == b ? b : -2 - pid;
     }

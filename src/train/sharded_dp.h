@@ -3,7 +3,7 @@
 // SHARD_GRAD_OP and FULL_SHARD strategies.
 //
 // The parameters are cut into units (shard_units: under ZeRO-3 the model's blocks, which
-// are gathered whole; under ZeRO-2 each parameter, so that few gradients wait in buckets
+// are gathered whole; under ZeRO-2 each layer's, so that few gradients wait in buckets
 // at once), and every rank owns 1/N of each unit (ParamStore, StoreSharding). During a
 // step a unit's full
 // gradient, and under ZeRO-3 its full parameters, live in buffers of one staging arena
@@ -42,7 +42,8 @@ namespace sat {
 // The first parameter of each unit. ZeRO-3: the model's blocks (a transformer layer, a
 // residual block, a layer of a plain stack); a parameter that nodes of several blocks use,
 // or that is tied to a parameter of another pipeline stage, is a unit of its own.
-// ZeRO-2 (nothing is gathered): every parameter.
+// ZeRO-2 (nothing is gathered): the parameters of each layer (a weight and its bias are
+// final at once), so that few gradients wait in buckets.
 std::vector<int> shard_units(const Graph& g, int stage = 3);
 
 // The staging arena of one rank.
