@@ -76,12 +76,12 @@ TEST(ZeroUnits, PiecesCoverEveryElementOnce) {
             EXPECT_EQ((ps.unit_end(u) - ps.unit_begin(u)) % (16 * parts), 0) << name;
             EXPECT_EQ(ps.unit_begin(u) % (16 * parts), 0) << name;
           }
-          EXPECT_EQ(ps.shard_size() * parts, ps.flat_size());
+          EXPECT_EQ(ps.shard_len() * parts, ps.flat_size());
           for (size_t i = 0; i < ps.num_params(); ++i) covered[i] += ps.shard_part(i).second;
           const auto sizes = sat::ParamStore::predict(g.params(), g.states(), 2, ps.sharding());
-          EXPECT_EQ(sizes.grads, size_t(ps.shard_size()) * 4);
-          EXPECT_EQ(sizes.params, size_t(stage == 3 ? ps.shard_size() : ps.flat_size()) * 4);
-          EXPECT_EQ(sizes.optimizer, size_t(ps.shard_size()) * 8);
+          EXPECT_EQ(sizes.grads, size_t(ps.shard_len()) * 4);
+          EXPECT_EQ(sizes.params, size_t(stage == 3 ? ps.shard_len() : ps.flat_size()) * 4);
+          EXPECT_EQ(sizes.optimizer, size_t(ps.shard_len()) * 8);
         }
         for (size_t i = 0; i < covered.size(); ++i)
           EXPECT_EQ(covered[i], g.params()[i].spec.shape.numel()) << name << " " << g.params()[i].name;

@@ -112,9 +112,8 @@ ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<P
   unit_params_.assign(unit_lo_.size(), nullptr);
   unit_grads_.assign(unit_lo_.size(), nullptr);
   const int stage = sharding_.stage;
-  shard_len_ = flat_ / sharding_.parts;
+  shard_len_ = flat_ / sharding_.parts;  // the whole array without sharding (parts 1)
   shard_begin_ = stage == 1 ? shard_len_ * sharding_.index : 0;
-  if (stage != 1) shard_len_ = stage >= 2 ? shard_len_ : flat_;
   params_ = Buffer(size_t(stage >= 3 ? shard_len_ : flat_) * 4, "parameters");
   grads_ = Buffer(size_t(stage >= 2 ? shard_len_ : flat_) * 4, "gradients");
   optim_ = Buffer(size_t(shard_len_) * 4 * size_t(slots), "optimizer state");

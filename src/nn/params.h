@@ -87,7 +87,7 @@ class ParamStore {
   int find_state(const std::string& name) const;
 
   // Flat views (length flat_size(), padding included) for the optimizer. Under ZeRO-2
-  // flat_grads(), under ZeRO-3 flat_params() too, are this rank's shard (shard_size()).
+  // flat_grads(), under ZeRO-3 flat_params() too, are this rank's shard (shard_len()).
   int64_t flat_size() const { return flat_; }
   float* flat_params() const { return p_; }
   float* flat_grads() const { return g_; }
@@ -103,7 +103,6 @@ class ParamStore {
   // This rank's piece of unit u: flat elements [unit_begin + index * n, + n), kept at
   // shard offset unit_begin / parts.
   int64_t unit_piece(size_t u) const { return (unit_hi_[u] - unit_lo_[u]) / sharding_.parts; }
-  int64_t shard_size() const { return flat_ / sharding_.parts; }
   // Where unit u's full parameters (ZeRO-3; null under ZeRO-2) and gradients are while a
   // step uses them; set before an Engine binds its views.
   void bind_unit(size_t u, float* params, float* grads);
@@ -113,7 +112,8 @@ class ParamStore {
   // declarations, unsharded), and its model states.
   void shard_from(const ParamStore& full);
   // Optimizer slot s covers this store's shard: flat elements [shard_begin(),
-  // shard_begin() + shard_len()) (the whole array without sharding).
+  // shard_begin() + shard_len()) (the whole array without sharding); under ZeRO-2/3 the
+  // shard is this rank's pieces of every unit (shard_begin() 0, shard_len() flat / parts).
   float* flat_slot(int s) const { return o_ + int64_t(s) * shard_len_; }
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_len() const { return shard_len_; }

@@ -305,7 +305,6 @@ void ShardedDP::after_update() {
 
 std::unique_ptr<ParamStore> ShardedDP::unsharded() const {
   auto out = std::make_unique<ParamStore>(g_.params(), g_.states(), 0);
-  std::vector<float> all;
   for (size_t u = 0; u < ps_.num_units(); ++u) {
     const int64_t n = ps_.unit_piece(u);
     std::vector<float> unit(size_t(n * plan_.parts));
