@@ -202,21 +202,20 @@ void ShardedDP::gather(int u) {
                                        unit_params(u), size_t(n), DType::f32);
 }
 
-// ZeRO-3: unit u gathered (launched now unless prefetched; waits).
-void ShardedDP::ready(int u) {
-  if (plan_.stage < 3) return;
-  gather(u);
-  wait(gathers_[size_t(u)]);
+// ZeRO-3: each of `units` gathered (launched now unless prefetched; waits), and the unit
+// after it in `order` (the chunk's forward or backward order) launched: the prefetch.
+void ShardedDP::gather_ready(const std::vector<int>& units, const std::vector<int>& order) {
+  for (int u : units) {
+    gather(u);
+    wait(gathers_[size_t(u)]);
+    auto it = std::find(order.begin(), order.end(), u);
+    if (it + 1 < order.end()) gather(*(it + 1));
+  }
 }
 
 void ShardedDP::before_forward(int node) {
   if (plan_.stage < 3) return;
-  const auto& o = plan_.fwd_order[size_t(g_.nodes()[size_t(node)].chunk)];
-  for (int u : at_first_[size_t(node)]) {
-    ready(u);
-    auto it = std::find(o.begin(), o.end(), u);
-    if (it + 1 < o.end()) gather(*(it + 1));
-  }
+  gather_ready(at_first_[size_t(node)], plan_.fwd_order[size_t(g_.nodes()[size_t(node)].chunk)]);
 }
 
 void ShardedDP::after_forward(int node) {
@@ -226,12 +225,7 @@ void ShardedDP::after_forward(int node) {
 
 void ShardedDP::before_backward(int node) {
   if (plan_.stage < 3) return;
-  const auto& o = plan_.bwd_order[size_t(g_.nodes()[size_t(node)].chunk)];
-  for (int u : at_bwd_[size_t(node)]) {
-    ready(u);
-    auto it = std::find(o.begin(), o.end(), u);
-    if (it + 1 < o.end()) gather(*(it + 1));
-  }
+  gather_ready(at_bwd_[size_t(node)], plan_.bwd_order[size_t(g_.nodes()[size_t(node)].chunk)]);
 }
 
 void ShardedDP::after_backward(int node) {

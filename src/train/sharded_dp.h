@@ -100,7 +100,7 @@ class ShardedDP : public NodeHooks, public GradSync {
   float* unit_params(int u) const;
   float* unit_grads(int u) const;
   void gather(int u);
-  void ready(int u);
+  void gather_ready(const std::vector<int>& units, const std::vector<int>& order);
   void reduce_bucket(int u);
   void finish_bucket();
   void wait(dist::WorkPtr& w);
