@@ -1,0 +1,65 @@
+// What a device and its links can do, for the cost model (plan/cost.h): the built-in GPU
+// kinds (as in a DGX/HGX node), a JSON file describing the user's own cluster, and `this`,
+// the machine saturate runs on, measured (GEMM rate over shapes, memory bandwidth, and the
+// all-reduce and point-to-point latency and bandwidth of the job's MPI ranks).
+//
+// Units are SI throughout: FLOP/s, bytes, bytes/s, seconds.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace sat {
+
+namespace dist { class Comm; }
+
+// One kind of link a collective can cross: alpha the latency of one message (s), bandwidth
+// the bytes per second one device can push through it in one direction.
+struct Link {
+  double alpha = 0;
+  double bandwidth = 0;
+};
+
+// The fitted efficiency of the device's kernels (see plan/cost.h for how each is used):
+// a kernel of f FLOPs runs at peak * gemm_max * f / (f + gemm_half_flops), a memory-bound
+// one at memory_bandwidth * memory_eff, and every kernel costs kernel_overhead seconds more;
+// a collective reaches link.bandwidth * comm_eff.
+struct Efficiency {
+  double gemm_max = 0.8;
+  double gemm_half_flops = 1e9;
+  double memory_eff = 0.8;
+  double kernel_overhead = 5e-6;
+  double comm_eff = 0.8;
+};
+
+struct Hardware {
+  std::string name;    // "a100-80gb", "this", or the file's "name"
+  std::string source;  // "built-in", the JSON file's path, or "measured here"
+  bool gpu = true;     // GPUs: fp32 master weights and optimizer state beside bf16/fp16 copies
+  // Peak dense FLOP/s per precision (0 where the device has none).
+  double peak_fp32 = 0, peak_tf32 = 0, peak_bf16 = 0, peak_fp16 = 0;
+  double memory_bytes = 0;      // per device
+  double memory_bandwidth = 0;  // bytes/s per device
+  int gpus_per_node = 8;        // devices that share the intra-node link
+  Link intra;                   // NVLink/NVSwitch per GPU (this: MPI ranks on one host)
+  Link inter;                   // the network per GPU (8 NICs per 8-GPU node: one each)
+  Link p2p_intra, p2p_inter;    // point-to-point (pipeline sends); equal to intra/inter unless measured
+  Efficiency eff;
+  // The peak for a precision: fp32, bf16, fp16 (tf32 is used for fp32 matmuls on GPUs that
+  // have it only when the description says so: tf32_matmul).
+  bool tf32_matmul = false;
+  double peak(DType precision) const;
+};
+
+// The names `--gpu` accepts besides a file path and `this`.
+const std::vector<std::string>& hardware_names();
+// A built-in kind, a path to a JSON file (see the README, "Choosing a layout"), or "this"
+// (measured: pass the job's world communicator, which every rank must call it with; one
+// process measures no links and gets the intra-node link of shared memory). Errors:
+// sat::Error naming --gpu and the kinds, or the file and the key that is missing or wrong.
+Hardware hardware(const std::string& kind_or_file, dist::Comm* world = nullptr);
+// The description as JSON in the file format (round-trips through hardware()).
+std::string hardware_json(const Hardware& h);
+
+}  // namespace sat
