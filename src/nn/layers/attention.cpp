@@ -186,16 +186,17 @@ void CausalSelfAttention::setup(LayerSetup& s) {
   const int64_t hs = C / n_head_;
   s.set_output(Shape{B, T, C}, s.act);
 
-  SAT_CHECK(!recompute_ || s.device == Device::cpu, s.name, ": selective recomputation needs the CPU engine for now");
   const bool keep = s.training && !recompute_;  // P saved for backward
   if (s.device == Device::cuda) {
     // GPU (attention.cu): per-head copies of q, k, v and batched GEMMs over all heads.
+    // Selective recomputation is planned here (P not kept, recomputed into backward
+    // scratch) so that a plan for the GPU can weigh it, but the GPU kernels refuse it yet.
     const Shape heads3{3, B, n_head_, T, hs}, heads1{B, n_head_, T, hs}, probs{B, n_head_, T, T};
     const bool f32 = s.act == DType::f32;
-    if (s.training) s.save(probs, s.act);                 // P, kept for backward
+    if (keep) s.save(probs, s.act);                       // P, kept for backward
     s.scratch_forward(heads3, s.act);                     // 0: q, k, v as [3, B, nh, T, hs]
     s.scratch_forward(heads1, s.act);                     // 1: y as [B, nh, T, hs]
-    if (!s.training) s.scratch_forward(probs, s.act);     // 2: P (not kept)
+    if (!keep) s.scratch_forward(probs, s.act);           // 2: P (not kept)
     if (!f32) s.scratch_forward(probs, DType::f32);       // last: scores (under f32 computed in P)
     if (s.training) {
       s.scratch_backward(heads3, s.act);                  // 0: q, k, v as [3, B, nh, T, hs]
@@ -203,6 +204,7 @@ void CausalSelfAttention::setup(LayerSetup& s) {
       s.scratch_backward(heads3, s.act);                  // 2: dq, dk, dv as [3, B, nh, T, hs]
       s.scratch_backward(probs, DType::f32);              // 3: dP (under f32 also dS, in place)
       if (!f32) s.scratch_backward(probs, s.act);         // 4: dS
+      if (!keep) s.scratch_backward(probs, s.act);        // last: P recomputed
     }
   } else {
     // Per-thread scratch slots: sized for the OpenMP threads available now (and never more

@@ -161,6 +161,8 @@ void CausalSelfAttention::forward_cuda(LayerCtx& c) {
 
 void CausalSelfAttention::backward_cuda(LayerCtx& c) {
   if (!c.din[0].defined()) return;
+  SAT_CHECK(!recompute_, "CausalSelfAttention: selective recomputation (--recompute selective) needs the CPU engine "
+            "for now (the GPU kernels do not recompute the probabilities yet)");
   SAT_CHECK(!c.saved.empty(), "CausalSelfAttention: backward called on a layer set up without training");
   const Dims d = dims_of(c.in[0], n_head_);
   const DType t = c.in[0].dtype;

@@ -13,7 +13,9 @@
 //    GPT-2 small at B=8, T=1024, 12 heads). Only the causal lower triangle is meaningful;
 //    the upper triangle is stored as zeros. Backward scratch: dS [slots, T, T].
 //  * inference (setup with training=false): P is forward scratch [slots, T, T] instead.
-//  * selective recomputation (recompute = true, training; CPU only): P is not saved. Forward
+//  * selective recomputation (recompute = true, training; runs on the CPU only: the GPU
+//    plans it, P [B, n_head, T, T] recomputed into backward scratch, but its backward
+//    refuses it, so that a planner can weigh it on any machine): P is not saved. Forward
 //    computes it into forward scratch [slots, T, T] as inference does, and backward
 //    recomputes each head's P from q and k (kept: they are the input) into backward
 //    scratch [slots, T, T], beside dS, with the same code as forward, so backward sees
