@@ -206,7 +206,7 @@ TEST(Safetensors, RoundTripAndClearErrors) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   }
   // Same names, wrong shape: an mlp for 3x28x28 inputs has a wider fc1.
-  auto mc3 = sat::model_config("mlp");
+  auto mc3 = sat::model_config("mlp:2352-1024-1024-10");
   mc3.image = sat::Shape{3, 28, 28};
   auto m3 = sat::build_model(mc3, 2, true);
   sat::ParamStore d(m3.graph->params(), m3.graph->states(), 0);

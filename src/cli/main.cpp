@@ -351,11 +351,8 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   sat::DataOptions dopt = sat::data_options_for(mc, a.seed);
   if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
   sat::DataSplit data = sat::open_dataset(a.data, dopt);
-  // Image data of another shape (synthetic:CxHxW, CIFAR for mlp...) sets the model's input.
-  if (!mc.tokens) {
-    mc.image = data.train->sample_shape();
-    mc.classes = data.train->num_classes();
-  }
+  // Image data of another shape (synthetic:CxHxW, CIFAR...) sets the model's input.
+  sat::fit_to_data(mc, *data.train);
 
   sat::TrainConfig cfg;
   const bool auto_batch = tune_only || a.batch == "auto";
@@ -615,6 +612,7 @@ int run_info(const InfoArgs& ia) {
   sat::MemoryPlan p = sat::Trainer::plan(mc, cfg, *data.train, data.test.get(), world);
   const auto& g = *m.graph;
   std::printf("model       %s\n", mc.name.c_str());
+  std::printf("config      %s (%s)\n", sat::model_spec(mc).c_str(), sat::describe_model(mc).c_str());
   std::printf("input       %s %s per micro-batch of %lld\n", m.x_shape.str().c_str(), sat::dtype_name(m.x_dtype), (long long)ia.batch);
   std::printf("parameters  %lld (%zu tensors)\n", (long long)g.param_count(), g.params().size());
   std::printf("layers      %zu in %zu blocks\n", g.nodes().size(), g.block_starts().size());
@@ -658,9 +656,13 @@ int run_info(const InfoArgs& ia) {
   return 0;
 }
 
+const char* const kModelHelp =
+    "mlp | convnet | resnet18 | gpt-mini | gpt2-124m, or a family: gpt:layers=L,heads=H,width=C,context=T,vocab=V"
+    "[,dropout=P] | mlp:IN-HIDDEN...-CLASSES | resnet:18|34";
+
 // The options of `train`, shared by `tune` (which trains short probes the same way).
 void add_train_options(CLI::App* t, TrainArgs& a) {
-  t->add_option("--model", a.model, "mlp | convnet | resnet18 | gpt-mini | gpt2-124m")->capture_default_str();
+  t->add_option("--model", a.model, kModelHelp)->capture_default_str();
   t->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] | synthetic[:CxHxW]")->capture_default_str();
   t->add_option("--batch", a.batch, "micro-batch size, or auto: tune it first (cached)")->capture_default_str();
   t->add_option("--accum", a.accum, "micro-batches per optimizer step (gradient accumulation)")->capture_default_str();
@@ -697,7 +699,7 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_flag("--sync-bn", a.sync_bn, "data parallel: BatchNorm statistics over the global batch (default: per rank)");
   t->add_option("--zero", a.zero, "data parallel: shard over the ranks 1 = optimizer state (ZeRO-1), 2 = + gradients, "
                 "3 = + parameters (fully sharded), 0 = off")->capture_default_str();
-  t->add_option("--tp", a.tp, "tensor-parallel ranks per layer (Megatron-LM's splits; mlp and the GPT models)")->capture_default_str();
+  t->add_option("--tp", a.tp, "tensor-parallel ranks per layer (Megatron-LM's splits; mlp and gpt)")->capture_default_str();
   t->add_flag("--sequence-parallel", a.sequence_parallel, "with --tp: LayerNorm and dropout on 1/tp of the sequence (all-gather / reduce-scatter instead of all-reduce)");
   t->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")->capture_default_str();
   t->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved (see saturate schedule)")->capture_default_str();
@@ -731,7 +733,7 @@ int main(int argc, char** argv) {
 
   InfoArgs ia;
   auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model (every pipeline stage's)");
-  info->add_option("--model", ia.model, "model")->capture_default_str();
+  info->add_option("--model", ia.model, kModelHelp)->capture_default_str();
   info->add_option("--batch", ia.batch, "micro-batch size")->capture_default_str();
   info->add_option("--optimizer", ia.optimizer, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
   info->add_option("--momentum", ia.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str();

@@ -17,51 +17,26 @@
 namespace sat {
 
 namespace {
-constexpr int64_t kMlpHidden = 1024;
+
+// The hidden layers an mlp splits under tensor parallelism, in pairs as Megatron-LM splits
+// a transformer's MLP: fc i column-parallel for odd i < k (k hidden layers), fc i+1
+// row-parallel; an odd last hidden layer and the output layer stay whole.
+LinearTP::Split mlp_split(size_t i, size_t hidden) {  // i: fc i, from 1
+  if (i % 2 == 1 && i < hidden) return LinearTP::Split::column;
+  if (i % 2 == 0 && i <= hidden) return LinearTP::Split::row;
+  return LinearTP::Split::none;
 }
 
-const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"};
-  return names;
+void check_mlp_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
+  SAT_CHECK(!sp, "--sequence-parallel: ", c.name, " has no sequence to split (it applies to the GPT models)");
+  const size_t hidden = c.mlp_widths.size() - 2;
+  for (size_t i = 1; i <= hidden; ++i)
+    SAT_CHECK(mlp_split(i, hidden) != LinearTP::Split::column || c.mlp_widths[i] % tp == 0, "--tp ", tp, ": ",
+              c.name, "'s hidden width ", c.mlp_widths[i], " (fc", i, "'s output, split by columns) does not divide by ",
+              tp);
 }
 
-ModelConfig model_config(const std::string& name) {
-  ModelConfig c;
-  c.name = name;
-  if (name == "mlp" || name == "convnet") return c;
-  if (name == "resnet18") { c.image = Shape{3, 32, 32}; return c; }
-  if (name == "gpt-mini" || name == "gpt2-124m") {
-    c.tokens = true;
-    bool mini = name == "gpt-mini";
-    c.n_layer = mini ? 4 : 12;
-    c.n_head = mini ? 4 : 12;
-    c.n_embd = mini ? 256 : 768;
-    c.seq_len = mini ? 128 : 1024;
-    c.vocab = mini ? 4096 : 50257;
-    c.classes = c.vocab;
-    return c;
-  }
-  std::string list;
-  for (auto& n : model_names()) list += (list.empty() ? "" : ", ") + n;
-  fail("--model: unknown model '", name, "' (expected one of: ", list, ")");
-}
-
-bool has_tensor_parallel_form(const std::string& name) {
-  return name == "mlp" || model_config(name).tokens;
-}
-
-void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
-  SAT_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
-  SAT_CHECK(!sp || tp >= 2, "--sequence-parallel needs --tp 2 or more (it splits the tensor-parallel group's "
-            "LayerNorm and dropout regions along the sequence)");
-  if (tp == 1) return;
-  SAT_CHECK(has_tensor_parallel_form(c.name), "--tp ", tp, ": ", c.name, " has no tensor-parallel form (models "
-            "with one: mlp, gpt-mini, gpt2-124m; use --tp 1, or --pp / data parallelism)");
-  if (c.name == "mlp") {
-    SAT_CHECK(!sp, "--sequence-parallel: mlp has no sequence to split (it applies to the GPT models)");
-    SAT_CHECK(kMlpHidden % tp == 0, "--tp ", tp, ": mlp's hidden width ", kMlpHidden, " does not divide by ", tp);
-    return;
-  }
+void check_gpt_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   SAT_CHECK(c.n_head % tp == 0, "--tp ", tp, ": ", c.name, " has ", c.n_head,
             " attention heads, which do not divide by ", tp, " (each rank computes n_head / tp whole heads)");
   const int64_t unit = 128 * int64_t(tp), padded = (c.vocab + unit - 1) / unit * unit;
@@ -70,6 +45,24 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             padded);
   SAT_CHECK(!sp || c.seq_len % tp == 0, "--sequence-parallel: ", c.name, "'s sequence length ", c.seq_len,
             " does not divide by --tp ", tp);
+}
+
+}  // namespace
+
+bool has_tensor_parallel_form(const ModelConfig& c) {
+  return c.family == ModelFamily::gpt || (c.family == ModelFamily::mlp && c.mlp_widths.size() >= 4);
+}
+
+void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
+  SAT_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
+  SAT_CHECK(!sp || tp >= 2, "--sequence-parallel needs --tp 2 or more (it splits the tensor-parallel group's "
+            "LayerNorm and dropout regions along the sequence)");
+  if (tp == 1) return;
+  SAT_CHECK(has_tensor_parallel_form(c), "--tp ", tp, ": ", c.name, " has no tensor-parallel form (models with one: "
+            "mlp with two hidden layers or more, such as mlp, and gpt, such as gpt-mini and gpt2-124m; use --tp 1, or "
+            "--pp / data parallelism)");
+  if (c.family == ModelFamily::mlp) check_mlp_tensor_parallel(c, tp, sp);
+  else check_gpt_tensor_parallel(c, tp, sp);
 }
 
 Recompute parse_recompute(const std::string& s) {
@@ -86,13 +79,12 @@ const char* recompute_name(Recompute r) {
 void check_recompute(const ModelConfig& c) {
   if (c.recompute == Recompute::none) return;
   const std::string mode = recompute_name(c.recompute);
+  const bool gpt = c.family == ModelFamily::gpt, resnet = c.family == ModelFamily::resnet;
   if (c.recompute == Recompute::selective)
-    SAT_CHECK(c.tokens, "--recompute selective: ", c.name, " has no attention to recompute (models with attention: "
-              "gpt-mini, gpt2-124m; resnet18 supports --recompute full)");
-  SAT_CHECK(c.tokens || c.name == "resnet18", "--recompute ", mode, ": ", c.name, " has no recomputable blocks "
-            "(--recompute full: gpt-mini, gpt2-124m, resnet18; selective: gpt-mini, gpt2-124m)");
-  SAT_CHECK(c.device == Device::cpu, "--recompute ", mode, " needs --device cpu for now (the GPU engine does not "
-            "recompute yet)");
+    SAT_CHECK(gpt, "--recompute selective: ", c.name, " has no attention to recompute (models with attention: gpt, "
+              "such as gpt-mini and gpt2-124m; resnet supports --recompute full)");
+  SAT_CHECK(gpt || resnet, "--recompute ", mode, ": ", c.name, " has no recomputable blocks (--recompute full: gpt "
+            "and resnet, such as gpt-mini, gpt2-124m and resnet18; selective: gpt)");
 }
 
 namespace {
@@ -106,28 +98,34 @@ int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int
 // torchvision's ResNet init: kaiming_normal_(mode="fan_out", nonlinearity="relu").
 ParamInit kaiming_fan_out(int64_t cout, int64_t k) { return ParamInit::normal(std::sqrt(2.0f / float(cout * k * k))); }
 
-// Tensor parallel (tp > 1): fc1 column-parallel (its input, the images, takes no gradient:
-// no TPCopy), fc2 row-parallel and completed by an all-reduce, fc3 whole on every rank.
+// flatten, then per hidden width i fc i and relu i, then the output layer fc k+1. Tensor
+// parallel (tp > 1): the hidden layers in pairs (mlp_split), a column-parallel fc whose
+// input takes a gradient entered through a TPCopy (fc1's, the images, takes none), a
+// row-parallel one completed by an all-reduce.
 void build_mlp(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
-  int64_t in = c.image.numel();
+  const std::vector<int64_t>& w = c.mlp_widths;
+  SAT_CHECK(w.size() >= 2 && w.front() == c.image.numel(), "--model ", c.name, " takes inputs of ", w.front(),
+            " values, but the data's samples have shape ", c.image.str(), " (", c.image.numel(), " values)");
+  SAT_CHECK(w.back() == c.classes, "internal error: ", c.name, " has ", w.back(), " outputs but ", c.classes,
+            " classes");
   const TPRank tp{c.tp, c.tp_rank};
+  const size_t hidden = w.size() - 2;
   // Every layer is a block, as nn.Sequential's children are for PyTorch's pipelining.
   g.begin_block();
   int x = g.add<Flatten>("flatten", {m.x});
+  for (size_t i = 1; i <= hidden; ++i) {
+    const std::string fc = "fc" + std::to_string(i);
+    const LinearTP::Split split = mlp_split(i, hidden);
+    g.begin_block();
+    if (split == LinearTP::Split::column && i > 1 && tp.on()) x = g.add<TPCopy>(fc + ".copy", {x}, tp);
+    x = g.add<Linear>(fc, {x}, w[i - 1], w[i], true, std::nullopt, std::nullopt, "", LinearTP{split, tp});
+    if (split == LinearTP::Split::row && tp.on()) x = g.add<TPAllReduce>(fc + ".all_reduce", {x}, tp);
+    g.begin_block();
+    x = g.add<ReLU>("relu" + std::to_string(i), {x});
+  }
   g.begin_block();
-  x = g.add<Linear>("fc1", {x}, in, kMlpHidden, true, std::nullopt, std::nullopt, "",
-                    LinearTP{LinearTP::Split::column, tp});
-  g.begin_block();
-  x = g.add<ReLU>("relu1", {x});
-  g.begin_block();
-  x = g.add<Linear>("fc2", {x}, kMlpHidden, kMlpHidden, true, std::nullopt, std::nullopt, "",
-                    LinearTP{LinearTP::Split::row, tp});
-  if (tp.on()) x = g.add<TPAllReduce>("fc2.all_reduce", {x}, tp);
-  g.begin_block();
-  x = g.add<ReLU>("relu2", {x});
-  g.begin_block();
-  m.logits = g.add<Linear>("fc3", {x}, kMlpHidden, c.classes);
+  m.logits = g.add<Linear>("fc" + std::to_string(hidden + 1), {x}, w[hidden], w[hidden + 1]);
 }
 
 void build_convnet(BuiltModel& m, Graph& g) {
@@ -153,9 +151,14 @@ void build_convnet(BuiltModel& m, Graph& g) {
   m.logits = block([&] { return g.add<Linear>("fc2", {x}, 128, c.classes); });
 }
 
-void build_resnet18(BuiltModel& m, Graph& g) {
+// torchvision's BasicBlock ResNets with a CIFAR stem (3x3 conv, stride 1, no max-pool).
+void build_resnet(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
-  int64_t C = c.image[0];
+  SAT_CHECK(c.resnet_depth == 18 || c.resnet_depth == 34, "--model ", c.name, ": expected a depth of 18 or 34, got ",
+            c.resnet_depth);
+  const int64_t C = c.image[0];
+  const int per_stage[2][4] = {{2, 2, 2, 2}, {3, 4, 6, 3}};
+  const int* blocks = per_stage[c.resnet_depth == 18 ? 0 : 1];
   // Blocks: the stem, each BasicBlock (a recompute unit), the head.
   g.begin_block();
   int x = conv_bn(g, "conv1", "bn1", m.x, C, 64, 3, 1, 1, kaiming_fan_out(64, 3));
@@ -163,7 +166,7 @@ void build_resnet18(BuiltModel& m, Graph& g) {
   int64_t cin = 64;
   const int64_t widths[4] = {64, 128, 256, 512};
   for (int l = 0; l < 4; ++l) {
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < blocks[l]; ++b) {
       std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b) + ".";
       int64_t w = widths[l], stride = (l > 0 && b == 0) ? 2 : 1;
       g.begin_block();
@@ -277,11 +280,12 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
   }
   m.x = g.input("x", m.x_shape, m.x_dtype);
   m.y = g.input("y", m.y_shape, DType::i32);
-  if (cfg.name == "mlp") build_mlp(m, g);
-  else if (cfg.name == "convnet") build_convnet(m, g);
-  else if (cfg.name == "resnet18") build_resnet18(m, g);
-  else if (cfg.tokens) build_gpt(m, g);
-  else model_config(cfg.name);  // throws the unknown-model error
+  switch (cfg.family) {
+    case ModelFamily::mlp: build_mlp(m, g); break;
+    case ModelFamily::convnet: build_convnet(m, g); break;
+    case ModelFamily::resnet: build_resnet(m, g); break;
+    case ModelFamily::gpt: build_gpt(m, g); break;
+  }
   m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y}, cfg.tokens ? TPRank{cfg.tp, cfg.tp_rank} : TPRank{});
   g.set_logits(m.logits);
   g.set_loss(m.loss);

@@ -14,21 +14,30 @@ namespace sat {
 //   none       every activation and saved buffer stays from its forward to its backward;
 //   selective  attention's softmax probabilities P [B, n_head, T, T] are not saved:
 //              backward recomputes them from q and k (GPT models);
-//   full       only each recomputable block's input (GPT's transformer layers, resnet18's
+//   full       only each recomputable block's input (GPT's transformer layers, ResNet's
 //              residual blocks) is kept; backward reruns the block's forward just before
 //              the block's backward (Graph::begin_block, Node::rc_first).
 enum class Recompute { none, selective, full };
 Recompute parse_recompute(const std::string& s);  // sat::Error naming --recompute
 const char* recompute_name(Recompute r);
 
+// The families --model builds: a preset name (model_names()) or FAMILY:SPEC (see
+// model_config).
+enum class ModelFamily { mlp, convnet, resnet, gpt };
+
 struct ModelConfig {
-  std::string name;
+  std::string name;           // as given to --model: printed, and written to summary.json
+  ModelFamily family = ModelFamily::mlp;
   bool tokens = false;        // GPT family: int32 token input [B,T], targets [B,T]
   Shape image{1, 28, 28};     // image models: C,H,W
   int64_t classes = 10;
+  // mlp: the widths of its layers' inputs and of its output, [in, hidden..., classes]
+  // (in = image.numel(), classes = the last).
+  std::vector<int64_t> mlp_widths{784, 1024, 1024, 10};
+  int resnet_depth = 18;      // resnet: 18 or 34 (BasicBlocks per stage 2,2,2,2 or 3,4,6,3)
   int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;  // GPT family
   float dropout = 0.0f;
-  Device device = Device::cpu;  // where the step runs
+  Device device = Device::cpu;  // where the step runs (building a graph never touches it)
   DType act = DType::f32;       // floating activations: f32, or bf16/f16 on the GPU
   // Tensor parallelism: this rank's part of a group of tp (its layers' weights and work
   // split as Megatron-LM splits them), and sequence parallelism within it.
@@ -37,17 +46,33 @@ struct ModelConfig {
   Recompute recompute = Recompute::none;
 };
 
+// The preset names: mlp, convnet, resnet18, gpt-mini, gpt2-124m.
 const std::vector<std::string>& model_names();
-// The models with a tensor-parallel form (mlp and the GPT family).
-bool has_tensor_parallel_form(const std::string& name);
+// A preset name, or a family with its configuration (sat::Error naming --model, the key
+// and what was expected otherwise):
+//   gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]  (keys in any order)
+//   mlp:IN-HIDDEN...-CLASSES                                    (any number of hidden layers)
+//   resnet:18 | resnet:34                                       (CIFAR stem: 3x3 conv, no max-pool)
+// The presets are family members: mlp = mlp:784-1024-1024-10, resnet18 = resnet:18,
+// gpt-mini = gpt:layers=4,heads=4,width=256,context=128,vocab=4096, gpt2-124m =
+// gpt:layers=12,heads=12,width=768,context=1024,vocab=50257.
+ModelConfig model_config(const std::string& name);
+// The configuration in the family's own syntax (what a preset stands for): "gpt:layers=...".
+std::string model_spec(const ModelConfig& cfg);
+// In words: "4 layers, 4 heads of 64 channels, width 256, context 128, vocabulary 4096".
+std::string describe_model(const ModelConfig& cfg);
+const char* family_name(ModelFamily f);
+
+// The models with a tensor-parallel form: mlp with two hidden layers or more, and GPT.
+bool has_tensor_parallel_form(const ModelConfig& cfg);
 // --tp and --sequence-parallel against the model: sat::Error naming the flag when the
-// model has no tensor-parallel form, its heads, hidden width or vocabulary do not divide
-// by tp, or sequence parallelism has nothing to split.
+// model has no tensor-parallel form, its heads, split hidden widths or vocabulary do not
+// divide by tp, or sequence parallelism has nothing to split.
 void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_parallel);
-// --recompute against the model: sat::Error naming the flag and the models that support
-// the mode (full: the GPT models and resnet18; selective: the GPT models).
+// --recompute against the model: sat::Error naming the flag and the families that support
+// the mode (full: gpt and resnet; selective: gpt). The model alone: whether the device
+// recomputes is the trainer's check.
 void check_recompute(const ModelConfig& cfg);
-ModelConfig model_config(const std::string& name);  // defaults; sat::Error on an unknown name
 
 struct BuiltModel {
   ModelConfig config;

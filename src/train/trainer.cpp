@@ -128,6 +128,24 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
   return o;
 }
 
+void fit_to_data(ModelConfig& mc, const Dataset& train) {
+  if (mc.tokens) return;
+  const Shape sample = train.sample_shape();
+  if (mc.family != ModelFamily::mlp) {
+    mc.image = sample;
+    mc.classes = train.num_classes();
+    return;
+  }
+  std::vector<int64_t> fit = mc.mlp_widths;
+  fit.front() = sample.numel();
+  ModelConfig want = mc;
+  want.mlp_widths = fit;
+  SAT_CHECK(sample.numel() == mc.mlp_widths.front(), "--model ", mc.name, " takes inputs of ", mc.mlp_widths.front(),
+            " values, but --data ", train.name(), " has samples of shape ", sample.str(), " (", sample.numel(),
+            " values): use --model ", model_spec(want));
+  mc.image = sample;
+}
+
 // ---- the GPU side ---------------------------------------------------------------------
 #if SAT_HAVE_CUDA
 struct Trainer::Gpu {

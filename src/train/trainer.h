@@ -28,6 +28,10 @@ namespace sat {
 // What open_dataset needs to know about a model: its input shape, classes or
 // vocabulary and context.
 DataOptions data_options_for(const ModelConfig& mc, uint64_t seed);
+// An image model takes the data's sample shape, and its classes but for an mlp's (its
+// widths are part of --model); sat::Error naming --model and the data's shape when an mlp's
+// input width is not the samples' size. Token models are left as they are.
+void fit_to_data(ModelConfig& mc, const Dataset& train);
 
 // ZeRO stage against the devices and the data-parallel ranks (sat::Error naming --zero).
 void check_zero(const TrainConfig& cfg, bool cuda, int dp);

@@ -1,0 +1,203 @@
+// --model strings: the preset names and FAMILY:SPEC (models.h).
+#include <charconv>
+#include <cstdlib>
+#include <map>
+
+#include "nn/models.h"
+
+namespace sat {
+
+namespace {
+
+// Widths, depths and counts above this are surely a typo; it also keeps every product the
+// layers form from them (such as width * 4 * width * batch * context) inside int64.
+constexpr int64_t kMaxCount = 100'000'000;
+
+const char* const kFamilies =
+    "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], mlp:IN-HIDDEN...-CLASSES, resnet:18|34";
+
+// A positive integer, the whole of `text`; sat::Error naming the spec and `what` otherwise.
+int64_t positive(const std::string& spec, const std::string& what, const std::string& text) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  SAT_CHECK(ec == std::errc() && end == text.data() + text.size() && v >= 1 && v <= kMaxCount, "--model ", spec, ": ",
+            what, " must be a positive integer up to ", kMaxCount, ", got '", text, "'");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (size_t end; (end = s.find(sep, pos)) != std::string::npos; pos = end + 1) out.push_back(s.substr(pos, end - pos));
+  out.push_back(s.substr(pos));
+  return out;
+}
+
+// "layers=4,heads=4,..." as key -> value; every key once, each item KEY=VALUE.
+std::map<std::string, std::string> key_values(const std::string& spec, const std::string& body) {
+  std::map<std::string, std::string> kv;
+  for (const std::string& item : split(body, ',')) {
+    const size_t eq = item.find('=');
+    SAT_CHECK(eq != std::string::npos && eq > 0, "--model ", spec, ": expected KEY=VALUE items separated by commas, "
+              "got '", item, "'");
+    const std::string key = item.substr(0, eq);
+    SAT_CHECK(kv.emplace(key, item.substr(eq + 1)).second, "--model ", spec, ": '", key, "' is given twice");
+  }
+  return kv;
+}
+
+// gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]
+void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body) {
+  std::map<std::string, std::string> kv = key_values(spec, body);
+  for (auto& [key, value] : kv)
+    SAT_CHECK(key == "layers" || key == "heads" || key == "width" || key == "context" || key == "vocab" ||
+                  key == "dropout",
+              "--model ", spec, ": unknown key '", key, "' (expected layers, heads, width, context, vocab and "
+              "optionally dropout)");
+  auto take = [&](const char* key) {
+    SAT_CHECK(kv.count(key), "--model ", spec, ": missing '", key, "' (", "gpt:layers=L,heads=H,width=C,context=T,"
+              "vocab=V[,dropout=P])");
+    return positive(spec, std::string("'") + key + "'", kv.at(key));
+  };
+  c.family = ModelFamily::gpt;
+  c.tokens = true;
+  c.n_layer = take("layers");
+  c.n_head = take("heads");
+  c.n_embd = take("width");
+  c.seq_len = take("context");
+  c.vocab = c.classes = take("vocab");
+  SAT_CHECK(c.n_embd % c.n_head == 0, "--model ", spec, ": width ", c.n_embd, " does not divide by heads ", c.n_head,
+            " (each head has width / heads channels)");
+  if (kv.count("dropout")) {
+    const std::string& v = kv.at("dropout");
+    char* end = nullptr;
+    const double p = std::strtod(v.c_str(), &end);
+    SAT_CHECK(!v.empty() && end && *end == 0 && p >= 0 && p < 1, "--model ", spec,
+              ": 'dropout' must be a probability in [0, 1), got '", v, "'");
+    c.dropout = float(p);
+  }
+}
+
+// mlp:IN-HIDDEN...-CLASSES
+void parse_mlp(ModelConfig& c, const std::string& spec, const std::string& body) {
+  const std::vector<std::string> items = split(body, '-');
+  SAT_CHECK(items.size() >= 2, "--model ", spec, ": expected the widths IN-HIDDEN...-CLASSES separated by '-' "
+            "(such as mlp:784-1024-1024-10), got '", body, "'");
+  c.family = ModelFamily::mlp;
+  c.mlp_widths.clear();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string what = i == 0 ? "the input width" : i + 1 == items.size() ? "the number of classes"
+                                                                             : str_cat("hidden width ", i);
+    c.mlp_widths.push_back(positive(spec, what, items[i]));
+  }
+  // The default data's shape when it fits (Fashion-MNIST's 28x28), else a flat vector: the
+  // CLI puts the data's own shape here once it has checked the width.
+  const int64_t in = c.mlp_widths.front();
+  c.image = in == 784 ? Shape{1, 28, 28} : Shape{1, 1, in};
+  c.classes = c.mlp_widths.back();
+}
+
+// resnet:18 | resnet:34
+void parse_resnet(ModelConfig& c, const std::string& spec, const std::string& body) {
+  SAT_CHECK(body == "18" || body == "34", "--model ", spec, ": expected a depth of 18 or 34 (BasicBlock ResNets), got '",
+            body, "'");
+  c.family = ModelFamily::resnet;
+  c.resnet_depth = body == "18" ? 18 : 34;
+  c.image = Shape{3, 32, 32};
+}
+
+// The preset names as their family strings.
+const std::map<std::string, std::string>& presets() {
+  static const std::map<std::string, std::string> p{
+      {"mlp", "mlp:784-1024-1024-10"},
+      {"resnet18", "resnet:18"},
+      {"gpt-mini", "gpt:layers=4,heads=4,width=256,context=128,vocab=4096"},
+      {"gpt2-124m", "gpt:layers=12,heads=12,width=768,context=1024,vocab=50257"}};
+  return p;
+}
+
+ModelConfig parse_family(const std::string& spec) {
+  ModelConfig c;
+  c.name = spec;
+  const size_t colon = spec.find(':');
+  const std::string family = spec.substr(0, colon), body = spec.substr(colon + 1);
+  if (family == "gpt") parse_gpt(c, spec, body);
+  else if (family == "mlp") parse_mlp(c, spec, body);
+  else if (family == "resnet") parse_resnet(c, spec, body);
+  else fail("--model ", spec, ": unknown model family '", family, "' (families: ", kFamilies, ")");
+  return c;
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names{"mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"};
+  return names;
+}
+
+const char* family_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::mlp: return "mlp";
+    case ModelFamily::convnet: return "convnet";
+    case ModelFamily::resnet: return "resnet";
+    case ModelFamily::gpt: return "gpt";
+  }
+  return "?";
+}
+
+ModelConfig model_config(const std::string& name) {
+  if (name.find(':') != std::string::npos) return parse_family(name);
+  if (name == "convnet") {
+    ModelConfig c;
+    c.name = name;
+    c.family = ModelFamily::convnet;
+    return c;
+  }
+  auto it = presets().find(name);
+  if (it == presets().end()) {
+    std::string list;
+    for (auto& n : model_names()) list += (list.empty() ? "" : ", ") + n;
+    fail("--model: unknown model '", name, "' (expected one of: ", list, "; or a family: ", kFamilies, ")");
+  }
+  ModelConfig c = parse_family(it->second);
+  c.name = name;
+  return c;
+}
+
+std::string model_spec(const ModelConfig& c) {
+  switch (c.family) {
+    case ModelFamily::convnet: return "convnet";
+    case ModelFamily::resnet: return str_cat("resnet:", c.resnet_depth);
+    case ModelFamily::mlp: {
+      std::string s = "mlp:";
+      for (size_t i = 0; i < c.mlp_widths.size(); ++i) s += str_cat(i ? "-" : "", c.mlp_widths[i]);
+      return s;
+    }
+    case ModelFamily::gpt:
+      return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.seq_len,
+                     ",vocab=", c.vocab, c.dropout > 0 ? str_cat(",dropout=", c.dropout) : std::string());
+  }
+  return c.name;
+}
+
+std::string describe_model(const ModelConfig& c) {
+  switch (c.family) {
+    case ModelFamily::convnet: return str_cat("input ", c.image.str(), ", ", c.classes, " classes");
+    case ModelFamily::resnet:
+      return str_cat("ResNet-", c.resnet_depth, ": BasicBlocks ", c.resnet_depth == 18 ? "2, 2, 2, 2" : "3, 4, 6, 3",
+                     " of widths 64, 128, 256, 512, CIFAR stem; input ", c.image.str(), ", ", c.classes, " classes");
+    case ModelFamily::mlp: {
+      std::string hidden;
+      for (size_t i = 1; i + 1 < c.mlp_widths.size(); ++i) hidden += str_cat(i > 1 ? ", " : "", c.mlp_widths[i]);
+      return str_cat("input ", c.mlp_widths.front(), hidden.empty() ? ", no hidden layer" : ", hidden widths " + hidden, ", ",
+                     c.mlp_widths.back(), " classes");
+    }
+    case ModelFamily::gpt:
+      return str_cat(c.n_layer, " layers, ", c.n_head, " heads of ", c.n_embd / c.n_head, " channels, width ", c.n_embd,
+                     ", context ", c.seq_len, ", vocabulary ", c.vocab,
+                     c.dropout > 0 ? str_cat(", dropout ", c.dropout) : std::string());
+  }
+  return "";
+}
+
+}  // namespace sat
