@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -110,6 +111,52 @@ TEST(Cli, UnknownModelAndFlag) {
                     "--recompute full: mlp has no recomputable blocks");
   expect_user_error(saturate("info --model convnet --recompute full"), "--recompute full: convnet");
   expect_user_error(saturate("info --model mlp --ranks 0"), "--ranks");
+}
+
+// --model FAMILY:SPEC in every command that takes --model: info prints the configuration
+// (a trillion-parameter GPT plans without allocating it), train writes the user's string
+// to summary.json, and each mistake is one line and exit status 2.
+TEST(Cli, ModelFamilies) {
+  CmdResult big = saturate("info --model gpt:layers=128,heads=160,width=25600,context=2048,vocab=51200 --batch 1");
+  ASSERT_EQ(big.status, 0) << big.out;
+  EXPECT_NE(big.out.find("parameters  1008038758400 "), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("config      gpt:layers=128,heads=160,width=25600,context=2048,vocab=51200 (128 layers, 160 "
+                         "heads of 160 channels"),
+            std::string::npos)
+      << big.out;
+  CmdResult mini = saturate("info --model gpt-mini --batch 1");
+  ASSERT_EQ(mini.status, 0) << mini.out;
+  EXPECT_NE(mini.out.find("config      gpt:layers=4,heads=4,width=256,context=128,vocab=4096 ("), std::string::npos)
+      << mini.out;
+  fs::path d = tmpdir("families");
+  CmdResult r = saturate("train --model mlp:784-64-32-10 --data synthetic --batch 8 --steps 2 --eval off --out " +
+                         d.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream sf(d / "summary.json");
+  auto s = nlohmann::json::parse(sf);
+  EXPECT_EQ(s["model"], "mlp:784-64-32-10");
+  EXPECT_EQ(s["parameters"], 784 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10);
+  fs::remove_all(d);
+
+  const std::pair<std::string, std::string> mistakes[] = {
+      {"info --model gpt:layers=4,heads=4,width=256,context=128", "--model gpt:layers=4,heads=4,width=256,context=128: "
+                                                                  "missing 'vocab'"},
+      {"train --data synthetic --model gpt:layers=4,heads=3,width=256,context=128,vocab=64", "width 256 does not "
+                                                                                           "divide by heads 3"},
+      {"info --model gpt:layers=4,heads=4,width=256,context=128,vocab=64,depth=2", "unknown key 'depth'"},
+      {"tune --data synthetic --model resnet:50", "--model resnet:50: expected a depth of 18 or 34"},
+      {"info --model mlp:784-x-10", "hidden width 1 must be a positive integer"},
+      {"info --model vit:12", "unknown model family 'vit'"},
+      {"info --model mlp:784-64-10 --tp 2", "--tp 2: mlp:784-64-10 has no tensor-parallel form"},
+      {"train --model mlp --data synthetic:3x32x32 --steps 1", "--model mlp takes inputs of 784 values, but --data "
+                                                              "synthetic train has samples of shape [3, 32, 32]"},
+  };
+  for (auto& [args, want] : mistakes) {
+    SCOPED_TRACE(args);
+    const CmdResult e = saturate(args);
+    expect_user_error(e, want);
+    EXPECT_EQ(std::count(e.out.begin(), e.out.end(), '\n'), 1) << e.out;
+  }
 }
 
 TEST(Cli, MissingTruncatedAndWrongMagicDatasets) {

@@ -101,7 +101,7 @@ TEST(Shard, ColumnsRoundTrip) {
 // Every rank of a tp group starts from its part of the one-process weights (both inits),
 // and the parts of the split parameters, put together, are the whole model.
 TEST(TensorParallelGraph, InitIsTheSliceOfOneProcess) {
-  for (const char* name : {"mlp", "gpt-mini"})
+  for (const char* name : {"mlp", "mlp:784-64-32-48-16-10", "gpt-mini"})
     for (int tp : {2, 4})
       for (bool parity : {false, true}) {
         sat::BuiltModel one = sat::build_model(sat::model_config(name), 2);
@@ -198,6 +198,9 @@ TEST(TensorParallelGraph, BadLayoutsAreClearErrors) {
   EXPECT_NE(error_of("gpt-mini", 1, true).find("--sequence-parallel needs --tp 2"), std::string::npos);
   EXPECT_NE(error_of("mlp", 2, true).find("--sequence-parallel: mlp has no sequence"), std::string::npos);
   EXPECT_NE(error_of("mlp", 3, false).find("hidden width 1024"), std::string::npos);
+  EXPECT_NE(error_of("mlp:784-64-64-10", 3, false).find("hidden width 64"), std::string::npos);
+  EXPECT_EQ(error_of("mlp:784-64-65-10", 2, false), "");  // fc2's output is not split
+  EXPECT_NE(error_of("mlp:784-64-10", 2, false).find("has no tensor-parallel form"), std::string::npos);
   EXPECT_EQ(error_of("gpt2-124m", 4, true, 50304), "");
   EXPECT_NE(error_of("gpt2-124m", 2, false).find("vocabulary of 50257 tokens does not divide by 2 (the embedding and "
                                                  "output head are split by vocabulary): pad it, as Megatron-LM does, "
@@ -351,6 +354,8 @@ TEST(TensorParallel, VocabParallelCrossEntropyGradient) {
 TEST(TensorParallel, TwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   expect_exact({.model = "mlp", .batch = 8, .evaluate = true});
+  expect_exact({.model = "mlp:784-256-128-64-10", .batch = 8});      // fc3 whole between the pair and the head
+  expect_exact({.model = "mlp:784-128-96-64-32-10", .batch = 8});    // two pairs: fc3 entered through a copy
   expect_exact({.model = "gpt-mini", .evaluate = true});
   expect_exact({.model = "gpt-mini", .sp = true});
   expect_exact({.model = "gpt-mini", .sp = true, .optimizer = "adamw", .lr = 3e-4f, .dropout = 0.1f});
