@@ -1,7 +1,10 @@
 """PyTorch twins of saturate's model builders. Parameter names are saturate's
 safetensors names, so they must not change.
 
-build(name, ...) returns (model, spec) where spec describes the input:
+build(name, ...) takes a preset name or a family string, as saturate's --model does
+(gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], mlp:IN-HIDDEN...-CLASSES,
+resnet:18|34; dropout is not modelled here), and returns (model, spec) where spec
+describes the input:
   {"kind": "image", "chw": (C,H,W), "classes": n}  or
   {"kind": "tokens", "T": seq_len, "V": vocab}
 """
@@ -13,19 +16,19 @@ import torch.nn.functional as F
 
 
 class MLP(nn.Module):
-    """flatten -> fc1(in,1024) -> ReLU -> fc2(1024,1024) -> ReLU -> fc3(1024,classes)"""
+    """flatten -> fc1(w0,w1) -> ReLU -> ... -> fcN(w[N-1],w[N]); widths = [in, hidden..., classes]"""
 
-    def __init__(self, in_features, classes, hidden=1024):
+    def __init__(self, widths):
         super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.fc3 = nn.Linear(hidden, classes)
+        self.n = len(widths) - 1
+        for i in range(self.n):
+            setattr(self, f"fc{i + 1}", nn.Linear(widths[i], widths[i + 1]))
 
     def forward(self, x):
         x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        for i in range(1, self.n):
+            x = F.relu(getattr(self, f"fc{i}")(x))
+        return getattr(self, f"fc{self.n}")(x)
 
 
 class ConvNet(nn.Module):
@@ -68,17 +71,21 @@ class BasicBlock(nn.Module):
         return self.relu(out + identity)
 
 
-class ResNet18(nn.Module):
-    """CIFAR ResNet-18 with torchvision names: 3x3 stem, no max-pool."""
+RESNET_BLOCKS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
-    def __init__(self, C=3, classes=10):
+
+class ResNet(nn.Module):
+    """CIFAR BasicBlock ResNet (18 or 34) with torchvision names: 3x3 stem, no max-pool."""
+
+    def __init__(self, C=3, classes=10, depth=18):
         super().__init__()
         self.conv1 = nn.Conv2d(C, 64, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         cin = 64
         for i, (width, stride) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)]):
-            blocks = [BasicBlock(cin, width, stride), BasicBlock(width, width, 1)]
+            n = RESNET_BLOCKS[depth][i]
+            blocks = [BasicBlock(cin, width, stride)] + [BasicBlock(width, width, 1) for _ in range(n - 1)]
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
             cin = width
         self.avgpool = nn.AdaptiveAvgPool2d(1)
@@ -171,34 +178,73 @@ GPT_CONFIGS = {
     "gpt2-124m": (12, 12, 768, 1024, 50257),
 }
 
-IMAGE_DEFAULTS = {
-    "mlp": (1, 28, 28),
-    "convnet": (1, 28, 28),
-    "resnet18": (3, 32, 32),
+# The presets as saturate's family strings (src/nn/model_config.cpp).
+PRESETS = {
+    "mlp": "mlp:784-1024-1024-10",
+    "resnet18": "resnet:18",
+    "gpt-mini": "gpt:layers=4,heads=4,width=256,context=128,vocab=4096",
+    "gpt2-124m": "gpt:layers=12,heads=12,width=768,context=1024,vocab=50257",
 }
 
-MODEL_NAMES = list(IMAGE_DEFAULTS) + list(GPT_CONFIGS)
+MODEL_NAMES = ["mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"]
+
+
+def parse_family(name):
+    """A family string -> (family, config): ("gpt", (L, H, C, T, V)), ("mlp", [widths]),
+    ("resnet", depth). ValueError naming the string otherwise."""
+    family, _, body = name.partition(":")
+    try:
+        if family == "gpt":
+            kv = dict(item.split("=", 1) for item in body.split(","))
+            kv.pop("dropout", None)
+            keys = ("layers", "heads", "width", "context", "vocab")
+            if sorted(kv) != sorted(keys):
+                raise ValueError(f"expected the keys {', '.join(keys)}")
+            return "gpt", tuple(int(kv[k]) for k in keys)
+        if family == "mlp":
+            widths = [int(w) for w in body.split("-")]
+            if len(widths) < 2 or min(widths) < 1:
+                raise ValueError("expected positive widths IN-HIDDEN...-CLASSES")
+            return "mlp", widths
+        if family == "resnet" and int(body) in RESNET_BLOCKS:
+            return "resnet", int(body)
+    except ValueError as e:
+        raise ValueError(f"model {name!r}: {e}") from None
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}, or gpt:..., mlp:..., resnet:18|34")
+
+
+def model_arg(name):
+    """argparse type for --model: a preset name or a family string."""
+    if name not in MODEL_NAMES:
+        parse_family(name)
+    return name
 
 
 def build(name, chw=None, classes=10, seq_len=None):
-    """Build model `name`. Image models take chw (default per model) and classes;
-    GPT models may shorten seq_len (wpe keeps T_max = the config's T unless
-    seq_len is given, in which case wpe has seq_len rows). Returns (model, spec)."""
-    if name in IMAGE_DEFAULTS:
-        C, H, W = tuple(chw) if chw else IMAGE_DEFAULTS[name]
-        if name == "mlp":
-            model = MLP(C * H * W, classes)
-        elif name == "convnet":
-            model = ConvNet(C, H, W, classes)
-        else:
-            model = ResNet18(C, classes)
-        return model, {"kind": "image", "chw": (C, H, W), "classes": classes}
-    if name in GPT_CONFIGS:
-        L, nh, C, T, V = GPT_CONFIGS[name]
-        if seq_len:
-            T = seq_len
-        return GPT(L, nh, C, T, V), {"kind": "tokens", "T": T, "V": V}
-    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}")
+    """Build model `name` (a preset or a family string). Image models take chw (default
+    per model) and classes (an mlp's family string fixes both widths); GPT models may
+    shorten seq_len (wpe keeps T_max = the config's T unless seq_len is given, in which
+    case wpe has seq_len rows). Returns (model, spec)."""
+    if name == "convnet":
+        C, H, W = tuple(chw) if chw else (1, 28, 28)
+        return ConvNet(C, H, W, classes), {"kind": "image", "chw": (C, H, W), "classes": classes}
+    family, cfg = parse_family(PRESETS.get(name, name))
+    if family == "mlp":
+        widths = list(cfg)
+        default = (1, 28, 28) if widths[0] == 784 else (1, 1, widths[0])
+        C, H, W = tuple(chw) if chw else default
+        if name == "mlp":  # the preset takes the data's size and classes, as it always did here
+            widths[0], widths[-1] = C * H * W, classes
+        elif C * H * W != widths[0]:
+            raise ValueError(f"model {name!r} takes inputs of {widths[0]} values, not {C}x{H}x{W}")
+        return MLP(widths), {"kind": "image", "chw": (C, H, W), "classes": widths[-1]}
+    if family == "resnet":
+        C, H, W = tuple(chw) if chw else (3, 32, 32)
+        return ResNet(C, classes, cfg), {"kind": "image", "chw": (C, H, W), "classes": classes}
+    L, nh, C, T, V = cfg
+    if seq_len:
+        T = seq_len
+    return GPT(L, nh, C, T, V), {"kind": "tokens", "T": T, "V": V}
 
 
 def loss_fn(model, out, y):

@@ -24,7 +24,7 @@ import models  # noqa: E402
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, choices=models.MODEL_NAMES)
+    ap.add_argument("--model", required=True, type=models.model_arg)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)

@@ -124,7 +124,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("export", "check"):
         p = sub.add_parser(name)
-        p.add_argument("model", choices=models.MODEL_NAMES)
+        p.add_argument("model", type=models.model_arg)
         p.add_argument("out" if name == "export" else "file")
         p.add_argument("--parity-init", action="store_true")
         p.add_argument("--chw", help="image input shape CxHxW (default per model)")
