@@ -792,7 +792,8 @@ int main(int argc, char** argv) {
   sat::dist::BenchCommOptions bco;
   std::string bc_backend = "mpi";
   auto* bench = app.add_subcommand("bench", "benchmarks");
-  auto* bcomm = bench->add_subcommand("comm", "all-reduce sweep over message sizes: algorithm and bus bandwidth");
+  auto* bcomm = bench->add_subcommand("comm", "all-reduce and point-to-point sweeps over message sizes: bandwidth, and "
+                                     "the latency and bandwidth fitted to them");
   bench->require_subcommand(1);
   bcomm->add_option("--min-bytes", bco.min_bytes, "smallest message")->capture_default_str();
   bcomm->add_option("--max-bytes", bco.max_bytes, "largest message")->capture_default_str();
@@ -836,10 +837,14 @@ int main(int argc, char** argv) {
         SAT_CHECK(sat::dist::have_nccl(), "--backend nccl: this saturate was built without NCCL");
         nccl = sat::dist::make_nccl_comm(*comm, sat::dist::local_rank_gpu("--backend nccl"));
       }
-      auto rows = sat::dist::bench_comm(nccl ? *nccl : *comm, bco, std::cout);
-      for (auto& r : rows)
-        if (!r.ok) return 1;
-      return 0;
+      sat::dist::Comm& c = nccl ? *nccl : *comm;
+      bool ok = true;
+      for (auto& r : sat::dist::bench_comm(c, bco, std::cout)) ok = ok && r.ok;
+      if (c.size() >= 2) {
+        if (c.rank() == 0) std::cout << "\n";
+        for (auto& r : sat::dist::bench_p2p(c, bco, std::cout)) ok = ok && r.ok;
+      }
+      return ok ? 0 : 1;
     }
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
