@@ -1,4 +1,4 @@
-// The `saturate` command: train, tune, info, launch and bench. User mistakes print one clear line and
+// The `saturate` command: train, tune, info, hardware, launch and bench. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include "nn/engine.h"
 #include "nn/models.h"
 #include "nn/safetensors.h"
+#include "plan/hardware.h"
 #include "backend/device.h"
 #include "dist/bench_comm.h"
 #include "dist/comm.h"
@@ -658,6 +659,24 @@ int run_info(const InfoArgs& ia) {
   return 0;
 }
 
+// saturate hardware: a kind, a cluster's file or this machine (measured by every rank of the
+// job at once), as a table or in the file format; rank 0 prints.
+int run_hardware(const std::string& gpu, bool json, int threads) {
+  SAT_CHECK(threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", threads);
+  sat::cpu::set_num_threads(threads);
+  std::unique_ptr<sat::dist::Comm> comm;
+  if (gpu == "this") {
+    comm = sat::dist::make_world_comm();
+    if (comm->rank() == 0)
+      std::fprintf(stderr, "saturate hardware: measuring this machine (GEMM, memory%s), a few seconds\n",
+                   comm->size() > 1 ? ", the links between the ranks" : "");
+  }
+  const sat::Hardware h = sat::hardware(gpu, comm.get());
+  if ((comm ? comm->rank() : sat::dist::detect_process().rank) != 0) return 0;
+  std::printf("%s", json ? sat::hardware_json(h).c_str() : sat::hardware_table(h).c_str());
+  return 0;
+}
+
 // The options of `train`, shared by `tune` (which trains short probes the same way).
 void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--model", a.model, "mlp | convnet | resnet18 | gpt-mini | gpt2-124m")->capture_default_str();
@@ -747,6 +766,17 @@ int main(int argc, char** argv) {
   info->add_option("--pp-split", ia.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced");
   info->add_option("--recompute", ia.recompute, "none | selective | full: the plan with activation recomputation (and its saving)")->capture_default_str();
 
+  std::string hw_gpu = "this";
+  bool hw_json = false;
+  int hw_threads = 0;
+  auto* hw = app.add_subcommand("hardware", "what a GPU kind, a cluster (JSON file) or this machine (measured) can do, "
+                                "as the layout planner sees it");
+  hw->add_option("--gpu", hw_gpu, "a100-40gb | a100-80gb | h100-sxm | h200 | FILE.json | this (measure this machine; "
+                 "under mpirun, with the links between the ranks)")->capture_default_str();
+  hw->add_flag("--json", hw_json, "print the description in the JSON file format (edit it and pass it back as --gpu FILE)");
+  hw->add_option("--threads", hw_threads, "with --gpu this: CPU threads per process, as saturate train's (0: all cores)")
+      ->capture_default_str();
+
   sat::ScheduleSpec sspec;
   std::string sched_kind = "1f1b";
   auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule as a per-rank grid (time runs left to right)");
@@ -811,7 +841,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
@@ -822,6 +852,7 @@ int main(int argc, char** argv) {
       return run_train(ta, true);
     }
     if (info->parsed()) return run_info(ia);
+    if (hw->parsed()) return run_hardware(hw_gpu, hw_json, hw_threads);
     if (schedule->parsed()) {
       sspec.kind = sat::parse_pipe_schedule(sched_kind);
       std::printf("%s", sat::format_schedule(sspec).c_str());
