@@ -299,6 +299,41 @@ TEST(Cli, InfoAndScheduleOfAPipeline) {
   expect_user_error(saturate("train --model mlp --data synthetic --batch auto --pp 2"), "--batch auto");
 }
 
+// `saturate hardware`: a built-in kind as a table or JSON that reads back as --gpu FILE; this
+// machine measured; an unknown kind lists the kinds, a bad file names the key.
+TEST(Cli, HardwareKindsFilesAndThisMachine) {
+  CmdResult t = saturate("hardware --gpu h100-sxm");
+  ASSERT_EQ(t.status, 0) << t.out;
+  for (auto want : {"h100-sxm (built-in)", "bf16 989.4 TFLOP/s", "3350 GB/s", "450 GB/s per direction"})
+    EXPECT_NE(t.out.find(want), std::string::npos) << want << "\n" << t.out;
+  fs::path d = tmpdir("hardware");
+  CmdResult j = saturate("hardware --gpu h100-sxm --json");
+  ASSERT_EQ(j.status, 0) << j.out;
+  EXPECT_EQ(nlohmann::json::parse(j.out).at("peak_tflops").at("tf32").get<double>(), 494.7);
+  std::ofstream(d / "mine.json") << j.out;
+  CmdResult back = saturate("hardware --gpu " + (d / "mine.json").string());
+  ASSERT_EQ(back.status, 0) << back.out;
+  EXPECT_EQ(back.out.substr(back.out.find('\n')), t.out.substr(t.out.find('\n')));  // all but the source line
+
+  CmdResult here = saturate("hardware --gpu this --json");
+  ASSERT_EQ(here.status, 0) << here.out;
+  const std::string json_text = here.out.substr(here.out.find('{'));  // after the progress line
+  const auto h = nlohmann::json::parse(json_text);
+  EXPECT_EQ(h.at("gpu"), false);
+  EXPECT_GT(h.at("peak_tflops").at("fp32").get<double>(), 0.0);
+  EXPECT_GT(h.at("intra_node").at("bandwidth_gbs").get<double>(), 0.0);
+
+  CmdResult unknown = saturate("hardware --gpu a100");
+  expect_user_error(unknown, "unknown kind 'a100'");
+  EXPECT_NE(unknown.out.find("a100-40gb, a100-80gb, h100-sxm, h200, this"), std::string::npos) << unknown.out;
+  std::ofstream(d / "bad.json") << R"({"base": "a100-80gb", "inter_node": {"bandwidth_gbs": -25}})";
+  expect_user_error(saturate("hardware --gpu " + (d / "bad.json").string()),
+                    "bad.json: key 'inter_node.bandwidth_gbs': expected a positive number, got -25");
+  expect_user_error(saturate("hardware --gpu " + (d / "missing.json").string()), "missing.json: cannot read the file");
+  expect_user_error(saturate("hardware --gpu this --threads -1"), "--threads");
+  expect_user_error(saturate("hardware --gpus h100-sxm"), "--gpus");
+}
+
 // GPT-2 small builds, plans and takes a real training step on the CPU.
 TEST(Cli, Gpt2SmallTrainsOneStep) {
   fs::path d = tmpdir("gpt2");

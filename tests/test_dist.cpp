@@ -485,6 +485,41 @@ TEST(DistSelf, BenchRowsAreOk) {
   EXPECT_EQ(os.str().find("WRONG"), std::string::npos);
 }
 
+// The fits recover the latency and bandwidth of timings made from the models themselves.
+TEST(DistSelf, FitsRecoverAlphaAndBeta) {
+  const double alpha = 7e-6, beta = 3e9;
+  for (int n : {2, 4, 8}) {
+    std::vector<BenchCommRow> rows;
+    for (size_t bytes = 64; bytes <= (size_t(4) << 20); bytes *= 4) {
+      BenchCommRow r;
+      r.bytes = bytes;
+      r.time_us = 1e6 * (2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * double(bytes) / beta);
+      rows.push_back(r);
+    }
+    const AlphaBeta ab = fit_ring_all_reduce(rows, n);
+    EXPECT_NEAR(ab.alpha, alpha, 1e-3 * alpha) << n;
+    EXPECT_NEAR(ab.beta, beta, 1e-3 * beta) << n;
+  }
+  std::vector<BenchP2PRow> p2p;
+  for (size_t bytes : {8, 4096, 1 << 20}) p2p.push_back({bytes, 1e6 * (alpha + double(bytes) / beta), 0, true});
+  const AlphaBeta ab = fit_p2p(p2p);
+  EXPECT_NEAR(ab.alpha, alpha, 1e-3 * alpha);
+  EXPECT_NEAR(ab.beta, beta, 1e-3 * beta);
+  // No latency to see (time proportional to size): alpha 0, beta still fitted.
+  for (auto& r : p2p) r.time_us = 1e6 * double(r.bytes) / beta;
+  const AlphaBeta none = fit_p2p(p2p);
+  EXPECT_EQ(none.alpha, 0.0);
+  EXPECT_NEAR(none.beta, beta, 1e-6 * beta);
+  EXPECT_NE(error_of([&] { fit_p2p({p2p[0]}); }).find("at least two message sizes"), std::string::npos);
+  EXPECT_NE(error_of([&] { fit_ring_all_reduce({}, 1); }).find("2 ranks or more"), std::string::npos);
+}
+
+TEST(DistSelf, PointToPointNeedsTwoRanks) {
+  auto c = make_self_comm();
+  std::ostringstream os;
+  EXPECT_NE(error_of([&] { bench_p2p(*c, BenchCommOptions{}, os); }).find("needs 2 ranks or more"), std::string::npos);
+}
+
 TEST(DistSelf, WithoutMpiTheMpiCommunicatorSaysSo) {
   if (have_mpi()) GTEST_SKIP() << "built with MPI";
   try {
@@ -1156,8 +1191,43 @@ TEST(Dist, BenchCommRowsAreOk) {
   if (c.rank() == 0) {
     EXPECT_NE(os.str().find("262144"), std::string::npos) << os.str();
     EXPECT_NE(os.str().find(" ok"), std::string::npos) << os.str();
+    EXPECT_EQ(os.str().find("# fit t = 2(n-1) alpha") != std::string::npos, c.size() >= 2) << os.str();
   } else {
     EXPECT_EQ(os.str(), "");  // the table is rank 0's
+  }
+}
+
+// Ping-pong between ranks 0 and 1 (the others wait): intact both ways, every rank gets rank
+// 0's times, and the table ends with the fitted latency and bandwidth.
+TEST(Dist, BenchP2PRowsAreOk) {
+  Comm& c = world();
+  if (c.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  BenchCommOptions o;
+  o.min_bytes = 64;
+  o.max_bytes = 256 << 10;
+  o.step = 8;
+  o.iters = 3;
+  o.warmup = 1;
+  std::ostringstream os;
+  auto rows = bench_p2p(c, o, os);
+  ASSERT_EQ(rows.size(), 5u);  // 64 B .. 256 KiB by 8
+  std::vector<double> times;
+  for (auto& r : rows) {
+    EXPECT_TRUE(r.ok) << r.bytes;
+    EXPECT_GT(r.time_us, 0.0);
+    EXPECT_NEAR(r.bw_gbs, double(r.bytes) / r.time_us / 1e3, 1e-9 * r.bw_gbs);
+    times.push_back(r.time_us);
+  }
+  std::vector<double> root_times = times;
+  c.broadcast_sync(root_times.data(), root_times.size(), DType::f64, 0);
+  EXPECT_EQ(times, root_times);
+  const AlphaBeta ab = fit_p2p(rows);
+  EXPECT_GT(ab.beta, 0.0);
+  if (c.rank() == 0) {
+    EXPECT_NE(os.str().find("# fit t = alpha + S/beta: alpha "), std::string::npos) << os.str();
+    EXPECT_EQ(os.str().find("WRONG"), std::string::npos) << os.str();
+  } else {
+    EXPECT_EQ(os.str(), "");
   }
 }
 

@@ -1,4 +1,4 @@
-// The `saturate` command: train, tune, info, launch and bench. User mistakes print one clear line and
+// The `saturate` command: train, tune, info, hardware, launch and bench. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include "nn/engine.h"
 #include "nn/models.h"
 #include "nn/safetensors.h"
+#include "plan/hardware.h"
 #include "backend/device.h"
 #include "dist/bench_comm.h"
 #include "dist/comm.h"
@@ -660,6 +661,24 @@ const char* const kModelHelp =
     "mlp | convnet | resnet18 | gpt-mini | gpt2-124m, or a family: gpt:layers=L,heads=H,width=C,context=T,vocab=V"
     "[,dropout=P] | mlp:IN-HIDDEN...-CLASSES | resnet:18|34";
 
+// saturate hardware: a kind, a cluster's file or this machine (measured by every rank of the
+// job at once), as a table or in the file format; rank 0 prints.
+int run_hardware(const std::string& gpu, bool json, int threads) {
+  SAT_CHECK(threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", threads);
+  sat::cpu::set_num_threads(threads);
+  std::unique_ptr<sat::dist::Comm> comm;
+  if (gpu == "this") {
+    comm = sat::dist::make_world_comm();
+    if (comm->rank() == 0)
+      std::fprintf(stderr, "saturate hardware: measuring this machine (GEMM, memory%s), a few seconds\n",
+                   comm->size() > 1 ? ", the links between the ranks" : "");
+  }
+  const sat::Hardware h = sat::hardware(gpu, comm.get());
+  if ((comm ? comm->rank() : sat::dist::detect_process().rank) != 0) return 0;
+  std::printf("%s", json ? sat::hardware_json(h).c_str() : sat::hardware_table(h).c_str());
+  return 0;
+}
+
 // The options of `train`, shared by `tune` (which trains short probes the same way).
 void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--model", a.model, kModelHelp)->capture_default_str();
@@ -749,6 +768,17 @@ int main(int argc, char** argv) {
   info->add_option("--pp-split", ia.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced");
   info->add_option("--recompute", ia.recompute, "none | selective | full: the plan with activation recomputation (and its saving)")->capture_default_str();
 
+  std::string hw_gpu = "this";
+  bool hw_json = false;
+  int hw_threads = 0;
+  auto* hw = app.add_subcommand("hardware", "what a GPU kind, a cluster (JSON file) or this machine (measured) can do, "
+                                "as the layout planner sees it");
+  hw->add_option("--gpu", hw_gpu, "a100-40gb | a100-80gb | h100-sxm | h200 | FILE.json | this (measure this machine; "
+                 "under mpirun, with the links between the ranks)")->capture_default_str();
+  hw->add_flag("--json", hw_json, "print the description in the JSON file format (edit it and pass it back as --gpu FILE)");
+  hw->add_option("--threads", hw_threads, "with --gpu this: CPU threads per process, as saturate train's (0: all cores)")
+      ->capture_default_str();
+
   sat::ScheduleSpec sspec;
   std::string sched_kind = "1f1b";
   auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule as a per-rank grid (time runs left to right)");
@@ -794,7 +824,8 @@ int main(int argc, char** argv) {
   sat::dist::BenchCommOptions bco;
   std::string bc_backend = "mpi";
   auto* bench = app.add_subcommand("bench", "benchmarks");
-  auto* bcomm = bench->add_subcommand("comm", "all-reduce sweep over message sizes: algorithm and bus bandwidth");
+  auto* bcomm = bench->add_subcommand("comm", "all-reduce and point-to-point sweeps over message sizes: bandwidth, and "
+                                     "the latency and bandwidth fitted to them");
   bench->require_subcommand(1);
   bcomm->add_option("--min-bytes", bco.min_bytes, "smallest message")->capture_default_str();
   bcomm->add_option("--max-bytes", bco.max_bytes, "largest message")->capture_default_str();
@@ -812,7 +843,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
@@ -823,6 +854,7 @@ int main(int argc, char** argv) {
       return run_train(ta, true);
     }
     if (info->parsed()) return run_info(ia);
+    if (hw->parsed()) return run_hardware(hw_gpu, hw_json, hw_threads);
     if (schedule->parsed()) {
       sspec.kind = sat::parse_pipe_schedule(sched_kind);
       std::printf("%s", sat::format_schedule(sspec).c_str());
@@ -838,10 +870,14 @@ int main(int argc, char** argv) {
         SAT_CHECK(sat::dist::have_nccl(), "--backend nccl: this saturate was built without NCCL");
         nccl = sat::dist::make_nccl_comm(*comm, sat::dist::local_rank_gpu("--backend nccl"));
       }
-      auto rows = sat::dist::bench_comm(nccl ? *nccl : *comm, bco, std::cout);
-      for (auto& r : rows)
-        if (!r.ok) return 1;
-      return 0;
+      sat::dist::Comm& c = nccl ? *nccl : *comm;
+      bool ok = true;
+      for (auto& r : sat::dist::bench_comm(c, bco, std::cout)) ok = ok && r.ok;
+      if (c.size() >= 2) {
+        if (c.rank() == 0) std::cout << "\n";
+        for (auto& r : sat::dist::bench_p2p(c, bco, std::cout)) ok = ok && r.ok;
+      }
+      return ok ? 0 : 1;
     }
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/fit.h"
 
 #if SAT_HAVE_CUDA
 #include "backend/cuda/context.h"
@@ -80,20 +81,90 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-}  // namespace
-
-std::vector<BenchCommRow> bench_comm(Comm& c, const BenchCommOptions& o, std::ostream& os) {
+void check_options(const BenchCommOptions& o) {
   SAT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes, "bench comm: need 4 <= min bytes (", o.min_bytes,
             ") <= max bytes (", o.max_bytes, ")");
   SAT_CHECK(o.step >= 2, "bench comm: the size step must be at least 2 (got ", o.step, ")");
   SAT_CHECK(o.iters >= 1 && o.warmup >= 0, "bench comm: need at least one timed iteration");
-  const int n = c.size(), rank = c.rank();
-  const bool root = rank == 0;
+}
+
+// min_bytes, min_bytes * step, ... up to max_bytes (multiples of 4: f32 elements).
+std::vector<size_t> sweep_sizes(const BenchCommOptions& o) {
   std::vector<size_t> sizes;
   for (size_t b = o.min_bytes; b <= o.max_bytes; b *= size_t(o.step)) {
     sizes.push_back(b / 4 * 4);
     if (b > o.max_bytes / size_t(o.step)) break;  // the next step would overflow or pass max
   }
+  return sizes;
+}
+
+// t = steps * alpha + bytes_factor * S / beta over points (S, t in seconds).
+AlphaBeta fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& sec, double steps,
+                         double bytes_factor) {
+  SAT_CHECK(bytes.size() >= 2, "bench comm: fitting a latency and a bandwidth needs at least two message sizes");
+  const LineFit f = fit_line_relative(bytes, sec);
+  AlphaBeta ab;
+  double slope = f.slope;
+  if (f.intercept > 0) {
+    ab.alpha = f.intercept / steps;
+  } else {
+    slope = fit_slope_relative(bytes, sec);
+  }
+  ab.beta = slope > 0 ? bytes_factor / slope : 0;
+  return ab;
+}
+
+// One round trip of count floats: rank 0 sends and receives the answer, rank 1 receives
+// and sends it back unchanged, the other ranks do nothing.
+void round_trip(Comm& c, BenchBuffer& buf, size_t count) {
+  if (c.rank() == 0) {
+    c.send(buf.data(), count, DType::f32, 1)->wait();
+    c.recv(buf.data(), count, DType::f32, 1)->wait();
+  } else if (c.rank() == 1) {
+    c.recv(buf.data(), count, DType::f32, 0)->wait();
+    c.send(buf.data(), count, DType::f32, 0)->wait();
+  }
+}
+
+// Rank 0's values go to rank 1 and back: both check what they hold afterwards.
+bool check_round_trip(Comm& c, BenchBuffer& buf, BenchBuffer& scratch, size_t count) {
+  float* h = reinterpret_cast<float*>(buf.host());
+  for (size_t i = 0; i < count; ++i) h[i] = c.rank() == 0 ? bench_value(0, i) : 0.0f;
+  buf.upload(count * 4);
+  round_trip(c, buf, count);
+  buf.download(count * 4);
+  size_t bad = 0;
+  if (c.rank() <= 1)
+    for (size_t i = 0; i < count; ++i) bad += h[i] != bench_value(0, i);
+  return reduce_scalar(c, scratch, bad ? 1.0 : 0.0, ReduceOp::max) == 0.0;
+}
+
+void print_fit(std::ostream& os, const char* model, const AlphaBeta& ab) {
+  os << "# fit " << model << ": alpha " << fmt("%.2f", ab.alpha * 1e6) << " us, beta " << fmt("%.3f", ab.beta / 1e9)
+     << " GB/s\n";
+  os.flush();
+}
+
+}  // namespace
+
+AlphaBeta fit_ring_all_reduce(const std::vector<BenchCommRow>& rows, int n) {
+  SAT_CHECK(n >= 2, "bench comm: the ring model needs 2 ranks or more (got ", n, ")");
+  std::vector<double> bytes, sec;
+  for (const auto& r : rows) bytes.push_back(double(r.bytes)), sec.push_back(r.time_us * 1e-6);
+  return fit_alpha_beta(bytes, sec, 2.0 * (n - 1), 2.0 * (n - 1) / n);
+}
+
+AlphaBeta fit_p2p(const std::vector<BenchP2PRow>& rows) {
+  std::vector<double> bytes, sec;
+  for (const auto& r : rows) bytes.push_back(double(r.bytes)), sec.push_back(r.time_us * 1e-6);
+  return fit_alpha_beta(bytes, sec, 1.0, 1.0);
+}
+
+std::vector<BenchCommRow> bench_comm(Comm& c, const BenchCommOptions& o, std::ostream& os) {
+  check_options(o);
+  const int n = c.size(), rank = c.rank();
+  const bool root = rank == 0;
+  const std::vector<size_t> sizes = sweep_sizes(o);
 
   BenchBuffer buf(c.device(), sizes.back());
   BenchBuffer scratch(c.device(), sizeof(double));
@@ -157,8 +228,50 @@ std::vector<BenchCommRow> bench_comm(Comm& c, const BenchCommOptions& o, std::os
     bool all_ok = std::all_of(rows.begin(), rows.end(), [](const BenchCommRow& r) { return r.ok; });
     os << "# average bus bandwidth: " << fmt("%.3f", busbw_total / double(rows.size())) << " GB/s"
        << (o.check ? (all_ok ? ", all sums correct" : ", SOME SUMS WRONG") : "") << "\n";
+    if (n >= 2 && rows.size() >= 2) print_fit(os, "t = 2(n-1) alpha + 2(n-1)/n S/beta", fit_ring_all_reduce(rows, n));
     os.flush();
   }
+  return rows;
+}
+
+std::vector<BenchP2PRow> bench_p2p(Comm& c, const BenchCommOptions& o, std::ostream& os) {
+  check_options(o);
+  SAT_CHECK(c.size() >= 2, "bench comm: point-to-point needs 2 ranks or more (got ", c.size(), ")");
+  const bool root = c.rank() == 0;
+  const std::vector<size_t> sizes = sweep_sizes(o);
+  BenchBuffer buf(c.device(), sizes.back());
+  BenchBuffer scratch(c.device(), sizeof(double));
+  if (root) {
+    os << "# bench comm: point-to-point ping-pong between ranks 0 and 1, f32, backend " << c.backend_name() << ", "
+       << o.warmup << " warm-up + " << o.iters << " timed round trips per size; time = half a round trip\n"
+       << "#\n"
+       << "#        size    time(us)     bw(GB/s)  check\n";
+    os.flush();
+  }
+  std::vector<BenchP2PRow> rows;
+  for (size_t bytes : sizes) {
+    BenchP2PRow r;
+    r.bytes = bytes;
+    const size_t count = bytes / 4;
+    if (o.check) r.ok = check_round_trip(c, buf, scratch, count);
+    for (int i = 0; i < o.warmup; ++i) round_trip(c, buf, count);
+    c.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.iters; ++i) round_trip(c, buf, count);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (2.0 * o.iters);
+    sec = reduce_scalar(c, scratch, root ? sec : 0.0, ReduceOp::max);  // rank 0's time on every rank
+    r.time_us = sec * 1e6;
+    r.bw_gbs = sec > 0 ? double(bytes) / sec / 1e9 : 0;
+    rows.push_back(r);
+    if (root) {
+      char line[128];
+      std::snprintf(line, sizeof line, "%13zu %11s %12s  %5s\n", r.bytes, fmt("%.2f", r.time_us).c_str(),
+                    fmt("%.3f", r.bw_gbs).c_str(), !o.check ? "-" : r.ok ? "ok" : "WRONG");
+      os << line;
+      os.flush();
+    }
+  }
+  if (root && rows.size() >= 2) print_fit(os, "t = alpha + S/beta", fit_p2p(rows));
   return rows;
 }
 

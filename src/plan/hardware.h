@@ -54,12 +54,32 @@ struct Hardware {
 
 // The names `--gpu` accepts besides a file path and `this`.
 const std::vector<std::string>& hardware_names();
-// A built-in kind, a path to a JSON file (see the README, "Choosing a layout"), or "this"
+// A built-in kind, a path to a JSON file (see the README, "Hardware descriptions"), or "this"
 // (measured: pass the job's world communicator, which every rank must call it with; one
 // process measures no links and gets the intra-node link of shared memory). Errors:
 // sat::Error naming --gpu and the kinds, or the file and the key that is missing or wrong.
 Hardware hardware(const std::string& kind_or_file, dist::Comm* world = nullptr);
 // The description as JSON in the file format (round-trips through hardware()).
 std::string hardware_json(const Hardware& h);
+// The description as a table for people (saturate hardware).
+std::string hardware_table(const Hardware& h);
+
+// `this`, measured (what hardware("this", world) returns): GEMM rate over shapes with the
+// engine's BLAS and threads, memory bandwidth (a STREAM triad), and with a world of 2 ranks
+// or more the all-reduce and point-to-point latency and bandwidth (dist/bench_comm.h).
+// Every rank of world must call it; all of them measure at once (as they would train) and
+// return rank 0's figures. About 2-5 seconds; prints nothing.
+Hardware measure_this(dist::Comm* world);
+
+// The GEMM curve of `this`: samples of (FLOPs, best seconds) fitted to the cost model's
+// t = (f + gemm_half_flops) / (peak * gemm_max) + kernel_overhead, with peak the best rate
+// measured. gemm_max is at most 1 (a fit above 1 raises the peak instead: the same curve).
+struct GemmSample {
+  double flops = 0, seconds = 0;
+};
+struct GemmFit {
+  double peak = 0, gemm_max = 1, half_flops = 0;
+};
+GemmFit fit_gemm(const std::vector<GemmSample>& samples, double kernel_overhead);
 
 }  // namespace sat

@@ -1,0 +1,301 @@
+#include "plan/hardware.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+
+#include "core/error.h"
+#include "core/json.h"
+
+namespace sat {
+
+namespace {
+
+constexpr double kMiB = 1048576.0, kGiB = 1073741824.0;
+constexpr double kTflops = 1e12, kGBs = 1e9;
+
+// A unit of the file format: SI = figure * size, or figure / size for a small unit (us), so
+// that the figures people write (3 us, 494.7 TFLOP/s) convert exactly both ways.
+struct Unit {
+  double size;
+  bool small = false;
+  constexpr double to_si(double x) const { return small ? x / size : x * size; }
+  constexpr double from_si(double x) const { return small ? x * size : x / size; }
+};
+constexpr Unit kOne{1}, kInTflops{kTflops}, kInGBs{kGBs}, kInGiB{kGiB}, kInUs{1e6, true};
+
+// The built-in kinds, as one GPU of an 8-GPU DGX/HGX node. Dense figures (no structured
+// sparsity), from NVIDIA's documents:
+//   NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOP/s, TF32 156, BF16 and FP16 312;
+//     memory bandwidth 1,555 GB/s (40GB) and 2,039 GB/s (80GB SXM); NVLink 600 GB/s.
+//   NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s, TF32 989 and BF16/FP16 1,979 with sparsity
+//     (494.7 and 989.4 dense); 3.35 TB/s; NVLink 900 GB/s.
+//   NVIDIA H200 datasheet (SXM): the H100's FLOP/s; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
+//   NVLink totals count both directions: 300 GB/s (A100) and 450 GB/s (H100, H200) each way.
+//   DGX A100 user guide: eight single-port ConnectX-6 HDR InfiniBand, 200 Gb/s, one per GPU
+//     (25 GB/s); DGX H100 user guide and HGX H200 (DGX H200 user guide): eight ConnectX-7
+//     NDR, 400 Gb/s, one per GPU (50 GB/s).
+// Memory is the capacity nvidia-smi reports, in MiB: A100-SXM4-40GB 40960, A100-SXM4-80GB
+// 81920, H100 80GB HBM3 81559, H200 143771 (the datasheet's "141 GB" is 140.4 GiB).
+// Latency of one message: NCCL's own cost model (src/graph/tuning.cc, hwLat) charges a ring
+// step 0.6 (LL) to 3.4 us (Simple) over NVLink and 2.7 to 14 us over the network; we take
+// 3 us and 8 us, the range nccl-tests' small-message all-reduces show. Efficiencies are the
+// defaults of Efficiency until the planner calibrates them.
+struct Builtin {
+  const char* name;
+  double fp32, tf32, bf16, fp16;  // TFLOP/s
+  double memory_mib, memory_gbs, nvlink_gbs, network_gbs;
+};
+constexpr Builtin kBuiltins[] = {
+    {"a100-40gb", 19.5, 156, 312, 312, 40960, 1555, 300, 25},
+    {"a100-80gb", 19.5, 156, 312, 312, 81920, 2039, 300, 25},
+    {"h100-sxm", 67, 494.7, 989.4, 989.4, 81559, 3350, 450, 50},
+    {"h200", 67, 494.7, 989.4, 989.4, 143771, 4800, 450, 50},
+};
+constexpr double kNvlinkAlpha = kInUs.to_si(3), kNetworkAlpha = kInUs.to_si(8);
+
+Hardware from_builtin(const Builtin& b) {
+  Hardware h;
+  h.name = b.name;
+  h.source = "built-in";
+  h.gpu = true;
+  h.peak_fp32 = b.fp32 * kTflops, h.peak_tf32 = b.tf32 * kTflops;
+  h.peak_bf16 = b.bf16 * kTflops, h.peak_fp16 = b.fp16 * kTflops;
+  h.memory_bytes = b.memory_mib * kMiB;
+  h.memory_bandwidth = b.memory_gbs * kGBs;
+  h.gpus_per_node = 8;
+  h.intra = {kNvlinkAlpha, b.nvlink_gbs * kGBs};
+  h.inter = {kNetworkAlpha, b.network_gbs * kGBs};
+  h.p2p_intra = h.intra, h.p2p_inter = h.inter;
+  return h;
+}
+
+const Builtin* find_builtin(const std::string& name) {
+  for (const auto& b : kBuiltins)
+    if (name == b.name) return &b;
+  return nullptr;
+}
+
+// "a100-40gb, a100-80gb, h100-sxm" + last
+std::string builtin_list(const char* last) {
+  std::string s;
+  for (const auto& b : kBuiltins) s += str_cat(b.name, &b == &kBuiltins[std::size(kBuiltins) - 1] ? "" : ", ");
+  return s + last;
+}
+
+// ---- reading the file format ------------------------------------------------------------
+
+enum class Range { positive, non_negative, fraction };  // fraction: (0, 1]
+
+// obj[key] in `unit` into x when the key is there; when `required`, a missing key is an error.
+void read_number(const Json& obj, const char* key, bool required, Unit unit, Range range, double& x) {
+  const Json* v = required ? &obj.at(key) : obj.find(key);
+  if (!v) return;
+  const double n = v->number();
+  if (range == Range::positive && !(n > 0)) v->fail(str_cat("expected a positive number, got ", n));
+  if (range == Range::non_negative && !(n >= 0)) v->fail(str_cat("expected a number >= 0, got ", n));
+  if (range == Range::fraction && !(n > 0 && n <= 1)) v->fail(str_cat("expected a fraction in (0, 1], got ", n));
+  x = unit.to_si(n);
+}
+
+void read_bool(const Json& obj, const char* key, bool& x) {
+  if (const Json* v = obj.find(key)) x = v->boolean();
+}
+
+// obj[key] as an object of the listed keys (nullptr when absent and not required).
+const Json* read_section(const Json& obj, const char* key, bool required, std::initializer_list<std::string_view> keys) {
+  const Json* s = required ? &obj.at(key) : obj.find(key);
+  if (!s) return nullptr;
+  if (!s->is_object()) s->fail(str_cat("expected an object, got ", Json::type_name(s->type())));
+  s->expect_keys(keys);
+  return s;
+}
+
+void read_link(const Json& obj, const char* key, bool required, Link& link) {
+  const Json* s = read_section(obj, key, required, {"bandwidth_gbs", "latency_us"});
+  if (!s) return;
+  read_number(*s, "bandwidth_gbs", required, kInGBs, Range::positive, link.bandwidth);
+  read_number(*s, "latency_us", required, kInUs, Range::non_negative, link.alpha);
+}
+
+void read_peaks(const Json& obj, bool required, Hardware& h) {
+  const Json* s = read_section(obj, "peak_tflops", required, {"fp32", "tf32", "bf16", "fp16"});
+  if (!s) return;
+  read_number(*s, "fp32", required, kInTflops, Range::positive, h.peak_fp32);
+  read_number(*s, "tf32", required, kInTflops, Range::non_negative, h.peak_tf32);
+  read_number(*s, "bf16", required, kInTflops, Range::non_negative, h.peak_bf16);
+  read_number(*s, "fp16", required, kInTflops, Range::non_negative, h.peak_fp16);
+}
+
+void read_efficiency(const Json& obj, Efficiency& e) {
+  const Json* s = read_section(obj, "efficiency", false,
+                               {"gemm_max", "gemm_half_flops", "memory_eff", "kernel_overhead_us", "comm_eff"});
+  if (!s) return;
+  read_number(*s, "gemm_max", false, kOne, Range::fraction, e.gemm_max);
+  read_number(*s, "gemm_half_flops", false, kOne, Range::non_negative, e.gemm_half_flops);
+  read_number(*s, "memory_eff", false, kOne, Range::fraction, e.memory_eff);
+  read_number(*s, "kernel_overhead_us", false, kInUs, Range::non_negative, e.kernel_overhead);
+  read_number(*s, "comm_eff", false, kOne, Range::fraction, e.comm_eff);
+}
+
+// The point-to-point links are the collectives' unless the file gives them (a base is a
+// built-in kind: its links are the same for both).
+void read_links(const Json& j, bool required, Hardware& h) {
+  read_link(j, "intra_node", required, h.intra);
+  read_link(j, "inter_node", required, h.inter);
+  h.p2p_intra = h.intra, h.p2p_inter = h.inter;
+  read_link(j, "p2p_intra_node", false, h.p2p_intra);
+  read_link(j, "p2p_inter_node", false, h.p2p_inter);
+}
+
+void read_gpus_per_node(const Json& j, bool required, int& x) {
+  const Json* g = required ? &j.at("gpus_per_node") : j.find("gpus_per_node");
+  if (!g) return;
+  const int64_t n = g->integer();
+  if (n < 1 || n > 1000000) g->fail(str_cat("expected a positive number of devices, got ", n));
+  x = int(n);
+}
+
+Hardware base_of(const Json& j) {
+  const Json* b = j.find("base");
+  if (!b) return Hardware{};
+  const Builtin* k = find_builtin(b->string());
+  if (!k) b->fail(str_cat("unknown kind '", b->string(), "' (expected a built-in kind: ", builtin_list(""), ")"));
+  return from_builtin(*k);
+}
+
+Hardware from_file(const std::string& path) {
+  const Json j = Json::parse_file(path);
+  if (!j.is_object()) j.fail(str_cat("expected an object, got ", Json::type_name(j.type())));
+  j.expect_keys({"name", "base", "gpu", "gpus_per_node", "memory_gib", "memory_bandwidth_gbs", "peak_tflops",
+                 "tf32_matmul", "intra_node", "inter_node", "p2p_intra_node", "p2p_inter_node", "efficiency"});
+  Hardware h = base_of(j);
+  const bool required = !j.contains("base");  // without a base every figure must be there
+  h.name = j.contains("name") ? j.at("name").string() : std::filesystem::path(path).stem().string();
+  h.source = path;
+  read_bool(j, "gpu", h.gpu);
+  read_gpus_per_node(j, required, h.gpus_per_node);
+  read_number(j, "memory_gib", required, kInGiB, Range::positive, h.memory_bytes);
+  read_number(j, "memory_bandwidth_gbs", required, kInGBs, Range::positive, h.memory_bandwidth);
+  read_peaks(j, required, h);
+  read_bool(j, "tf32_matmul", h.tf32_matmul);
+  read_links(j, required, h);
+  read_efficiency(j, h.eff);
+  return h;
+}
+
+// A name that is meant as a file rather than a kind.
+bool looks_like_file(const std::string& s) {
+  return s.find('/') != std::string::npos || s.ends_with(".json") || std::filesystem::exists(s);
+}
+
+// ---- writing ------------------------------------------------------------------------------
+
+Json link_json(const Link& l) {
+  Json j = Json::object();
+  j.set("bandwidth_gbs", kInGBs.from_si(l.bandwidth));
+  j.set("latency_us", kInUs.from_si(l.alpha));
+  return j;
+}
+
+bool same_link(const Link& a, const Link& b) { return a.alpha == b.alpha && a.bandwidth == b.bandwidth; }
+
+// "312 TFLOP/s", "95.2 GFLOP/s"
+std::string rate(double flops) {
+  const char* unit = flops >= 1e12 ? "TFLOP/s" : flops >= 1e9 ? "GFLOP/s" : "MFLOP/s";
+  const double scale = flops >= 1e12 ? 1e12 : flops >= 1e9 ? 1e9 : 1e6;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.4g %s", flops / scale, unit);
+  return buf;
+}
+
+std::string link_text(const Link& l) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.4g GB/s per direction, latency %.3g us", l.bandwidth / kGBs, kInUs.from_si(l.alpha));
+  return buf;
+}
+
+}  // namespace
+
+double Hardware::peak(DType precision) const {
+  switch (precision) {
+    case DType::f32: return tf32_matmul && peak_tf32 > 0 ? peak_tf32 : peak_fp32;
+    case DType::bf16: return peak_bf16;
+    case DType::f16: return peak_fp16;
+    default: break;
+  }
+  fail("Hardware::peak: no FLOP rate for ", dtype_name(precision), " (expected f32, bf16 or f16)");
+}
+
+const std::vector<std::string>& hardware_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& b : kBuiltins) v.push_back(b.name);
+    return v;
+  }();
+  return names;
+}
+
+Hardware hardware(const std::string& kind_or_file, dist::Comm* world) {
+  if (kind_or_file == "this") return measure_this(world);
+  if (const Builtin* b = find_builtin(kind_or_file)) return from_builtin(*b);
+  SAT_CHECK(looks_like_file(kind_or_file), "--gpu: unknown kind '", kind_or_file, "' (expected ", builtin_list(", this (measure this machine) or a JSON file"), ")");
+  return from_file(kind_or_file);
+}
+
+std::string hardware_json(const Hardware& h) {
+  Json j = Json::object();
+  j.set("name", h.name);
+  j.set("gpu", h.gpu);
+  j.set("gpus_per_node", h.gpus_per_node);
+  j.set("memory_gib", kInGiB.from_si(h.memory_bytes));
+  j.set("memory_bandwidth_gbs", kInGBs.from_si(h.memory_bandwidth));
+  Json peaks = Json::object();
+  peaks.set("fp32", kInTflops.from_si(h.peak_fp32)).set("tf32", kInTflops.from_si(h.peak_tf32));
+  peaks.set("bf16", kInTflops.from_si(h.peak_bf16)).set("fp16", kInTflops.from_si(h.peak_fp16));
+  j.set("peak_tflops", peaks);
+  j.set("tf32_matmul", h.tf32_matmul);
+  j.set("intra_node", link_json(h.intra));
+  j.set("inter_node", link_json(h.inter));
+  if (!same_link(h.p2p_intra, h.intra)) j.set("p2p_intra_node", link_json(h.p2p_intra));
+  if (!same_link(h.p2p_inter, h.inter)) j.set("p2p_inter_node", link_json(h.p2p_inter));
+  Json e = Json::object();
+  e.set("gemm_max", h.eff.gemm_max).set("gemm_half_flops", h.eff.gemm_half_flops);
+  e.set("memory_eff", h.eff.memory_eff).set("kernel_overhead_us", kInUs.from_si(h.eff.kernel_overhead));
+  e.set("comm_eff", h.eff.comm_eff);
+  j.set("efficiency", e);
+  return j.dump(2) + "\n";
+}
+
+std::string hardware_table(const Hardware& h) {
+  std::string s;
+  const auto row = [&](const char* label, const std::string& text) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "%-15s ", label);
+    s += buf + text + "\n";
+  };
+  const char* dev = h.gpu ? "GPU" : "process";
+  row("hardware", str_cat(h.name, " (", h.source, ")"));
+  row("devices", str_cat(h.gpu ? "GPUs" : "CPU processes (no GPU)", ", ", h.gpus_per_node, " per node"));
+  std::string peaks = "fp32 " + rate(h.peak_fp32);
+  for (auto [p, x] : {std::pair{"tf32", h.peak_tf32}, std::pair{"bf16", h.peak_bf16}, std::pair{"fp16", h.peak_fp16}})
+    if (x > 0) peaks += str_cat(", ", p, " ", rate(x));
+  row("peak (dense)", peaks + (h.tf32_matmul ? "; fp32 matmuls in tf32" : ""));
+  char mem[96];
+  std::snprintf(mem, sizeof mem, "%.4g GiB per %s, %.4g GB/s", h.memory_bytes / kGiB, dev, h.memory_bandwidth / kGBs);
+  row("memory", mem);
+  row("intra-node", link_text(h.intra));
+  row("inter-node", link_text(h.inter));
+  if (!same_link(h.p2p_intra, h.intra)) row("p2p intra-node", link_text(h.p2p_intra));
+  if (!same_link(h.p2p_inter, h.inter)) row("p2p inter-node", link_text(h.p2p_inter));
+  char eff[200];
+  std::snprintf(eff, sizeof eff,
+                "GEMM %.3g of peak at large sizes (half of that at %.3g FLOPs), memory %.3g, collectives %.3g, "
+                "%.3g us per kernel",
+                h.eff.gemm_max, h.eff.gemm_half_flops, h.eff.memory_eff, h.eff.comm_eff, kInUs.from_si(h.eff.kernel_overhead));
+  row("efficiency", eff);
+  return s;
+}
+
+}  // namespace sat
