@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 #include <tuple>
 
@@ -331,8 +332,8 @@ SimRank cut_groups(const std::vector<Action>& list) {
 // Runs P stages' lists against each other (see simulate_actions).
 class Simulator {
  public:
-  Simulator(const std::vector<std::vector<Action>>& lists, double fwd, double bwd)
-      : lists_(lists), P_(static_cast<int>(lists.size())), fwd_(fwd), bwd_(bwd) {}
+  Simulator(const std::vector<std::vector<Action>>& lists, const SimCosts& costs)
+      : lists_(lists), P_(static_cast<int>(lists.size())), costs_(costs) {}
 
   ScheduleSim run() {
     sim_.spans.assign(P_, {});
@@ -359,25 +360,19 @@ class Simulator {
       for (const Action& x : lists_[a])
         if (x.is_comm() && (x.peer < 0 || x.peer >= P_ || x.peer == a))
           return str_cat("stage ", a, " action ", pytorch_name(x, P_, a), " has peer ", x.peer, ", not another stage");
+    // Each stage's sends (receives) by peer, in list order.
+    std::vector<std::map<int, std::vector<size_t>>> sends(static_cast<size_t>(P_)), recvs(static_cast<size_t>(P_));
+    for (int a = 0; a < P_; ++a)
+      for (size_t i = 0; i < lists_[a].size(); ++i)
+        if (const Action& x = lists_[a][i]; x.is_comm()) (is_send(x) ? sends : recvs)[size_t(a)][x.peer].push_back(i);
     for (int a = 0; a < P_; ++a)
       for (int b = 0; b < P_; ++b)
         if (a != b)
-          if (std::string p = match_pair(a, b); !p.empty()) return p;
+          if (std::string p = match_pair(a, b, sends[size_t(a)][b], recvs[size_t(b)][a]); !p.empty()) return p;
     return "";
   }
 
-  // The indices of stage r's comm actions with `peer` that are sends (or receives).
-  std::vector<size_t> ops_with(int r, int peer, bool sends) const {
-    std::vector<size_t> out;
-    for (size_t i = 0; i < lists_[r].size(); ++i) {
-      const Action& x = lists_[r][i];
-      if (x.is_comm() && x.peer == peer && is_send(x) == sends) out.push_back(i);
-    }
-    return out;
-  }
-
-  std::string match_pair(int a, int b) {
-    const auto sends = ops_with(a, b, true), recvs = ops_with(b, a, false);
+  std::string match_pair(int a, int b, const std::vector<size_t>& sends, const std::vector<size_t>& recvs) {
     if (sends.size() != recvs.size())
       return str_cat("order mismatch: stage ", a, " posts ", sends.size(), " sends to stage ", b, ", which posts ",
                      recvs.size(), " receives from stage ", a);
@@ -410,7 +405,7 @@ class Simulator {
         if (std::isnan(R.posted[g])) R.posted[g] = t_[r], moved = true;
         double ready = t_[r];
         if (!group_ready(r, g, &ready)) break;
-        t_[r] = ready;
+        t_[r] = ready + costs_.transfer;
         pos_[r] = R.groups[g].second;
       } else {
         if (a.is_compute()) compute(r, a);
@@ -422,7 +417,8 @@ class Simulator {
   }
 
   void compute(int r, const Action& a) {
-    const double d = a.kind == ActionKind::forward ? fwd_ : bwd_;
+    const auto& c = a.kind == ActionKind::forward ? costs_.fwd : costs_.bwd;
+    const double d = c[size_t(r)][size_t(a.chunk)];
     sim_.spans[r].push_back({t_[r], t_[r] + d, a});
     sim_.busy[r] += d;
     t_[r] += d;
@@ -467,7 +463,7 @@ class Simulator {
 
   const std::vector<std::vector<Action>>& lists_;
   const int P_;
-  const double fwd_, bwd_;
+  const SimCosts& costs_;
   std::vector<SimRank> ranks_;
   std::vector<size_t> pos_;  // per stage: the next action to run
   std::vector<double> t_;    // per stage: the time it reached pos_
@@ -479,7 +475,15 @@ class Simulator {
 ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, int virtual_stages, double fwd_cost,
                              double bwd_cost) {
   SAT_ASSERT(!lists.empty() && virtual_stages >= 1);
-  return Simulator(lists, fwd_cost / virtual_stages, bwd_cost / virtual_stages).run();
+  SimCosts c;
+  c.fwd.assign(lists.size(), std::vector<double>(size_t(virtual_stages), fwd_cost / virtual_stages));
+  c.bwd.assign(lists.size(), std::vector<double>(size_t(virtual_stages), bwd_cost / virtual_stages));
+  return Simulator(lists, c).run();
+}
+
+ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, const SimCosts& costs) {
+  SAT_ASSERT(!lists.empty() && costs.fwd.size() == lists.size() && costs.bwd.size() == lists.size());
+  return Simulator(lists, costs).run();
 }
 
 ScheduleSim simulate_schedule(const ScheduleSpec& s, double fwd_cost, double bwd_cost) {

@@ -87,6 +87,15 @@ ScheduleSim simulate_schedule(const ScheduleSpec& s, double fwd_cost = 1, double
 // what simulate_schedule runs on make_schedule's lists, open so a test can hand it broken ones.
 ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, int virtual_stages,
                              double fwd_cost = 1, double bwd_cost = 2);
+// Costs per stage and chunk, for the cost model (plan/): fwd[s][c] and bwd[s][c] are the
+// seconds of one forward and one backward of chunk c on stage s, and `transfer` the seconds a
+// communication group takes once every counterpart of its operations has been posted (one
+// point-to-point message: the group's messages share the link).
+struct SimCosts {
+  std::vector<std::vector<double>> fwd, bwd;
+  double transfer = 0;
+};
+ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, const SimCosts& costs);
 // The textbook bubble: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(V*M+P-1) interleaved, (P-1)/P for none, 0 when P == 1.
 double theoretical_bubble(const ScheduleSpec& s);
 // The text `saturate schedule` prints: the per-rank grid with time running left to right (so the bubble shows),
