@@ -27,6 +27,7 @@
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
 #include "dist/mesh.h"
+#include "plan/plan_cli.h"
 #include "train/plan.h"
 #include "train/report.h"
 #include "train/schedule.h"
@@ -821,6 +822,24 @@ int main(int argc, char** argv) {
     }
   }
 
+  sat::PlanArgs pa;
+  auto* plan = app.add_subcommand("plan", "the fastest layout that fits: data/tensor/pipeline split, micro-batch, schedule, "
+                                  "recomputation and ZeRO stage, from a cost model");
+  plan->add_option("--model", pa.model, kModelHelp)->capture_default_str();
+  plan->add_option("--gpus", pa.gpus, "devices")->capture_default_str();
+  plan->add_option("--gpu", pa.gpu, "a100-40gb | a100-80gb | h100-sxm | h200 | FILE.json | this (measured here)")->capture_default_str();
+  plan->add_option("--gpus-per-node", pa.gpus_per_node, "devices per node (default: the hardware's)");
+  plan->add_option("--global-batch", pa.global_batch, "samples per optimizer step");
+  plan->add_option("--calibrate", pa.calibrate, "RUNS.json: fit the hardware's efficiency to measured runs (see the README)");
+  plan->add_option("--precision", pa.precision, "bf16 | fp16 | tf32 | fp32 (default bf16 on GPUs: mixed precision with fp32 master weights; fp32 for --gpu this)");
+  plan->add_option("--optimizer", pa.optimizer, "adamw | sgd (its state in the memory plan)")->capture_default_str();
+  plan->add_option("--layout", pa.layout, "fix fields: dp=D,tp=T,pp=P,micro=B,schedule=1f1b|interleaved,v=V,"
+                   "recompute=none|selective|full,sp=on|off,zero=0..3 (the rest are searched)");
+  plan->add_option("--memory-limit", pa.memory_limit, "bytes per device (default: the hardware's memory)");
+  plan->add_option("--top", pa.top, "layouts to print")->capture_default_str();
+  plan->add_option("--out", pa.out_dir, "directory for plan.json and plan.html");
+  plan->add_option("--json", pa.json_file, "write the layouts as JSON to this file");
+
   sat::dist::BenchCommOptions bco;
   std::string bc_backend = "mpi";
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -843,7 +862,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
-                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware "
+                 : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
   try {
@@ -855,6 +875,7 @@ int main(int argc, char** argv) {
     }
     if (info->parsed()) return run_info(ia);
     if (hw->parsed()) return run_hardware(hw_gpu, hw_json, hw_threads);
+    if (plan->parsed()) return sat::run_plan(pa);
     if (schedule->parsed()) {
       sspec.kind = sat::parse_pipe_schedule(sched_kind);
       std::printf("%s", sat::format_schedule(sspec).c_str());

@@ -1,0 +1,84 @@
+#include "plan/cost.h"
+
+#include "nn/layers/attention.h"
+#include "nn/layers/cross_entropy.h"
+#include "nn/layers/tensor_parallel.h"
+
+namespace sat {
+
+double collective_seconds(Collective c, double S, int n, const Link& l, double eff) {
+  if (S <= 0) return 0;
+  const double beta = l.bandwidth * eff;
+  if (c == Collective::p2p) return l.alpha + S / beta;
+  if (n <= 1) return 0;
+  const double steps = n - 1, share = double(n - 1) / n;
+  if (c == Collective::all_reduce) return 2 * steps * l.alpha + 2 * share * S / beta;
+  return steps * l.alpha + share * S / beta;
+}
+
+double kernel_seconds(double flops, double bytes, const Hardware& hw, DType precision) {
+  const Efficiency& e = hw.eff;
+  double t = e.kernel_overhead;
+  if (flops > 0) t += (flops + e.gemm_half_flops) / (hw.peak(precision) * e.gemm_max);
+  if (bytes > 0) t += bytes / (hw.memory_bandwidth * e.memory_eff);
+  return t;
+}
+
+namespace {
+
+// The collectives of a node's forward and backward (tensor_parallel.h): which algorithm
+// carries LayerSetup::comm_fwd / comm_bwd.
+std::pair<Collective, Collective> collectives_of(const Layer& l) {
+  if (dynamic_cast<const TPAllGather*>(&l)) return {Collective::all_gather, Collective::reduce_scatter};
+  if (dynamic_cast<const TPReduceScatter*>(&l)) return {Collective::reduce_scatter, Collective::all_gather};
+  return {Collective::all_reduce, Collective::all_reduce};  // TPCopy, TPAllReduce, the loss's sums
+}
+
+// Bytes a node's kernels move: forward reads its inputs and parameters and writes its output,
+// saved buffers and scratch; backward reads them all again, uses its own scratch and writes
+// the input and parameter gradients (parameters' in float32).
+std::pair<double, double> traffic(const Node& n, DType act) {
+  const LayerSetup& s = n.setup;
+  auto sum = [](const std::vector<TensorSpec>& v) {
+    double b = 0;
+    for (const TensorSpec& t : v) b += double(t.bytes());
+    return b;
+  };
+  double params = 0;
+  for (const ParamDecl& p : s.params) params += double(p.spec.shape.numel());
+  const double in = sum(s.inputs), out = double(s.output.bytes()), w = params * double(dtype_size(act));
+  const double fwd = in + w + out + sum(s.saved) + sum(s.scratch_fwd);
+  return {fwd, fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + out + params * 4};
+}
+
+}  // namespace
+
+std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPContext& tp) {
+  std::vector<NodeCost> out(g.nodes().size());
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    const LayerSetup& s = n.setup;
+    NodeCost& c = out[i];
+    const auto [fb, bb] = traffic(n, g.act());
+    c.fwd = kernel_seconds(s.flops_fwd, fb, hw, g.act());
+    if (g.training() && n.needs_backward) c.bwd = kernel_seconds(s.flops_bwd, bb, hw, g.act());
+    const auto [cf, cb] = collectives_of(*n.layer);
+    c.comm_fwd = collective_seconds(cf, s.comm_fwd, tp.tp, tp.link, hw.eff.comm_eff);
+    if (g.training() && n.needs_backward) c.comm_bwd = collective_seconds(cb, s.comm_bwd, tp.tp, tp.link, hw.eff.comm_eff);
+    if (!g.training()) continue;
+    if (n.rc_first >= 0) {
+      c.recompute = c.fwd + c.comm_fwd;
+    } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(n.layer.get()); a && a->recompute()) {
+      c.recompute = kernel_seconds(s.flops_fwd / 2, fb, hw, g.act());  // q k^T and the softmax again
+    }
+  }
+  return out;
+}
+
+double optimizer_seconds(double params, int slots, const Hardware& hw, DType act) {
+  const bool low = act == DType::bf16 || act == DType::f16;
+  const double bytes = params * (4.0 * (3 + 2 * slots) + (low ? 2.0 : 0.0));
+  return kernel_seconds(0, bytes, hw, DType::f32);
+}
+
+}  // namespace sat

@@ -1,0 +1,113 @@
+#include "plan/plan_cli.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "dist/comm.h"
+#include "plan/calibrate.h"
+#include "plan/planner.h"
+#include "train/config.h"
+
+namespace sat {
+
+namespace {
+
+double parse_size(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  SAT_CHECK(end != v.c_str() && x > 0, flag, ": expected a size such as 80GiB or 40GB, got '", v, "'");
+  const std::string unit = end;
+  const double k = unit == "" || unit == "B" ? 1 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1024.0 * 1024
+                 : unit == "GiB" ? 1024.0 * 1024 * 1024 : unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : unit == "TB" ? 1e12 : -1;
+  SAT_CHECK(k > 0, flag, ": unknown unit '", unit, "' in '", v, "' (expected B, KiB, MiB, GiB, MB, GB or TB)");
+  return x * k;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::filesystem::path p(path);
+  const std::filesystem::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp);
+    SAT_CHECK(f.good(), "cannot write ", tmp.string());
+    f << text;
+    SAT_CHECK(f.good(), "cannot write ", tmp.string());
+  }
+  std::filesystem::rename(tmp, p);
+}
+
+PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
+  PlanRequest r;
+  r.model = model_config(a.model);
+  r.hw = hardware(a.gpu, world);
+  r.gpus = a.gpus;
+  r.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : r.hw.gpus_per_node;
+  r.global_batch = a.global_batch;
+  const std::string prec = a.precision.empty() ? (r.hw.gpu ? "bf16" : "fp32") : a.precision;
+  const Precision p = parse_precision(prec);
+  r.precision = p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
+  r.hw.tf32_matmul = p == Precision::tf32;
+  SAT_CHECK(r.hw.gpu || p == Precision::fp32, "--precision ", prec, ": --gpu ", a.gpu,
+            " plans the CPU engine, which trains in fp32");
+  SAT_CHECK(r.hw.peak(r.precision) > 0, "--precision ", prec, ": ", r.hw.name, " has no peak rate for it");
+  r.optimizer = a.optimizer;
+  SAT_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer: expected adamw or sgd, got '", a.optimizer, "'");
+  if (!a.layout.empty()) r.filter = parse_layout(a.layout);
+  if (!a.memory_limit.empty()) r.memory_limit = parse_size("--memory-limit", a.memory_limit);
+  r.top = a.top;
+  return r;
+}
+
+// --calibrate: the runs predicted with the hardware as given, the efficiencies fitted to
+// them, the runs again with the fit (and the planner's own best layout for each), and the
+// fitted description written for --gpu.
+int run_calibrate(const PlanArgs& a) {
+  Hardware hw = hardware(a.gpu, nullptr);
+  const std::vector<CalibrationRun> runs = read_runs(a.calibrate);
+  std::printf("%zu run(s) from %s, on %s as described:\n%s\n", runs.size(), a.calibrate.c_str(), hw.name.c_str(),
+              calibration_table(evaluate_runs(runs, hw)).c_str());
+  hw = fit_efficiency(runs, hw, true);
+  std::printf("fitted: gemm_max %.4f, memory_eff %.4f, comm_eff %.4f\n%s", hw.eff.gemm_max, hw.eff.memory_eff,
+              hw.eff.comm_eff, calibration_table(evaluate_runs(runs, hw, true)).c_str());
+  hw.source = "fitted to " + a.calibrate;
+  if (!a.json_file.empty()) write_file(a.json_file, hardware_json(hw));
+  if (!a.out_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.out_dir, ec);
+    write_file(a.out_dir + "/hardware.json", hardware_json(hw));
+  }
+  if (!a.json_file.empty() || !a.out_dir.empty())
+    std::printf("wrote the fitted description (use it with --gpu FILE): %s\n",
+                (a.json_file.empty() ? a.out_dir + "/hardware.json" : a.json_file).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& a) {
+  if (!a.calibrate.empty()) return run_calibrate(a);
+  SAT_CHECK(a.gpus >= 1, "--gpus: expected a positive number of devices, got ", a.gpus);
+  SAT_CHECK(a.global_batch >= 1, "--global-batch is required: expected a positive number of samples per step, got ", a.global_batch);
+  std::unique_ptr<dist::Comm> world;
+  if (a.gpu == "this" && dist::detect_process().distributed()) world = dist::make_world_comm();
+  const PlanRequest r = request_of(a, world.get());
+  if (!a.out_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.out_dir, ec);
+    SAT_CHECK(!ec && std::filesystem::is_directory(a.out_dir), "--out ", a.out_dir, ": cannot create the directory");
+  }
+  const PlanResult p = plan_layouts(r);
+  if (!world || world->rank() == 0) {
+    std::printf("%s", plan_text(p, r).c_str());
+    if (!a.json_file.empty()) write_file(a.json_file, plan_json(p, r));
+    if (!a.out_dir.empty()) {
+      write_file(a.out_dir + "/plan.json", plan_json(p, r));
+      write_file(a.out_dir + "/plan.html", plan_html(p, r));
+      std::printf("wrote %s/plan.json and %s/plan.html\n", a.out_dir.c_str(), a.out_dir.c_str());
+    }
+  }
+  return p.best.empty() || !p.best[0].fits ? 2 : 0;  // nothing fits: said above, as bad input is
+}
+
+}  // namespace sat

@@ -1,0 +1,25 @@
+// `saturate plan`: the command's settings and its run (the CLI parses flags into PlanArgs).
+#pragma once
+#include <string>
+
+namespace sat {
+
+struct PlanArgs {
+  std::string model = "gpt2-124m";
+  std::string gpu = "a100-80gb";  // a built-in kind, a JSON file, or "this"
+  int gpus = 8;
+  int gpus_per_node = 0;          // 0: the hardware's
+  long long global_batch = 0;
+  std::string precision;          // "": bf16 on GPUs, fp32 on the CPU
+  std::string optimizer = "adamw";
+  std::string layout;             // --layout: fields fixed, the rest searched
+  std::string memory_limit;       // bytes per device ("" : the hardware's)
+  int top = 5;
+  std::string out_dir, json_file;
+  std::string calibrate;          // RUNS.json
+};
+
+// Returns the exit status; sat::Error for bad input.
+int run_plan(const PlanArgs& a);
+
+}  // namespace sat

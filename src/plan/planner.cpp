@@ -1,0 +1,657 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <tuple>
+
+#include "backend/device.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "nn/params.h"
+#include "plan/cost.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+namespace sat {
+
+// ---------------------------------------------------------------------------------------
+// Layouts as text
+
+std::string Layout::str() const {
+  std::string s = str_cat("dp=", dp, ",tp=", tp, ",pp=", pp, ",micro=", micro_batch, ",schedule=",
+                          pp == 1 ? "none" : pipe_schedule_name(schedule));
+  if (schedule == PipeSchedule::interleaved) s += str_cat(",v=", virtual_stages);
+  return s + str_cat(",recompute=", recompute_name(recompute), ",sp=", sequence_parallel ? "on" : "off",
+                     ",zero=", zero);
+}
+
+bool LayoutFilter::empty() const {
+  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp;
+}
+
+namespace {
+
+int64_t positive(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  SAT_CHECK(!v.empty() && end && *end == 0 && x >= 1, "--layout: ", key, "=", v, ": expected a positive integer");
+  return x;
+}
+
+void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
+  if (k == "dp") f.dp = int(positive(k, v));
+  else if (k == "tp") f.tp = int(positive(k, v));
+  else if (k == "pp") f.pp = int(positive(k, v));
+  else if (k == "micro") f.micro = positive(k, v);
+  else if (k == "v") f.v = int(positive(k, v));
+  else if (k == "zero") {
+    SAT_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '3', "--layout: zero=", v, ": expected a ZeRO stage 0, 1, 2 or 3");
+    f.zero = v[0] - '0';
+  } else if (k == "schedule") {
+    SAT_CHECK(v == "1f1b" || v == "interleaved" || v == "none" || v == "gpipe", "--layout: schedule=", v,
+              ": expected 1f1b, interleaved, gpipe or none");
+    f.schedule = parse_pipe_schedule(v);
+  } else if (k == "recompute") {
+    SAT_CHECK(v == "none" || v == "selective" || v == "full", "--layout: recompute=", v,
+              ": expected none, selective or full");
+    f.recompute = parse_recompute(v);
+  } else if (k == "sp") {
+    SAT_CHECK(v == "on" || v == "off", "--layout: sp=", v, ": expected on or off");
+    f.sp = v == "on";
+  } else {
+    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero)");
+  }
+}
+
+}  // namespace
+
+LayoutFilter parse_layout(const std::string& s) {
+  LayoutFilter f;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    SAT_CHECK(eq != std::string::npos && eq > 0, "--layout: '", item, "': expected FIELD=VALUE (e.g. dp=2,tp=4,pp=8)");
+    set_field(f, item.substr(0, eq), item.substr(eq + 1));
+    at = comma + 1;
+  }
+  return f;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Per-block tables of one tensor-parallel rank's graph at one micro-batch: what a stage of
+// any cut is made of.
+
+struct BlockTable {
+  std::unique_ptr<BuiltModel> whole;  // this tp rank's whole model (for the cuts)
+  std::vector<double> fwd, bwd, tp_comm;  // seconds per micro-batch (bwd: recompute included)
+  std::vector<double> kept, work;         // bytes: kept from forward to backward; the working set beyond
+  std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
+  std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
+  double tied = 0;                        // a tied parameter declared by the first block, used by the last
+  int blocks = 0;
+};
+
+int block_of(const std::vector<int>& starts, int gid) {
+  return int(std::upper_bound(starts.begin(), starts.end(), gid) - starts.begin()) - 1;
+}
+
+// Kept bytes of node i per micro-batch in flight, and its share of the working set.
+std::pair<double, double> node_bytes(const Graph& g, int i) {
+  const Node& n = g.nodes()[size_t(i)];
+  double saved = 0, scratch = 0;
+  for (auto& t : n.setup.saved) saved += double(t.bytes());
+  for (auto& t : n.setup.scratch_bwd) scratch = std::max(scratch, double(t.bytes()));
+  for (auto& t : n.setup.scratch_fwd) scratch = std::max(scratch, double(t.bytes()));
+  const double out = double(n.setup.output.bytes());
+  if (n.rc_first < 0) return {out + saved, scratch};
+  bool read_after = false;  // by a node after the unit: the unit's output stays
+  for (auto [c, slot] : g.value(n.output).consumers) read_after |= c > n.rc_last;
+  return {read_after ? out : 0, (read_after ? 0 : out) + saved + scratch};
+}
+
+void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
+  const Graph& g = *t.whole->graph;
+  const auto& starts = g.block_starts();
+  t.blocks = int(starts.size());
+  for (auto* v : {&t.fwd, &t.bwd, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes})
+    v->assign(size_t(t.blocks) + 1, 0);
+  const std::vector<NodeCost> cost = node_costs(g, hw, tp);
+  std::map<std::string, int> declared;
+  std::vector<double> largest(size_t(t.blocks), 0);
+  for (int i = 0; i < int(g.nodes().size()); ++i) {
+    const Node& n = g.nodes()[size_t(i)];
+    const size_t b = size_t(block_of(starts, n.gid));
+    t.fwd[b] += cost[size_t(i)].forward();
+    t.bwd[b] += cost[size_t(i)].backward();
+    t.tp_comm[b] += cost[size_t(i)].comm_fwd + cost[size_t(i)].comm_bwd;
+    auto [k, w] = node_bytes(g, i);
+    t.kept[b] += k;
+    t.work[b] += w;
+    largest[b] = std::max(largest[b], double(n.setup.output.bytes()));
+    for (auto& p : n.setup.params) {
+      if (p.shared) {
+        if (declared.count(p.name) && declared[p.name] != int(b)) t.tied = double(p.spec.shape.numel());
+        continue;
+      }
+      declared[p.name] = int(b);
+      t.params[b] += double(p.spec.shape.numel());
+    }
+    for (auto [c, slot] : g.value(n.output).consumers) {
+      const int cb = block_of(starts, g.nodes()[size_t(c)].gid);
+      for (int cut = int(b) + 1; cut <= cb; ++cut) t.cut_bytes[size_t(cut)] += double(n.setup.output.bytes());
+    }
+  }
+  for (size_t b = 0; b < size_t(t.blocks); ++b) t.work[b] += 2 * largest[b];
+}
+
+// The block at which each whole-model node of a stage's chunk starts and ends.
+struct Pieces {
+  std::vector<std::pair<int, int>> chunk_blocks;  // per chunk of each stage: [first, last) blocks
+};
+
+// ---------------------------------------------------------------------------------------
+// The search
+
+struct Search {
+  const PlanRequest& req;
+  ModelConfig mc;  // the family, on the device kind
+  int slots = 2;
+  bool gpu = true;
+  DType act = DType::f32;
+  std::map<std::tuple<int, bool, int64_t, int>, BlockTable> tables;
+  std::map<std::tuple<int, int, int64_t, int>, std::vector<std::vector<Action>>> lists;
+  PlanResult out;
+
+  explicit Search(const PlanRequest& r) : req(r), mc(r.model) {
+    gpu = r.hw.gpu;
+    act = gpu ? r.precision : DType::f32;
+    mc.device = gpu ? Device::cuda : Device::cpu;
+    mc.act = act;
+    OptimConfig oc;
+    oc.name = r.optimizer;
+    slots = optimizer_slots(resolve_optim(oc));
+  }
+
+  double limit() const { return req.memory_limit > 0 ? req.memory_limit : req.hw.memory_bytes; }
+
+  // The links of the mesh's groups (tp fastest, then dp, then pp): a group whose ranks span
+  // more than one node crosses the inter-node link.
+  Link tp_link(const Layout& l) const { return l.tp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  Link dp_link(const Layout& l) const { return l.tp * l.dp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  Link pp_link(const Layout& l) const {
+    return l.tp * l.dp * l.pp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter;
+  }
+
+  ModelConfig config_of(const Layout& l) const {
+    ModelConfig c = mc;
+    c.tp = l.tp, c.tp_rank = 0, c.sequence_parallel = l.sequence_parallel, c.recompute = l.recompute;
+    return c;
+  }
+
+  const BlockTable& table(const Layout& l) {
+    auto key = std::make_tuple(l.tp, l.sequence_parallel, l.micro_batch, int(l.recompute));
+    auto it = tables.find(key);
+    if (it != tables.end()) return it->second;
+    BlockTable& t = tables[key];
+    t.whole = std::make_unique<BuiltModel>(build_model(config_of(l), l.micro_batch, true));
+    fill_blocks(t, req.hw, {l.tp, tp_link(l)});
+    return t;
+  }
+
+  const std::vector<std::vector<Action>>& schedule_lists(const ScheduleSpec& s) {
+    auto key = std::make_tuple(int(s.kind), s.stages, int64_t(s.micro), s.virtual_stages);
+    auto it = lists.find(key);
+    if (it != lists.end()) return it->second;
+    auto& v = lists[key];
+    for (int st = 0; st < s.stages; ++st) v.push_back(make_schedule(s, st));
+    return v;
+  }
+
+  TrainConfig train_config(const Layout& l) const {
+    TrainConfig cfg;
+    cfg.batch = l.micro_batch, cfg.accum = l.accum, cfg.tp = l.tp, cfg.sequence_parallel = l.sequence_parallel;
+    cfg.pp = l.pp, cfg.recompute = l.recompute, cfg.zero = l.zero, cfg.virtual_stages = l.virtual_stages;
+    cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
+    cfg.optim.name = req.optimizer;
+    return cfg;
+  }
+
+  ScheduleSpec spec_of(const Layout& l) const {
+    return {l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule, l.pp, int(l.accum), l.virtual_stages};
+  }
+
+  // Per stage, per chunk: [first, last) blocks.
+  std::vector<std::vector<std::pair<int, int>>> cuts(const Layout& l, const BlockTable& t) {
+    const StageSplit sp = split_model(*t.whole->graph, train_config(l), mc.name);
+    std::vector<std::vector<std::pair<int, int>>> st(size_t(l.pp));
+    for (int s = 0; s < l.pp; ++s)
+      for (int c = 0; c < l.virtual_stages; ++c) {
+        const int k = c * l.pp + s;
+        st[size_t(s)].push_back({sp.cuts[size_t(k)], sp.cuts[size_t(k) + 1]});
+      }
+    return st;
+  }
+
+  // What the memory and the time of a stage follow from, whatever the ZeRO stage.
+  struct StageFacts {
+    double params = 0;  // this rank's parameters (the tied copy on the last stage included)
+    double kept = 0;    // bytes kept for backward by the micro-batches in flight
+    double work = 0;    // the largest block's working set beyond them
+    double unit = 0;    // the largest block's parameters (ZeRO-2/3's staging holds two)
+    double bwd = 0;     // one micro-batch's backward through all of the stage's chunks
+    double tied = 0;    // tied parameters whose gradients the stage sums with another stage
+  };
+
+  std::vector<StageFacts> facts(const Layout& l, const BlockTable& t, const std::vector<std::vector<std::pair<int, int>>>& st) {
+    std::vector<StageFacts> out(size_t(l.pp));
+    const auto& lists = schedule_lists(spec_of(l));
+    for (int s = 0; s < l.pp; ++s) {
+      StageFacts& f = out[size_t(s)];
+      for (int c = 0; c < l.virtual_stages; ++c) {
+        auto [a, b] = st[size_t(s)][size_t(c)];
+        double k = 0;
+        for (int x = a; x < b; ++x) {
+          f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, t.work[size_t(x)]);
+          f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)];
+        }
+        f.kept += k * max_in_flight(lists[size_t(s)], c);
+      }
+      if (l.pp > 1 && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
+      if (l.pp > 1 && s == l.pp - 1) f.params += t.tied;
+    }
+    return out;
+  }
+
+  void estimate_memory(Prediction& p, const std::vector<StageFacts>& f) const {
+    p.memory_bytes = -1;
+    for (int s = 0; s < int(f.size()); ++s) {
+      const StageFacts& x = f[size_t(s)];
+      const double mem = state_bytes(p.layout, x.params, x.unit) + x.kept + x.work;
+      if (mem > p.memory_bytes) p.memory_bytes = mem, p.memory_stage = s;
+    }
+    p.fits = p.memory_bytes <= limit();
+  }
+
+  // The step ends when the last stage has reduced its gradients and updated its parameters.
+  void estimate_time(Prediction& p, const std::vector<StageFacts>& f, const BlockTable& t, const ScheduleSim& sim,
+                     double transfer) const {
+    const Layout& l = p.layout;
+    double finish = 0;
+    for (int s = 0; s < l.pp; ++s) {
+      const StageFacts& x = f[size_t(s)];
+      const double tied = collective_seconds(Collective::all_reduce, 4 * x.tied, 2, pp_link(l), req.hw.eff.comm_eff);
+      const double dp_t = dp_seconds(l, x.params, x.bwd) + tied;
+      const double opt = optimizer_seconds(l.zero >= 1 ? x.params / l.dp : x.params, slots, req.hw, act);
+      double end = 0;
+      for (auto& sp : sim.spans[size_t(s)]) end = std::max(end, sp.end);
+      if (end + dp_t + opt > finish) finish = end + dp_t + opt, p.dp_exposed_seconds = dp_t, p.optimizer_seconds = opt;
+    }
+    p.step_seconds = finish;
+    p.bubble_fraction = sim.bubble_fraction;
+    p.compute_seconds = *std::max_element(sim.busy.begin(), sim.busy.end());
+    p.pp_comm_seconds = l.pp > 1 ? transfer * 2 * double(l.accum) * l.virtual_stages : 0;
+    double tp = 0;
+    for (int b = 0; b < t.blocks; ++b) tp += t.tp_comm[size_t(b)];
+    p.tp_comm_seconds = tp * double(l.accum) / l.pp;
+    finish_rates(p);
+  }
+
+  void finish_rates(Prediction& p) const {
+    const double G = double(req.global_batch);
+    p.samples_per_second = G / p.step_seconds;
+    p.tokens_per_second = p.samples_per_second * double(out.tokens_per_sample);
+    p.tflops_per_gpu = out.model_flops_per_sample * p.samples_per_second / req.gpus / 1e12;
+    p.mfu = p.tflops_per_gpu * 1e12 / req.hw.peak(act);
+  }
+
+  // The data-parallel reduction's exposed seconds for a stage of `params` parameters (this
+  // tp rank's), whose last micro-batch's backward takes `bwd`.
+  double dp_seconds(const Layout& l, double params, double bwd) const {
+    if (l.dp == 1) return 0;
+    const double grads = params * 4, eff = req.hw.eff.comm_eff;
+    const Link link = dp_link(l);
+    const double buckets = std::max(2.0, std::ceil(grads / double(25 << 20)));
+    auto hidden = [&](double comm, double behind) {
+      return req.overlap_dp ? std::max(comm - behind * (1 - 1 / buckets), comm / buckets) : comm;
+    };
+    const double gather = collective_seconds(Collective::all_gather, params * 4, l.dp, link, eff);
+    const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, link, eff);
+    const double M = double(l.accum);
+    switch (l.zero) {
+      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp, link, eff), bwd);
+      case 1: return hidden(scatter, bwd) + gather;
+      case 2: return M * hidden(scatter, bwd) + gather;
+      default: {
+        const double fwd = bwd / 2;  // gathers behind each pass (prefetch), the reduce-scatter behind backward
+        return M * (std::max(gather - fwd, gather / buckets) + hidden(gather + scatter, bwd));
+      }
+    }
+  }
+
+  // Parameters, gradients, optimizer state (and on a GPU the low-precision copy and the
+  // library workspace) of a stage with `params` parameters, and ZeRO-2/3's staging.
+  double state_bytes(const Layout& l, double params, double unit) const {
+    const double d = l.dp;
+    const double p = 4 * params / (l.zero >= 3 ? d : 1), g = 4 * params / (l.zero >= 2 ? d : 1);
+    const double o = 4.0 * slots * params / (l.zero >= 1 ? d : 1);
+    double lp = 0;
+    if (gpu && act != DType::f32) lp = 2 * params / (l.zero >= 3 ? d : 1);
+    const double staging = l.zero >= 2 ? 2 * unit * (4 + (l.zero >= 3 ? 4 : 0)) : 0;
+    return p + g + o + lp + staging + (gpu ? double(kCudaWorkspaceBytes) : 0);
+  }
+
+  // ---- enumeration ----
+
+  std::vector<int> divisors(int64_t n, int64_t cap) const {
+    std::vector<int> d;
+    for (int64_t x = 1; x <= std::min(n, cap); ++x)
+      if (n % x == 0) d.push_back(int(x));
+    return d;
+  }
+
+  bool valid_tp(int tp, bool sp) const {
+    try {
+      check_tensor_parallel(mc, tp, sp);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
+  bool valid_recompute(Recompute r) const {
+    ModelConfig c = mc;
+    c.recompute = r;
+    c.device = Device::cpu;
+    try {
+      check_recompute(c);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
+  template <class T>
+  static bool allowed(const std::optional<T>& f, T v) { return !f || *f == v; }
+
+  // Every (schedule, v) for a pipeline of pp stages over `blocks` blocks with M micro-batches.
+  std::vector<std::pair<PipeSchedule, int>> schedules(int pp, int blocks, int64_t M) const {
+    if (pp == 1) return {{PipeSchedule::one_f_one_b, 1}};
+    std::vector<std::pair<PipeSchedule, int>> s{{PipeSchedule::one_f_one_b, 1}};
+    for (int v = 2; pp * v <= blocks; ++v)
+      if (blocks % (pp * v) == 0 && M >= pp) s.push_back({PipeSchedule::interleaved, v});
+    return s;
+  }
+
+  void check_filter() const {
+    const LayoutFilter& f = req.filter;
+    if (f.dp && f.tp && f.pp)
+      SAT_CHECK(int64_t(*f.dp) * *f.tp * *f.pp == req.gpus, "--layout: dp=", *f.dp, " x tp=", *f.tp, " x pp=", *f.pp,
+                " = ", int64_t(*f.dp) * *f.tp * *f.pp, " devices, but --gpus is ", req.gpus);
+    for (auto [name, v] : {std::pair{"dp", f.dp}, {"tp", f.tp}, {"pp", f.pp}})
+      SAT_CHECK(!v || req.gpus % *v == 0, "--layout: ", name, "=", *v, " does not divide --gpus ", req.gpus);
+    if (f.tp) check_tensor_parallel(mc, *f.tp, f.sp.value_or(false));
+    if (f.recompute) {
+      ModelConfig c = mc;
+      c.recompute = *f.recompute;
+      c.device = Device::cpu;
+      check_recompute(c);
+    }
+    SAT_CHECK(!f.v || !f.schedule || *f.schedule == PipeSchedule::interleaved || *f.v == 1,
+              "--layout: v=", *f.v, " needs schedule=interleaved");
+    SAT_CHECK(!f.zero || *f.zero == 0 || !f.dp || *f.dp > 1, "--layout: zero=", *f.zero, " shards over the "
+              "data-parallel ranks, but dp=1");
+  }
+
+  void run() {
+    check_filter();
+    {
+      ModelConfig one = config_of(Layout{});
+      one.recompute = Recompute::none;
+      const BuiltModel m = build_model(one, 1, true);
+      out.model_parameters = double(m.graph->param_count());
+      out.model_flops_per_sample = train_flops_per_sample(m, 1);
+      out.tokens_per_sample = mc.tokens ? mc.seq_len : 0;
+    }
+    const LayoutFilter& f = req.filter;
+    std::vector<Recompute> rcs;
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+      if (allowed(f.recompute, r) && valid_recompute(r)) rcs.push_back(r);
+    int64_t formed = 0;
+    for (int tp : divisors(req.gpus, f.tp ? req.gpus : req.gpus_per_node)) {
+      if (!allowed(f.tp, tp)) continue;
+      for (bool sp : {false, true}) {
+        if (!allowed(f.sp, sp) || !valid_tp(tp, sp)) continue;
+        for (int pp : divisors(req.gpus / tp, req.gpus)) {
+          const int dp = req.gpus / tp / pp;
+          if (!allowed(f.pp, pp) || !allowed(f.dp, dp) || req.global_batch % dp) continue;
+          const int64_t per_replica = req.global_batch / dp;
+          for (int64_t b : divisors(per_replica, per_replica)) {
+            if (!allowed(f.micro, b)) continue;
+            ++formed;
+            for (Recompute rc : rcs) search_point(tp, sp, pp, dp, b, rc);
+          }
+        }
+      }
+    }
+    SAT_CHECK(formed > 0, "--global-batch ", req.global_batch, ": no layout of ", req.gpus, " devices",
+              f.empty() ? "" : " matching --layout", " can form it (the data-parallel size must divide it: ",
+              "choose a global batch that a divisor of ", req.gpus, " divides)");
+  }
+
+  void search_point(int tp, bool sp, int pp, int dp, int64_t b, Recompute rc) {
+    Layout l;
+    l.tp = tp, l.sequence_parallel = sp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.recompute = rc;
+    l.accum = req.global_batch / dp / b;
+    const BlockTable& t = table(l);
+    if (pp > t.blocks) return;
+    for (auto [kind, v] : schedules(pp, t.blocks, l.accum)) {
+      if (!allowed(req.filter.schedule, pp == 1 ? req.filter.schedule.value_or(kind) : kind)) continue;
+      if (!allowed(req.filter.v, v)) continue;
+      l.schedule = kind, l.virtual_stages = v;
+      search_schedule(l, t);
+    }
+  }
+
+  // The pipeline simulation of the schedule's action lists with this layout's stage costs.
+  ScheduleSim simulate(const Layout& l, const BlockTable& t, const std::vector<std::vector<std::pair<int, int>>>& st,
+                       double* transfer) {
+    SimCosts c;
+    double bytes = 0;
+    for (int s = 0; s < l.pp; ++s) {
+      c.fwd.emplace_back(), c.bwd.emplace_back();
+      for (auto [a, b] : st[size_t(s)]) {
+        double fw = 0, bw = 0;
+        for (int x = a; x < b; ++x) fw += t.fwd[size_t(x)], bw += t.bwd[size_t(x)];
+        c.fwd.back().push_back(fw), c.bwd.back().push_back(bw);
+        if (a > 0) bytes = std::max(bytes, t.cut_bytes[size_t(a)]);
+      }
+    }
+    c.transfer = l.pp > 1 ? collective_seconds(Collective::p2p, bytes, 2, pp_link(l), req.hw.eff.comm_eff) : 0;
+    *transfer = c.transfer;
+    ScheduleSim sim = simulate_actions(schedule_lists(spec_of(l)), c);
+    SAT_CHECK(!sim.deadlock && sim.problem.empty(), "internal error: schedule ", l.str(), ": ", sim.problem);
+    return sim;
+  }
+
+  // The layouts of one schedule: their memory first (no simulation for those that cannot
+  // fit), then a lower bound of their time (the busiest stage's compute) against the best
+  // found so far, then the simulation.
+  void search_schedule(Layout l, const BlockTable& t) {
+    const auto st = cuts(l, t);
+    const auto f = facts(l, t, st);
+    std::vector<Prediction> ps;
+    for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
+      if (!allowed(req.filter.zero, z)) continue;
+      l.zero = z;
+      Prediction p;
+      p.layout = l;
+      estimate_memory(p, f);
+      ++out.layouts;
+      if (!out.smallest || p.memory_bytes < out.smallest->memory_bytes) out.smallest = p;
+      if (p.fits) ps.push_back(p);
+      else ++out.over_memory;
+    }
+    if (ps.empty()) return;
+    double busiest = 0;
+    for (int s = 0; s < l.pp; ++s) {
+      double c = 0;
+      for (auto [a, b] : st[size_t(s)])
+        for (int x = a; x < b; ++x) c += t.fwd[size_t(x)] + t.bwd[size_t(x)];
+      busiest = std::max(busiest, c * double(l.accum));
+    }
+    if (busiest > bar()) {
+      out.slower += int64_t(ps.size());
+      return;
+    }
+    double transfer = 0;
+    const ScheduleSim sim = simulate(l, t, st, &transfer);
+    for (Prediction& p : ps) {
+      estimate_time(p, f, t, sim, transfer);
+      note_time(p.step_seconds);
+      out.considered.push_back(std::move(p));
+    }
+  }
+
+  // The step time a layout must beat to be among the ones planned exactly (the fitting
+  // layouts' times so far, the (4 top + 8)-th fastest).
+  std::vector<double> fastest;
+  size_t keep() const { return size_t(4 * req.top + 8); }
+  double bar() const { return fastest.size() < keep() ? 1e300 : fastest.back(); }
+  void note_time(double t) {
+    fastest.insert(std::upper_bound(fastest.begin(), fastest.end(), t), t);
+    if (fastest.size() > keep()) fastest.pop_back();
+  }
+
+  // ---- exact memory of the layouts reported ----
+
+  std::unique_ptr<DataSplit> data;
+
+  std::vector<int> planned_stages(const Layout& l, const BlockTable& t) {
+    std::vector<int> s;
+    if (l.pp <= 4) {
+      for (int i = 0; i < l.pp; ++i) s.push_back(i);
+      return s;
+    }
+    const auto st = cuts(l, t);
+    int most = 0, at = 0;
+    for (int i = 0; i < l.pp; ++i) {
+      int n = 0;
+      for (auto [a, b] : st[size_t(i)]) n += b - a;
+      if (n > most) most = n, at = i;
+    }
+    s = {0, 1, l.pp - 1, at};
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    return s;
+  }
+
+  void make_exact(Prediction& p) {
+    const Layout& l = p.layout;
+    if (!data) data = std::make_unique<DataSplit>(open_dataset("synthetic", data_options_for(mc, 0)));
+    double most = -1;
+    for (int s : planned_stages(l, table(l))) {
+      const RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);
+      const double bytes = double(r.memory.total());
+      if (bytes > most) most = bytes, p.memory = r.memory, p.memory_stage = s;
+    }
+    p.memory_bytes = most;
+    p.memory_exact = true;
+    p.fits = most <= limit();
+  }
+
+  ScheduleSim timeline(const Layout& l) {
+    const BlockTable& t = table(l);
+    double transfer = 0;
+    return simulate(l, t, cuts(l, t), &transfer);
+  }
+};
+
+// Why the best layout wins over the runner-up: the component of the step that differs most.
+std::string why_best(const std::vector<Prediction>& best, int64_t fitting) {
+  if (best.empty()) return "";
+  const Prediction& a = best[0];
+  std::string s = str_cat("the fastest of ", fitting, " layout(s) that fit");
+  if (best.size() < 2) return s;
+  const Prediction& b = best[1];
+  struct Part { const char* what; double a, b; };
+  const Part parts[] = {
+      {"compute (per stage, with recomputation)", a.compute_seconds * (1 - 0), b.compute_seconds},
+      {"pipeline bubble", a.step_seconds * a.bubble_fraction, b.step_seconds * b.bubble_fraction},
+      {"tensor-parallel communication", a.tp_comm_seconds, b.tp_comm_seconds},
+      {"exposed data-parallel communication", a.dp_exposed_seconds, b.dp_exposed_seconds},
+      {"optimizer", a.optimizer_seconds, b.optimizer_seconds}};
+  const Part* most = &parts[0];
+  for (const Part& p : parts)
+    if (p.b - p.a > most->b - most->a) most = &p;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "; the runner-up (%s) is %.1f%% slower, mostly in %s (%.3g s against %.3g s)",
+                b.layout.str().c_str(), 100 * (b.step_seconds / a.step_seconds - 1), most->what, most->b, most->a);
+  return s + buf;
+}
+
+}  // namespace
+
+PlanResult plan_layouts(const PlanRequest& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SAT_CHECK(r.gpus >= 1, "--gpus: expected a positive number of devices, got ", r.gpus);
+  SAT_CHECK(r.gpus_per_node >= 1, "--gpus-per-node: expected a positive number, got ", r.gpus_per_node);
+  SAT_CHECK(r.global_batch >= 1, "--global-batch: expected a positive number of samples, got ", r.global_batch);
+  SAT_CHECK(r.top >= 1, "--top: expected a positive number of layouts, got ", r.top);
+  Search s(r);
+  s.run();
+  PlanResult& out = s.out;
+  std::vector<size_t> order(out.considered.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return out.considered[a].step_seconds < out.considered[b].step_seconds;
+  });
+  int64_t fitting = 0, tried = 0;
+  for (size_t i : order) fitting += out.considered[i].fits;
+  for (size_t i : order) {
+    if (int(out.best.size()) >= r.top || tried >= 4 * int64_t(r.top) + 8) break;
+    if (!out.considered[i].fits) continue;
+    Prediction p = out.considered[i];
+    const double estimate = p.memory_bytes;
+    if (r.exact_memory) s.make_exact(p);
+    ++tried;
+    if (std::getenv("SAT_PLAN_DEBUG"))
+      std::fprintf(stderr, "exact %s: estimate %.4g, plan %.4g (%+.1f%%)\n", p.layout.str().c_str(), estimate,
+                   p.memory_bytes, 100 * (estimate / p.memory_bytes - 1));
+    if (p.fits) out.best.push_back(p);
+  }
+  if (out.best.empty() && out.considered.size() == 1) {  // one layout asked for: say how it does
+    Prediction p = out.considered[0];
+    if (r.exact_memory) s.make_exact(p);
+    out.best.push_back(p);
+  }
+  if (!out.best.empty()) out.timeline = s.timeline(out.best[0].layout);
+  out.why = why_best(out.best, fitting);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+Prediction predict_layout(const PlanRequest& r, const Layout& l) {
+  PlanRequest one = r;
+  one.filter = {};
+  one.filter.dp = l.dp, one.filter.tp = l.tp, one.filter.pp = l.pp, one.filter.micro = l.micro_batch;
+  one.filter.schedule = l.schedule, one.filter.v = l.virtual_stages, one.filter.recompute = l.recompute;
+  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero;
+  one.top = 1;
+  one.memory_limit = 1e30;
+  PlanResult p = plan_layouts(one);
+  SAT_CHECK(!p.best.empty(), "internal error: layout ", l.str(), " was not formed");
+  p.best[0].fits = p.best[0].memory_bytes <= (r.memory_limit > 0 ? r.memory_limit : r.hw.memory_bytes);
+  return p.best[0];
+}
+
+}  // namespace sat

@@ -1,0 +1,265 @@
+// The planner (plan/): the alpha-beta formulas against hand-computed cases, the schedule
+// simulation's bubble against the textbook formulas, the memory `plan` reports against the
+// plan `info` prints and the trainer allocates, --layout parsing and the planner's refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "plan/cost.h"
+#include "plan/planner.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+namespace {
+
+using namespace sat;
+
+// A CPU-like device described by hand (the tests must not depend on measurements).
+Hardware cpu_like() {
+  Hardware h;
+  h.name = "test-cpu";
+  h.gpu = false;
+  h.peak_fp32 = 100e9;
+  h.memory_bytes = 8.0 * (1 << 30);
+  h.memory_bandwidth = 10e9;
+  h.gpus_per_node = 2;
+  h.intra = h.inter = h.p2p_intra = h.p2p_inter = Link{20e-6, 5e9};
+  return h;
+}
+
+Hardware gpu_like() {
+  Hardware h;
+  h.name = "test-gpu";
+  h.peak_fp32 = 19.5e12, h.peak_tf32 = 156e12, h.peak_bf16 = h.peak_fp16 = 312e12;
+  h.memory_bytes = 80.0 * (1 << 30);
+  h.memory_bandwidth = 2e12;
+  h.gpus_per_node = 8;
+  h.intra = h.p2p_intra = Link{3e-6, 300e9};
+  h.inter = h.p2p_inter = Link{8e-6, 25e9};
+  return h;
+}
+
+TEST(Cost, AlphaBetaFormulasByHand) {
+  const Link l{1e-5, 1e9};
+  // Ring all-reduce over 4 ranks of 1 MB: 2*3 latencies, each rank sends 2*(3/4) of the payload.
+  EXPECT_NEAR(collective_seconds(Collective::all_reduce, 1e6, 4, l), 6e-5 + 1.5e-3, 1e-12);
+  EXPECT_NEAR(collective_seconds(Collective::all_gather, 1e6, 4, l), 3e-5 + 0.75e-3, 1e-12);
+  EXPECT_NEAR(collective_seconds(Collective::reduce_scatter, 1e6, 4, l), 3e-5 + 0.75e-3, 1e-12);
+  EXPECT_NEAR(collective_seconds(Collective::p2p, 1e6, 2, l), 1e-5 + 1e-3, 1e-12);
+  // Half the link's bandwidth doubles the bandwidth term only.
+  EXPECT_NEAR(collective_seconds(Collective::all_reduce, 1e6, 2, l, 0.5), 2e-5 + 2e-3, 1e-12);
+  EXPECT_EQ(collective_seconds(Collective::all_reduce, 1e6, 1, l), 0);  // a group of one moves nothing
+  EXPECT_EQ(collective_seconds(Collective::all_gather, 0, 8, l), 0);
+}
+
+TEST(Cost, KernelRoofline) {
+  Hardware h = cpu_like();
+  h.eff = {};
+  h.eff.gemm_max = 0.5, h.eff.gemm_half_flops = 1e6, h.eff.memory_eff = 0.5, h.eff.kernel_overhead = 1e-6;
+  // 1e9 FLOPs: (1e9 + 1e6) / (100e9 * 0.5); 1e8 bytes: 1e8 / (10e9 * 0.5).
+  EXPECT_NEAR(kernel_seconds(1e9, 0, h, DType::f32), 1e-6 + 1.001e9 / 5e10, 1e-12);
+  EXPECT_NEAR(kernel_seconds(0, 1e8, h, DType::f32), 1e-6 + 2e-2, 1e-12);
+  EXPECT_NEAR(kernel_seconds(1e9, 1e8, h, DType::f32), 1e-6 + 1.001e9 / 5e10 + 2e-2, 1e-12);
+}
+
+// The simulation of the real action lists with uniform stage costs gives the textbook bubble.
+TEST(Cost, SimulatedBubbleIsTheTextbookOne) {
+  for (int P : {2, 4, 8})
+    for (int M : {1, 4, 8, 16})
+      for (int V : {1, 2, 3}) {
+        ScheduleSpec s{V > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b, P, M, V};
+        if (V > 1 && M < P) continue;
+        std::vector<std::vector<Action>> lists;
+        for (int st = 0; st < P; ++st) lists.push_back(make_schedule(s, st));
+        SimCosts c;
+        c.fwd.assign(size_t(P), std::vector<double>(size_t(V), 1.0 / V));
+        c.bwd.assign(size_t(P), std::vector<double>(size_t(V), 2.0 / V));
+        const ScheduleSim sim = simulate_actions(lists, c);
+        ASSERT_FALSE(sim.deadlock) << sim.problem;
+        const double expect = V > 1 ? double(P - 1) / (V * M + P - 1) : double(P - 1) / (M + P - 1);
+        EXPECT_NEAR(sim.bubble_fraction, expect, 1e-9) << "P " << P << " M " << M << " V " << V;
+      }
+}
+
+TEST(Cost, TransferDelaysThePipeline) {
+  ScheduleSpec s{PipeSchedule::one_f_one_b, 2, 4, 1};
+  std::vector<std::vector<Action>> lists{make_schedule(s, 0), make_schedule(s, 1)};
+  SimCosts c;
+  c.fwd.assign(2, {1.0});
+  c.bwd.assign(2, {2.0});
+  const double base = simulate_actions(lists, c).makespan;
+  EXPECT_NEAR(base, 3.0 * (4 + 1), 1e-9);  // (M + P - 1) (f + b)
+  c.transfer = 0.5;
+  EXPECT_GT(simulate_actions(lists, c).makespan, base + 0.9);  // at least the first activation and last gradient
+}
+
+TEST(Plan, LayoutParsing) {
+  const LayoutFilter f = parse_layout("dp=2,tp=4,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1");
+  EXPECT_EQ(*f.dp, 2);
+  EXPECT_EQ(*f.tp, 4);
+  EXPECT_EQ(*f.pp, 8);
+  EXPECT_EQ(*f.micro, 1);
+  EXPECT_EQ(*f.schedule, PipeSchedule::interleaved);
+  EXPECT_EQ(*f.v, 2);
+  EXPECT_EQ(*f.recompute, Recompute::full);
+  EXPECT_TRUE(*f.sp);
+  EXPECT_EQ(*f.zero, 1);
+  EXPECT_FALSE(parse_layout("tp=2").dp.has_value());
+  for (const char* bad : {"dp=0", "tp=x", "zero=4", "schedule=zigzag", "recompute=some", "sp=yes", "mp=2", "dp2", ""}) {
+    try {
+      parse_layout(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--layout"), std::string::npos) << e.what();
+    }
+  }
+}
+
+PlanRequest request(const std::string& model, const Hardware& hw, int gpus, int64_t batch) {
+  PlanRequest r;
+  r.model = model_config(model);
+  r.hw = hw;
+  r.gpus = gpus;
+  r.gpus_per_node = hw.gpus_per_node;
+  r.global_batch = batch;
+  r.precision = hw.gpu ? DType::bf16 : DType::f32;
+  return r;
+}
+
+// What `info` prints and the trainer allocates: Trainer::plan of every stage, the largest.
+double trainer_plan(const PlanRequest& r, const Layout& l) {
+  ModelConfig mc = r.model;
+  mc.device = r.hw.gpu ? Device::cuda : Device::cpu;
+  mc.act = r.precision;
+  TrainConfig cfg;
+  cfg.batch = l.micro_batch, cfg.accum = l.accum, cfg.tp = l.tp, cfg.sequence_parallel = l.sequence_parallel;
+  cfg.pp = l.pp, cfg.recompute = l.recompute, cfg.zero = l.zero, cfg.virtual_stages = l.virtual_stages;
+  cfg.pp_schedule = l.schedule;
+  cfg.optim.name = r.optimizer;
+  mc.tp = l.tp, mc.sequence_parallel = l.sequence_parallel, mc.recompute = l.recompute;
+  DataSplit data = open_dataset("synthetic", data_options_for(mc, 0));
+  double most = 0;
+  for (int s = 0; s < l.pp; ++s)
+    most = std::max(most, double(Trainer::plan(mc, cfg, *data.train, data.test.get(), l.dp * l.tp * l.pp, s).total()));
+  return most;
+}
+
+TEST(Plan, MemoryEqualsTheTrainersPlan) {
+  const PlanRequest r = request("gpt-mini", cpu_like(), 4, 16);
+  const char* layouts[] = {
+      "dp=4,tp=1,pp=1,micro=4,zero=0,recompute=none",
+      "dp=2,tp=2,pp=1,micro=2,sp=on,zero=1,recompute=selective",
+      "dp=1,tp=2,pp=2,micro=2,schedule=1f1b,zero=0,recompute=full",
+      "dp=1,tp=1,pp=4,micro=1,schedule=interleaved,v=1,zero=0,recompute=none",
+      "dp=2,tp=1,pp=2,micro=1,schedule=interleaved,v=2,zero=2,recompute=none",
+      "dp=4,tp=1,pp=1,micro=2,zero=3,recompute=full",
+  };
+  for (const char* s : layouts) {
+    PlanRequest one = r;
+    one.filter = parse_layout(s);
+    if (one.filter.v == 1) one.filter.schedule = PipeSchedule::one_f_one_b, one.filter.v.reset();
+    one.top = 1;
+    const PlanResult p = plan_layouts(one);
+    ASSERT_EQ(p.best.size(), 1u) << s;
+    const Prediction& b = p.best[0];
+    EXPECT_TRUE(b.memory_exact);
+    EXPECT_EQ(b.memory_bytes, trainer_plan(r, b.layout)) << b.layout.str();
+    EXPECT_GT(b.step_seconds, 0);
+  }
+}
+
+// On a GPU in bf16: the plan of the mixed-precision engine (this machine's trainer plans the
+// CPU, so the rank plans are made directly), with bf16 activations and a bf16 copy of the
+// fp32 master weights.
+TEST(Plan, GpuMemoryIsTheMixedPrecisionPlan) {
+  const PlanRequest r = request("gpt-mini", gpu_like(), 8, 64);
+  PlanRequest one = r;
+  one.filter = parse_layout("dp=4,tp=2,pp=1,micro=4,zero=0,recompute=none,sp=off");
+  const PlanResult p = plan_layouts(one);
+  ASSERT_EQ(p.best.size(), 1u);
+  const Prediction& b = p.best[0];
+  ModelConfig mc = r.model;
+  mc.device = Device::cuda, mc.act = DType::bf16, mc.tp = 2;
+  TrainConfig cfg;
+  cfg.batch = 4, cfg.accum = 4, cfg.tp = 2;
+  cfg.optim.name = "adamw";
+  DataSplit data = open_dataset("synthetic", data_options_for(mc, 0));
+  const MemoryPlan gpu = plan_rank(mc, cfg, *data.train, data.test.get(), 0, 4).memory;
+  EXPECT_EQ(b.memory_bytes, double(gpu.total()));
+  EXPECT_EQ(b.memory.by_kind[size_t(MemKind::lp_params)] * 2, b.memory.by_kind[size_t(MemKind::parameters)]);
+  EXPECT_GT(b.memory.by_kind[size_t(MemKind::workspace)], 0u);
+  mc.device = Device::cpu, mc.act = DType::f32;
+  const MemoryPlan cpu = plan_rank(mc, cfg, *data.train, data.test.get(), 0, 4).memory;
+  EXPECT_LT(double(gpu.transient), 0.75 * double(cpu.transient));  // bf16 activations (the loss's stay f32)
+}
+
+TEST(Plan, SearchFindsAFittingFastestLayout) {
+  PlanRequest r = request("gpt2-124m", gpu_like(), 16, 128);
+  r.top = 3;
+  const PlanResult p = plan_layouts(r);
+  ASSERT_FALSE(p.best.empty());
+  EXPECT_GT(p.layouts, 20);
+  for (size_t i = 0; i < p.best.size(); ++i) {
+    const Layout& l = p.best[i].layout;
+    EXPECT_EQ(l.dp * l.tp * l.pp, 16);
+    EXPECT_EQ(l.dp * l.micro_batch * l.accum, 128);
+    EXPECT_TRUE(p.best[i].fits && p.best[i].memory_exact);
+    if (i) {
+      EXPECT_LE(p.best[i - 1].step_seconds, p.best[i].step_seconds);
+    }
+  }
+  // Every layout considered is at least as slow as the best.
+  for (const Prediction& c : p.considered)
+    if (c.fits) {
+      EXPECT_GE(c.step_seconds, p.best[0].step_seconds * (1 - 1e-12));
+    }
+  // A tighter memory limit leaves fewer layouts and a slower or equal best.
+  PlanRequest tight = r;
+  tight.memory_limit = p.best[0].memory_bytes * 0.5;
+  const PlanResult q = plan_layouts(tight);
+  ASSERT_FALSE(q.best.empty());
+  EXPECT_LE(q.best[0].memory_bytes, tight.memory_limit);
+  EXPECT_GE(q.best[0].step_seconds, p.best[0].step_seconds);
+}
+
+void expect_error(PlanRequest r, const std::string& words) {
+  try {
+    plan_layouts(r);
+    ADD_FAILURE() << "accepted; expected an error with: " << words;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, Refusals) {
+  const PlanRequest r = request("gpt-mini", gpu_like(), 8, 64);
+  PlanRequest x = r;
+  x.filter = parse_layout("dp=2,tp=2,pp=1");
+  expect_error(x, "--gpus is 8");
+  x.filter = parse_layout("tp=3");
+  expect_error(x, "tp=3 does not divide --gpus 8");
+  x.gpus = 6;
+  expect_error(x, "attention heads");  // gpt-mini's 4 heads do not divide by 3
+  x = r;
+  x.global_batch = 3;  // dp must divide it: with 8 devices, dp 1 (tp x pp = 8) still forms it
+  x.filter = parse_layout("dp=2");
+  expect_error(x, "--global-batch 3");
+  x = r;
+  x.global_batch = 0;
+  expect_error(x, "--global-batch");
+}
+
+TEST(Plan, NothingFitsSaysTheSmallest) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 2, 8);
+  r.memory_limit = 1 << 20;  // 1 MiB: nothing fits
+  const PlanResult p = plan_layouts(r);
+  EXPECT_TRUE(p.best.empty());
+  ASSERT_TRUE(p.smallest.has_value());
+  EXPECT_GT(p.smallest->memory_bytes, r.memory_limit);
+  EXPECT_EQ(p.over_memory, p.layouts);
+  EXPECT_NE(plan_text(p, r).find("no layout fits: the smallest needs"), std::string::npos);
+}
+
+}  // namespace
