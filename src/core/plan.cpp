@@ -57,25 +57,24 @@ size_t ArenaPlanner::solve() {
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return bufs_[size_t(a)].bytes > bufs_[size_t(b)].bytes; });
+  // Placed buffers by offset (ties in placement order): the first fit scans them in address
+  // order and stops at the first gap, with no sort per buffer.
   std::vector<int> placed;
   arena_ = 0;
   for (int i : order) {
     PlanBuffer& b = bufs_[size_t(i)];
-    // Placed buffers alive at the same time, by offset.
-    std::vector<const PlanBuffer*> live;
+    const size_t need = rounded(b.bytes);
+    size_t off = 0;
     for (int j : placed) {
       const PlanBuffer& o = bufs_[size_t(j)];
-      if (o.overlaps(b)) live.push_back(&o);
-    }
-    std::sort(live.begin(), live.end(), [](auto* x, auto* y) { return x->offset < y->offset; });
-    size_t need = rounded(b.bytes), off = 0;
-    for (auto* o : live) {
-      if (o->offset >= off + need) break;  // fits in the gap before o
-      off = std::max(off, o->offset + rounded(o->bytes));
+      if (o.offset >= off + need) break;  // fits in the gap before o (and every later one)
+      if (o.overlaps(b)) off = std::max(off, o.offset + rounded(o.bytes));
     }
     b.offset = off;
     arena_ = std::max(arena_, off + need);
-    placed.push_back(i);
+    auto at = std::upper_bound(placed.begin(), placed.end(), off,
+                               [&](size_t x, int j) { return x < bufs_[size_t(j)].offset; });
+    placed.insert(at, i);
   }
   return arena_;
 }
