@@ -334,6 +334,58 @@ TEST(Cli, HardwareKindsFilesAndThisMachine) {
   expect_user_error(saturate("hardware --gpus h100-sxm"), "--gpus");
 }
 
+// saturate plan: GPT-3 175B on 1024 A100s planned here (every layout it reports fits and
+// forms the global batch; the files it writes parse), one given layout predicted, and the
+// mistakes a user makes refused with one line and exit status 2.
+TEST(Cli, PlanChoosesAFittingLayoutAndRefusesBadInput) {
+  fs::path d = tmpdir("plan");
+  const std::string gpt3 = "--model gpt:layers=96,heads=96,width=12288,context=2048,vocab=51200";
+  CmdResult r = saturate("plan " + gpt3 + " --gpus 1024 --gpu a100-80gb --global-batch 1536 --top 3 --out " +
+                         d.string() + " --json " + (d / "layouts.json").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("best: dp="), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(std::ifstream(d / "plan.json"));
+  EXPECT_EQ(j, nlohmann::json::parse(std::ifstream(d / "layouts.json")));
+  ASSERT_EQ(j.at("layouts").size(), 3u);
+  for (const auto& l : j.at("layouts")) {
+    EXPECT_EQ(l.at("dp").get<int>() * l.at("tp").get<int>() * l.at("pp").get<int>(), 1024);
+    EXPECT_EQ(l.at("dp").get<int>() * l.at("micro_batch").get<int>() * l.at("accum").get<int>(), 1536);
+    EXPECT_LE(l.at("memory_bytes_per_gpu").get<double>(), 80.0 * (1 << 30));
+    EXPECT_TRUE(l.at("memory_exact").get<bool>());
+    for (auto key : {"schedule", "virtual_stages", "recompute", "sequence_parallel", "zero", "step_seconds",
+                     "tokens_per_second", "samples_per_second", "tflops_per_gpu", "mfu", "bubble_fraction"})
+      EXPECT_TRUE(l.contains(key)) << key;
+  }
+  EXPECT_EQ(j.at("best"), j.at("layouts")[0]);
+  std::ifstream html(d / "plan.html");
+  const std::string page((std::istreambuf_iterator<char>(html)), {});
+  EXPECT_NE(page.find("<svg"), std::string::npos);
+
+  CmdResult one = saturate("plan " + gpt3 + " --gpus 1024 --gpu a100-80gb --global-batch 1536 --layout "
+                           "dp=16,tp=8,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=off,zero=0");
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_NE(one.out.find("best: dp=16,tp=8,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=off,zero=0"),
+            std::string::npos) << one.out;
+
+  const std::string mini = "plan --model gpt-mini --gpus 8 --gpu a100-80gb ";
+  expect_user_error(saturate(mini + "--global-batch 64 --gpu a100"), "unknown kind 'a100'");
+  expect_user_error(saturate(mini + "--global-batch 64 --layout dp=2,tp=2,pp=1"), "--gpus is 8");
+  expect_user_error(saturate(mini + "--global-batch 64 --layout tp=8"), "attention heads");
+  expect_user_error(saturate(mini + "--global-batch 64 --layout tp=3"), "tp=3 does not divide --gpus 8");
+  expect_user_error(saturate(mini + "--global-batch 64 --layout dp=2,mp=2"), "unknown field 'mp'");
+  expect_user_error(saturate(mini + "--global-batch 3 --layout dp=2"), "--global-batch 3");
+  expect_user_error(saturate(mini), "--global-batch");
+  expect_user_error(saturate("plan --model gpt:layers=4,heads=4,width=256,context=128 --gpus 8 --global-batch 8"),
+                    "vocab");
+  expect_user_error(saturate("plan --model gpt:layers=0,heads=4,width=256,context=128,vocab=64 --gpus 8 "
+                             "--global-batch 8"), "layers");
+  std::ofstream(d / "cluster.json") << R"({"base": "a100-80gb", "inter_node": {"bandwith_gbs": 25}})";
+  expect_user_error(saturate(mini + "--global-batch 64 --gpu " + (d / "cluster.json").string()), "bandwith_gbs");
+  CmdResult none = saturate(mini + "--global-batch 64 --memory-limit 1MiB");
+  EXPECT_EQ(none.status, 2) << none.out;
+  EXPECT_NE(none.out.find("no layout fits: the smallest needs"), std::string::npos) << none.out;
+}
+
 // GPT-2 small builds, plans and takes a real training step on the CPU.
 TEST(Cli, Gpt2SmallTrainsOneStep) {
   fs::path d = tmpdir("gpt2");
