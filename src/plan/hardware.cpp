@@ -40,8 +40,13 @@ constexpr Unit kOne{1}, kInTflops{kTflops}, kInGBs{kGBs}, kInGiB{kGiB}, kInUs{1e
 // 81920, H100 80GB HBM3 81559, H200 143771 (the datasheet's "141 GB" is 140.4 GiB).
 // Latency of one message: NCCL's own cost model (src/graph/tuning.cc, hwLat) charges a ring
 // step 0.6 (LL) to 3.4 us (Simple) over NVLink and 2.7 to 14 us over the network; we take
-// 3 us and 8 us, the range nccl-tests' small-message all-reduces show. Efficiencies are the
-// defaults of Efficiency until the planner calibrates them.
+// 3 us and 8 us, the range nccl-tests' small-message all-reduces show.
+// Efficiencies: fitted by `saturate plan --calibrate ../shared/data/megatron-sc21-table1.json
+// --gpu a100-80gb` (Narayanan et al., SC21, Table 1: ten GPT runs of 1.7B to 1T parameters on
+// 32 to 3072 A100s; README, "Choosing a layout"): GEMMs at 0.825 of peak at large sizes,
+// memory-bound kernels at 0.72 of the bandwidth, collectives at the full link bandwidth. The
+// H100 and H200 have no published calibration set here: they take the A100's fractions.
+constexpr Efficiency kFitted{0.8254, 1e9, 0.7203, 5e-6, 1.0};
 struct Builtin {
   const char* name;
   double fp32, tf32, bf16, fp16;  // TFLOP/s
@@ -68,6 +73,7 @@ Hardware from_builtin(const Builtin& b) {
   h.intra = {kNvlinkAlpha, b.nvlink_gbs * kGBs};
   h.inter = {kNetworkAlpha, b.network_gbs * kGBs};
   h.p2p_intra = h.intra, h.p2p_inter = h.inter;
+  h.eff = kFitted;
   return h;
 }
 
