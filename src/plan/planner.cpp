@@ -585,7 +585,7 @@ std::string why_best(const std::vector<Prediction>& best, int64_t fitting) {
   const Prediction& b = best[1];
   struct Part { const char* what; double a, b; };
   const Part parts[] = {
-      {"compute (per stage, with recomputation)", a.compute_seconds * (1 - 0), b.compute_seconds},
+      {"compute (per stage, with recomputation)", a.compute_seconds, b.compute_seconds},
       {"pipeline bubble", a.step_seconds * a.bubble_fraction, b.step_seconds * b.bubble_fraction},
       {"tensor-parallel communication", a.tp_comm_seconds, b.tp_comm_seconds},
       {"exposed data-parallel communication", a.dp_exposed_seconds, b.dp_exposed_seconds},
@@ -593,9 +593,14 @@ std::string why_best(const std::vector<Prediction>& best, int64_t fitting) {
   const Part* most = &parts[0];
   for (const Part& p : parts)
     if (p.b - p.a > most->b - most->a) most = &p;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "; the runner-up (%s) is %.1f%% slower, mostly in %s (%.3g s against %.3g s)",
-                b.layout.str().c_str(), 100 * (b.step_seconds / a.step_seconds - 1), most->what, most->b, most->a);
+  char buf[320];
+  const double slower = b.step_seconds / a.step_seconds - 1;
+  if (slower < 0.005)
+    std::snprintf(buf, sizeof buf, "; the runner-up (%s) is within 0.5%% of it (%.2f%% slower): the cost model does not "
+                  "separate them, either will do", b.layout.str().c_str(), 100 * slower);
+  else
+    std::snprintf(buf, sizeof buf, "; the runner-up (%s) is %.1f%% slower, mostly in %s (%.3g s against %.3g s)",
+                  b.layout.str().c_str(), 100 * slower, most->what, most->b, most->a);
   return s + buf;
 }
 
