@@ -172,6 +172,8 @@ TEST(ModelFamilies, MistakesAreClearErrors) {
       {"gpt:layers=4,heads,width=256,context=128,vocab=64", "expected KEY=VALUE items"},
       {"gpt:layers=4,heads=3,width=256,context=128,vocab=64", "width 256 does not divide by heads 3"},
       {"gpt:layers=4,heads=4,width=256,context=128,vocab=64,dropout=1", "'dropout' must be a probability in [0, 1)"},
+      {"gpt:layers=1,heads=256,width=256,context=10000000,vocab=64", "heads x context^2 = 2.56e+16 attention "
+                                                                     "probabilities per sample is beyond 1e15"},
       {"resnet:50", "--model resnet:50: expected a depth of 18 or 34"},
       {"resnet:eighteen", "expected a depth of 18 or 34"},
       {"mlp:784", "expected the widths IN-HIDDEN...-CLASSES"},

@@ -353,7 +353,8 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   sat::DataOptions dopt = sat::data_options_for(mc, a.seed);
   if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
   sat::DataSplit data = sat::open_dataset(a.data, dopt);
-  // Image data of another shape (synthetic:CxHxW, CIFAR...) sets the model's input.
+  // Image data of another shape (synthetic:CxHxW, CIFAR...) sets the model's input (an
+  // mlp's input width must match it).
   sat::fit_to_data(mc, *data.train);
 
   sat::TrainConfig cfg;

@@ -68,6 +68,10 @@ void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body)
   c.vocab = c.classes = take("vocab");
   SAT_CHECK(c.n_embd % c.n_head == 0, "--model ", spec, ": width ", c.n_embd, " does not divide by heads ", c.n_head,
             " (each head has width / heads channels)");
+  // One sample's attention probabilities [heads, T, T]: beyond this, sizes leave int64.
+  SAT_CHECK(double(c.n_head) * double(c.seq_len) * double(c.seq_len) <= 1e15, "--model ", spec, ": heads x context^2 = ",
+            double(c.n_head) * double(c.seq_len) * double(c.seq_len), " attention probabilities per sample is beyond "
+            "1e15 (", c.n_head, " heads, context ", c.seq_len, ")");
   if (kv.count("dropout")) {
     const std::string& v = kv.at("dropout");
     char* end = nullptr;

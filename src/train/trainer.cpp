@@ -136,10 +136,8 @@ void fit_to_data(ModelConfig& mc, const Dataset& train) {
     mc.classes = train.num_classes();
     return;
   }
-  std::vector<int64_t> fit = mc.mlp_widths;
-  fit.front() = sample.numel();
-  ModelConfig want = mc;
-  want.mlp_widths = fit;
+  ModelConfig want = mc;  // the mlp that would fit, for the message
+  want.mlp_widths.front() = sample.numel();
   SAT_CHECK(sample.numel() == mc.mlp_widths.front(), "--model ", mc.name, " takes inputs of ", mc.mlp_widths.front(),
             " values, but --data ", train.name(), " has samples of shape ", sample.str(), " (", sample.numel(),
             " values): use --model ", model_spec(want));
