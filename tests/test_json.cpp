@@ -173,6 +173,8 @@ TEST(Json, DumpReadsBackExactly) {
   EXPECT_EQ(Json::object().set("a", 1).set("b", Json::array({1.5, "x"})).dump(-1), R"({"a":1,"b":[1.5,"x"]})");
   EXPECT_EQ(Json::object().set("a", 1).set("a", 2).dump(-1), R"({"a":2})");  // set replaces
   EXPECT_EQ(Json(2039e9).dump(), "2039000000000");
+  EXPECT_EQ(Json::array({size_t(7), int64_t(-2), 3u, short(4)}).dump(-1), "[7,-2,3,4]");  // any integer type
+  EXPECT_EQ(Json(true).dump(), "true");
   EXPECT_EQ(Json::object().dump(), "{}");
   EXPECT_EQ(Json::object().set("a", Json::array({1})).dump(2), "{\n  \"a\": [\n    1\n  ]\n}");
   EXPECT_NE(error_of([] { Json(std::nan("")).dump(); }).find("NaN or infinity"), std::string::npos);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,8 +31,9 @@ class Json {
   Json(std::nullptr_t) {}
   Json(bool b) : type_(Type::boolean), bool_(b) {}
   Json(double x) : type_(Type::number), num_(x) {}
-  Json(int x) : Json(double(x)) {}
-  Json(int64_t x) : Json(double(x)) {}
+  template <typename T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  Json(T x) : Json(double(x)) {}  // every integer type (exact up to 2^53)
   Json(std::string s) : type_(Type::string), str_(std::move(s)) {}
   Json(const char* s) : Json(std::string(s)) {}
   static Json array(std::vector<Json> items = {});

@@ -68,7 +68,7 @@ std::string hardware_table(const Hardware& h);
 // engine's BLAS and threads, memory bandwidth (a STREAM triad), and with a world of 2 ranks
 // or more the all-reduce and point-to-point latency and bandwidth (dist/bench_comm.h).
 // Every rank of world must call it; all of them measure at once (as they would train) and
-// return rank 0's figures. About 2-5 seconds; prints nothing.
+// return rank 0's figures. 1 to 3 seconds on a 2-core machine; prints nothing.
 Hardware measure_this(dist::Comm* world);
 
 // The GEMM curve of `this`: samples of (FLOPs, best seconds) fitted to the cost model's
