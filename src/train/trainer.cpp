@@ -590,9 +590,11 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       sm.noise_scale = noise.estimate();
     }
     r.losses.push_back(loss);
-    if (cfg_.time_limit > 0 && step + 1 < total && step >= r.warmup_excluded + 2) {
-      // Every rank stops at the same step: rank 0's clock decides.
-      double stop = now_seconds() - t_measure >= cfg_.time_limit ? 1 : 0;
+    const bool timed = cfg_.time_limit > 0 && step >= r.warmup_excluded + 2;
+    if ((timed || cfg_.stop_early) && step + 1 < total) {
+      // Every rank stops at the same step: rank 0's clock (and answer) decides.
+      r.steps = step + 1;
+      double stop = (timed && now_seconds() - t_measure >= cfg_.time_limit) || (cfg_.stop_early && cfg_.stop_early(r));
       if (world_->size() > 1) world_->broadcast_sync(&stop, 1, DType::f64, 0);
       if (stop > 0) total = step + 1;
     }

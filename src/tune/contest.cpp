@@ -54,16 +54,17 @@ ProbeTiming time_probe(std::vector<double> s, double samples_per_step, int round
   t.steps = int(s.size());
   if (s.empty()) return t;
   std::sort(s.begin(), s.end());
-  const double median = quantile(s, 0.5);
-  if (!(median > 0)) return t;
-  t.samples_per_second = samples_per_step / median;
+  const double median = quantile(s, 0.5), fast = quantile(s, 0.25);
+  if (!(fast > 0)) return t;
+  t.samples_per_second = samples_per_step / fast;
   const double n = double(s.size());
   double sigma = 0;
-  if (s.size() >= 4) sigma = (quantile(s, 0.75) - quantile(s, 0.25)) / 1.349;
+  if (s.size() >= 4) sigma = (quantile(s, 0.75) - fast) / 1.349;
   else if (s.size() >= 2) sigma = (s.back() - s.front()) / (s.size() == 2 ? 1.128 : 1.693);  // range / d2(n)
-  t.iqr_fraction = s.size() >= 4 ? (quantile(s, 0.75) - quantile(s, 0.25)) / median : (s.back() - s.front()) / median;
-  // One step says nothing about its noise: 10%, as if the machine were busy.
-  t.log_se = s.size() >= 2 ? 1.2533 * sigma / median / std::sqrt(n) : 0.1;
+  t.iqr_fraction = s.size() >= 4 ? (quantile(s, 0.75) - fast) / median : (s.back() - s.front()) / median;
+  // The standard error of the lower quartile: sqrt(p (1 - p) / n) / density there, for a
+  // normal spread. One step says nothing about its noise: 10%, as if the machine were busy.
+  t.log_se = s.size() >= 2 ? 1.3625 * sigma / fast / std::sqrt(n) : 0.1;
   return t;
 }
 
@@ -172,14 +173,17 @@ ContestOutcome run_contest(std::vector<Contender>& c, const ContestRules& rules,
     if (o.verdict.members.size() < 2 || o.rounds >= rules.max_rounds) return false;
     return !o.verdict.settled || o.rounds < rules.min_rounds;
   };
+  int last = 0;  // rounds are numbered on from those already measured (a second contest)
+  for (const Contender& x : c)
+    for (const ProbeTiming& t : x.timings) last = std::max(last, t.round);
   while (more()) {
     ++o.rounds;
     std::vector<int> order = o.verdict.members;
-    if (o.rounds % 2) std::reverse(order.begin(), order.end());  // the first pass ran ascending
+    if ((last + o.rounds) % 2) std::reverse(order.begin(), order.end());  // the first pass ran ascending
     for (int i : order) {
-      ProbeTiming t = measure(i, o.rounds);
+      ProbeTiming t = measure(i, last + o.rounds);
       ++o.remeasured;
-      t.round = o.rounds;
+      t.round = last + o.rounds;
       if (t.samples_per_second > 0) c[size_t(i)].timings.push_back(t);
     }
     o.verdict = judge(c, o.verdict.members, rules);
