@@ -12,6 +12,7 @@
 #include "data/loader.h"
 #include "nn/models.h"
 #include "optim/optimizer.h"
+#include "train/noise.h"
 #include "train/schedule.h"
 
 namespace sat {
@@ -154,6 +155,7 @@ struct TrainResult {
   std::vector<double> losses;
   std::vector<GradNormSample> grad_norms;  // with measure_noise
   double noise_scale = 0;                  // with measure_noise: the smoothed estimate at the end (0: undefined)
+  NoiseInterval noise_interval;            // its 95% interval (train/noise.h), or why there is none
   // Layout.
   int world_size = 1;
   int dp = 1, tp = 1, pp = 1;

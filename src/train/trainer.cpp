@@ -608,6 +608,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const double t_end = now_seconds();
   engine_->set_profiling(false);
   r.noise_scale = noise.estimate();
+  if (cfg_.measure_noise) r.noise_interval = noise.interval();
   r.steps = total;
   const GroupBytes moved = traffic();
   r.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / double(total), (moved.dp - traffic_before.dp) / double(total),
