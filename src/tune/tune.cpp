@@ -186,11 +186,12 @@ class Tuner {
   void set_budget();
   void find_largest();
   Probe run_probe(TrainConfig c, double seconds, int min_steps = 0);
-  ProbeTiming time(TuneCandidate& c, int round);
+  ProbeTiming time_candidate(TuneCandidate& c, int round);
   bool probe_first(size_t i);
   void first_pass();
   void first_pass_predicted();
   size_t decide(const std::vector<double>& log_offsets, const char* what);
+  void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
   void measure_noise(int64_t micro);
   void explain(size_t pick);
   void weigh_levers(size_t pick);
@@ -208,7 +209,6 @@ class Tuner {
   TuneResult r_;
   int64_t share_ = 0, cap_ = 0;
   TrainConfig final_cfg_;
-  ContestOutcome contest_;
 };
 
 void Tuner::set_budget() {
@@ -277,7 +277,7 @@ Probe Tuner::run_probe(TrainConfig c, double seconds, int min_steps) {
 }
 
 // One timed probe of candidate c (every rank takes rank 0's timing).
-ProbeTiming Tuner::time(TuneCandidate& c, int round) {
+ProbeTiming Tuner::time_candidate(TuneCandidate& c, int round) {
   Probe p = run_probe(probe_config(base_, c.micro_batch, 1, 200), cfg_.probe_seconds, cfg_.probe_min_steps);
   ProbeTiming t = p.oom ? ProbeTiming{} : time_probe(p.secs, double(c.micro_batch * world_), round);
   double v[4] = {t.samples_per_second, t.log_se, t.iqr_fraction, double(t.steps)};
@@ -295,23 +295,25 @@ ProbeTiming Tuner::time(TuneCandidate& c, int round) {
 // The first-pass probe of candidate i; false when it was refused memory.
 bool Tuner::probe_first(size_t i) {
   TuneCandidate& c = r_.candidates[i];
-  ProbeTiming t = time(c, 0);
+  ProbeTiming t = time_candidate(c, 0);
   ++r_.probes;
   c.probed = t.samples_per_second > 0;
   if (c.probed) c.timings.push_back(t), c.samples_per_second = t.samples_per_second;
   return c.probed;
 }
 
-// Every size in turn; after three in a row without a gain beyond the knee (a factor of 8)
+// Every size in turn; after three in a row that gained no more than the knee over the
+// best so far, surely (the upper end of the ratio's 95% interval; a factor of 8 in size),
 // the larger ones are only planned.
 void Tuner::first_pass() {
-  double best = 0;
   int flat = 0;
+  const TuneCandidate* best = nullptr;
   for (size_t i = 0; i < r_.candidates.size() && flat < 3; ++i) {
     if (!probe_first(i)) break;
-    const double sps = r_.candidates[i].samples_per_second;
-    flat = sps > best * (1 + cfg_.knee) ? 0 : flat + 1;
-    best = std::max(best, sps);
+    const TuneCandidate& c = r_.candidates[i];
+    const bool gain = !best || compare(c.timings, best->timings).high(1.96) > 1 + cfg_.knee;
+    flat = gain ? 0 : flat + 1;
+    if (!best || c.samples_per_second > best->samples_per_second) best = &c;
   }
 }
 
@@ -345,9 +347,9 @@ void Tuner::first_pass_predicted() {
   }
 }
 
-// The contest among the probed candidates (tune/contest.h), the contenders' figures in
-// r_.candidates, and the chosen candidate's index. log_offsets (per candidate, may be
-// empty) weigh the throughputs: goodput's statistical efficiency.
+// The contest among the probed candidates (tune/contest.h); returns the chosen
+// candidate's index. log_offsets (per candidate, may be empty) weigh the throughputs:
+// goodput's statistical efficiency.
 size_t Tuner::decide(const std::vector<double>& log_offsets, const char* what) {
   std::vector<size_t> idx;
   std::vector<Contender> con;
@@ -361,12 +363,23 @@ size_t Tuner::decide(const std::vector<double>& log_offsets, const char* what) {
   rules.knee = cfg_.knee;
   rules.max_rounds = cfg_.rounds;
   rules.fastest = share_ > 0;
-  ContestOutcome o = run_contest(con, rules, [&](int k, int round) { return time(r_.candidates[idx[size_t(k)]], round); });
-  contest_.verdict = o.verdict;
-  contest_.rounds += o.rounds;
-  contest_.remeasured += o.remeasured;
-  const Contender& ref = con[size_t(o.verdict.reference)];
+  const ContestOutcome o = run_contest(con, rules, [&](int k, int round) {
+    return time_candidate(r_.candidates[idx[size_t(k)]], round);
+  });
   ThroughputNoise& tn = r_.throughput_noise;
+  tn.rounds += o.rounds;
+  tn.remeasured += o.remeasured;
+  tn.settled = o.verdict.settled;
+  tn.reference = con[size_t(o.verdict.reference)].micro_batch;
+  record(idx, con, size_t(o.verdict.reference));
+  say("tune: ", what, ": ", o.verdict.settled ? "settled" : "not settled", " after ", o.rounds,
+      " round(s) of re-measurement (", o.remeasured, " probes); the noise-aware best is micro-batch ", tn.reference);
+  return idx[size_t(o.verdict.choice)];
+}
+
+// Each contender's figures (its throughput over its rounds, its ratio to the reference,
+// the spread of its step times) and the overall noise, in r_.
+void Tuner::record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref) {
   std::vector<double> iqr;
   double ss = 0;
   int dof = 0;
@@ -379,23 +392,15 @@ size_t Tuner::decide(const std::vector<double>& log_offsets, const char* what) {
     c.samples_per_second = std::exp(e.log);
     c.samples_per_second_low = std::exp(e.log - 1.96 * e.se);
     c.samples_per_second_high = std::exp(e.log + 1.96 * e.se);
-    Ratio q = compare(con[k].timings, ref.timings);
-    if (int(k) == o.verdict.reference) q = {0, 0, 1};  // itself: exactly 1
+    const Ratio q = k == ref ? Ratio{0, 0, 1} : compare(con[k].timings, con[ref].timings);  // itself: exactly 1
     c.ratio_to_best = q.value(), c.ratio_to_best_low = q.low(1.96), c.ratio_to_best_high = q.high(1.96);
     std::vector<double> mine;
     for (auto& t : c.timings) mine.push_back(t.iqr_fraction), iqr.push_back(t.iqr_fraction);
     c.step_time_iqr_fraction = median_of(mine);
-    if (int(k) != o.verdict.reference) ss += round_scatter(con[k].timings, ref.timings, &dof);
+    if (k != ref) ss += round_scatter(con[k].timings, con[ref].timings, &dof);
   }
-  tn.step_time_iqr_fraction = median_of(iqr);
-  tn.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
-  tn.rounds = contest_.rounds;
-  tn.remeasured = contest_.remeasured;
-  tn.settled = o.verdict.settled;
-  tn.reference = ref.micro_batch;
-  say("tune: ", what, ": ", o.verdict.settled ? "settled" : "not settled", " after ", o.rounds,
-      " round(s) of re-measurement (", o.remeasured, " probes); the noise-aware best is micro-batch ", ref.micro_batch);
-  return idx[size_t(o.verdict.choice)];
+  r_.throughput_noise.step_time_iqr_fraction = median_of(iqr);
+  r_.throughput_noise.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
 }
 
 // The gradient noise scale: b_small = micro (capped so that the big batch is at most a
@@ -538,7 +543,7 @@ void Tuner::weigh_levers(size_t pick) {
   l.micro_batch = b;
   l.predicted_memory_bytes = predicted(mc_, with_lever(probe_config(base_, b, 1, 1), l), train_, nullptr, world_);
   TuneCandidate& mine = r_.candidates[pick];
-  const ProbeTiming before = time(mine, 0);
+  const ProbeTiming before = time_candidate(mine, 0);
   ++r_.throughput_noise.remeasured;
   Probe p = run_probe(with_lever(probe_config(base_, b, 1, 200), l), cfg_.probe_seconds, cfg_.probe_min_steps);
   ++r_.probes;
