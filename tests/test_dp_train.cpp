@@ -242,7 +242,10 @@ TEST(DataParallel, TuneAgreesOnEveryRankAndKeepsTheGlobalBatch) {
   t.memory_budget = size_t(64) << 20;
   t.global_batch = 48;  // 24 per rank with 2 ranks, 12 with 4
   t.probe_seconds = 0.05;
+  t.probe_min_steps = 3;
+  t.rounds = 1;
   t.noise_steps = 3;
+  t.noise_ratio = 4;
   t.progress = 0;
   sat::TuneResult r = sat::tune(mc, base, *data.train, nullptr, t);
   EXPECT_EQ(r.world, w.size());

@@ -35,12 +35,20 @@ sat::TuneResult example() {
     c.predicted_memory_bytes = 300 * MiB + size_t(mb) * 38 * MiB;
     c.fits = c.predicted_memory_bytes <= r.budget;
     c.probed = c.fits;
+    c.predicted_samples_per_second = 2 * 9500.0 * double(mb) / double(mb + 5);  // a cost model's, for all
     if (c.probed) {
       c.measured_peak_bytes = c.predicted_memory_bytes * 97 / 100;
       c.samples_per_second = 2 * 9000.0 * double(mb) / double(mb + 6);
       c.statistical_efficiency = (400.0 + 2) / (400.0 + 2.0 * double(mb));
       c.goodput = c.samples_per_second * c.statistical_efficiency;
       c.timed_steps = int(40 / std::sqrt(double(mb))) + 3;
+      c.samples_per_second_low = 0.96 * c.samples_per_second;
+      c.samples_per_second_high = 1.05 * c.samples_per_second;
+      c.step_time_iqr_fraction = 0.04;
+      c.ratio_to_best = c.samples_per_second / (2 * 9000.0 * 200 / 206);
+      c.ratio_to_best_low = 0.97 * c.ratio_to_best, c.ratio_to_best_high = 1.02 * c.ratio_to_best;
+      c.timings = {{0, c.samples_per_second, 0.01, 0.04, c.timed_steps}};
+      if (mb >= 64) c.timings.push_back({1, 1.01 * c.samples_per_second, 0.01, 0.05, c.timed_steps});
       r.probes++;
     }
     r.candidates.push_back(c);
@@ -70,7 +78,11 @@ sat::TuneResult example() {
     n.estimate = s == 0 ? 0 : 410.0 + 600.0 / (s + 1) * ((s % 2) ? 1 : -0.5);
     r.noise.push_back(n);
   }
+  for (auto& n : r.noise) n.low = n.estimate ? 0.8 * n.estimate : 0, n.high = n.estimate ? 1.3 * n.estimate : 0;
   r.noise_scale = 412.5;
+  r.noise_interval = {true, 412.5, 350.25, 480.5, 12, ""};
+  r.noise_b_small = 64, r.noise_b_big = 256;
+  r.throughput_noise = {0.04, 0.012, 2, 6, false, 200, "smallest within the knee of the noise-aware best"};
   r.tuning_seconds = 14.25;
   return r;
 }
@@ -106,7 +118,9 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
                                             "budget_source", "max_micro_batch", "max_predicted_bytes",
                                             "confirm_peak_bytes", "failed_allocations", "objective", "knee",
                                             "requested_global_batch", "candidates", "choice", "levers", "noise_scale",
-                                            "noise", "probes", "tuning_seconds"}));
+                                            "noise_scale_low", "noise_scale_high", "noise_scale_reason",
+                                            "noise_b_small", "noise_b_big", "noise", "probes", "throughput_noise",
+                                            "tuning_seconds"}));
   EXPECT_EQ(j["model"], "res<b>&net");
   EXPECT_EQ(j["data"], "cifar10 \"train\"");
   EXPECT_EQ(j["world_size"], 2);
@@ -122,8 +136,11 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
   std::vector<std::string> ckeys;
   for (auto& [k, v] : j["candidates"][0].items()) ckeys.push_back(k);
   EXPECT_EQ(ckeys, (std::vector<std::string>{"micro_batch", "predicted_memory_bytes", "measured_peak_bytes",
-                                             "samples_per_second", "statistical_efficiency", "goodput", "timed_steps",
-                                             "probed", "fits"}));
+                                             "samples_per_second", "samples_per_second_low", "samples_per_second_high",
+                                             "step_time_iqr_fraction", "ratio_to_best", "ratio_to_best_low",
+                                             "ratio_to_best_high", "predicted_samples_per_second",
+                                             "statistical_efficiency", "goodput", "timed_steps", "timings", "probed",
+                                             "fits"}));
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     auto& c = j["candidates"][i];
     EXPECT_EQ(c["micro_batch"], r.candidates[i].micro_batch);
@@ -132,6 +149,19 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
     EXPECT_DOUBLE_EQ(c["samples_per_second"].get<double>(), r.candidates[i].samples_per_second);
     EXPECT_DOUBLE_EQ(c["goodput"].get<double>(), r.candidates[i].goodput);
     EXPECT_EQ(c["timed_steps"], r.candidates[i].timed_steps);
+    EXPECT_DOUBLE_EQ(c["predicted_samples_per_second"].get<double>(), r.candidates[i].predicted_samples_per_second);
+    EXPECT_EQ(c["timings"].size(), r.candidates[i].timings.size());
+    if (!r.candidates[i].probed) {
+      EXPECT_TRUE(c["samples_per_second_low"].is_null());
+      EXPECT_TRUE(c["ratio_to_best"].is_null());
+      continue;
+    }
+    EXPECT_DOUBLE_EQ(c["samples_per_second_low"].get<double>(), r.candidates[i].samples_per_second_low);
+    EXPECT_DOUBLE_EQ(c["samples_per_second_high"].get<double>(), r.candidates[i].samples_per_second_high);
+    EXPECT_DOUBLE_EQ(c["step_time_iqr_fraction"].get<double>(), 0.04);
+    EXPECT_DOUBLE_EQ(c["ratio_to_best_low"].get<double>(), r.candidates[i].ratio_to_best_low);
+    EXPECT_DOUBLE_EQ(c["timings"][0]["step_time_iqr_fraction"].get<double>(), 0.04);
+    EXPECT_EQ(c["timings"][0]["round"], 0);
     EXPECT_EQ(c["probed"], r.candidates[i].probed);
     EXPECT_EQ(c["fits"], r.candidates[i].fits);
   }
@@ -163,10 +193,24 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
   EXPECT_DOUBLE_EQ(ch["warmup_fraction"].get<double>(), 0.05);
   EXPECT_EQ(ch["reason"], r.choice.reason);
   EXPECT_DOUBLE_EQ(j["noise_scale"].get<double>(), 412.5);
+  EXPECT_DOUBLE_EQ(j["noise_scale_low"].get<double>(), 350.25);
+  EXPECT_DOUBLE_EQ(j["noise_scale_high"].get<double>(), 480.5);
+  EXPECT_TRUE(j["noise_scale_reason"].is_null());
+  EXPECT_EQ(j["noise_b_small"], 64);
+  EXPECT_EQ(j["noise_b_big"], 256);
+  std::vector<std::string> tkeys;
+  for (auto& [k, v] : j["throughput_noise"].items()) tkeys.push_back(k);
+  EXPECT_EQ(tkeys, (std::vector<std::string>{"step_time_iqr_fraction", "round_to_round_fraction", "rounds",
+                                             "remeasured_probes", "settled", "reference_micro_batch", "rule"}));
+  EXPECT_EQ(j["throughput_noise"]["reference_micro_batch"], 200);
+  EXPECT_EQ(j["throughput_noise"]["settled"], false);
+  EXPECT_EQ(j["throughput_noise"]["remeasured_probes"], 6);
   ASSERT_EQ(j["noise"].size(), 12u);
   std::vector<std::string> nkeys;
   for (auto& [k, v] : j["noise"][3].items()) nkeys.push_back(k);
-  EXPECT_EQ(nkeys, (std::vector<std::string>{"step", "small_sq", "big_sq", "b_small", "b_big", "estimate"}));
+  EXPECT_EQ(nkeys, (std::vector<std::string>{"step", "small_sq", "big_sq", "b_small", "b_big", "estimate", "low",
+                                             "high"}));
+  EXPECT_DOUBLE_EQ(j["noise"][3]["low"].get<double>(), r.noise[3].low);
   EXPECT_EQ(j["noise"][3]["step"], 3);
   EXPECT_EQ(j["noise"][3]["b_big"], 256);
   EXPECT_DOUBLE_EQ(j["noise"][3]["estimate"].get<double>(), r.noise[3].estimate);
@@ -177,6 +221,7 @@ TEST(TuneReport, JsonHasEveryKeyInOrder) {
 TEST(TuneReport, JsonWritesNullForZeroNoiseScaleAndNonFiniteNumbers) {
   sat::TuneResult r = example();
   r.noise_scale = 0;
+  r.noise_interval = {false, 0, 0, 0, 3, "|G|^2 is not distinguishable from 0"};
   r.requested_global_batch = 512;
   r.candidates[0].samples_per_second = NAN;
   r.candidates[1].goodput = INFINITY;
@@ -187,6 +232,9 @@ TEST(TuneReport, JsonWritesNullForZeroNoiseScaleAndNonFiniteNumbers) {
   std::string s = sat::tune_json(r);
   auto j = nlohmann::json::parse(s);
   EXPECT_TRUE(j["noise_scale"].is_null());
+  EXPECT_TRUE(j["noise_scale_low"].is_null());
+  EXPECT_TRUE(j["noise_scale_high"].is_null());
+  EXPECT_EQ(j["noise_scale_reason"], "not measurable yet: |G|^2 is not distinguishable from 0");
   EXPECT_EQ(j["requested_global_batch"], 512);
   EXPECT_TRUE(j["candidates"][0]["samples_per_second"].is_null());
   EXPECT_TRUE(j["candidates"][1]["goodput"].is_null());
@@ -206,8 +254,15 @@ TEST(TuneReport, HtmlIsSelfContainedEscapedAndMarksBudgetAndChoice) {
   EXPECT_NE(h.find(">budget 8.0 GiB<"), std::string::npos);
   EXPECT_NE(h.find(">chosen 64<"), std::string::npos);
   EXPECT_NE(h.find(">max fits 200<"), std::string::npos);
-  EXPECT_NE(h.find("knee: 97% of the best"), std::string::npos);
-  EXPECT_NE(h.find("final: B_simple = 412"), std::string::npos);
+  EXPECT_NE(h.find("knee: 97% of the noise-aware best"), std::string::npos);
+  EXPECT_NE(h.find("final: B_simple = 412 (350 to 480)"), std::string::npos);
+  EXPECT_NE(h.find("95% interval 350 to 480"), std::string::npos);
+  EXPECT_EQ(count(h, "(95%)</title><path"), 9u) << "an error bar per probed candidate";
+  EXPECT_NE(h.find("predicted (cost model)"), std::string::npos);
+  EXPECT_NE(h.find("<th>predicted samples/s</th>"), std::string::npos);
+  EXPECT_NE(h.find("2 rounds of re-measurement (6 probes), rounds disagreeing by 1.2%"), std::string::npos);
+  EXPECT_NE(h.find("noise-aware best: micro-batch 200"), std::string::npos);
+  EXPECT_NE(h.find("<td>1.000 (0.970&ndash;1.020)</td>"), std::string::npos);  // micro-batch 200 against itself
   EXPECT_NE(h.find("Gradient noise scale"), std::string::npos);
   EXPECT_NE(h.find("res&lt;b&gt;&amp;net"), std::string::npos);
   EXPECT_NE(h.find("64 &lt;b&gt;&amp; is the smallest"), std::string::npos);
@@ -226,7 +281,7 @@ TEST(TuneReport, HtmlIsSelfContainedEscapedAndMarksBudgetAndChoice) {
   r.objective = "goodput";
   h = sat::tune_html(r);
   EXPECT_NE(h.find("goodput (throughput"), std::string::npos);
-  EXPECT_NE(h.find("of the best goodput"), std::string::npos);
+  EXPECT_NE(h.find("of the noise-aware best goodput"), std::string::npos);
   check_valid(r, 3);
 }
 
@@ -236,8 +291,12 @@ TEST(TuneReport, EdgeCasesGiveValidPages) {
   one.choice.micro_batch = one.max_micro_batch = 1;
   one.noise.clear();
   one.noise_scale = 0;
+  one.noise_interval = {};
   check_valid(one, 2);
   EXPECT_EQ(sat::tune_html(one).find("Gradient noise scale"), std::string::npos);
+  one.noise_interval.reason = "the training set (10 samples) is too small";  // said, but no plot
+  check_valid(one, 2);
+  EXPECT_NE(sat::tune_html(one).find("not measurable yet</b>: the training set (10 samples)"), std::string::npos);
   EXPECT_NE(sat::tune_html(one).find(">chosen 1<"), std::string::npos);
 
   sat::TuneResult flat = example();  // all throughputs equal
@@ -263,7 +322,8 @@ TEST(TuneReport, EdgeCasesGiveValidPages) {
   sat::TuneResult none;  // nothing at all: a default result
   check_valid(none, 2);
   sat::TuneResult unmeasured = example();  // probes that measured nothing, an undefined estimate
-  for (auto& c : unmeasured.candidates) c.samples_per_second = c.goodput = 0, c.measured_peak_bytes = 0;
+  for (auto& c : unmeasured.candidates)
+    c.samples_per_second = c.goodput = c.predicted_samples_per_second = 0, c.measured_peak_bytes = 0;
   for (auto& n : unmeasured.noise) n.estimate = 0;
   unmeasured.budget = 0;
   check_valid(unmeasured, 3);

@@ -477,12 +477,17 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
                 sat::pipe_schedule_name(cfg.pp_schedule), (long long)cfg.accum, 100 * r.bubble_fraction,
                 100 * sat::theoretical_bubble(rp.schedule));
   if (cfg.measure_noise) {
+    const sat::NoiseInterval& iv = r.noise_interval;
+    char interval[64];
+    std::snprintf(interval, sizeof interval, "95%% interval %.4g to %.4g", iv.low, iv.high);
+    const std::string how = iv.measurable ? std::string(interval) : "no interval yet: " + iv.reason;
     if (r.noise_scale > 0)
-      std::printf("gradient noise scale %.4g at the end (smoothed over %zu steps): this run's global batch %lld is "
-                  "%.3gx it\n", r.noise_scale, r.grad_norms.size(), (long long)gb, double(gb) / r.noise_scale);
+      std::printf("gradient noise scale %.4g at the end (smoothed over %zu steps; %s): this run's global batch %lld is "
+                  "%.3gx it\n", r.noise_scale, r.grad_norms.size(), how.c_str(), (long long)gb,
+                  double(gb) / r.noise_scale);
     else
-      std::printf("gradient noise scale: not measurable yet (the estimates of |G|^2 and tr(Sigma) are not both "
-                  "positive after %zu steps)\n", r.grad_norms.size());
+      std::printf("gradient noise scale: not measurable yet: %s\n",
+                  iv.reason.empty() ? "the estimates of |G|^2 and tr(Sigma) are not both positive" : iv.reason.c_str());
   }
   if (!a.out.empty()) {
     sat::RunInfo info;

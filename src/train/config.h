@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "data/loader.h"
 #include "nn/models.h"
 #include "optim/optimizer.h"
+#include "train/noise.h"
 #include "train/schedule.h"
 
 namespace sat {
@@ -30,6 +32,8 @@ const char* precision_name(Precision p);
 // one rank, where the reduction is a copy: a check that the NCCL path changes nothing).
 enum class DistBackend { automatic, mpi, nccl };
 DistBackend parse_dist_backend(const std::string& s);  // sat::Error naming --dist-backend
+
+struct TrainResult;
 
 struct TrainConfig {
   int64_t batch = 64;        // micro-batch
@@ -82,6 +86,10 @@ struct TrainConfig {
   // many seconds (0: run all steps); at least 3 steps are measured. Used by the tuner's
   // probes; all ranks stop at the same step.
   double time_limit = 0;
+  // Asked after every step but the last with the result so far (steps, losses, gradient
+  // norms): true ends the run there. Rank 0's answer counts; all ranks stop at the same
+  // step. The tuner's noise-scale measurement stops when its interval is tight enough.
+  std::function<bool(const TrainResult&)> stop_early;
   // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared
   // norm of the first micro-batch's gradient and of the whole global batch's. The noise
   // scale they give, smoothed over steps with this decay (train/noise.h), goes into
@@ -147,6 +155,7 @@ struct TrainResult {
   std::vector<double> losses;
   std::vector<GradNormSample> grad_norms;  // with measure_noise
   double noise_scale = 0;                  // with measure_noise: the smoothed estimate at the end (0: undefined)
+  NoiseInterval noise_interval;            // its 95% interval (train/noise.h), or why there is none
   // Layout.
   int world_size = 1;
   int dp = 1, tp = 1, pp = 1;

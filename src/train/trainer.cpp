@@ -606,9 +606,11 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       sm.noise_scale = noise.estimate();
     }
     r.losses.push_back(loss);
-    if (cfg_.time_limit > 0 && step + 1 < total && step >= r.warmup_excluded + 2) {
-      // Every rank stops at the same step: rank 0's clock decides.
-      double stop = now_seconds() - t_measure >= cfg_.time_limit ? 1 : 0;
+    const bool timed = cfg_.time_limit > 0 && step >= r.warmup_excluded + 2;
+    if ((timed || cfg_.stop_early) && step + 1 < total) {
+      // Every rank stops at the same step: rank 0's clock (and answer) decides.
+      r.steps = step + 1;
+      double stop = (timed && now_seconds() - t_measure >= cfg_.time_limit) || (cfg_.stop_early && cfg_.stop_early(r));
       if (world_->size() > 1) world_->broadcast_sync(&stop, 1, DType::f64, 0);
       if (stop > 0) total = step + 1;
     }
@@ -622,6 +624,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const double t_end = now_seconds();
   engine_->set_profiling(false);
   r.noise_scale = noise.estimate();
+  if (cfg_.measure_noise) r.noise_interval = noise.interval();
   r.steps = total;
   const GroupBytes moved = traffic();
   r.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / double(total), (moved.dp - traffic_before.dp) / double(total),

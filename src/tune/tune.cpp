@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <set>
 
 #include "backend/device.h"
 #include "core/alloc.h"
@@ -31,10 +32,10 @@ float scale_lr(const std::string& optimizer, float lr, int64_t ref, int64_t batc
 namespace {
 
 struct Probe {
-  double sps = 0;
+  std::vector<double> secs;  // the timed steps' seconds
   size_t peak = 0;
-  int steps = 0;
   bool oom = false;
+  std::vector<GradNormSample> norms;
 };
 
 TrainConfig probe_config(const TrainConfig& base, int64_t micro, int64_t accum, int64_t steps) {
@@ -114,348 +115,544 @@ int64_t largest_fitting(int64_t cap, const std::function<bool(int64_t)>& fits) {
   return lo;
 }
 
-}  // namespace
-
-TuneResult tune(const ModelConfig& mc, const TrainConfig& base_in, const Dataset& train, const Dataset* test,
-                const TuneConfig& cfg) {
-  const double t0 = now_seconds();
-  SAT_CHECK(cfg.objective == "throughput" || cfg.objective == "goodput",
-            "--objective: expected throughput or goodput, got '", cfg.objective, "'");
-  SAT_CHECK(cfg.knee >= 0 && cfg.knee < 1, "--knee: expected a fraction in [0, 1), got ", cfg.knee);
-  SAT_CHECK(cfg.global_batch >= 0, "--global-batch: expected a positive number, got ", cfg.global_batch);
-  SAT_CHECK(base_in.pp == 1 && base_in.tp == 1, "--pp/--tp: the tuner chooses the batch of a data-parallel layout; "
-            "with pipeline or tensor parallelism give --batch and --accum");
-  TrainConfig base = base_in;
-  base.optim = resolve_optim(base.optim);
-  dist::Comm* comm = base.comm;
-  const int world = comm ? comm->size() : 1;
-  const bool lead = !comm || comm->rank() == 0;
-  int dev_index = 0;
-  const Device dev = resolve_device(base.device, &dev_index);
-  auto say = [&](auto&&... a) {
-    if (lead && cfg.progress) std::fprintf(stderr, "%s\n", str_cat(a...).c_str());
-  };
-
-  TuneResult r;
-  r.model = mc.name;
-  r.data = train.name();
-  r.device = dev == Device::cuda ? "cuda:" + std::to_string(dev_index) : "cpu";
-  r.world = world;
-  r.knee = cfg.knee;
-  r.objective = cfg.objective;
-  r.requested_global_batch = cfg.global_batch;
-
-  // ---- the budget -----------------------------------------------------------------------
-  if (cfg.memory_budget) {
-    r.budget = cfg.memory_budget;
-    r.budget_source = "--memory-budget";
-  } else if (dev == Device::cuda) {
-    r.budget = size_t(double(cuda_free_memory(dev_index)) * 0.95);
-    r.budget_source = "free GPU memory less 5%";
-  } else {
-    r.budget = size_t(double(host_available_memory()) * 0.8 / world);
-    r.budget_source = world > 1 ? "available host memory less 20%, shared by the ranks" : "available host memory less 20%";
-  }
-  SAT_CHECK(r.budget > 0, "--memory-budget: could not tell how much memory is free; give a budget in bytes");
-  agree(comm, &r.budget, 1, DType::i64);
-
-  // ---- the largest micro-batch that fits, from the plan alone ----------------------------
-  const int64_t share = cfg.global_batch > 0 ? std::max<int64_t>(1, cfg.global_batch / world) : 0;
-  int64_t cap = train.size() / world;
-  if (share) cap = std::min(cap, share);
-  if (cfg.max_micro_batch > 0) cap = std::min(cap, cfg.max_micro_batch);
-  SAT_CHECK(cap >= 1, "--data: ", train.name(), " has ", train.size(), " samples, fewer than the ", world, " ranks");
-  TrainConfig final_cfg = probe_config(base, 1, 1, 1);
-  final_cfg.evaluate = test != nullptr;
-  auto fits = [&](int64_t b) {
-    TrainConfig c = final_cfg;
-    c.batch = b;
-    return predicted(mc, c, train, test, world) <= r.budget;
-  };
-  {
-    TrainConfig c = final_cfg;
-    const size_t need = predicted(mc, c, train, test, world);
-    SAT_CHECK(need <= r.budget, "--memory-budget: ", mc.name, " needs ", format_bytes(double(need)),
-              " per rank at micro-batch 1, more than the budget of ", format_bytes(double(r.budget)),
-              (cfg.memory_budget ? "" : " (" + r.budget_source + ")"));
-  }
-  const int64_t lo = largest_fitting(cap, fits);
-  r.max_micro_batch = lo;
-  {
-    TrainConfig c = final_cfg;
-    c.batch = lo;
-    r.max_predicted_bytes = predicted(mc, c, train, test, world);
-  }
-  say("tune: budget ", format_bytes(double(r.budget)), " per rank (", r.budget_source, "); the plan fits micro-batch ",
-      r.max_micro_batch, " (", format_bytes(double(r.max_predicted_bytes)), ")",
-      cap == r.max_micro_batch && cap < train.size() / world ? " (capped)" : "");
-
-  // Every run below allocates under the budget: a wrong plan would show as a refused
-  // allocation, counted, never as a crash.
-  const size_t failed_before = device_mem_failed(dev);
-  // (Host buffers that already exist, outside any plan, are not the runs' to pay for.)
-  device_mem_set_budget(dev, r.budget + (dev == Device::cpu ? mem_stats().current : 0));
-  struct BudgetReset {
-    Device d;
-    ~BudgetReset() { device_mem_set_budget(d, 0); }
-  } reset{dev};
-
-  auto run_probe = [&](int64_t micro, int64_t accum, int64_t steps, double seconds, bool noise,
-                       std::vector<GradNormSample>* norms, float lr, const TuneLever* lever = nullptr) -> Probe {
-    Probe p;
-    TrainConfig c = probe_config(lever ? with_lever(base, *lever) : base, micro, accum, steps);
-    c.time_limit = seconds;
-    c.measure_noise = noise;
-    c.optim.lr = lr;
-    try {
-      Trainer t(mc, c, train, nullptr);
-      // The median step time of the timed steps: one step delayed by other work on the
-      // machine must not move the estimate.
-      std::vector<double> secs;
-      TrainResult tr = t.run([&](const StepMetrics& m) {
-        if (m.step > c.warmup_excluded) secs.push_back(m.seconds);
-      });
-      p.sps = tr.samples_per_second;
-      if (!secs.empty()) {
-        std::nth_element(secs.begin(), secs.begin() + long(secs.size() / 2), secs.end());
-        p.sps = double(micro * accum * world) / secs[secs.size() / 2];
-      }
-      p.peak = tr.peak_memory_bytes;
-      p.steps = int(tr.steps - tr.warmup_excluded);
-      if (norms) *norms = tr.grad_norms;
-    } catch (const OutOfMemory& e) {
-      // Only a wrong plan gets here; all ranks hit it alike (same plan, same budget).
-      p.oom = true;
-      say("tune: micro-batch ", micro, " was refused memory: ", e.what());
-    }
-    return p;
-  };
-
-  // ---- confirm the maximum with one real step --------------------------------------------
-  {
-    Probe p = run_probe(r.max_micro_batch, 1, 1, 0, false, nullptr, base.optim.lr);
-    r.confirm_peak_bytes = p.peak;
-    say("tune: one step at micro-batch ", r.max_micro_batch, " peaked at ", format_bytes(double(p.peak)),
-        p.oom ? " and was refused memory" : "");
-  }
-
-  // ---- probes: geometric sizes up to the maximum -----------------------------------------
+// The micro-batches considered: powers of two up to the largest that fits, and that
+// largest; with a kept global batch, those that divide this rank's share of it (powers
+// of two, plus the largest divisor that fits).
+std::vector<int64_t> size_grid(int64_t max_fit, int64_t share) {
   std::vector<int64_t> sizes;
-  if (share) {
-    // Micro-batches that divide this rank's share of the global batch: powers of two, plus
-    // the largest divisor that fits.
-    for (int64_t b = 1; b <= r.max_micro_batch; b *= 2)
-      if (share % b == 0) sizes.push_back(b);
-    for (int64_t b = r.max_micro_batch; b >= 1; --b)
-      if (share % b == 0) {
-        if (sizes.empty() || sizes.back() != b) sizes.push_back(b);
-        break;
-      }
-    std::sort(sizes.begin(), sizes.end());
-    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  } else {
-    for (int64_t b = 1; b <= r.max_micro_batch; b *= 2) sizes.push_back(b);
-    if (sizes.back() != r.max_micro_batch) sizes.push_back(r.max_micro_batch);
-  }
-  double best = 0;
-  int flat = 0;  // consecutive probes that did not beat the best by more than the knee
-  for (int64_t b : sizes) {
-    TuneCandidate cand;
-    cand.micro_batch = b;
-    TrainConfig c = probe_config(base, b, 1, 1);
-    cand.predicted_memory_bytes = predicted(mc, c, train, nullptr, world);
-    // Plateau: three sizes in a row (a factor of 8) without a gain beyond the knee;
-    // larger ones are only planned (their memory is known), not timed.
-    if (flat < 3) {
-      Probe p = run_probe(b, 1, 200, cfg.probe_seconds, false, nullptr, base.optim.lr);
-      ++r.probes;
-      agree(comm, &p.sps, 1, DType::f64);
-      cand.probed = !p.oom;
-      cand.samples_per_second = p.sps;
-      cand.measured_peak_bytes = p.peak;
-      cand.timed_steps = p.steps;
-      say("tune: micro-batch ", b, ": ", int64_t(p.sps), " samples/s over ", p.steps, " steps, peak ",
-          format_bytes(double(p.peak)), " (plan ", format_bytes(double(cand.predicted_memory_bytes)), ")");
-      if (p.oom) break;
-      if (p.sps > best * (1 + cfg.knee)) flat = 0;
-      else ++flat;
-      best = std::max(best, p.sps);
-    }
-    r.candidates.push_back(cand);
-  }
-  std::vector<const TuneCandidate*> probed;
-  for (auto& c : r.candidates)
-    if (c.probed && c.samples_per_second > 0) probed.push_back(&c);
-  SAT_CHECK(!probed.empty(), "tune: no micro-batch could be timed");
+  for (int64_t b = 1; b <= max_fit; b *= 2)
+    if (!share || share % b == 0) sizes.push_back(b);
+  int64_t top = max_fit;
+  while (share && share % top != 0) --top;
+  sizes.push_back(top);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
 
-  // ---- choice by throughput --------------------------------------------------------------
-  TuneChoice& ch = r.choice;
-  const TuneCandidate* pick = nullptr;
-  auto best_of = [&](auto score) {
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The rms deviation of a's log ratios to b, round by round, from their mean (0 with
+// fewer than two rounds in common): how much the rounds disagree.
+double round_scatter(const std::vector<ProbeTiming>& a, const std::vector<ProbeTiming>& b, int* n) {
+  std::vector<double> d;
+  for (const ProbeTiming& x : a)
+    for (const ProbeTiming& y : b)
+      if (x.round == y.round) d.push_back(std::log(x.samples_per_second / y.samples_per_second));
+  if (d.size() < 2) return 0;
+  double mean = 0, ss = 0;
+  for (double v : d) mean += v / double(d.size());
+  for (double v : d) ss += (v - mean) * (v - mean);
+  *n += int(d.size()) - 1;
+  return ss;
+}
+
+std::string pct(double fraction) { return str_cat(std::lround(100 * fraction), "%"); }
+
+std::string fixed(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+class Tuner {
+ public:
+  Tuner(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
+        const TuneConfig& cfg)
+      : mc_(mc), base_(base), train_(train), test_(test), cfg_(cfg) {
+    base_.optim = resolve_optim(base_.optim);
+    comm_ = base_.comm;
+    world_ = comm_ ? comm_->size() : 1;
+    lead_ = !comm_ || comm_->rank() == 0;
+    dev_ = resolve_device(base_.device, &dev_index_);
+  }
+  TuneResult run();
+
+ private:
+  template <typename... A>
+  void say(const A&... a) const {
+    if (lead_ && cfg_.progress) std::fprintf(stderr, "%s\n", str_cat(a...).c_str());
+  }
+  size_t plan_at(int64_t b, const TuneLever* lever = nullptr) const {
+    TrainConfig c = lever ? with_lever(final_cfg_, *lever) : final_cfg_;
+    c.batch = b;
+    return predicted(mc_, c, train_, test_, world_);
+  }
+  void set_budget();
+  void find_largest();
+  Probe run_probe(TrainConfig c, double seconds, int min_steps = 0);
+  ProbeTiming time_candidate(TuneCandidate& c, int round);
+  bool probe_first(size_t i);
+  void first_pass();
+  void first_pass_predicted();
+  size_t decide(const std::vector<double>& log_offsets, const char* what);
+  void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
+  void measure_noise(int64_t micro);
+  void explain(size_t pick);
+  void weigh_levers(size_t pick);
+  void agree_choice();
+
+  const ModelConfig& mc_;
+  TrainConfig base_;
+  const Dataset& train_;
+  const Dataset* test_;
+  const TuneConfig& cfg_;
+  dist::Comm* comm_ = nullptr;
+  int world_ = 1, dev_index_ = 0;
+  bool lead_ = true;
+  Device dev_ = Device::cpu;
+  TuneResult r_;
+  int64_t share_ = 0, cap_ = 0;
+  TrainConfig final_cfg_;
+};
+
+void Tuner::set_budget() {
+  if (cfg_.memory_budget) {
+    r_.budget = cfg_.memory_budget;
+    r_.budget_source = "--memory-budget";
+  } else if (dev_ == Device::cuda) {
+    r_.budget = size_t(double(cuda_free_memory(dev_index_)) * 0.95);
+    r_.budget_source = "free GPU memory less 5%";
+  } else {
+    r_.budget = size_t(double(host_available_memory()) * 0.8 / world_);
+    r_.budget_source =
+        world_ > 1 ? "available host memory less 20%, shared by the ranks" : "available host memory less 20%";
+  }
+  SAT_CHECK(r_.budget > 0, "--memory-budget: could not tell how much memory is free; give a budget in bytes");
+  agree(comm_, &r_.budget, 1, DType::i64);
+}
+
+// The largest micro-batch that fits, from the plan alone.
+void Tuner::find_largest() {
+  share_ = cfg_.global_batch > 0 ? std::max<int64_t>(1, cfg_.global_batch / world_) : 0;
+  cap_ = train_.size() / world_;
+  if (share_) cap_ = std::min(cap_, share_);
+  if (cfg_.max_micro_batch > 0) cap_ = std::min(cap_, cfg_.max_micro_batch);
+  SAT_CHECK(cap_ >= 1, "--data: ", train_.name(), " has ", train_.size(), " samples, fewer than the ", world_, " ranks");
+  final_cfg_ = probe_config(base_, 1, 1, 1);
+  final_cfg_.evaluate = test_ != nullptr;
+  const size_t need = plan_at(1);
+  SAT_CHECK(need <= r_.budget, "--memory-budget: ", mc_.name, " needs ", format_bytes(double(need)),
+            " per rank at micro-batch 1, more than the budget of ", format_bytes(double(r_.budget)),
+            (cfg_.memory_budget ? "" : " (" + r_.budget_source + ")"));
+  r_.max_micro_batch = largest_fitting(cap_, [&](int64_t b) { return plan_at(b) <= r_.budget; });
+  r_.max_predicted_bytes = plan_at(r_.max_micro_batch);
+  say("tune: budget ", format_bytes(double(r_.budget)), " per rank (", r_.budget_source, "); the plan fits micro-batch ",
+      r_.max_micro_batch, " (", format_bytes(double(r_.max_predicted_bytes)), ")",
+      cap_ == r_.max_micro_batch && cap_ < train_.size() / world_ ? " (capped)" : "");
+}
+
+// Trains c for c.steps steps or `seconds` of timed steps, and at least min_steps of them
+// (0: as the trainer's time limit has it, 3). A refused allocation (only a wrong plan gets
+// there; all ranks hit it alike) is reported, not thrown.
+Probe Tuner::run_probe(TrainConfig c, double seconds, int min_steps) {
+  Probe p;
+  if (min_steps > 0 && seconds > 0) {
+    // Asked before the step's own time is recorded: the step in progress is one more.
+    c.stop_early = [&p, seconds, min_steps](const TrainResult&) {
+      double sum = 0;
+      for (double x : p.secs) sum += x;
+      return int(p.secs.size()) + 1 >= min_steps && sum >= seconds;
+    };
+  } else {
+    c.time_limit = seconds;
+  }
+  try {
+    Trainer t(mc_, c, train_, nullptr);
+    TrainResult tr = t.run([&](const StepMetrics& m) {
+      if (m.step > c.warmup_excluded) p.secs.push_back(m.seconds);
+    });
+    p.peak = tr.peak_memory_bytes;
+    p.norms = std::move(tr.grad_norms);
+  } catch (const OutOfMemory& e) {
+    p.oom = true;
+    say("tune: micro-batch ", c.batch, " was refused memory: ", e.what());
+  }
+  return p;
+}
+
+// One timed probe of candidate c (every rank takes rank 0's timing).
+ProbeTiming Tuner::time_candidate(TuneCandidate& c, int round) {
+  Probe p = run_probe(probe_config(base_, c.micro_batch, 1, 200), cfg_.probe_seconds, cfg_.probe_min_steps);
+  ProbeTiming t = p.oom ? ProbeTiming{} : time_probe(p.secs, double(c.micro_batch * world_), round);
+  double v[4] = {t.samples_per_second, t.log_se, t.iqr_fraction, double(t.steps)};
+  agree(comm_, v, 4, DType::f64);
+  t = {round, v[0], v[1], v[2], int(v[3])};
+  c.measured_peak_bytes = std::max(c.measured_peak_bytes, p.peak);
+  c.timed_steps += t.steps;
+  say("tune: ", round ? str_cat("round ", round, ": ") : "", "micro-batch ", c.micro_batch, ": ",
+      int64_t(t.samples_per_second), " samples/s over ", t.steps, " steps (step times' IQR ", pct(t.iqr_fraction),
+      " of their median), peak ", format_bytes(double(p.peak)), " (plan ",
+      format_bytes(double(c.predicted_memory_bytes)), ")");
+  return t;
+}
+
+// The first-pass probe of candidate i; false when it was refused memory.
+bool Tuner::probe_first(size_t i) {
+  TuneCandidate& c = r_.candidates[i];
+  ProbeTiming t = time_candidate(c, 0);
+  ++r_.probes;
+  c.probed = t.samples_per_second > 0;
+  if (c.probed) c.timings.push_back(t), c.samples_per_second = t.samples_per_second;
+  return c.probed;
+}
+
+// Every size in turn; after three in a row that gained no more than the knee over the
+// best so far, surely (the upper end of the ratio's 95% interval; a factor of 8 in size),
+// the larger ones are only planned.
+void Tuner::first_pass() {
+  int flat = 0;
+  const TuneCandidate* best = nullptr;
+  for (size_t i = 0; i < r_.candidates.size() && flat < 3; ++i) {
+    if (!probe_first(i)) break;
+    const TuneCandidate& c = r_.candidates[i];
+    const bool gain = !best || compare(c.timings, best->timings).high(1.96) > 1 + cfg_.knee;
+    flat = gain ? 0 : flat + 1;
+    if (!best || c.samples_per_second > best->samples_per_second) best = &c;
+  }
+}
+
+// With a cost model: the sizes next to its best and to its knee (the smallest within the
+// knee of its best), then outwards while the measurements say the knee or the best lie
+// beyond what was probed.
+void Tuner::first_pass_predicted() {
+  auto& cs = r_.candidates;
+  const int n = int(cs.size());
+  int best = 0;
+  for (int i = 0; i < n; ++i)
+    if (cs[size_t(i)].predicted_samples_per_second > cs[size_t(best)].predicted_samples_per_second) best = i;
+  int knee = best;
+  while (knee > 0 && cs[size_t(knee - 1)].predicted_samples_per_second >=
+                         (1 - cfg_.knee) * cs[size_t(best)].predicted_samples_per_second)
+    --knee;
+  std::set<int> todo;
+  for (int at : {knee, best})
+    for (int i = std::max(0, at - 1); i <= std::min(n - 1, at + 1); ++i) todo.insert(i);
+  for (int i : todo)
+    if (!probe_first(size_t(i))) return;
+  for (;;) {
+    int lo = n, hi = -1;
     double top = 0;
-    for (auto* c : probed) top = std::max(top, score(*c));
-    return top;
-  };
-  if (share) {
-    // The global batch is fixed: the fastest micro-batch among those that divide it.
-    for (auto* c : probed)
-      if (!pick || c->samples_per_second > pick->samples_per_second) pick = c;
-  } else {
-    const double top = best_of([](const TuneCandidate& c) { return c.samples_per_second; });
-    for (auto* c : probed)
-      if (c->samples_per_second >= (1 - cfg.knee) * top) { pick = c; break; }
+    for (int i = 0; i < n; ++i)
+      if (cs[size_t(i)].probed) lo = std::min(lo, i), hi = i, top = std::max(top, cs[size_t(i)].samples_per_second);
+    int next = -1;
+    if (lo > 0 && cs[size_t(lo)].samples_per_second >= (1 - cfg_.knee) * top) next = lo - 1;
+    else if (hi < n - 1 && cs[size_t(hi)].samples_per_second >= top) next = hi + 1;
+    if (next < 0 || !probe_first(size_t(next))) return;
   }
+}
 
-  // ---- the gradient noise scale, measured at the chosen micro-batch ----------------------
-  const int64_t noise_micro = pick->micro_batch;
-  if (cfg.noise_steps > 0 && train.size() >= 2 * noise_micro * world) {
-    std::vector<GradNormSample> norms;
-    std::string rule;
-    const float lr = scale_lr(base.optim.name, base.optim.lr, cfg.lr_batch, 2 * noise_micro * world);
-    Probe p = run_probe(noise_micro, 2, cfg.noise_steps, 0, true, &norms, lr);
+// The contest among the probed candidates (tune/contest.h); returns the chosen
+// candidate's index. log_offsets (per candidate, may be empty) weigh the throughputs:
+// goodput's statistical efficiency.
+size_t Tuner::decide(const std::vector<double>& log_offsets, const char* what) {
+  std::vector<size_t> idx;
+  std::vector<Contender> con;
+  for (size_t i = 0; i < r_.candidates.size(); ++i)
+    if (r_.candidates[i].probed) {
+      idx.push_back(i);
+      con.push_back({r_.candidates[i].micro_batch, r_.candidates[i].timings, log_offsets.empty() ? 0 : log_offsets[i]});
+    }
+  SAT_CHECK(!con.empty(), "tune: no micro-batch could be timed");
+  ContestRules rules;
+  rules.knee = cfg_.knee;
+  rules.max_rounds = cfg_.rounds;
+  rules.fastest = share_ > 0;
+  const ContestOutcome o = run_contest(con, rules, [&](int k, int round) {
+    return time_candidate(r_.candidates[idx[size_t(k)]], round);
+  });
+  ThroughputNoise& tn = r_.throughput_noise;
+  tn.rounds += o.rounds;
+  tn.remeasured += o.remeasured;
+  tn.settled = o.verdict.settled;
+  tn.reference = con[size_t(o.verdict.reference)].micro_batch;
+  record(idx, con, size_t(o.verdict.reference));
+  say("tune: ", what, ": ", o.verdict.settled ? "settled" : "not settled", " after ", o.rounds,
+      " round(s) of re-measurement (", o.remeasured, " probes); the noise-aware best is micro-batch ", tn.reference);
+  return idx[size_t(o.verdict.choice)];
+}
+
+// Each contender's figures (its throughput over its rounds, its ratio to the reference,
+// the spread of its step times) and the overall noise, in r_.
+void Tuner::record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref) {
+  std::vector<double> iqr;
+  double ss = 0;
+  int dof = 0;
+  for (size_t k = 0; k < con.size(); ++k) {
+    TuneCandidate& c = r_.candidates[idx[k]];
+    c.timings = con[k].timings;
+    Contender plain = con[k];
+    plain.log_offset = 0;
+    const Estimate e = estimate(plain);
+    c.samples_per_second = std::exp(e.log);
+    c.samples_per_second_low = std::exp(e.log - 1.96 * e.se);
+    c.samples_per_second_high = std::exp(e.log + 1.96 * e.se);
+    const Ratio q = k == ref ? Ratio{0, 0, 1} : compare(con[k].timings, con[ref].timings);  // itself: exactly 1
+    c.ratio_to_best = q.value(), c.ratio_to_best_low = q.low(1.96), c.ratio_to_best_high = q.high(1.96);
+    std::vector<double> mine;
+    for (auto& t : c.timings) mine.push_back(t.iqr_fraction), iqr.push_back(t.iqr_fraction);
+    c.step_time_iqr_fraction = median_of(mine);
+    if (k != ref) ss += round_scatter(con[k].timings, con[ref].timings, &dof);
+  }
+  r_.throughput_noise.step_time_iqr_fraction = median_of(iqr);
+  r_.throughput_noise.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
+}
+
+// The gradient noise scale: b_small = micro (capped so that the big batch is at most a
+// quarter of the training set: sampling nearly all of it would hide the noise), b_big =
+// noise_ratio x it through accumulation and ranks; steps until the interval is tight.
+void Tuner::measure_noise(int64_t micro) {
+  NoiseInterval& iv = r_.noise_interval;
+  if (cfg_.noise_steps <= 0) {
+    iv.reason = "not asked for (no noise-scale steps)";
+    return;
+  }
+  const int64_t accum = std::max<int64_t>(2, (cfg_.noise_ratio + world_ - 1) / world_);
+  const int64_t b = std::min(micro, train_.size() / (4 * accum * world_));
+  if (b < 1) {
+    iv.reason = str_cat("the training set (", train_.size(), " samples) is too small for two batches ",
+                        accum * world_, " times apart");
+    return;
+  }
+  r_.noise_b_small = b;
+  r_.noise_b_big = b * accum * world_;
+  TrainConfig c = probe_config(base_, b, accum, cfg_.noise_steps);
+  c.measure_noise = true;
+  c.optim.lr = scale_lr(base_.optim.name, base_.optim.lr, cfg_.lr_batch, micro * world_);  // the choice's rate
+  const double tol = cfg_.noise_tolerance;
+  c.stop_early = [tol](const TrainResult& tr) {
     NoiseScale ns;
-    int64_t k = 0;
-    for (auto& g : norms) {
-      ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
-      r.noise.push_back({++k, g.small_sq, g.big_sq, g.b_small, g.b_big, ns.estimate()});
-    }
-    r.noise_scale = ns.estimate();
-    agree(comm, &r.noise_scale, 1, DType::f64);
-    say("tune: gradient noise scale ", r.noise_scale, " (", norms.size(), " steps at micro-batch ", noise_micro,
-        " x 2 accumulation", p.oom ? ", refused memory" : "", ")");
-  }
-  const int64_t ref_global = probed.front()->micro_batch * world;
-  for (auto& c : r.candidates) {
-    c.statistical_efficiency = statistical_efficiency(r.noise_scale, ref_global, c.micro_batch * world);
-    c.goodput = c.samples_per_second * c.statistical_efficiency;
-  }
-  char buf[512];
-  const int pct = int(std::lround(cfg.knee * 100));
-  if (share) {
-    ch.micro_batch = pick->micro_batch;
-    ch.accum = share / pick->micro_batch;
-    ch.global_batch = ch.micro_batch * ch.accum * world;
-    std::snprintf(buf, sizeof buf,
-                  "global batch %lld kept as micro-batch %lld x %lld accumulation x %d rank(s): the fastest measured "
-                  "micro-batch (%.0f samples/s) among those that divide it and fit the budget",
-                  (long long)ch.global_batch, (long long)ch.micro_batch, (long long)ch.accum, world,
-                  pick->samples_per_second);
-    ch.reason = buf;
-    if (ch.global_batch != cfg.global_batch)
-      ch.reason += str_cat("; ", cfg.global_batch, " is not a multiple of ", world, " ranks, so ", ch.global_batch,
-                           " is the closest below it");
-  } else if (cfg.objective == "goodput" && r.noise_scale > 0) {
-    const double top = best_of([](const TuneCandidate& c) { return c.goodput; });
-    for (auto* c : probed) {
-      const auto& cc = *std::find_if(r.candidates.begin(), r.candidates.end(),
-                                     [&](const TuneCandidate& x) { return x.micro_batch == c->micro_batch; });
-      if (cc.goodput >= (1 - cfg.knee) * top) { pick = &cc; break; }
-    }
-    ch.micro_batch = pick->micro_batch;
-    ch.global_batch = ch.micro_batch * world;
-    std::snprintf(buf, sizeof buf,
-                  "micro-batch %lld is the smallest within %d%% of the best goodput (throughput x statistical "
-                  "efficiency at gradient noise scale %.0f): %.0f samples/s at efficiency %.2f",
-                  (long long)ch.micro_batch, pct, r.noise_scale, pick->samples_per_second,
-                  statistical_efficiency(r.noise_scale, ref_global, ch.global_batch));
-    ch.reason = buf;
-  } else {
-    const TuneCandidate* fastest = probed.front();
-    for (auto* c : probed)
-      if (c->samples_per_second > fastest->samples_per_second) fastest = c;
-    ch.micro_batch = pick->micro_batch;
-    ch.global_batch = ch.micro_batch * world;
-    if (fastest == pick)
-      std::snprintf(buf, sizeof buf,
-                    "micro-batch %lld gave the best measured throughput (%.0f samples/s) and no smaller one came "
-                    "within %d%% of it. The largest that fits the budget is %lld",
-                    (long long)ch.micro_batch, pick->samples_per_second, pct, (long long)r.max_micro_batch);
-    else
-      std::snprintf(buf, sizeof buf,
-                    "micro-batch %lld is the smallest within %d%% of the best measured throughput (%.0f samples/s here, "
-                    "%.0f at %lld): larger batches cost memory for little speed. The largest that fits the budget is "
-                    "%lld",
-                    (long long)ch.micro_batch, pct, pick->samples_per_second, fastest->samples_per_second,
-                    (long long)fastest->micro_batch, (long long)r.max_micro_batch);
-    ch.reason = buf;
-    if (cfg.objective == "goodput") ch.reason += " (goodput needs the noise scale, which could not be measured here)";
-  }
-  // ---- memory levers, when the budget holds back a micro-batch that may be faster --------
-  const bool rising = probed.size() < 2 || probed.back()->samples_per_second >
-                                               (1 + cfg.knee) * probed[probed.size() - 2]->samples_per_second;
-  const bool by_goodput = !share && cfg.objective == "goodput" && r.noise_scale > 0;
-  int64_t target = 0;  // the next micro-batch worth trying
-  if (share) {
-    for (int64_t b = r.max_micro_batch + 1; b <= std::min(share, train.size() / world) && !target; ++b)
-      if (share % b == 0) target = b;
-  } else {
-    target = std::min(2 * r.max_micro_batch, train.size() / world);
-  }
-  // Probes lever l at the largest micro-batch it fits up to the target (dividing the share
-  // when the global batch is kept); it is chosen when it beats the choice by the knee.
-  auto choose_lever = [&](TuneLever& l) {
-    int64_t b = std::min(l.max_micro_batch, target);
-    while (share && share % b != 0) --b;
-    TrainConfig c = with_lever(probe_config(base, b, 1, 1), l);
-    l.micro_batch = b;
-    l.predicted_memory_bytes = predicted(mc, c, train, nullptr, world);
-    Probe p = run_probe(b, 1, 200, cfg.probe_seconds, false, nullptr, base.optim.lr, &l);
-    ++r.probes;
-    agree(comm, &p.sps, 1, DType::f64);
-    l.samples_per_second = p.oom ? 0 : p.sps;
-    l.measured_peak_bytes = p.peak;
-    say("tune: micro-batch ", b, " with ", l.name, ": ", int64_t(p.sps), " samples/s, peak ",
-        format_bytes(double(p.peak)), " (plan ", format_bytes(double(l.predicted_memory_bytes)), ")");
-    const double before = pick->samples_per_second;
-    char why[512];
-    std::snprintf(why, sizeof why,
-                  ". Micro-batch %lld does not fit the budget as it is; %s (the cheapest lever that fits %s) makes it "
-                  "fit (plan %s) and trained at %.0f samples/s, %+.0f%% against %lld without it",
-                  (long long)b, l.name.c_str(), l.max_micro_batch >= target ? "it" : "the most",
-                  format_bytes(double(l.predicted_memory_bytes)).c_str(), l.samples_per_second,
-                  100.0 * (l.samples_per_second / before - 1), (long long)pick->micro_batch);
-    ch.reason += why;
-    if (l.samples_per_second <= (1 + cfg.knee) * before) {
-      ch.reason += str_cat(": not faster by more than ", pct, "%, so no lever");
-      return;
-    }
-    ch.reason += ": chosen";
-    ch.micro_batch = b;
-    ch.accum = share ? share / b : 1;
-    ch.global_batch = ch.micro_batch * ch.accum * world;
-    ch.zero = l.zero;
-    ch.recompute = l.recompute;
+    for (auto& g : tr.grad_norms) ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
+    const NoiseInterval v = ns.interval();
+    return ns.count() >= 5 && v.measurable && v.high - v.low <= tol * v.estimate;
   };
-
-  if (!by_goodput && rising && ch.micro_batch == r.max_micro_batch && target > r.max_micro_batch) {
-    r.levers = lever_options(mc, base, world, dev);
-    TuneLever* use = nullptr;
-    for (TuneLever& l : r.levers) {
-      l.max_micro_batch = largest_fitting(std::max(target, cap), [&](int64_t b) {
-        TrainConfig c = with_lever(final_cfg, l);
-        c.batch = b;
-        return predicted(mc, c, train, test, world) <= r.budget;
-      });
-      if (!use && l.max_micro_batch >= target) use = &l;
-    }
-    for (TuneLever& l : r.levers)  // none reaches the target: the one that gets closest
-      if (!use || (use->max_micro_batch < target && l.max_micro_batch > use->max_micro_batch)) use = &l;
-    if (use && use->max_micro_batch > r.max_micro_batch) choose_lever(*use);
+  Probe p;
+  try {
+    p = run_probe(c, cfg_.noise_seconds);
+  } catch (const Error& e) {  // e.g. training diverged at this rate: every rank sees the same loss
+    iv.reason = str_cat("its training steps failed: ", e.what());
   }
+  NoiseScale ns;
+  for (auto& g : p.norms) {
+    ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
+    const NoiseInterval v = ns.interval();
+    r_.noise.push_back({ns.count(), g.small_sq, g.big_sq, g.b_small, g.b_big, v.estimate, v.measurable ? v.low : 0,
+                        v.measurable ? v.high : 0});
+  }
+  if (iv.reason.empty()) iv = ns.interval();
+  if (p.oom) iv = {}, iv.reason = "its steps were refused memory";
+  double v[4] = {double(iv.measurable), iv.estimate, iv.low, iv.high};
+  agree(comm_, v, 4, DType::f64);
+  iv.measurable = v[0] > 0, iv.estimate = v[1], iv.low = v[2], iv.high = v[3];
+  r_.noise_scale = iv.measurable ? iv.estimate : 0;
+  const std::string how = str_cat(p.norms.size(), " steps at micro-batch ", b, " x ", accum, " accumulation",
+                                  world_ > 1 ? str_cat(" x ", world_, " ranks") : "", ": batches ", r_.noise_b_small,
+                                  " and ", r_.noise_b_big);
+  if (iv.measurable)
+    say("tune: gradient noise scale ", fixed("%.4g", iv.estimate), " (95% interval ", fixed("%.4g", iv.low), " to ",
+        fixed("%.4g", iv.high), "; ", how, ")");
+  else
+    say("tune: gradient noise scale: not measurable yet: ", iv.reason, " (", how, ")");
+}
 
-  // All ranks take rank 0's choice (their timings differ a little).
+// The choice and its reason, from candidate `pick` (the contest's choice).
+void Tuner::explain(size_t pick) {
+  TuneChoice& ch = r_.choice;
+  const TuneCandidate& c = r_.candidates[pick];
+  const ThroughputNoise& tn = r_.throughput_noise;
+  const std::string knee = pct(cfg_.knee);
+  const std::string noise =
+      str_cat(tn.rounds, " round(s) of re-measurement, step times' IQR ", pct(tn.step_time_iqr_fraction),
+              tn.rounds ? str_cat(", rounds disagreeing by ", fixed("%.1f", 100 * tn.round_to_round), "%") : "");
+  ch.micro_batch = c.micro_batch;
+  ch.accum = share_ ? share_ / c.micro_batch : 1;
+  ch.global_batch = ch.micro_batch * ch.accum * world_;
+  const std::string sps = str_cat(fixed("%.0f", c.samples_per_second), " samples/s (95% interval ",
+                                  fixed("%.0f", c.samples_per_second_low), " to ",
+                                  fixed("%.0f", c.samples_per_second_high), ")");
+  if (share_) {
+    ch.reason = str_cat("global batch ", ch.global_batch, " kept as micro-batch ", ch.micro_batch, " x ", ch.accum,
+                        " accumulation x ", world_, " rank(s): the fastest micro-batch among those that divide it and "
+                        "fit the budget, ", sps, ", after ", noise);
+    if (ch.global_batch != cfg_.global_batch)
+      ch.reason += str_cat("; ", cfg_.global_batch, " is not a multiple of ", world_, " ranks, so ", ch.global_batch,
+                           " is the closest below it");
+    return;
+  }
+  const bool good = cfg_.objective == "goodput" && r_.noise_interval.measurable;
+  const std::string what = good ? str_cat("goodput (throughput x statistical efficiency ",
+                                          fixed("%.2f", c.statistical_efficiency), " at gradient noise scale ",
+                                          fixed("%.0f", r_.noise_scale), ", 95% interval ",
+                                          fixed("%.0f", r_.noise_interval.low), " to ",
+                                          fixed("%.0f", r_.noise_interval.high), ")")
+                                : std::string("throughput");
+  if (c.micro_batch == tn.reference)
+    ch.reason = str_cat("micro-batch ", c.micro_batch, " gave the best ", what, ", ", sps, ", and no smaller one ",
+                        tn.settled ? "is" : "could be confirmed", " within ", knee, " of it (", noise,
+                        "). The largest that fits the budget is ", r_.max_micro_batch);
+  else
+    ch.reason = str_cat("micro-batch ", c.micro_batch, " is the smallest within ", knee, " of the best ", what, ": ",
+                        sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference, "'s (95% interval ",
+                        fixed("%.3f", c.ratio_to_best_low), " to ", fixed("%.3f", c.ratio_to_best_high), "; ", noise,
+                        tn.settled ? "" : "; smaller ones could not be told apart from the knee through the noise",
+                        "): larger batches cost memory for little speed. The largest that fits the budget is ",
+                        r_.max_micro_batch);
+  if (cfg_.objective == "goodput" && !good)
+    ch.reason += str_cat(" (goodput needs the gradient noise scale, which is not measurable yet: ",
+                         r_.noise_interval.reason, "; chosen by throughput)");
+}
+
+// Memory levers, when the budget holds back a micro-batch that may be faster: the cheapest
+// lever that fits the next micro-batch (or the one that fits the largest) is probed there,
+// right after the choice is timed again (a pair that drift hits alike), and chosen when it
+// is faster by more than the knee.
+void Tuner::weigh_levers(size_t pick) {
+  std::vector<const TuneCandidate*> probed;
+  for (auto& c : r_.candidates)
+    if (c.probed) probed.push_back(&c);
+  const bool rising = probed.size() < 2 || probed.back()->samples_per_second >
+                                               (1 + cfg_.knee) * probed[probed.size() - 2]->samples_per_second;
+  const bool by_goodput = !share_ && cfg_.objective == "goodput" && r_.noise_scale > 0;
+  TuneChoice& ch = r_.choice;
+  int64_t target = 0;  // the next micro-batch worth trying
+  if (share_) {
+    for (int64_t b = r_.max_micro_batch + 1; b <= std::min(share_, train_.size() / world_) && !target; ++b)
+      if (share_ % b == 0) target = b;
+  } else {
+    target = std::min(2 * r_.max_micro_batch, train_.size() / world_);
+  }
+  if (by_goodput || !rising || ch.micro_batch != r_.max_micro_batch || target <= r_.max_micro_batch) return;
+  r_.levers = lever_options(mc_, base_, world_, dev_);
+  TuneLever* use = nullptr;
+  for (TuneLever& l : r_.levers) {
+    l.max_micro_batch =
+        largest_fitting(std::max(target, cap_), [&](int64_t b) { return plan_at(b, &l) <= r_.budget; });
+    if (!use && l.max_micro_batch >= target) use = &l;
+  }
+  for (TuneLever& l : r_.levers)  // none reaches the target: the one that gets closest
+    if (!use || (use->max_micro_batch < target && l.max_micro_batch > use->max_micro_batch)) use = &l;
+  if (!use || use->max_micro_batch <= r_.max_micro_batch) return;
+  TuneLever& l = *use;
+  int64_t b = std::min(l.max_micro_batch, target);
+  while (share_ && share_ % b != 0) --b;
+  l.micro_batch = b;
+  l.predicted_memory_bytes = predicted(mc_, with_lever(probe_config(base_, b, 1, 1), l), train_, nullptr, world_);
+  TuneCandidate& mine = r_.candidates[pick];
+  const ProbeTiming before = time_candidate(mine, 0);
+  ++r_.throughput_noise.remeasured;
+  Probe p = run_probe(with_lever(probe_config(base_, b, 1, 200), l), cfg_.probe_seconds, cfg_.probe_min_steps);
+  ++r_.probes;
+  double sps = p.oom ? 0 : time_probe(p.secs, double(b * world_), 0).samples_per_second;
+  agree(comm_, &sps, 1, DType::f64);
+  l.samples_per_second = sps;
+  l.measured_peak_bytes = p.peak;
+  say("tune: micro-batch ", b, " with ", l.name, ": ", int64_t(sps), " samples/s, peak ", format_bytes(double(p.peak)),
+      " (plan ", format_bytes(double(l.predicted_memory_bytes)), "), against ", int64_t(before.samples_per_second),
+      " at micro-batch ", mine.micro_batch, " without it just before");
+  const double ratio = before.samples_per_second > 0 ? sps / before.samples_per_second : 0;
+  ch.reason += str_cat(". Micro-batch ", b, " does not fit the budget as it is; ", l.name, " (the cheapest lever that fits ",
+                       l.max_micro_batch >= target ? "it" : "the most", ") makes it fit (plan ",
+                       format_bytes(double(l.predicted_memory_bytes)), ") and trained at ", fixed("%.0f", sps),
+                       " samples/s, ", fixed("%+.0f", 100 * (ratio - 1)), "% against ", mine.micro_batch,
+                       " without it, timed just before");
+  if (ratio <= 1 + cfg_.knee) {
+    ch.reason += str_cat(": not faster by more than ", pct(cfg_.knee), ", so no lever");
+    return;
+  }
+  ch.reason += ": chosen";
+  ch.micro_batch = b;
+  ch.accum = share_ ? share_ / b : 1;
+  ch.global_batch = ch.micro_batch * ch.accum * world_;
+  ch.zero = l.zero;
+  ch.recompute = l.recompute;
+}
+
+// All ranks take rank 0's choice (their timings differ a little), then the learning rate.
+void Tuner::agree_choice() {
+  TuneChoice& ch = r_.choice;
   int64_t agreed[5] = {ch.micro_batch, ch.accum, ch.global_batch, ch.zero, int64_t(ch.recompute)};
-  agree(comm, agreed, 5, DType::i64);
+  agree(comm_, agreed, 5, DType::i64);
   ch.micro_batch = agreed[0];
   ch.accum = agreed[1];
   ch.global_batch = agreed[2];
   ch.zero = int(agreed[3]);
   ch.recompute = Recompute(agreed[4]);
-  ch.lr = scale_lr(base.optim.name, base.optim.lr, cfg.lr_batch, ch.global_batch, &ch.lr_rule);
-  ch.warmup_fraction = ch.global_batch > cfg.lr_batch ? 0.05 : 0.0;
-  r.failed_allocations = int(device_mem_failed(dev) - failed_before);
-  r.tuning_seconds = now_seconds() - t0;
-  return r;
+  ch.lr = scale_lr(base_.optim.name, base_.optim.lr, cfg_.lr_batch, ch.global_batch, &ch.lr_rule);
+  ch.warmup_fraction = ch.global_batch > cfg_.lr_batch ? 0.05 : 0.0;
+}
+
+TuneResult Tuner::run() {
+  const double t0 = now_seconds();
+  r_.model = mc_.name;
+  r_.data = train_.name();
+  r_.device = dev_ == Device::cuda ? "cuda:" + std::to_string(dev_index_) : "cpu";
+  r_.world = world_;
+  r_.knee = cfg_.knee;
+  r_.objective = cfg_.objective;
+  r_.requested_global_batch = cfg_.global_batch;
+  set_budget();
+  find_largest();
+  // Every run below allocates under the budget: a wrong plan would show as a refused
+  // allocation, counted, never as a crash. (Host buffers that already exist, outside any
+  // plan, are not the runs' to pay for.)
+  const size_t failed_before = device_mem_failed(dev_);
+  device_mem_set_budget(dev_, r_.budget + (dev_ == Device::cpu ? mem_stats().current : 0));
+  struct BudgetReset {
+    Device d;
+    ~BudgetReset() { device_mem_set_budget(d, 0); }
+  } reset{dev_};
+  {
+    Probe p = run_probe(probe_config(base_, r_.max_micro_batch, 1, 1), 0);
+    r_.confirm_peak_bytes = p.peak;
+    say("tune: one step at micro-batch ", r_.max_micro_batch, " peaked at ", format_bytes(double(p.peak)),
+        p.oom ? " and was refused memory" : "");
+  }
+  for (int64_t b : size_grid(r_.max_micro_batch, share_)) {
+    TuneCandidate c;
+    c.micro_batch = b;
+    c.predicted_memory_bytes = predicted(mc_, probe_config(base_, b, 1, 1), train_, nullptr, world_);
+    if (cfg_.predicted_samples_per_second) c.predicted_samples_per_second = cfg_.predicted_samples_per_second(b);
+    r_.candidates.push_back(c);
+  }
+  if (cfg_.predicted_samples_per_second) first_pass_predicted();
+  else first_pass();
+  size_t pick = decide({}, "throughput");
+  measure_noise(r_.candidates[pick].micro_batch);
+  const int64_t ref_global = r_.candidates.front().micro_batch * world_;
+  std::vector<double> offsets;
+  for (auto& c : r_.candidates) {
+    c.statistical_efficiency = statistical_efficiency(r_.noise_scale, ref_global, c.micro_batch * world_);
+    offsets.push_back(std::log(c.statistical_efficiency));
+  }
+  if (!share_ && cfg_.objective == "goodput" && r_.noise_scale > 0) pick = decide(offsets, "goodput");
+  for (auto& c : r_.candidates) c.goodput = c.samples_per_second * c.statistical_efficiency;
+  explain(pick);
+  weigh_levers(pick);
+  agree_choice();
+  r_.throughput_noise.rule = share_ ? "fastest (global batch kept)" : "smallest within the knee of the noise-aware best";
+  r_.failed_allocations = int(device_mem_failed(dev_) - failed_before);
+  r_.tuning_seconds = now_seconds() - t0;
+  return r_;
+}
+
+}  // namespace
+
+TuneResult tune(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
+                const TuneConfig& cfg) {
+  SAT_CHECK(cfg.objective == "throughput" || cfg.objective == "goodput",
+            "--objective: expected throughput or goodput, got '", cfg.objective, "'");
+  SAT_CHECK(cfg.knee >= 0 && cfg.knee < 1, "--knee: expected a fraction in [0, 1), got ", cfg.knee);
+  SAT_CHECK(cfg.global_batch >= 0, "--global-batch: expected a positive number, got ", cfg.global_batch);
+  SAT_CHECK(base.pp == 1 && base.tp == 1, "--pp/--tp: the tuner chooses the batch of a data-parallel layout; "
+            "with pipeline or tensor parallelism give --batch and --accum");
+  SAT_CHECK(cfg.rounds >= 0 && cfg.probe_min_steps >= 1 && cfg.noise_ratio >= 2 && cfg.noise_tolerance > 0,
+            "internal error: tuning rounds, probe steps, noise ratio or tolerance out of range");
+  return Tuner(mc, base, train, test, cfg).run();
 }
 
 }  // namespace sat

@@ -7,8 +7,15 @@
 // (the same engine that trains afterwards) and returns a TuneResult; tune_json() and
 // tune_html() only format a TuneResult. Under mpirun every rank runs tune() in lockstep
 // (probes are data-parallel runs) and rank 0's choice is broadcast, so all ranks agree.
+//
+// Noise: on a shared machine one probe's throughput is off by several percent, as much as
+// the knee. Every probe reports the spread of its step times, candidates within the noise
+// of each other are re-measured in interleaved rounds (tune/contest.h), and the choice
+// compares against the noise-aware best. The gradient noise scale comes with a 95%
+// interval, or is "not measurable yet" (train/noise.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +23,7 @@
 #include "nn/models.h"
 #include "train/noise.h"
 #include "train/trainer.h"
+#include "tune/contest.h"
 
 namespace sat {
 
@@ -29,7 +37,19 @@ struct TuneConfig {
   int64_t max_micro_batch = 0;         // 0: no cap beyond memory and the training set
   double probe_seconds = 0.3;          // timed seconds per probe (after one warm-up step; at least 3
                                        // timed steps; throughput from the median step time)
-  int noise_steps = 12;                // training steps that measure the gradient noise scale
+  int probe_min_steps = 6;             // timed steps per probe at least (quartiles of the step times)
+  int rounds = 4;                      // re-measurement rounds of the contenders at most (tune/contest.h)
+  // The gradient noise scale: the small batch is the chosen micro-batch (less when the
+  // training set is small), the big one noise_ratio times it (accumulation x ranks); steps
+  // run until the 95% interval is at most noise_tolerance x the estimate wide, or a cap.
+  int noise_ratio = 16;
+  int noise_steps = 100;               // cap on the steps (0: no measurement)
+  double noise_seconds = 20;           // cap on their time
+  double noise_tolerance = 0.5;
+  // A cost model's throughput (global samples/s) at a micro-batch, when one is given: the
+  // probes go around its best and its knee instead of every power of two, and every
+  // candidate reports it beside the measured figure.
+  std::function<double(int64_t micro_batch)> predicted_samples_per_second;
   // Learning-rate scaling: base.optim.lr is the user's rate at this global batch.
   int64_t lr_batch = 64;
   int progress = 1;                    // 0: quiet; 1: a line per probe on stderr
@@ -40,12 +60,30 @@ struct TuneCandidate {
   int64_t micro_batch = 0;
   size_t predicted_memory_bytes = 0;  // the plan (per rank)
   size_t measured_peak_bytes = 0;     // 0 when not probed
-  double samples_per_second = 0;      // global; 0 when not probed
+  double samples_per_second = 0;      // global, over its rounds (tune/contest.h); 0 when not probed
+  double samples_per_second_low = 0, samples_per_second_high = 0;  // its 95% interval
+  double step_time_iqr_fraction = 0;  // the spread of its step times: IQR / median (median over its probes)
+  // Its throughput over the reference's (the noise-aware best), round by round, with the
+  // 95% interval; 0 when not probed.
+  double ratio_to_best = 0, ratio_to_best_low = 0, ratio_to_best_high = 0;
+  double predicted_samples_per_second = 0;  // the cost model's; 0 without one
   double statistical_efficiency = 1;  // Pollux: (noise + B0) / (noise + B), B0 = smallest global batch
   double goodput = 0;                 // samples_per_second * statistical_efficiency
-  int timed_steps = 0;
+  int timed_steps = 0;                // over all its probes
+  std::vector<ProbeTiming> timings;   // one per probe: the first pass (round 0), then re-measurements
   bool probed = false;
   bool fits = true;                   // predicted_memory_bytes <= budget
+};
+
+// How noisy the throughputs were, and what the rounds made of it.
+struct ThroughputNoise {
+  double step_time_iqr_fraction = 0;  // median over every probe
+  double round_to_round = 0;          // rms scatter of the contenders' log ratios between rounds (0: one round)
+  int rounds = 0;                     // re-measurement rounds run
+  int remeasured = 0;                 // probes they took
+  bool settled = false;               // the knee rule decided before the rounds ran out
+  int64_t reference = 0;              // the noise-aware best micro-batch
+  std::string rule;                   // what decided, in words
 };
 
 // A memory lever the tuner considered: ZeRO stages and activation recomputation let a
@@ -76,7 +114,8 @@ struct NoisePoint {
   int64_t step = 0;
   double small_sq = 0, big_sq = 0;  // |G_small|^2, |G_big|^2
   int64_t b_small = 0, b_big = 0;
-  double estimate = 0;              // B_simple from the smoothed sums so far (0 until defined)
+  double estimate = 0;              // B_simple from the sums so far (0 until measurable)
+  double low = 0, high = 0;         // its 95% interval so far (0 until measurable)
 };
 
 struct TuneResult {
@@ -93,11 +132,14 @@ struct TuneResult {
   // fits: the levers considered, cheapest first (empty when not needed, or when the user
   // chose --zero or --recompute).
   std::vector<TuneLever> levers;
-  int probes = 0;                     // timed probes run
+  int probes = 0;                     // timed probes of the first pass (and a lever's)
+  ThroughputNoise throughput_noise;
   double knee = 0.03;
   std::string objective;
   int64_t requested_global_batch = 0;
-  double noise_scale = 0;             // B_simple; 0 when it could not be measured
+  double noise_scale = 0;             // B_simple; 0 when not measurable (yet)
+  NoiseInterval noise_interval;       // its 95% interval, or why it is not measurable
+  int64_t noise_b_small = 0, noise_b_big = 0;
   std::vector<NoisePoint> noise;
   TuneChoice choice;
   double tuning_seconds = 0;

@@ -2,6 +2,7 @@
 // null) and one self-contained HTML page with inline SVG plots: no scripts, fonts, styles
 // or images from elsewhere, so it opens offline and can be attached to a ticket.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -20,6 +21,7 @@ using ojson = nlohmann::ordered_json;
 using Pts = std::vector<std::pair<double, double>>;
 
 ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
+ojson pos_num(double v) { return std::isfinite(v) && v > 0 ? ojson(v) : ojson(nullptr); }  // 0: not known
 
 __attribute__((format(printf, 1, 2))) std::string fmt(const char* f, ...) {
   char buf[512];
@@ -164,6 +166,28 @@ struct Plot {
     for (auto& [a, b] : p) s += fmt("%.1f,%.1f ", px(a), py(b));
     s += "\"/>\n";
   }
+  // Error bars: x, low, high (left out unless 0 < low <= high, all finite).
+  void bars(const std::vector<std::array<double, 3>>& b, const char* colour) {
+    for (auto& [a, lo, hi] : b) {
+      if (!ok(a, lo) || !pos(hi) || lo > hi) continue;
+      const double X = px(a), Y0 = py(std::max(lo, y.lo)), Y1 = py(std::min(hi, y.hi));
+      s += fmt("<g><title>%s: %s to %s (95%%)</title><path d=\"M%.1f %.1fV%.1fM%.1f %.1fh8M%.1f %.1fh8\" "
+               "stroke=\"%s\" stroke-width=\"1.3\" fill=\"none\"/></g>\n",
+               x.label(a).c_str(), y.label(lo).c_str(), y.label(hi).c_str(), X, Y0, Y1, X - 4, Y0, X - 4, Y1,
+               colour);
+    }
+  }
+  // A shaded band between low and high along x (points not all positive are left out).
+  void band(const std::vector<std::array<double, 3>>& b, const char* colour) {
+    std::vector<std::array<double, 3>> in;
+    for (auto& q : b)
+      if (ok(q[0], q[1]) && pos(q[2]) && q[1] <= q[2]) in.push_back(q);
+    if (in.size() < 2) return;
+    s += fmt("<polygon fill=\"%s\" fill-opacity=\"0.15\" stroke=\"none\" points=\"", colour);
+    for (auto& q : in) s += fmt("%.1f,%.1f ", px(q[0]), py(std::min(q[2], y.hi)));
+    for (size_t k = in.size(); k-- > 0;) s += fmt("%.1f,%.1f ", px(in[k][0]), py(std::max(in[k][1], y.lo)));
+    s += "\"/>\n";
+  }
   void dots(const Pts& p, const char* colour, char shape = 'o', double r = 4) {
     for (auto& [a, b] : p)
       if (ok(a, b))
@@ -217,26 +241,43 @@ void mark_choice(Plot& p, const TuneResult& r) {
   p.vline(double(r.choice.micro_batch), kOrange, "", "chosen " + i64(r.choice.micro_batch), 0);
 }
 
+// The knee line sits at (1 - knee) x the noise-aware best (the reference's figure), or
+// the highest point when there is no reference.
+double reference_of(const TuneResult& r, bool good) {
+  for (auto& c : r.candidates)
+    if (c.probed && c.micro_batch == r.throughput_noise.reference) return good ? c.goodput : c.samples_per_second;
+  return 0;
+}
+
 std::string throughput_plot(const TuneResult& r) {
   bool good = r.objective == "goodput";
-  Pts thr, gp, chosen;
+  Pts thr, gp, chosen, pred;
+  std::vector<std::array<double, 3>> err;
   for (auto& c : r.candidates) {
+    if (pos(c.predicted_samples_per_second)) pred.push_back({double(c.micro_batch), c.predicted_samples_per_second});
     if (!c.probed) continue;
     thr.push_back({double(c.micro_batch), c.samples_per_second});
+    err.push_back({double(c.micro_batch), c.samples_per_second_low, c.samples_per_second_high});
     gp.push_back({double(c.micro_batch), c.goodput});
     if (c.micro_batch == r.choice.micro_batch)
       chosen.push_back({double(c.micro_batch), good ? c.goodput : c.samples_per_second});
   }
-  double best = top_of(good ? gp : thr), top = std::max(top_of(thr), good ? top_of(gp) : 0);
+  double best = reference_of(r, good);
+  if (!pos(best)) best = top_of(good ? gp : thr);
+  double top = std::max({top_of(thr), good ? top_of(gp) : 0, top_of(pred)});
+  for (auto& e : err) top = std::max(top, std::isfinite(e[2]) && e[2] < 2 * top ? e[2] : 0);
   Plot p(micro_axis(r), linear(0, top > 0 ? top * 1.1 : 1, false), "micro-batch per rank (log2 scale)",
          "samples / s (all ranks)");
-  p.legend("throughput", kBlue, "");
+  p.legend("throughput (95% interval)", kBlue, "");
   if (good) p.legend("goodput (throughput x statistical efficiency)", kGreen, "6,3");
+  if (!pred.empty()) p.legend("predicted (cost model)", kGrey, "2,3", 0);
   p.legend("chosen", kOrange, nullptr);
   if (best > 0 && pos(1 - r.knee))
     p.hline((1 - r.knee) * best, kGrey, "6,4",
-            fmt("knee: %g%% of the best%s", 100 * (1 - r.knee), good ? " goodput" : ""), true);
+            fmt("knee: %g%% of the noise-aware best%s", 100 * (1 - r.knee), good ? " goodput" : ""), true);
   mark_choice(p, r);
+  p.line(pred, kGrey, "2,3");
+  p.bars(err, kBlue);
   p.line(thr, kBlue);
   p.dots(thr, kBlue);
   if (good) p.line(gp, kGreen, "6,3"), p.dots(gp, kGreen);
@@ -269,22 +310,30 @@ std::string memory_plot(const TuneResult& r) {
 
 std::string noise_plot(const TuneResult& r) {
   Pts est;
+  std::vector<std::array<double, 3>> iv;
   double lo = INFINITY, hi = -INFINITY;
   for (auto& n : r.noise) {
     est.push_back({double(n.step), n.estimate});
+    iv.push_back({double(n.step), n.low, n.high});
     lo = std::min(lo, double(n.step)), hi = std::max(hi, double(n.step));
   }
+  // The axis holds the estimates and the final interval; earlier, wider intervals are cut.
+  const NoiseInterval& f = r.noise_interval;
   double top = top_of(est, r.noise_scale);
+  if (f.measurable && pos(f.high)) top = std::max(top, f.high);
   Plot p(linear(lo, hi, false, true), linear(0, top > 0 ? top * 1.15 : 1, false), "training step",
          "B_simple (samples)");
-  p.legend("estimate so far", kPurple, "");
-  if (pos(r.noise_scale)) {
-    p.legend("final: B_simple = " + si(r.noise_scale), kOrange, "6,4", 0);
+  p.legend("estimate so far (95% interval)", kPurple, "");
+  if (pos(r.noise_scale) && f.measurable) {
+    p.legend("final: B_simple = " + si(r.noise_scale) + " (" + si(f.low) + " to " + si(f.high) + ")", kOrange, "6,4", 0);
     p.hline(r.noise_scale, kOrange, "6,4", "");
+    p.hline(f.low, kOrange, "1,3", "");
+    p.hline(f.high, kOrange, "1,3", "");
   }
+  p.band(iv, kPurple);
   p.line(est, kPurple);
   p.dots(est, kPurple);
-  return p.done(top > 0, "the estimate was never defined");
+  return p.done(top > 0, "not measurable yet");
 }
 
 const char* kStyle = R"(
@@ -308,12 +357,23 @@ std::string tune_json(const TuneResult& r) {
              {"objective", r.objective}, {"knee", num(r.knee)},
              {"requested_global_batch", r.requested_global_batch ? ojson(r.requested_global_batch) : ojson(nullptr)}};
   j["candidates"] = ojson::array();
-  for (auto& c : r.candidates)
+  for (auto& c : r.candidates) {
+    ojson timings = ojson::array();
+    for (auto& t : c.timings)
+      timings.push_back({{"round", t.round}, {"samples_per_second", num(t.samples_per_second)},
+                         {"step_time_iqr_fraction", num(t.iqr_fraction)}, {"steps", t.steps}});
     j["candidates"].push_back(
         {{"micro_batch", c.micro_batch}, {"predicted_memory_bytes", uint64_t(c.predicted_memory_bytes)},
          {"measured_peak_bytes", uint64_t(c.measured_peak_bytes)}, {"samples_per_second", num(c.samples_per_second)},
+         {"samples_per_second_low", pos_num(c.samples_per_second_low)},
+         {"samples_per_second_high", pos_num(c.samples_per_second_high)},
+         {"step_time_iqr_fraction", c.probed ? num(c.step_time_iqr_fraction) : ojson(nullptr)},
+         {"ratio_to_best", pos_num(c.ratio_to_best)}, {"ratio_to_best_low", pos_num(c.ratio_to_best_low)},
+         {"ratio_to_best_high", pos_num(c.ratio_to_best_high)},
+         {"predicted_samples_per_second", pos_num(c.predicted_samples_per_second)},
          {"statistical_efficiency", num(c.statistical_efficiency)}, {"goodput", num(c.goodput)},
-         {"timed_steps", c.timed_steps}, {"probed", c.probed}, {"fits", c.fits}});
+         {"timed_steps", c.timed_steps}, {"timings", timings}, {"probed", c.probed}, {"fits", c.fits}});
+  }
   const TuneChoice& ch = r.choice;
   j["choice"] = {{"micro_batch", ch.micro_batch}, {"accum", ch.accum}, {"global_batch", ch.global_batch},
                  {"zero", ch.zero}, {"recompute", recompute_name(ch.recompute)},
@@ -326,12 +386,24 @@ std::string tune_json(const TuneResult& r) {
                            {"predicted_memory_bytes", uint64_t(l.predicted_memory_bytes)},
                            {"measured_peak_bytes", uint64_t(l.measured_peak_bytes)},
                            {"samples_per_second", num(l.samples_per_second)}});
+  const NoiseInterval& ni = r.noise_interval;
   j["noise_scale"] = r.noise_scale != 0 ? num(r.noise_scale) : ojson(nullptr);
+  j["noise_scale_low"] = ni.measurable ? num(ni.low) : ojson(nullptr);
+  j["noise_scale_high"] = ni.measurable ? num(ni.high) : ojson(nullptr);
+  j["noise_scale_reason"] = ni.measurable || ni.reason.empty() ? ojson(nullptr) : ojson("not measurable yet: " + ni.reason);
+  j["noise_b_small"] = r.noise_b_small;
+  j["noise_b_big"] = r.noise_b_big;
   j["noise"] = ojson::array();
   for (auto& n : r.noise)
     j["noise"].push_back({{"step", n.step}, {"small_sq", num(n.small_sq)}, {"big_sq", num(n.big_sq)},
-                          {"b_small", n.b_small}, {"b_big", n.b_big}, {"estimate", num(n.estimate)}});
+                          {"b_small", n.b_small}, {"b_big", n.b_big}, {"estimate", pos_num(n.estimate)},
+                          {"low", pos_num(n.low)}, {"high", pos_num(n.high)}});
   j["probes"] = r.probes;
+  const ThroughputNoise& tn = r.throughput_noise;
+  j["throughput_noise"] = {{"step_time_iqr_fraction", num(tn.step_time_iqr_fraction)},
+                           {"round_to_round_fraction", num(tn.round_to_round)}, {"rounds", tn.rounds},
+                           {"remeasured_probes", tn.remeasured}, {"settled", tn.settled},
+                           {"reference_micro_batch", tn.reference}, {"rule", tn.rule}};
   j["tuning_seconds"] = num(r.tuning_seconds);
   // Names come from the user: invalid UTF-8 is replaced rather than thrown on.
   return j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
@@ -355,6 +427,14 @@ std::string tune_html(const TuneResult& r) {
   h += row("objective", esc(r.objective) + ", knee " + dec("%g%%", 100 * r.knee));
   if (r.requested_global_batch) h += row("requested global batch", i64(r.requested_global_batch));
   h += row("tuning", fmt("%d timed probes in ", r.probes) + dec("%.1f s", r.tuning_seconds));
+  const ThroughputNoise& tn = r.throughput_noise;
+  h += row("throughput noise",
+           "step times' interquartile range " + dec("%.1f%%", 100 * tn.step_time_iqr_fraction) +
+               " of their median (median over the probes); " +
+               fmt("%d round%s of re-measurement (%d probes)", tn.rounds, tn.rounds == 1 ? "" : "s", tn.remeasured) +
+               (tn.rounds ? ", rounds disagreeing by " + dec("%.1f%%", 100 * tn.round_to_round) : std::string()) +
+               "; " + (tn.settled ? "settled" : "not settled: the budget of rounds ran out") +
+               (tn.reference ? "; noise-aware best: micro-batch " + i64(tn.reference) : std::string()));
   h += row("allocations refused by the budget", fmt("%d", r.failed_allocations));
   h += "</table>\n";
 
@@ -368,13 +448,29 @@ std::string tune_html(const TuneResult& r) {
        "</p>\n<p class=\"reason\">" + esc(ch.reason) + "</p>\n</div>\n";
 
   h += "<h2>Throughput</h2>\n" + throughput_plot(r);
-  h += "<p class=\"note\">Timed probes only; the dashed line is the knee threshold: the tuner takes the smallest "
-       "micro-batch whose " + esc(r.objective) + " reaches it.</p>\n";
+  h += "<p class=\"note\">Timed probes only, each point over its rounds with its 95% interval (from the spread of "
+       "the step times and the scatter between rounds). The dashed line is the knee threshold under the noise-aware "
+       "best: the tuner takes the smallest micro-batch whose " + esc(r.objective) + " is within it with 95% "
+       "confidence, or the best itself when the rounds cannot tell.</p>\n";
   h += "<h2>Memory</h2>\n" + memory_plot(r);
   h += "<p class=\"note\">Circles: the memory plan (hollow red: over the budget); squares: the peak measured while "
        "probing.</p>\n";
+  const NoiseInterval& ni = r.noise_interval;
+  if (!r.noise.empty() || !ni.reason.empty()) {
+    h += "<h2>Gradient noise scale</h2>\n";
+    if (ni.measurable)
+      h += "<p>B<sub>simple</sub> = <b>" + si(r.noise_scale) + "</b>, 95% interval " + si(ni.low) + " to " +
+           si(ni.high) + " (" + fmt("%zu", r.noise.size()) + " steps, batches " + i64(r.noise_b_small) + " and " +
+           i64(r.noise_b_big) + ")</p>\n";
+    else
+      h += "<p><b>gradient noise scale: not measurable yet</b>: " + esc(ni.reason) +
+           (r.noise_b_big ? " (" + fmt("%zu", r.noise.size()) + " steps, batches " + i64(r.noise_b_small) + " and " +
+                                i64(r.noise_b_big) + ")"
+                          : std::string()) +
+           "</p>\n";
+  }
   if (!r.noise.empty()) {
-    h += "<h2>Gradient noise scale</h2>\n" + noise_plot(r);
+    h += noise_plot(r);
     h += "<p class=\"note\">The simple noise scale B<sub>simple</sub> = tr(&Sigma;) / |G|&sup2; compares the "
          "variance of per-sample gradients with the squared norm of the true gradient, estimated from the gradient "
          "norms at two batch sizes. Batches well below B<sub>simple</sub> use samples efficiently (twice the batch, "
@@ -385,18 +481,30 @@ std::string tune_html(const TuneResult& r) {
     h += "</p>\n";
   }
 
+  bool predicted = false;
+  for (auto& c : r.candidates) predicted = predicted || pos(c.predicted_samples_per_second);
   h += "<h2>Candidates</h2>\n<table>\n<tr><th>micro-batch</th><th>predicted memory</th><th>measured peak</th>"
-       "<th>samples/s</th><th>statistical efficiency</th><th>goodput</th><th>timed steps</th><th>probed</th>"
-       "<th>fits</th></tr>\n";
+       "<th>samples/s (95% interval)</th><th>vs the best (95% interval)</th><th>step-time IQR</th><th>probes</th>" +
+       std::string(predicted ? "<th>predicted samples/s</th>" : "") +
+       "<th>statistical efficiency</th><th>goodput</th><th>timed steps</th><th>probed</th><th>fits</th></tr>\n";
   for (auto& c : r.candidates) {
     std::string no = "&ndash;";
+    auto range = [&](double v, double lo, double hi, const char* f) {
+      return c.probed && pos(v) ? dec(f, v) + " (" + dec(f, lo) + "&ndash;" + dec(f, hi) + ")" : no;
+    };
     h += c.micro_batch == ch.micro_batch ? "<tr class=\"chosen\">" : "<tr>";
-    for (const std::string& v : {i64(c.micro_batch), format_bytes(double(c.predicted_memory_bytes)),
-                                 bytes_or_dash(c.measured_peak_bytes), c.probed ? si(c.samples_per_second) : no,
-                                 dec("%.3f", c.statistical_efficiency), c.probed ? si(c.goodput) : no,
+    std::vector<std::string> cells = {i64(c.micro_batch), format_bytes(double(c.predicted_memory_bytes)),
+                                      bytes_or_dash(c.measured_peak_bytes),
+                                      range(c.samples_per_second, c.samples_per_second_low, c.samples_per_second_high, "%.0f"),
+                                      range(c.ratio_to_best, c.ratio_to_best_low, c.ratio_to_best_high, "%.3f"),
+                                      c.probed ? dec("%.1f%%", 100 * c.step_time_iqr_fraction) : no,
+                                      fmt("%zu", c.timings.size())};
+    if (predicted) cells.push_back(pos(c.predicted_samples_per_second) ? si(c.predicted_samples_per_second) : no);
+    for (const std::string& v : {dec("%.3f", c.statistical_efficiency), c.probed ? si(c.goodput) : no,
                                  fmt("%d", c.timed_steps), std::string(c.probed ? "yes" : "no"),
                                  std::string(c.fits ? "yes" : "no")})
-      h += "<td>" + v + "</td>";
+      cells.push_back(v);
+    for (auto& v : cells) h += "<td>" + v + "</td>";
     h += "</tr>\n";
   }
   h += "</table>\n</body>\n</html>\n";
