@@ -27,6 +27,7 @@
 #include "dist/launch.h"
 #include "dist/nccl_comm.h"
 #include "dist/mesh.h"
+#include "plan/curve.h"
 #include "plan/plan_cli.h"
 #include "train/plan.h"
 #include "train/report.h"
@@ -284,11 +285,15 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   if (!cached) {
     sat::TrainConfig base = cfg;
     base.measure_noise = a.noise_scale;  // the tuner leaves out the levers that cannot measure it
-    tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, [&] {
-      sat::TuneConfig t = tcfg;
-      t.progress = lead ? 1 : 0;
-      return t;
-    }());
+    sat::TuneConfig t = tcfg;
+    t.progress = lead ? 1 : 0;
+    if (sat::resolve_device(a.device) == sat::Device::cpu) {
+      // The cost model predicts the throughput curve; the tuner measures to confirm it.
+      if (lead) std::fprintf(stderr, "tune: measuring this machine for the cost model (GEMM, memory, links)\n");
+      t.predicted_samples_per_second = sat::throughput_curve(mc, base, world, sat::hardware("this", &comm),
+                                                             t.global_batch);
+    }
+    tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, t);
     if (lead) {
       try {
         write_tune_files(cache.string(), tr);
