@@ -138,6 +138,7 @@ double trainer_plan(const PlanRequest& r, const Layout& l) {
   cfg.pp = l.pp, cfg.recompute = l.recompute, cfg.zero = l.zero, cfg.virtual_stages = l.virtual_stages;
   cfg.pp_schedule = l.schedule;
   cfg.optim.name = r.optimizer;
+  cfg.optim.momentum = r.momentum;
   mc.tp = l.tp, mc.sequence_parallel = l.sequence_parallel, mc.recompute = l.recompute;
   DataSplit data = open_dataset("synthetic", data_options_for(mc, 0));
   double most = 0;
@@ -168,6 +169,23 @@ TEST(Plan, MemoryEqualsTheTrainersPlan) {
     EXPECT_EQ(b.memory_bytes, trainer_plan(r, b.layout)) << b.layout.str();
     EXPECT_GT(b.step_seconds, 0);
   }
+}
+
+// SGD's momentum buffer is planned (one float per parameter): the plan of the trainer that
+// runs with it, which the layout tuner compares with the measured peak.
+TEST(Plan, SgdMomentumIsInTheMemory) {
+  PlanRequest r = request("gpt-mini", cpu_like(), 2, 8);
+  r.optimizer = "sgd";
+  r.filter = parse_layout("dp=2,micro=2,zero=0,recompute=none");
+  r.top = 1;
+  const PlanResult plain = plan_layouts(r);
+  r.momentum = 0.9f;
+  const PlanResult with = plan_layouts(r);
+  ASSERT_EQ(plain.best.size(), 1u);
+  ASSERT_EQ(with.best.size(), 1u);
+  EXPECT_EQ(with.best[0].memory_bytes - plain.best[0].memory_bytes, 4 * plain.model_parameters);
+  EXPECT_EQ(with.best[0].memory_bytes, trainer_plan(r, with.best[0].layout));
+  EXPECT_GT(with.best[0].optimizer_seconds, plain.best[0].optimizer_seconds);
 }
 
 // On a GPU in bf16: the plan of the mixed-precision engine (this machine's trainer plans the

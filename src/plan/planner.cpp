@@ -179,6 +179,7 @@ struct Search {
     mc.act = act;
     OptimConfig oc;
     oc.name = r.optimizer;
+    oc.momentum = r.momentum;
     slots = optimizer_slots(resolve_optim(oc));
   }
 
@@ -223,6 +224,7 @@ struct Search {
     cfg.pp = l.pp, cfg.recompute = l.recompute, cfg.zero = l.zero, cfg.virtual_stages = l.virtual_stages;
     cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
     cfg.optim.name = req.optimizer;
+    cfg.optim.momentum = req.momentum;
     return cfg;
   }
 

@@ -62,6 +62,7 @@ struct PlanRequest {
   int64_t global_batch = 0;  // samples per optimizer step
   DType precision = DType::bf16;  // activations and GEMM inputs; f32 on the CPU
   std::string optimizer = "adamw";
+  float momentum = 0;        // sgd: a momentum buffer per parameter when > 0 (memory and update)
   LayoutFilter filter;
   double memory_limit = 0;   // bytes per device (0: the hardware's memory)
   int top = 5;

@@ -1,0 +1,273 @@
+#include "tune/layout_tune.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "backend/device.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "core/timer.h"
+#include "dist/comm.h"
+#include "tune/probe.h"
+
+namespace sat {
+
+void apply_layout(const Layout& l, TrainConfig& cfg) {
+  cfg.batch = l.micro_batch;
+  cfg.accum = l.accum;
+  cfg.tp = l.tp;
+  cfg.pp = l.pp;
+  cfg.sequence_parallel = l.sequence_parallel;
+  cfg.recompute = l.recompute;
+  cfg.zero = l.zero;
+  cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
+  cfg.virtual_stages = l.virtual_stages;
+  cfg.pp_split.clear();
+}
+
+std::string filter_str(const LayoutFilter& f) {
+  std::string s;
+  auto add = [&](const char* k, const std::string& v) { s += str_cat(s.empty() ? "" : ",", k, "=", v); };
+  if (f.dp) add("dp", std::to_string(*f.dp));
+  if (f.tp) add("tp", std::to_string(*f.tp));
+  if (f.pp) add("pp", std::to_string(*f.pp));
+  if (f.micro) add("micro", std::to_string(*f.micro));
+  if (f.schedule) add("schedule", pipe_schedule_name(*f.schedule));
+  if (f.v) add("v", std::to_string(*f.v));
+  if (f.recompute) add("recompute", recompute_name(*f.recompute));
+  if (f.sp) add("sp", *f.sp ? "on" : "off");
+  if (f.zero) add("zero", std::to_string(*f.zero));
+  return s;
+}
+
+std::string layout_choice_line(const Layout& l, double measured, double predicted) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, " (measured %.0f samples/s; predicted %.0f)", measured, predicted);
+  return l.str() + buf;
+}
+
+bool read_layout_choice(const std::string& path, Layout& l, double& measured, double& predicted) {
+  if (!std::filesystem::exists(path)) return false;
+  try {
+    const Json j = Json::parse_file(path);
+    const Json& c = j.at("layout_choice");
+    l.dp = int(c.at("dp").integer()), l.tp = int(c.at("tp").integer()), l.pp = int(c.at("pp").integer());
+    l.micro_batch = c.at("micro_batch").integer(), l.accum = c.at("accum").integer();
+    l.schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(c.at("schedule").string());
+    l.virtual_stages = int(c.at("virtual_stages").integer());
+    l.recompute = parse_recompute(c.at("recompute").string());
+    l.sequence_parallel = c.at("sequence_parallel").boolean();
+    l.zero = int(c.at("zero").integer());
+    measured = c.at("measured_samples_per_second").number();
+    predicted = c.at("predicted_samples_per_second").number();
+    return true;
+  } catch (const Error&) {
+    return false;  // not a layout tuning's file, or damaged: tune again and overwrite it
+  }
+}
+
+namespace {
+
+// A layout and its two rates as numbers, for a broadcast.
+constexpr int kPacked = 12;
+void pack(const Layout& l, double measured, double predicted, double* v) {
+  const double x[kPacked] = {double(l.dp), double(l.tp), double(l.pp), double(l.micro_batch), double(l.accum),
+                             double(l.schedule), double(l.virtual_stages), double(l.recompute),
+                             double(l.sequence_parallel), double(l.zero), measured, predicted};
+  std::copy(x, x + kPacked, v);
+}
+
+void unpack(const double* v, Layout& l, double& measured, double& predicted) {
+  l.dp = int(v[0]), l.tp = int(v[1]), l.pp = int(v[2]), l.micro_batch = int64_t(v[3]), l.accum = int64_t(v[4]);
+  l.schedule = PipeSchedule(int(v[5])), l.virtual_stages = int(v[6]), l.recompute = Recompute(int(v[7]));
+  l.sequence_parallel = v[8] != 0, l.zero = int(v[9]), measured = v[10], predicted = v[11];
+}
+
+}  // namespace
+
+bool shared_layout_choice(dist::Comm* comm, const std::string& path, Layout& l, double& measured, double& predicted) {
+  double v[kPacked + 1] = {};  // v[0]: found
+  if ((!comm || comm->rank() == 0) && read_layout_choice(path, l, measured, predicted)) {
+    v[0] = 1;
+    pack(l, measured, predicted, v + 1);
+  }
+  if (comm && comm->size() > 1) comm->broadcast_sync(v, kPacked + 1, DType::f64, 0);
+  if (v[0] == 0) return false;
+  unpack(v + 1, l, measured, predicted);
+  return true;
+}
+
+namespace {
+
+// The batch tuner's default budget (tune.cpp): on the CPU the available host memory less
+// 20%, shared by the ranks. Every rank takes rank 0's.
+size_t default_budget(size_t given, dist::Comm* comm, std::string& source) {
+  const int world = comm ? comm->size() : 1;
+  double b = double(given);
+  source = "--memory-budget";
+  if (!given) {
+    b = double(host_available_memory()) * 0.8 / world;
+    source = world > 1 ? "available host memory less 20%, shared by the ranks" : "available host memory less 20%";
+  }
+  if (comm && comm->size() > 1) comm->broadcast_sync(&b, 1, DType::f64, 0);
+  SAT_CHECK(b > 0, "--memory-budget: could not tell how much memory is free; give a budget in bytes");
+  return size_t(b);
+}
+
+PlanRequest request_of(const ModelConfig& mc, const TrainConfig& base, const LayoutTuneConfig& cfg,
+                       const LayoutTuneResult& r) {
+  PlanRequest q;
+  q.model = mc;
+  q.hw = r.hw;
+  q.gpus = r.world;
+  q.gpus_per_node = r.world;  // one host
+  q.global_batch = cfg.global_batch;
+  q.precision = DType::f32;
+  const OptimConfig oc = resolve_optim(base.optim);
+  q.optimizer = oc.name;
+  q.momentum = oc.name == "sgd" ? oc.momentum : 0;
+  q.filter = cfg.filter;
+  q.memory_limit = double(r.budget);
+  q.top = cfg.candidates;
+  return q;
+}
+
+// The planner's best layouts, or sat::Error saying why there are none.
+PlanResult ranked_layouts(const PlanRequest& q, const LayoutTuneResult& r) {
+  PlanResult p = plan_layouts(q);
+  if (!p.best.empty() && p.best[0].fits) return p;
+  SAT_CHECK(p.smallest, "--layout auto: no layout of global batch ", q.global_batch, " over ", r.world, " rank(s) has ",
+            r.filter, " (ZeRO needs 2 or more data-parallel ranks; tensor parallelism, the model's splits)");
+  std::string smallest;
+  if (p.smallest)
+    smallest = str_cat(": the smallest, ", p.smallest->layout.str(), ", needs ", format_bytes(p.smallest->memory_bytes));
+  fail("--layout auto: no layout of global batch ", q.global_batch, " over ", r.world, " rank(s)",
+       r.filter.empty() ? "" : " with " + r.filter, " fits the memory budget of ", format_bytes(double(r.budget)),
+       " per rank (", r.budget_source, ")", smallest);
+}
+
+// Trains the trial's layout for a few timed steps (every rank together).
+void measure(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
+             const LayoutTuneConfig& cfg, LayoutTrial& t) {
+  TrainConfig c = base;
+  apply_layout(t.predicted.layout, c);
+  const double step = std::max(t.predicted.step_seconds, 1e-6);
+  const int64_t steps = std::clamp<int64_t>(int64_t(std::ceil(cfg.probe_seconds / step)), cfg.min_steps, 200);
+  try {
+    const TimedRun run = timed_run(mc, timed_config(c, 1 + steps, 3 * cfg.probe_seconds), train, test);
+    t.measured_samples_per_second = run.samples_per_second;
+    t.measured_step_seconds = run.median_step_seconds;
+    t.measured_peak_bytes = run.peak_bytes;
+    t.timed_steps = run.timed_steps;
+    if (!run.refused.empty()) t.failed = "an allocation was refused: " + run.refused;
+  } catch (const Error& e) {  // the trainer refuses the layout: every rank alike, before any collective
+    t.failed = e.what();
+  }
+}
+
+double pct(double a, double b) { return 100 * (a / b - 1); }
+
+// The measured fastest; the reason says how it stands against the planner's first choice.
+void choose(LayoutTuneResult& r) {
+  int best = -1;
+  for (int i = 0; i < int(r.trials.size()); ++i) {
+    const LayoutTrial& t = r.trials[size_t(i)];
+    if (t.failed.empty() && t.measured_samples_per_second > 0 &&
+        (best < 0 || t.measured_samples_per_second > r.trials[size_t(best)].measured_samples_per_second))
+      best = i;
+  }
+  SAT_CHECK(best >= 0, "--layout auto: none of the ", r.trials.size(), " layout(s) could be timed (",
+            r.trials.front().failed, ")");
+  r.chosen = best;
+  r.trials[size_t(best)].chosen = true;
+  const LayoutTrial& c = r.trials[size_t(best)];
+  char buf[512];
+  if (best > 0) {
+    const LayoutTrial& first = r.trials[0];
+    std::snprintf(buf, sizeof buf,
+                  "measured %.0f%% faster than the planner's first choice (%s: %.0f samples/s measured, %.0f "
+                  "predicted); the planner ranked this one #%d",
+                  pct(c.measured_samples_per_second, first.measured_samples_per_second), first.predicted.layout.str().c_str(),
+                  first.measured_samples_per_second, first.predicted.samples_per_second, best + 1);
+  } else {
+    int next = -1;  // the runner-up by measurement
+    for (int i = 1; i < int(r.trials.size()); ++i)
+      if (r.trials[size_t(i)].failed.empty() &&
+          (next < 0 || r.trials[size_t(i)].measured_samples_per_second > r.trials[size_t(next)].measured_samples_per_second))
+        next = i;
+    if (next < 0)
+      std::snprintf(buf, sizeof buf, "the planner's first choice, the only layout measured");
+    else
+      std::snprintf(buf, sizeof buf, "the planner's first choice, confirmed: measured %.0f%% faster than the runner-up (#%d)",
+                    pct(c.measured_samples_per_second, r.trials[size_t(next)].measured_samples_per_second), next + 1);
+  }
+  r.reason = buf;
+}
+
+// Every rank takes rank 0's choice (the measurements are the job's already: a safeguard).
+void agree_on_choice(dist::Comm* comm, LayoutTuneResult& r) {
+  if (!comm || comm->size() < 2) return;
+  int64_t c = r.chosen;
+  comm->broadcast_sync(&c, 1, DType::i64, 0);
+  if (c == r.chosen) return;
+  r.trials[size_t(r.chosen)].chosen = false;
+  r.chosen = int(c);
+  r.trials[size_t(c)].chosen = true;
+}
+
+}  // namespace
+
+LayoutTuneResult tune_layout(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
+                             const LayoutTuneConfig& cfg) {
+  const double t0 = now_seconds();
+  SAT_CHECK(resolve_device(base.device) == Device::cpu, "--layout auto: plans and measures the CPU engine only for "
+            "now (use --device cpu)");
+  SAT_CHECK(cfg.global_batch >= 1, "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
+  SAT_CHECK(cfg.candidates >= 1, "--layout-candidates: expected a positive number of layouts, got ", cfg.candidates);
+  SAT_CHECK(cfg.min_steps >= 1 && cfg.probe_seconds > 0, "--layout auto: expected a positive probe length");
+  dist::Comm* comm = base.comm;
+  const bool lead = !comm || comm->rank() == 0;
+  auto say = [&](auto&&... a) {
+    if (lead && cfg.progress) std::fprintf(stderr, "%s\n", str_cat(a...).c_str());
+  };
+  LayoutTuneResult r;
+  r.model = mc.name;
+  r.data = train.name();
+  r.world = comm ? comm->size() : 1;
+  r.global_batch = cfg.global_batch;
+  r.filter = filter_str(cfg.filter);
+  r.budget = default_budget(cfg.memory_budget, comm, r.budget_source);
+
+  say("layout auto: measuring this machine (GEMM, memory", r.world > 1 ? ", the links between the ranks)" : ")");
+  r.hw = hardware("this", comm);
+  r.hardware_seconds = now_seconds() - t0;
+  const PlanResult plan = ranked_layouts(request_of(mc, base, cfg, r), r);
+  r.layouts_searched = plan.layouts;
+  r.plan_seconds = plan.seconds;
+  say("layout auto: the planner searched ", plan.layouts, " layouts in ", std::lround(plan.seconds * 1000),
+      " ms; timing its best ", plan.best.size());
+
+  // Every probe allocates under the budget: a wrong plan shows as a refused allocation.
+  device_mem_set_budget(Device::cpu, r.budget + mem_stats().current);
+  struct BudgetReset {
+    ~BudgetReset() { device_mem_set_budget(Device::cpu, 0); }
+  } reset;
+  for (const Prediction& p : plan.best) {
+    LayoutTrial t;
+    t.predicted = p;
+    measure(mc, base, train, test, cfg, t);
+    say("layout auto: ", p.layout.str(), ": ", int64_t(t.measured_samples_per_second), " samples/s measured (",
+        int64_t(p.samples_per_second), " predicted), peak ", format_bytes(double(t.measured_peak_bytes)), " (plan ",
+        format_bytes(p.memory_bytes), ")", t.failed.empty() ? "" : "; not timed: " + t.failed);
+    r.trials.push_back(std::move(t));
+  }
+  choose(r);
+  agree_on_choice(comm, r);
+  r.tuning_seconds = now_seconds() - t0;
+  return r;
+}
+
+}  // namespace sat
