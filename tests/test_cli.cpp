@@ -443,3 +443,50 @@ TEST(Cli, TuneWritesItsReportAndBatchAutoReusesIt) {
   EXPECT_EQ(s1["optimizer"]["lr"], s2["optimizer"]["lr"]);
   EXPECT_LE(s1["peak_memory_bytes"].get<double>(), 40.0 * 1024 * 1024);
 }
+
+// --layout auto: each mistake in its flags is one line and exit status 2, before anything is
+// measured; a budget no layout fits says the smallest layout's need.
+TEST(Cli, LayoutAutoMistakesAreClearErrors) {
+  const std::string run = "train --model gpt-mini --data synthetic --steps 1 --threads 1 ";
+  expect_user_error(saturate("tune --model mlp --data synthetic --layout auto"),
+                    "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
+  expect_user_error(saturate(run + "--layout auto --global-batch 8 --accum 2"), "--accum: not with --layout");
+  expect_user_error(saturate(run + "--layout auto --global-batch 8 --pp-split 2"), "--pp-split: not with --layout");
+  expect_user_error(saturate(run + "--layout tp=2 --tp 4 --global-batch 8"), "--tp 4 disagrees with --layout's tp=2");
+  expect_user_error(saturate(run + "--layout zero=1 --zero 2 --global-batch 8"), "--zero 2 disagrees with --layout's zero=1");
+  expect_user_error(saturate(run + "--layout micro=2 --batch 4 --global-batch 8"), "--batch 4 disagrees with --layout's micro=2");
+  expect_user_error(saturate(run + "--layout sp=off --sequence-parallel --global-batch 8"),
+                    "--sequence-parallel disagrees with --layout's sp=off");
+  expect_user_error(saturate(run + "--layout tp=two --global-batch 8"), "--layout: tp=two: expected a positive integer");
+  expect_user_error(saturate(run + "--layout bogus=1 --global-batch 8"), "--layout: unknown field 'bogus'");
+  expect_user_error(saturate(run + "--layout auto --global-batch 8 --layout-candidates 0"), "--layout-candidates");
+  expect_user_error(saturate(run + "--layout auto --global-batch 8 --memory-budget 64KiB"),
+                    "fits the memory budget of 64.0 KiB per rank (--memory-budget): the smallest");
+}
+
+// saturate tune --layout auto on one process: the table of predicted beside measured, tune.json
+// with the layouts and the choice, and train --layout auto taking the cached choice.
+TEST(Cli, LayoutAutoTunesAndTrainReusesIt) {
+  fs::path d = tmpdir("layout"), cache = tmpdir("layout_cache"), o = tmpdir("layout_train");
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  const std::string flags = "--model mlp --data synthetic --threads 1 --layout auto --global-batch 32 "
+                            "--layout-candidates 2 --memory-budget 64MiB ";
+  CmdResult t = saturate("tune " + flags + "--out " + d.string(), env);
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find("<- chosen"), std::string::npos) << t.out;
+  auto j = nlohmann::json::parse(std::ifstream(d / "tune.json"));
+  ASSERT_EQ(j["layouts"].size(), 2u);
+  EXPECT_EQ(j["layouts"][0]["dp"].get<int>() * j["layouts"][0]["micro_batch"].get<int>() *
+                j["layouts"][0]["accum"].get<int>(), 32);
+  EXPECT_TRUE(j.contains("layout_choice"));
+  EXPECT_TRUE(fs::exists(d / "tune.html"));
+  CmdResult r = saturate("train " + flags + "--steps 2 --out " + o.string(), env);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("using the cached choice"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layout auto: dp=1,tp=1,pp=1,micro=" + std::to_string(j["layout_choice"]["micro_batch"].get<int>())),
+            std::string::npos) << r.out;
+  auto s = nlohmann::json::parse(std::ifstream(o / "summary.json"));
+  EXPECT_EQ(s["batch"], j["layout_choice"]["micro_batch"]);
+  EXPECT_EQ(s["global_batch"], 32);
+  EXPECT_TRUE(fs::exists(o / "tune.json"));
+}

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -33,6 +34,7 @@
 #include "train/report.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
+#include "tune/layout_tune.h"
 #include "tune/tune.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -85,6 +87,11 @@ struct TrainArgs {
   std::string memory_budget, objective = "throughput";
   int64_t global_batch = 0, lr_batch = 64;
   double knee = 0.03;
+  // --layout auto|FIELDS: the planner's best layouts for these ranks, timed; and the layout
+  // flags given explicitly (they fix fields of the search).
+  std::string layout;
+  int layout_candidates = 3;
+  std::vector<std::string> given;
   std::string init_weights, save_weights, out, normalize, eval = "on";
 };
 
@@ -192,11 +199,11 @@ sat::TuneConfig tune_config(const TrainArgs& a) {
 }
 
 // Writes DIR/tune.json and DIR/tune.html (atomically: a failed run keeps the old ones).
-void write_tune_files(const std::string& dir, const sat::TuneResult& r) {
+void write_tune_files(const std::string& dir, const std::string& json, const std::string& html) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   SAT_CHECK(!ec, "--out: cannot create directory ", dir, ": ", ec.message());
-  for (auto [name, text] : {std::pair{"tune.json", sat::tune_json(r)}, std::pair{"tune.html", sat::tune_html(r)}}) {
+  for (auto [name, text] : {std::pair{"tune.json", json}, std::pair{"tune.html", html}}) {
     const std::string path = dir + "/" + name, tmp = path + ".tmp";
     {
       std::ofstream f(tmp, std::ios::trunc);
@@ -220,6 +227,29 @@ std::string tune_cache_dir(const std::string& key) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
   return base + "/saturate/tune/" + hex;
+}
+
+// A cached report goes with this run's output too.
+void copy_tune_files(const std::filesystem::path& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::create_directories(to, ec);
+  for (const char* f : {"tune.json", "tune.html"})
+    std::filesystem::copy_file(from / f, std::filesystem::path(to) / f, std::filesystem::copy_options::overwrite_existing,
+                               ec);
+}
+
+// Rank 0: the layout tuning's table, and its report in the cache and in --out.
+void report_layout_tuning(const TrainArgs& a, const sat::LayoutTuneResult& r, const std::filesystem::path& cache) {
+  std::printf("%s", sat::layout_tune_text(r).c_str());
+  const std::string json = sat::layout_tune_json(r), html = sat::layout_tune_html(r);
+  try {
+    write_tune_files(cache.string(), json, html);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "layout auto: could not cache the result (%s); carrying on\n", e.what());
+  }
+  if (a.out.empty()) return;
+  write_tune_files(a.out, json, html);
+  std::printf("layout auto: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
 }
 
 // --batch auto (and saturate tune): tune, or take the cached choice, and put it in cfg
@@ -296,11 +326,11 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
     tr = sat::tune(mc, base, *data.train, a.eval == "on" ? data.test.get() : nullptr, t);
     if (lead) {
       try {
-        write_tune_files(cache.string(), tr);
+        write_tune_files(cache.string(), sat::tune_json(tr), sat::tune_html(tr));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "tune: could not cache the result (%s); carrying on\n", e.what());
       }
-      if (!a.out.empty()) write_tune_files(a.out, tr);
+      if (!a.out.empty()) write_tune_files(a.out, sat::tune_json(tr), sat::tune_html(tr));
     }
   }
   const auto& ch = tr.choice;
@@ -341,6 +371,90 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
   return true;
 }
 
+// A layout flag given beside --layout fixes that field of the search; one that --layout
+// fixes too must agree with it.
+template <typename T>
+void fix_field(std::optional<T>& field, bool given, T value, const std::string& flag, const std::string& shown) {
+  if (!given) return;
+  SAT_CHECK(!field || *field == value, flag, " disagrees with --layout's ", shown, " (give the field once)");
+  field = value;
+}
+
+// --layout auto|FIELDS with the fields the layout flags fix.
+sat::LayoutFilter layout_filter(const TrainArgs& a) {
+  auto given = [&](const char* flag) { return std::count(a.given.begin(), a.given.end(), flag) > 0; };
+  sat::LayoutFilter f = a.layout == "auto" ? sat::LayoutFilter{} : sat::parse_layout(a.layout);
+  for (const char* flag : {"--accum", "--pp-split", "--noise-scale"})
+    SAT_CHECK(!given(flag), flag, ": not with --layout, which chooses the accumulation (--global-batch / (micro-batch x "
+              "dp)) and the pipeline's cut; fix the micro-batch with --batch N or --layout micro=N");
+  fix_field(f.tp, given("--tp"), a.tp, "--tp " + std::to_string(a.tp), "tp=" + std::to_string(f.tp.value_or(0)));
+  fix_field(f.pp, given("--pp"), a.pp, "--pp " + std::to_string(a.pp), "pp=" + std::to_string(f.pp.value_or(0)));
+  fix_field(f.zero, given("--zero"), a.zero, "--zero " + std::to_string(a.zero), "zero=" + std::to_string(f.zero.value_or(0)));
+  fix_field(f.v, given("--virtual-stages"), a.virtual_stages, "--virtual-stages " + std::to_string(a.virtual_stages),
+            "v=" + std::to_string(f.v.value_or(0)));
+  fix_field(f.sp, given("--sequence-parallel"), true, "--sequence-parallel", "sp=off");
+  fix_field(f.recompute, given("--recompute"), sat::parse_recompute(a.recompute), "--recompute " + a.recompute,
+            std::string("recompute=") + sat::recompute_name(f.recompute.value_or(sat::Recompute::none)));
+  fix_field(f.schedule, given("--pp-schedule"), sat::parse_pipe_schedule(a.pp_schedule), "--pp-schedule " + a.pp_schedule,
+            std::string("schedule=") + sat::pipe_schedule_name(f.schedule.value_or(sat::PipeSchedule::one_f_one_b)));
+  if (given("--batch") && a.batch != "auto")
+    fix_field(f.micro, true, parse_batch(a.batch), "--batch " + a.batch, "micro=" + std::to_string(f.micro.value_or(0)));
+  return f;
+}
+
+// --layout and its options, checked before MPI starts (every rank exits with status 2 alike).
+sat::LayoutTuneConfig layout_tune_config(const TrainArgs& a) {
+  sat::LayoutTuneConfig t;
+  t.filter = layout_filter(a);
+  SAT_CHECK(a.global_batch >= 1, "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
+  SAT_CHECK(a.layout_candidates >= 1, "--layout-candidates: expected a positive number of layouts, got ",
+            a.layout_candidates);
+  t.candidates = a.layout_candidates;
+  t.global_batch = a.global_batch;
+  if (!a.memory_budget.empty()) t.memory_budget = parse_bytes("--memory-budget", a.memory_budget);
+  return t;
+}
+
+// The cache of `train --layout`: the layout tuning's tune.json and tune.html, keyed by
+// everything it depends on (as --batch auto's).
+std::filesystem::path layout_cache(const TrainArgs& a, const sat::ModelConfig& mc, const sat::DataSplit& data,
+                                   const sat::LayoutTuneConfig& t, const sat::TrainConfig& cfg, int world) {
+  return tune_cache_dir(sat::str_cat("layout|", mc.name, "|", data.description, "|", world, "|", a.memory_budget, "|",
+                                     t.global_batch, "|", sat::filter_str(t.filter), "|", t.candidates, "|",
+                                     cfg.optim.name, "|", cfg.optim.momentum, "|", sat::cpu::num_threads()));
+}
+
+// --layout (train and tune): the planner's best layouts for these ranks, timed, or train's
+// cached choice; the chosen one goes into cfg. Returns false for saturate tune, which ends
+// after printing it.
+bool apply_layout_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc, const sat::DataSplit& data,
+                         sat::LayoutTuneConfig t, sat::dist::Comm& comm, sat::TrainConfig& cfg) {
+  const bool lead = comm.rank() == 0;
+  const std::filesystem::path cache = layout_cache(a, mc, data, t, cfg, comm.size());
+  sat::Layout l;
+  double measured = 0, predicted = 0;
+  const bool cached = !tune_only && sat::shared_layout_choice(&comm, (cache / "tune.json").string(), l, measured, predicted);
+  if (cached && lead) {
+    std::fprintf(stderr, "layout auto: using the cached choice in %s (delete it to tune again)\n",
+                 (cache / "tune.json").c_str());
+    if (!a.out.empty()) copy_tune_files(cache, a.out);
+  }
+  if (!cached) {
+    t.progress = lead ? 1 : 0;
+    const sat::LayoutTuneResult r =
+        sat::tune_layout(mc, cfg, *data.train, a.eval == "on" ? data.test.get() : nullptr, t);
+    l = r.choice().predicted.layout;
+    measured = r.choice().measured_samples_per_second;
+    predicted = r.choice().predicted.samples_per_second;
+    if (lead) report_layout_tuning(a, r, cache);
+  }
+  if (lead) std::printf("layout auto: %s\n", sat::layout_choice_line(l, measured, predicted).c_str());
+  std::fflush(stdout);
+  if (tune_only) return false;
+  sat::apply_layout(l, cfg);
+  return true;
+}
+
 int run_train(const TrainArgs& a, bool tune_only = false) {
   const double t0 = sat::now_seconds();
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
@@ -363,9 +477,12 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   sat::fit_to_data(mc, *data.train);
 
   sat::TrainConfig cfg;
-  const bool auto_batch = tune_only || a.batch == "auto";
-  cfg.batch = auto_batch ? 1 : parse_batch(a.batch);
-  SAT_CHECK(auto_batch || a.global_batch == 0, "--global-batch needs --batch auto (or saturate tune)");
+  const bool auto_layout = !a.layout.empty();
+  const sat::LayoutTuneConfig lcfg = auto_layout ? layout_tune_config(a) : sat::LayoutTuneConfig{};
+  const bool auto_batch = !auto_layout && (tune_only || a.batch == "auto");
+  cfg.batch = auto_batch || auto_layout ? 1 : parse_batch(a.batch);
+  SAT_CHECK(auto_batch || auto_layout || a.global_batch == 0,
+            "--global-batch needs --batch auto or --layout (or saturate tune)");
   cfg.accum = a.accum;
   cfg.epochs = a.epochs;
   cfg.steps = a.steps;
@@ -396,8 +513,8 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   cfg.zero = a.zero;
   layout_into(a, cfg);
   SAT_CHECK(!auto_batch || (cfg.pp == 1 && cfg.tp == 1), "--batch auto and saturate tune choose the batch of a "
-            "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself");
-  validate_layout(mc, cfg, a.noise_scale);
+            "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself, or use --layout auto");
+  if (!auto_layout) validate_layout(mc, cfg, a.noise_scale);  // --layout: the planner forms valid layouts only
   // Each rank's communication thread spins inside OpenMPI while a reduction waits for a
   // peer; when the ranks' compute threads fill every core of the node, that steals a core
   // from backward. Ask OpenMPI to yield instead (as saturate launch does), unless the user
@@ -423,6 +540,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
                  "a GPU; compare with --device cpu and report what differs\n");
   const sat::TuneConfig tcfg = tune_config(a);
   if (auto_batch && !apply_tuning(a, tune_only, mc, data, tcfg, *comm, cfg)) return 0;
+  if (auto_layout && !apply_layout_tuning(a, tune_only, mc, data, lcfg, *comm, cfg)) return 0;
   SAT_CHECK(!a.noise_scale || cfg.accum >= 2, "--noise-scale needs --accum 2 or more: the estimator compares one "
             "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
             " --accum 2 instead of --batch ", cfg.batch, ")");
@@ -738,10 +856,24 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--pp-split", a.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced by FLOPs and memory");
   t->add_option("--recompute", a.recompute, "none | selective | full: recompute activations in backward instead of keeping them (selective: attention's probabilities; full: each transformer layer / residual block)")->capture_default_str();
   t->add_option("--memory-budget", a.memory_budget, "bytes per rank (8GiB, 512MiB, ...): an allocation beyond it is an error; the tuner fits in it");
-  t->add_option("--global-batch", a.global_batch, "with --batch auto: keep this global batch (micro-batch x accum x ranks)");
+  t->add_option("--global-batch", a.global_batch, "with --batch auto: keep this global batch (micro-batch x accum x ranks); "
+                "with --layout: the samples per optimizer step every layout shares");
+  t->add_option("--layout", a.layout, "auto, or fields to fix as in saturate plan --layout (tp=2,zero=1,...): the planner "
+                "ranks the layouts of these ranks on this machine, the best few are timed and the fastest is used; "
+                "--tp, --pp, --zero, --recompute, --sequence-parallel, --pp-schedule, --virtual-stages and --batch N "
+                "fix their fields too (needs --global-batch)");
+  t->add_option("--layout-candidates", a.layout_candidates, "with --layout: the layouts timed, the planner's best first")
+      ->capture_default_str();
   t->add_option("--objective", a.objective, "with --batch auto: throughput | goodput (throughput x statistical efficiency)")->capture_default_str();
   t->add_option("--knee", a.knee, "with --batch auto: the smallest micro-batch within this fraction of the best throughput")->capture_default_str();
   t->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, sqrt AdamW)")->capture_default_str();
+}
+
+// The layout flags given on the command line (with --layout they fix fields of the search).
+void note_layout_flags(const CLI::App* app, TrainArgs& a) {
+  for (const char* f : {"--tp", "--pp", "--zero", "--recompute", "--sequence-parallel", "--pp-schedule",
+                        "--virtual-stages", "--pp-split", "--batch", "--accum", "--noise-scale"})
+    if (app->get_option_no_throw(f) && app->count(f)) a.given.push_back(f);
 }
 
 }  // namespace
@@ -759,7 +891,7 @@ int main(int argc, char** argv) {
   train->add_flag("--noise-scale", a.noise_scale,
                   "measure the gradient noise scale every step (needs --accum 2 or more; with --batch auto it halves the "
                   "micro-batch): metrics.jsonl and summary.json");
-  auto* tune = app.add_subcommand("tune", "find the micro-batch, accumulation and learning rate for a memory budget");
+  auto* tune = app.add_subcommand("tune", "find the micro-batch, accumulation and learning rate for a memory budget (--layout auto: the whole layout of the ranks)");
   add_train_options(tune, ta);
 
   InfoArgs ia;
@@ -877,10 +1009,12 @@ int main(int argc, char** argv) {
                  : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
     return 2;
   }
+  note_layout_flags(train, a);
+  note_layout_flags(tune, ta);
   try {
     if (train->parsed()) return run_train(a);
     if (tune->parsed()) {
-      SAT_CHECK(tune->count("--batch") == 0 && tune->count("--accum") == 0,
+      SAT_CHECK(!ta.layout.empty() || (tune->count("--batch") == 0 && tune->count("--accum") == 0),
                 "--batch/--accum: saturate tune chooses them (give --global-batch to keep a global batch)");
       return run_train(ta, true);
     }

@@ -141,12 +141,10 @@ PlanResult ranked_layouts(const PlanRequest& q, const LayoutTuneResult& r) {
   if (!p.best.empty() && p.best[0].fits) return p;
   SAT_CHECK(p.smallest, "--layout auto: no layout of global batch ", q.global_batch, " over ", r.world, " rank(s) has ",
             r.filter, " (ZeRO needs 2 or more data-parallel ranks; tensor parallelism, the model's splits)");
-  std::string smallest;
-  if (p.smallest)
-    smallest = str_cat(": the smallest, ", p.smallest->layout.str(), ", needs ", format_bytes(p.smallest->memory_bytes));
   fail("--layout auto: no layout of global batch ", q.global_batch, " over ", r.world, " rank(s)",
        r.filter.empty() ? "" : " with " + r.filter, " fits the memory budget of ", format_bytes(double(r.budget)),
-       " per rank (", r.budget_source, ")", smallest);
+       " per rank (", r.budget_source, "): the smallest, ", p.smallest->layout.str(), ", needs ",
+       format_bytes(p.smallest->memory_bytes));
 }
 
 // Trains the trial's layout for a few timed steps (every rank together).
@@ -170,41 +168,48 @@ void measure(const ModelConfig& mc, const TrainConfig& base, const Dataset& trai
 
 double pct(double a, double b) { return 100 * (a / b - 1); }
 
-// The measured fastest; the reason says how it stands against the planner's first choice.
-void choose(LayoutTuneResult& r) {
+// The trial measured fastest among trials [from, end) that were timed (-1: none).
+int fastest(const std::vector<LayoutTrial>& t, int from) {
   int best = -1;
-  for (int i = 0; i < int(r.trials.size()); ++i) {
-    const LayoutTrial& t = r.trials[size_t(i)];
-    if (t.failed.empty() && t.measured_samples_per_second > 0 &&
-        (best < 0 || t.measured_samples_per_second > r.trials[size_t(best)].measured_samples_per_second))
+  for (int i = from; i < int(t.size()); ++i)
+    if (t[size_t(i)].failed.empty() && t[size_t(i)].measured_samples_per_second > 0 &&
+        (best < 0 || t[size_t(i)].measured_samples_per_second > t[size_t(best)].measured_samples_per_second))
       best = i;
+  return best;
+}
+
+// How the choice stands against the planner's first choice.
+std::string reason_for(const std::vector<LayoutTrial>& t, int chosen) {
+  const LayoutTrial& c = t[size_t(chosen)];
+  const LayoutTrial& first = t[0];
+  if (chosen > 0 && !first.failed.empty())
+    return str_cat("the fastest measured; the planner's first choice (", first.predicted.layout.str(),
+                   ") could not be timed: ", first.failed);
+  char buf[512];
+  if (chosen > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "measured %.0f%% faster than the planner's first choice (%s: %.0f samples/s measured, %.0f "
+                  "predicted); the planner ranked this one #%d",
+                  pct(c.measured_samples_per_second, first.measured_samples_per_second),
+                  first.predicted.layout.str().c_str(), first.measured_samples_per_second,
+                  first.predicted.samples_per_second, chosen + 1);
+    return buf;
   }
+  const int next = fastest(t, 1);  // the runner-up by measurement
+  if (next < 0) return "the planner's first choice, the only layout measured";
+  std::snprintf(buf, sizeof buf, "the planner's first choice, confirmed: measured %.0f%% faster than the runner-up (#%d)",
+                pct(c.measured_samples_per_second, t[size_t(next)].measured_samples_per_second), next + 1);
+  return buf;
+}
+
+// The measured fastest, and why.
+void choose(LayoutTuneResult& r) {
+  const int best = fastest(r.trials, 0);
   SAT_CHECK(best >= 0, "--layout auto: none of the ", r.trials.size(), " layout(s) could be timed (",
             r.trials.front().failed, ")");
   r.chosen = best;
   r.trials[size_t(best)].chosen = true;
-  const LayoutTrial& c = r.trials[size_t(best)];
-  char buf[512];
-  if (best > 0) {
-    const LayoutTrial& first = r.trials[0];
-    std::snprintf(buf, sizeof buf,
-                  "measured %.0f%% faster than the planner's first choice (%s: %.0f samples/s measured, %.0f "
-                  "predicted); the planner ranked this one #%d",
-                  pct(c.measured_samples_per_second, first.measured_samples_per_second), first.predicted.layout.str().c_str(),
-                  first.measured_samples_per_second, first.predicted.samples_per_second, best + 1);
-  } else {
-    int next = -1;  // the runner-up by measurement
-    for (int i = 1; i < int(r.trials.size()); ++i)
-      if (r.trials[size_t(i)].failed.empty() &&
-          (next < 0 || r.trials[size_t(i)].measured_samples_per_second > r.trials[size_t(next)].measured_samples_per_second))
-        next = i;
-    if (next < 0)
-      std::snprintf(buf, sizeof buf, "the planner's first choice, the only layout measured");
-    else
-      std::snprintf(buf, sizeof buf, "the planner's first choice, confirmed: measured %.0f%% faster than the runner-up (#%d)",
-                    pct(c.measured_samples_per_second, r.trials[size_t(next)].measured_samples_per_second), next + 1);
-  }
-  r.reason = buf;
+  r.reason = reason_for(r.trials, best);
 }
 
 // Every rank takes rank 0's choice (the measurements are the job's already: a safeguard).
@@ -220,37 +225,20 @@ void agree_on_choice(dist::Comm* comm, LayoutTuneResult& r) {
 
 }  // namespace
 
-LayoutTuneResult tune_layout(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
-                             const LayoutTuneConfig& cfg) {
-  const double t0 = now_seconds();
+namespace {
+
+void check_config(const TrainConfig& base, const LayoutTuneConfig& cfg) {
   SAT_CHECK(resolve_device(base.device) == Device::cpu, "--layout auto: plans and measures the CPU engine only for "
             "now (use --device cpu)");
   SAT_CHECK(cfg.global_batch >= 1, "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
   SAT_CHECK(cfg.candidates >= 1, "--layout-candidates: expected a positive number of layouts, got ", cfg.candidates);
   SAT_CHECK(cfg.min_steps >= 1 && cfg.probe_seconds > 0, "--layout auto: expected a positive probe length");
-  dist::Comm* comm = base.comm;
-  const bool lead = !comm || comm->rank() == 0;
-  auto say = [&](auto&&... a) {
-    if (lead && cfg.progress) std::fprintf(stderr, "%s\n", str_cat(a...).c_str());
-  };
-  LayoutTuneResult r;
-  r.model = mc.name;
-  r.data = train.name();
-  r.world = comm ? comm->size() : 1;
-  r.global_batch = cfg.global_batch;
-  r.filter = filter_str(cfg.filter);
-  r.budget = default_budget(cfg.memory_budget, comm, r.budget_source);
+}
 
-  say("layout auto: measuring this machine (GEMM, memory", r.world > 1 ? ", the links between the ranks)" : ")");
-  r.hw = hardware("this", comm);
-  r.hardware_seconds = now_seconds() - t0;
-  const PlanResult plan = ranked_layouts(request_of(mc, base, cfg, r), r);
-  r.layouts_searched = plan.layouts;
-  r.plan_seconds = plan.seconds;
-  say("layout auto: the planner searched ", plan.layouts, " layouts in ", std::lround(plan.seconds * 1000),
-      " ms; timing its best ", plan.best.size());
-
-  // Every probe allocates under the budget: a wrong plan shows as a refused allocation.
+// Times every layout the planner reported, under the budget (a wrong plan shows as a
+// refused allocation); `talk`: a line per layout on stderr.
+void measure_all(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
+                 const LayoutTuneConfig& cfg, const PlanResult& plan, bool talk, LayoutTuneResult& r) {
   device_mem_set_budget(Device::cpu, r.budget + mem_stats().current);
   struct BudgetReset {
     ~BudgetReset() { device_mem_set_budget(Device::cpu, 0); }
@@ -259,11 +247,42 @@ LayoutTuneResult tune_layout(const ModelConfig& mc, const TrainConfig& base, con
     LayoutTrial t;
     t.predicted = p;
     measure(mc, base, train, test, cfg, t);
-    say("layout auto: ", p.layout.str(), ": ", int64_t(t.measured_samples_per_second), " samples/s measured (",
-        int64_t(p.samples_per_second), " predicted), peak ", format_bytes(double(t.measured_peak_bytes)), " (plan ",
-        format_bytes(p.memory_bytes), ")", t.failed.empty() ? "" : "; not timed: " + t.failed);
+    if (talk)
+      std::fprintf(stderr, "layout auto: %s: %.0f samples/s measured (%.0f predicted), peak %s (plan %s)%s\n",
+                   p.layout.str().c_str(), t.measured_samples_per_second, p.samples_per_second,
+                   format_bytes(double(t.measured_peak_bytes)).c_str(), format_bytes(p.memory_bytes).c_str(),
+                   t.failed.empty() ? "" : ("; not timed: " + t.failed).c_str());
     r.trials.push_back(std::move(t));
   }
+}
+
+}  // namespace
+
+LayoutTuneResult tune_layout(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
+                             const LayoutTuneConfig& cfg) {
+  const double t0 = now_seconds();
+  check_config(base, cfg);
+  dist::Comm* comm = base.comm;
+  const bool talk = cfg.progress && (!comm || comm->rank() == 0);
+  LayoutTuneResult r;
+  r.model = mc.name;
+  r.data = train.name();
+  r.world = comm ? comm->size() : 1;
+  r.global_batch = cfg.global_batch;
+  r.filter = filter_str(cfg.filter);
+  r.budget = default_budget(cfg.memory_budget, comm, r.budget_source);
+  if (talk)
+    std::fprintf(stderr, "layout auto: measuring this machine (GEMM, memory%s)\n",
+                 r.world > 1 ? ", the links between the ranks" : "");
+  r.hw = hardware("this", comm);
+  r.hardware_seconds = now_seconds() - t0;
+  const PlanResult plan = ranked_layouts(request_of(mc, base, cfg, r), r);
+  r.layouts_searched = plan.layouts;
+  r.plan_seconds = plan.seconds;
+  if (talk)
+    std::fprintf(stderr, "layout auto: the planner searched %lld layouts in %.0f ms; timing its best %zu\n",
+                 (long long)plan.layouts, 1000 * plan.seconds, plan.best.size());
+  measure_all(mc, base, train, test, cfg, plan, talk, r);
   choose(r);
   agree_on_choice(comm, r);
   r.tuning_seconds = now_seconds() - t0;
