@@ -192,7 +192,7 @@ class Tuner {
   void first_pass_predicted();
   size_t decide(const std::vector<double>& log_offsets, const char* what);
   void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
-  void measure_noise(int64_t micro);
+  void measure_noise(int64_t micro, double sps);
   void explain(size_t pick);
   void weigh_levers(size_t pick);
   void agree_choice();
@@ -403,17 +403,21 @@ void Tuner::record(const std::vector<size_t>& idx, const std::vector<Contender>&
   r_.throughput_noise.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
 }
 
-// The gradient noise scale: b_small = micro (capped so that the big batch is at most a
-// quarter of the training set: sampling nearly all of it would hide the noise), b_big =
-// noise_ratio x it through accumulation and ranks; steps until the interval is tight.
-void Tuner::measure_noise(int64_t micro) {
+// The gradient noise scale: b_small = micro, b_big = noise_ratio x it through accumulation
+// and ranks; steps until the interval is tight. b_small is less when the big batch would be
+// more than a quarter of the training set (sampling nearly all of it would hide the noise)
+// or a step would take more than a tenth of the time cap at `sps` (the throughput measured
+// at micro).
+void Tuner::measure_noise(int64_t micro, double sps) {
   NoiseInterval& iv = r_.noise_interval;
   if (cfg_.noise_steps <= 0) {
     iv.reason = "not asked for (no noise-scale steps)";
     return;
   }
   const int64_t accum = std::max<int64_t>(2, (cfg_.noise_ratio + world_ - 1) / world_);
-  const int64_t b = std::min(micro, train_.size() / (4 * accum * world_));
+  int64_t b = std::min(micro, train_.size() / (4 * accum * world_));
+  if (sps > 0 && cfg_.noise_seconds > 0)
+    b = std::min(b, std::max<int64_t>(1, int64_t(sps * cfg_.noise_seconds / 10 / double(accum * world_))));
   if (b < 1) {
     iv.reason = str_cat("the training set (", train_.size(), " samples) is too small for two batches ",
                         accum * world_, " times apart");
@@ -622,7 +626,7 @@ TuneResult Tuner::run() {
   if (cfg_.predicted_samples_per_second) first_pass_predicted();
   else first_pass();
   size_t pick = decide({}, "throughput");
-  measure_noise(r_.candidates[pick].micro_batch);
+  measure_noise(r_.candidates[pick].micro_batch, r_.candidates[pick].samples_per_second);
   const int64_t ref_global = r_.candidates.front().micro_batch * world_;
   std::vector<double> offsets;
   for (auto& c : r_.candidates) {
