@@ -192,9 +192,12 @@ class Tuner {
   void first_pass_predicted();
   size_t decide(const std::vector<double>& log_offsets, const char* what);
   void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
+  int64_t noise_small_batch(int64_t micro, double sps, int64_t times) const;
   void measure_noise(int64_t micro, double sps);
+  void record_noise(const std::vector<GradNormSample>& norms);
   void explain(size_t pick);
   void weigh_levers(size_t pick);
+  void try_lever(size_t pick, TuneLever& l, int64_t target);
   void agree_choice();
 
   const ModelConfig& mc_;
@@ -403,11 +406,19 @@ void Tuner::record(const std::vector<size_t>& idx, const std::vector<Contender>&
   r_.throughput_noise.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
 }
 
-// The gradient noise scale: b_small = micro, b_big = noise_ratio x it through accumulation
-// and ranks; steps until the interval is tight. b_small is less when the big batch would be
-// more than a quarter of the training set (sampling nearly all of it would hide the noise)
-// or a step would take more than a tenth of the time cap at `sps` (the throughput measured
-// at micro).
+// The gradient noise scale's small batch: micro, less when the big batch (`times` it)
+// would be more than a quarter of the training set (sampling nearly all of it would hide
+// the noise) or a step would take more than a tenth of the time cap at `sps` (the
+// throughput measured at micro). 0 when not even 1 keeps to the training set.
+int64_t Tuner::noise_small_batch(int64_t micro, double sps, int64_t times) const {
+  int64_t b = std::min(micro, train_.size() / (4 * times));
+  if (sps > 0 && cfg_.noise_seconds > 0)
+    b = std::min(b, std::max<int64_t>(1, int64_t(sps * cfg_.noise_seconds / 10 / double(times))));
+  return b;
+}
+
+// The gradient noise scale, b_big = noise_ratio x b_small through accumulation and ranks;
+// steps until the interval is at most noise_tolerance x the estimate wide, or a cap.
 void Tuner::measure_noise(int64_t micro, double sps) {
   NoiseInterval& iv = r_.noise_interval;
   if (cfg_.noise_steps <= 0) {
@@ -415,9 +426,7 @@ void Tuner::measure_noise(int64_t micro, double sps) {
     return;
   }
   const int64_t accum = std::max<int64_t>(2, (cfg_.noise_ratio + world_ - 1) / world_);
-  int64_t b = std::min(micro, train_.size() / (4 * accum * world_));
-  if (sps > 0 && cfg_.noise_seconds > 0)
-    b = std::min(b, std::max<int64_t>(1, int64_t(sps * cfg_.noise_seconds / 10 / double(accum * world_))));
+  const int64_t b = noise_small_batch(micro, sps, accum * world_);
   if (b < 1) {
     iv.reason = str_cat("the training set (", train_.size(), " samples) is too small for two batches ",
                         accum * world_, " times apart");
@@ -428,8 +437,7 @@ void Tuner::measure_noise(int64_t micro, double sps) {
   TrainConfig c = probe_config(base_, b, accum, cfg_.noise_steps);
   c.measure_noise = true;
   c.optim.lr = scale_lr(base_.optim.name, base_.optim.lr, cfg_.lr_batch, micro * world_);  // the choice's rate
-  const double tol = cfg_.noise_tolerance;
-  c.stop_early = [tol](const TrainResult& tr) {
+  c.stop_early = [tol = cfg_.noise_tolerance](const TrainResult& tr) {
     NoiseScale ns;
     for (auto& g : tr.grad_norms) ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
     const NoiseInterval v = ns.interval();
@@ -438,30 +446,37 @@ void Tuner::measure_noise(int64_t micro, double sps) {
   Probe p;
   try {
     p = run_probe(c, cfg_.noise_seconds);
+    if (p.oom) iv.reason = "its steps were refused memory";
   } catch (const Error& e) {  // e.g. training diverged at this rate: every rank sees the same loss
     iv.reason = str_cat("its training steps failed: ", e.what());
   }
+  record_noise(p.norms);
+  const std::string how = str_cat(p.norms.size(), " steps at micro-batch ", b, " x ", accum, " accumulation",
+                                  world_ > 1 ? str_cat(" x ", world_, " ranks") : "", ": batches ", b, " and ",
+                                  r_.noise_b_big);
+  if (iv.measurable)
+    say("tune: gradient noise scale ", fixed("%.4g", iv.estimate), " (95% interval ", fixed("%.4g", iv.low), " to ",
+        fixed("%.4g", iv.high), "; ", how, ")");
+  else
+    say("tune: gradient noise scale: not measurable yet: ", iv.reason, " (", how, ")");
+}
+
+// The trace of the estimate step by step, and the final interval (rank 0's on every rank);
+// a reason already given (a failed measurement) stands.
+void Tuner::record_noise(const std::vector<GradNormSample>& norms) {
+  NoiseInterval& iv = r_.noise_interval;
   NoiseScale ns;
-  for (auto& g : p.norms) {
+  for (auto& g : norms) {
     ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
     const NoiseInterval v = ns.interval();
     r_.noise.push_back({ns.count(), g.small_sq, g.big_sq, g.b_small, g.b_big, v.estimate, v.measurable ? v.low : 0,
                         v.measurable ? v.high : 0});
   }
   if (iv.reason.empty()) iv = ns.interval();
-  if (p.oom) iv = {}, iv.reason = "its steps were refused memory";
   double v[4] = {double(iv.measurable), iv.estimate, iv.low, iv.high};
   agree(comm_, v, 4, DType::f64);
   iv.measurable = v[0] > 0, iv.estimate = v[1], iv.low = v[2], iv.high = v[3];
   r_.noise_scale = iv.measurable ? iv.estimate : 0;
-  const std::string how = str_cat(p.norms.size(), " steps at micro-batch ", b, " x ", accum, " accumulation",
-                                  world_ > 1 ? str_cat(" x ", world_, " ranks") : "", ": batches ", r_.noise_b_small,
-                                  " and ", r_.noise_b_big);
-  if (iv.measurable)
-    say("tune: gradient noise scale ", fixed("%.4g", iv.estimate), " (95% interval ", fixed("%.4g", iv.low), " to ",
-        fixed("%.4g", iv.high), "; ", how, ")");
-  else
-    say("tune: gradient noise scale: not measurable yet: ", iv.reason, " (", how, ")");
 }
 
 // The choice and its reason, from candidate `pick` (the contest's choice).
@@ -491,9 +506,9 @@ void Tuner::explain(size_t pick) {
   const bool good = cfg_.objective == "goodput" && r_.noise_interval.measurable;
   const std::string what = good ? str_cat("goodput (throughput x statistical efficiency ",
                                           fixed("%.2f", c.statistical_efficiency), " at gradient noise scale ",
-                                          fixed("%.0f", r_.noise_scale), ", 95% interval ",
-                                          fixed("%.0f", r_.noise_interval.low), " to ",
-                                          fixed("%.0f", r_.noise_interval.high), ")")
+                                          fixed("%.3g", r_.noise_scale), ", 95% interval ",
+                                          fixed("%.3g", r_.noise_interval.low), " to ",
+                                          fixed("%.3g", r_.noise_interval.high), ")")
                                 : std::string("throughput");
   if (c.micro_batch == tn.reference)
     ch.reason = str_cat("micro-batch ", c.micro_batch, " gave the best ", what, ", ", sps, ", and no smaller one ",
@@ -512,9 +527,7 @@ void Tuner::explain(size_t pick) {
 }
 
 // Memory levers, when the budget holds back a micro-batch that may be faster: the cheapest
-// lever that fits the next micro-batch (or the one that fits the largest) is probed there,
-// right after the choice is timed again (a pair that drift hits alike), and chosen when it
-// is faster by more than the knee.
+// lever that fits the next micro-batch (or the one that fits the largest) is tried there.
 void Tuner::weigh_levers(size_t pick) {
   std::vector<const TuneCandidate*> probed;
   for (auto& c : r_.candidates)
@@ -540,8 +553,14 @@ void Tuner::weigh_levers(size_t pick) {
   }
   for (TuneLever& l : r_.levers)  // none reaches the target: the one that gets closest
     if (!use || (use->max_micro_batch < target && l.max_micro_batch > use->max_micro_batch)) use = &l;
-  if (!use || use->max_micro_batch <= r_.max_micro_batch) return;
-  TuneLever& l = *use;
+  if (use && use->max_micro_batch > r_.max_micro_batch) try_lever(pick, *use, target);
+}
+
+// Probes lever l at the largest micro-batch it fits up to the target (dividing the share
+// when the global batch is kept), right after timing the choice again; takes it when it is
+// faster by more than the knee.
+void Tuner::try_lever(size_t pick, TuneLever& l, int64_t target) {
+  TuneChoice& ch = r_.choice;
   int64_t b = std::min(l.max_micro_batch, target);
   while (share_ && share_ % b != 0) --b;
   l.micro_batch = b;
