@@ -406,12 +406,12 @@ void Tuner::record(const std::vector<size_t>& idx, const std::vector<Contender>&
   r_.throughput_noise.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
 }
 
-// The gradient noise scale's small batch: micro, less when the big batch (`times` it)
-// would be more than a quarter of the training set (sampling nearly all of it would hide
-// the noise) or a step would take more than a tenth of the time cap at `sps` (the
-// throughput measured at micro). 0 when not even 1 keeps to the training set.
+// The gradient noise scale's small batch: micro up to noise_max_small, less when the big
+// batch (`times` it) would be more than a quarter of the training set (sampling nearly all
+// of it would hide the noise) or a step would take more than a tenth of the time cap at
+// `sps` (the throughput measured at micro). 0 when not even 1 keeps to the training set.
 int64_t Tuner::noise_small_batch(int64_t micro, double sps, int64_t times) const {
-  int64_t b = std::min(micro, train_.size() / (4 * times));
+  int64_t b = std::min({micro, cfg_.noise_max_small, train_.size() / (4 * times)});
   if (sps > 0 && cfg_.noise_seconds > 0)
     b = std::min(b, std::max<int64_t>(1, int64_t(sps * cfg_.noise_seconds / 10 / double(times))));
   return b;
@@ -673,7 +673,8 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base, const Dataset& t
   SAT_CHECK(cfg.global_batch >= 0, "--global-batch: expected a positive number, got ", cfg.global_batch);
   SAT_CHECK(base.pp == 1 && base.tp == 1, "--pp/--tp: the tuner chooses the batch of a data-parallel layout; "
             "with pipeline or tensor parallelism give --batch and --accum");
-  SAT_CHECK(cfg.rounds >= 0 && cfg.probe_min_steps >= 1 && cfg.noise_ratio >= 2 && cfg.noise_tolerance > 0,
+  SAT_CHECK(cfg.rounds >= 0 && cfg.probe_min_steps >= 1 && cfg.noise_max_small >= 1 && cfg.noise_ratio >= 2 &&
+                cfg.noise_tolerance > 0,
             "internal error: tuning rounds, probe steps, noise ratio or tolerance out of range");
   return Tuner(mc, base, train, test, cfg).run();
 }
