@@ -1,9 +1,10 @@
 // Telling throughputs apart on a noisy machine. A probe's throughput is the micro-batch
 // over the median of its step times (what training at that size will see, slow steps
 // included: a size whose steps run into memory pressure is slower, not unlucky), and its
-// noise the standard error of that median, from the interquartile range of the step times. Candidates whose throughputs are within that
-// noise of each other are probed again in interleaved rounds (each round every contender
-// once, the order reversed from one round to the next), and compared round by round:
+// noise the standard error of that median, from the interquartile range of the step
+// times. Candidates whose throughputs are within that noise of each other are probed
+// again in interleaved rounds (each round every contender once, the order reversed from
+// one round to the next), and compared round by round:
 // the log ratio of two candidates' throughputs in the same round, averaged over the rounds
 // they share (the median from three rounds on: a round that other work hit halfway is an
 // outlier), so that a machine that slows down for a while slows both alike and the

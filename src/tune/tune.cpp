@@ -236,7 +236,8 @@ void Tuner::find_largest() {
   cap_ = train_.size() / world_;
   if (share_) cap_ = std::min(cap_, share_);
   if (cfg_.max_micro_batch > 0) cap_ = std::min(cap_, cfg_.max_micro_batch);
-  SAT_CHECK(cap_ >= 1, "--data: ", train_.name(), " has ", train_.size(), " samples, fewer than the ", world_, " ranks");
+  SAT_CHECK(cap_ >= 1, "--data: ", train_.name(), " has ", train_.size(), " samples, fewer than the ", world_,
+            " ranks");
   final_cfg_ = probe_config(base_, 1, 1, 1);
   final_cfg_.evaluate = test_ != nullptr;
   const size_t need = plan_at(1);
@@ -245,8 +246,8 @@ void Tuner::find_largest() {
             (cfg_.memory_budget ? "" : " (" + r_.budget_source + ")"));
   r_.max_micro_batch = largest_fitting(cap_, [&](int64_t b) { return plan_at(b) <= r_.budget; });
   r_.max_predicted_bytes = plan_at(r_.max_micro_batch);
-  say("tune: budget ", format_bytes(double(r_.budget)), " per rank (", r_.budget_source, "); the plan fits micro-batch ",
-      r_.max_micro_batch, " (", format_bytes(double(r_.max_predicted_bytes)), ")",
+  say("tune: budget ", format_bytes(double(r_.budget)), " per rank (", r_.budget_source,
+      "); the plan fits micro-batch ", r_.max_micro_batch, " (", format_bytes(double(r_.max_predicted_bytes)), ")",
       cap_ == r_.max_micro_batch && cap_ < train_.size() / world_ ? " (capped)" : "");
 }
 
@@ -516,7 +517,8 @@ void Tuner::explain(size_t pick) {
                         "). The largest that fits the budget is ", r_.max_micro_batch);
   else
     ch.reason = str_cat("micro-batch ", c.micro_batch, " is the smallest within ", knee, " of the best ", what, ": ",
-                        sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference, "'s (95% interval ",
+                        sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference,
+                        "'s (95% interval ",
                         fixed("%.3f", c.ratio_to_best_low), " to ", fixed("%.3f", c.ratio_to_best_high), "; ", noise,
                         tn.settled ? "" : "; smaller ones could not be told apart from the knee through the noise",
                         "): larger batches cost memory for little speed. The largest that fits the budget is ",
@@ -578,8 +580,8 @@ void Tuner::try_lever(size_t pick, TuneLever& l, int64_t target) {
       " (plan ", format_bytes(double(l.predicted_memory_bytes)), "), against ", int64_t(before.samples_per_second),
       " at micro-batch ", mine.micro_batch, " without it just before");
   const double ratio = before.samples_per_second > 0 ? sps / before.samples_per_second : 0;
-  ch.reason += str_cat(". Micro-batch ", b, " does not fit the budget as it is; ", l.name, " (the cheapest lever that fits ",
-                       l.max_micro_batch >= target ? "it" : "the most", ") makes it fit (plan ",
+  ch.reason += str_cat(". Micro-batch ", b, " does not fit the budget as it is; ", l.name,
+                       " (the cheapest lever that fits ", l.max_micro_batch >= target ? "it" : "the most", ") makes it fit (plan ",
                        format_bytes(double(l.predicted_memory_bytes)), ") and trained at ", fixed("%.0f", sps),
                        " samples/s, ", fixed("%+.0f", 100 * (ratio - 1)), "% against ", mine.micro_batch,
                        " without it, timed just before");
@@ -657,7 +659,8 @@ TuneResult Tuner::run() {
   explain(pick);
   weigh_levers(pick);
   agree_choice();
-  r_.throughput_noise.rule = share_ ? "fastest (global batch kept)" : "smallest within the knee of the noise-aware best";
+  r_.throughput_noise.rule =
+      share_ ? "fastest (global batch kept)" : "smallest within the knee of the noise-aware best";
   r_.failed_allocations = int(device_mem_failed(dev_) - failed_before);
   r_.tuning_seconds = now_seconds() - t0;
   return r_;
