@@ -23,12 +23,14 @@ TEST(TuneContest, ProbeTimingFromStepTimes) {
   ProbeTiming t = sat::time_probe({0.5, 0.1, 0.1, 0.1, 0.1, 0.1}, 32, 2);
   EXPECT_EQ(t.round, 2);
   EXPECT_EQ(t.steps, 6);
-  EXPECT_DOUBLE_EQ(t.samples_per_second, 320);  // the lower quartile: one slow step does not count
+  EXPECT_DOUBLE_EQ(t.samples_per_second, 320);  // the median: one slow step does not count
   EXPECT_DOUBLE_EQ(t.iqr_fraction, 0);
-  t = sat::time_probe({0.9, 1.0, 1.1, 1.2, 0.8, 1.6, 2.0, 3.0, 0.9}, 10, 0);  // half of them slowed down
-  EXPECT_DOUBLE_EQ(t.samples_per_second, 10 / 0.9);
+  t = sat::time_probe({0.9, 1.0, 1.1, 1.2, 0.8, 1.6, 2.0, 3.0, 0.9}, 10, 0);
+  EXPECT_DOUBLE_EQ(t.samples_per_second, 10 / 1.1);
   EXPECT_NEAR(t.iqr_fraction, (1.6 - 0.9) / 1.1, 1e-12);
-  EXPECT_NEAR(t.log_se, 1.3625 * (1.6 - 0.9) / 1.349 / 0.9 / 3, 1e-9);
+  EXPECT_NEAR(t.log_se, 1.2533 * (1.6 - 0.9) / 1.349 / 1.1 / 3, 1e-9);
+  t = sat::time_probe({1.0, 1.2, 1.1}, 10, 0);  // three steps: sigma from the range
+  EXPECT_NEAR(t.log_se, 1.2533 * (0.2 / 1.693) / 1.1 / std::sqrt(3.0), 1e-9);
   EXPECT_EQ(sat::time_probe({}, 10, 0).samples_per_second, 0);
 }
 

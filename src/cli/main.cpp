@@ -604,10 +604,13 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     char interval[64];
     std::snprintf(interval, sizeof interval, "95%% interval %.4g to %.4g", iv.low, iv.high);
     const std::string how = iv.measurable ? std::string(interval) : "no interval yet: " + iv.reason;
-    if (r.noise_scale > 0)
+    if (r.noise_scale > 0 && iv.measurable)
       std::printf("gradient noise scale %.4g at the end (smoothed over %zu steps; %s): this run's global batch %lld is "
                   "%.3gx it\n", r.noise_scale, r.grad_norms.size(), how.c_str(), (long long)gb,
                   double(gb) / r.noise_scale);
+    else if (r.noise_scale > 0)
+      std::printf("gradient noise scale: not measurable yet: %s (the smoothed estimate is %.4g over %zu steps, "
+                  "but its interval says nothing)\n", iv.reason.c_str(), r.noise_scale, r.grad_norms.size());
     else
       std::printf("gradient noise scale: not measurable yet: %s\n",
                   iv.reason.empty() ? "the estimates of |G|^2 and tr(Sigma) are not both positive" : iv.reason.c_str());

@@ -74,8 +74,8 @@ NoiseInterval NoiseScale::interval() const {
   const double a = mg * mg - z2 * vg, b = ms * mg - z2 * cgs, c = ms * ms - z2 * vs;
   const std::string after = str_cat(" after ", n_, " steps");
   if (!(a > 0) || !(mg > 0)) {
-    r.reason = str_cat("|G|^2 is not distinguishable from 0", after, " (", number(mg), " +- ", number(z * std::sqrt(vg)),
-                       "): the gradient is buried in the noise of these batches, so the interval is unbounded");
+    r.reason = str_cat("|G|^2 is not distinguishable from 0", after, " (", number(mg), " +- ",
+                       number(z * std::sqrt(vg)), "): the gradient is buried in the noise of these batches, so the interval is unbounded");
     return r;
   }
   const double root = std::sqrt(std::max(0.0, b * b - a * c));

@@ -54,17 +54,17 @@ ProbeTiming time_probe(std::vector<double> s, double samples_per_step, int round
   t.steps = int(s.size());
   if (s.empty()) return t;
   std::sort(s.begin(), s.end());
-  const double median = quantile(s, 0.5), fast = quantile(s, 0.25);
-  if (!(fast > 0)) return t;
-  t.samples_per_second = samples_per_step / fast;
+  const double median = quantile(s, 0.5);
+  if (!(median > 0)) return t;
+  t.samples_per_second = samples_per_step / median;
   const double n = double(s.size());
-  double sigma = 0;
-  if (s.size() >= 4) sigma = (quantile(s, 0.75) - fast) / 1.349;
-  else if (s.size() >= 2) sigma = (s.back() - s.front()) / (s.size() == 2 ? 1.128 : 1.693);  // range / d2(n)
-  t.iqr_fraction = s.size() >= 4 ? (quantile(s, 0.75) - fast) / median : (s.back() - s.front()) / median;
-  // The standard error of the lower quartile: sqrt(p (1 - p) / n) / density there, for a
-  // normal spread. One step says nothing about its noise: 10%, as if the machine were busy.
-  t.log_se = s.size() >= 2 ? 1.3625 * sigma / fast / std::sqrt(n) : 0.1;
+  const double spread = s.size() >= 4 ? quantile(s, 0.75) - quantile(s, 0.25) : s.back() - s.front();
+  t.iqr_fraction = spread / median;
+  // sigma from the IQR, or from the range over d2(n) for 2 or 3 steps; the median's
+  // standard error is 1.2533 sigma / sqrt(n). One step says nothing about its noise: 10%,
+  // as if the machine were busy.
+  const double sigma = s.size() >= 4 ? spread / 1.349 : spread / (s.size() == 2 ? 1.128 : 1.693);
+  t.log_se = s.size() >= 2 ? 1.2533 * sigma / median / std::sqrt(n) : 0.1;
   return t;
 }
 

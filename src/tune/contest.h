@@ -1,10 +1,10 @@
 // Telling throughputs apart on a noisy machine. A probe's throughput is the micro-batch
-// over the lower quartile of its step times (other work on the machine only ever slows a
-// step down, so the faster steps are the ones it left alone; on a quiet machine the
-// quartile is within a fraction of the steps' scatter of the median), and its noise the
-// standard error of that quartile, from the interquartile range of the step times. Candidates whose throughputs are within that
-// noise of each other are probed again in interleaved rounds (each round every contender
-// once, the order reversed from one round to the next), and compared round by round:
+// over the median of its step times (what training at that size will see, slow steps
+// included: a size whose steps run into memory pressure is slower, not unlucky), and its
+// noise the standard error of that median, from the interquartile range of the step
+// times. Candidates whose throughputs are within that noise of each other are probed
+// again in interleaved rounds (each round every contender once, the order reversed from
+// one round to the next), and compared round by round:
 // the log ratio of two candidates' throughputs in the same round, averaged over the rounds
 // they share (the median from three rounds on: a round that other work hit halfway is an
 // outlier), so that a machine that slows down for a while slows both alike and the
@@ -32,15 +32,14 @@ namespace sat {
 
 struct ProbeTiming {
   int round = 0;                  // 0: the first pass over the sizes; 1, 2, ...: re-measurement rounds
-  double samples_per_second = 0;  // samples per step / lower quartile of the step times
+  double samples_per_second = 0;  // samples per step / median step time
   double log_se = 0;              // standard error of log(samples_per_second)
   double iqr_fraction = 0;        // interquartile range of the step times / their median
   int steps = 0;
 };
 
-// One probe's timing from its step times (after warm-up). The lower quartile's standard
-// error is 1.3625 sigma / sqrt(n) with sigma = IQR / 1.349 (from the range for fewer than 4
-// steps).
+// One probe's timing from its step times (after warm-up). The median's standard error is
+// 1.2533 sigma / sqrt(n) with sigma = IQR / 1.349 (from the range for fewer than 4 steps).
 ProbeTiming time_probe(std::vector<double> step_seconds, double samples_per_step, int round);
 
 // log(a / b) of two throughputs with its standard error, over the rounds both were

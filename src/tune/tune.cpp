@@ -192,9 +192,12 @@ class Tuner {
   void first_pass_predicted();
   size_t decide(const std::vector<double>& log_offsets, const char* what);
   void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
+  int64_t noise_small_batch(int64_t micro, double sps, int64_t times) const;
   void measure_noise(int64_t micro, double sps);
+  void record_noise(const std::vector<GradNormSample>& norms);
   void explain(size_t pick);
   void weigh_levers(size_t pick);
+  void try_lever(size_t pick, TuneLever& l, int64_t target);
   void agree_choice();
 
   const ModelConfig& mc_;
@@ -233,7 +236,8 @@ void Tuner::find_largest() {
   cap_ = train_.size() / world_;
   if (share_) cap_ = std::min(cap_, share_);
   if (cfg_.max_micro_batch > 0) cap_ = std::min(cap_, cfg_.max_micro_batch);
-  SAT_CHECK(cap_ >= 1, "--data: ", train_.name(), " has ", train_.size(), " samples, fewer than the ", world_, " ranks");
+  SAT_CHECK(cap_ >= 1, "--data: ", train_.name(), " has ", train_.size(), " samples, fewer than the ", world_,
+            " ranks");
   final_cfg_ = probe_config(base_, 1, 1, 1);
   final_cfg_.evaluate = test_ != nullptr;
   const size_t need = plan_at(1);
@@ -242,8 +246,8 @@ void Tuner::find_largest() {
             (cfg_.memory_budget ? "" : " (" + r_.budget_source + ")"));
   r_.max_micro_batch = largest_fitting(cap_, [&](int64_t b) { return plan_at(b) <= r_.budget; });
   r_.max_predicted_bytes = plan_at(r_.max_micro_batch);
-  say("tune: budget ", format_bytes(double(r_.budget)), " per rank (", r_.budget_source, "); the plan fits micro-batch ",
-      r_.max_micro_batch, " (", format_bytes(double(r_.max_predicted_bytes)), ")",
+  say("tune: budget ", format_bytes(double(r_.budget)), " per rank (", r_.budget_source,
+      "); the plan fits micro-batch ", r_.max_micro_batch, " (", format_bytes(double(r_.max_predicted_bytes)), ")",
       cap_ == r_.max_micro_batch && cap_ < train_.size() / world_ ? " (capped)" : "");
 }
 
@@ -403,11 +407,19 @@ void Tuner::record(const std::vector<size_t>& idx, const std::vector<Contender>&
   r_.throughput_noise.round_to_round = dof > 0 ? std::sqrt(ss / dof) : 0;
 }
 
-// The gradient noise scale: b_small = micro, b_big = noise_ratio x it through accumulation
-// and ranks; steps until the interval is tight. b_small is less when the big batch would be
-// more than a quarter of the training set (sampling nearly all of it would hide the noise)
-// or a step would take more than a tenth of the time cap at `sps` (the throughput measured
-// at micro).
+// The gradient noise scale's small batch: micro up to noise_max_small, less when the big
+// batch (`times` it) would be more than a quarter of the training set (sampling nearly all
+// of it would hide the noise) or a step would take more than a tenth of the time cap at
+// `sps` (the throughput measured at micro). 0 when not even 1 keeps to the training set.
+int64_t Tuner::noise_small_batch(int64_t micro, double sps, int64_t times) const {
+  int64_t b = std::min({micro, cfg_.noise_max_small, train_.size() / (4 * times)});
+  if (sps > 0 && cfg_.noise_seconds > 0)
+    b = std::min(b, std::max<int64_t>(1, int64_t(sps * cfg_.noise_seconds / 10 / double(times))));
+  return b;
+}
+
+// The gradient noise scale, b_big = noise_ratio x b_small through accumulation and ranks;
+// steps until the interval is at most noise_tolerance x the estimate wide, or a cap.
 void Tuner::measure_noise(int64_t micro, double sps) {
   NoiseInterval& iv = r_.noise_interval;
   if (cfg_.noise_steps <= 0) {
@@ -415,9 +427,7 @@ void Tuner::measure_noise(int64_t micro, double sps) {
     return;
   }
   const int64_t accum = std::max<int64_t>(2, (cfg_.noise_ratio + world_ - 1) / world_);
-  int64_t b = std::min(micro, train_.size() / (4 * accum * world_));
-  if (sps > 0 && cfg_.noise_seconds > 0)
-    b = std::min(b, std::max<int64_t>(1, int64_t(sps * cfg_.noise_seconds / 10 / double(accum * world_))));
+  const int64_t b = noise_small_batch(micro, sps, accum * world_);
   if (b < 1) {
     iv.reason = str_cat("the training set (", train_.size(), " samples) is too small for two batches ",
                         accum * world_, " times apart");
@@ -428,8 +438,7 @@ void Tuner::measure_noise(int64_t micro, double sps) {
   TrainConfig c = probe_config(base_, b, accum, cfg_.noise_steps);
   c.measure_noise = true;
   c.optim.lr = scale_lr(base_.optim.name, base_.optim.lr, cfg_.lr_batch, micro * world_);  // the choice's rate
-  const double tol = cfg_.noise_tolerance;
-  c.stop_early = [tol](const TrainResult& tr) {
+  c.stop_early = [tol = cfg_.noise_tolerance](const TrainResult& tr) {
     NoiseScale ns;
     for (auto& g : tr.grad_norms) ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
     const NoiseInterval v = ns.interval();
@@ -438,30 +447,37 @@ void Tuner::measure_noise(int64_t micro, double sps) {
   Probe p;
   try {
     p = run_probe(c, cfg_.noise_seconds);
+    if (p.oom) iv.reason = "its steps were refused memory";
   } catch (const Error& e) {  // e.g. training diverged at this rate: every rank sees the same loss
     iv.reason = str_cat("its training steps failed: ", e.what());
   }
+  record_noise(p.norms);
+  const std::string how = str_cat(p.norms.size(), " steps at micro-batch ", b, " x ", accum, " accumulation",
+                                  world_ > 1 ? str_cat(" x ", world_, " ranks") : "", ": batches ", b, " and ",
+                                  r_.noise_b_big);
+  if (iv.measurable)
+    say("tune: gradient noise scale ", fixed("%.4g", iv.estimate), " (95% interval ", fixed("%.4g", iv.low), " to ",
+        fixed("%.4g", iv.high), "; ", how, ")");
+  else
+    say("tune: gradient noise scale: not measurable yet: ", iv.reason, " (", how, ")");
+}
+
+// The trace of the estimate step by step, and the final interval (rank 0's on every rank);
+// a reason already given (a failed measurement) stands.
+void Tuner::record_noise(const std::vector<GradNormSample>& norms) {
+  NoiseInterval& iv = r_.noise_interval;
   NoiseScale ns;
-  for (auto& g : p.norms) {
+  for (auto& g : norms) {
     ns.add(g.small_sq, g.b_small, g.big_sq, g.b_big);
     const NoiseInterval v = ns.interval();
     r_.noise.push_back({ns.count(), g.small_sq, g.big_sq, g.b_small, g.b_big, v.estimate, v.measurable ? v.low : 0,
                         v.measurable ? v.high : 0});
   }
   if (iv.reason.empty()) iv = ns.interval();
-  if (p.oom) iv = {}, iv.reason = "its steps were refused memory";
   double v[4] = {double(iv.measurable), iv.estimate, iv.low, iv.high};
   agree(comm_, v, 4, DType::f64);
   iv.measurable = v[0] > 0, iv.estimate = v[1], iv.low = v[2], iv.high = v[3];
   r_.noise_scale = iv.measurable ? iv.estimate : 0;
-  const std::string how = str_cat(p.norms.size(), " steps at micro-batch ", b, " x ", accum, " accumulation",
-                                  world_ > 1 ? str_cat(" x ", world_, " ranks") : "", ": batches ", r_.noise_b_small,
-                                  " and ", r_.noise_b_big);
-  if (iv.measurable)
-    say("tune: gradient noise scale ", fixed("%.4g", iv.estimate), " (95% interval ", fixed("%.4g", iv.low), " to ",
-        fixed("%.4g", iv.high), "; ", how, ")");
-  else
-    say("tune: gradient noise scale: not measurable yet: ", iv.reason, " (", how, ")");
 }
 
 // The choice and its reason, from candidate `pick` (the contest's choice).
@@ -491,9 +507,9 @@ void Tuner::explain(size_t pick) {
   const bool good = cfg_.objective == "goodput" && r_.noise_interval.measurable;
   const std::string what = good ? str_cat("goodput (throughput x statistical efficiency ",
                                           fixed("%.2f", c.statistical_efficiency), " at gradient noise scale ",
-                                          fixed("%.0f", r_.noise_scale), ", 95% interval ",
-                                          fixed("%.0f", r_.noise_interval.low), " to ",
-                                          fixed("%.0f", r_.noise_interval.high), ")")
+                                          fixed("%.3g", r_.noise_scale), ", 95% interval ",
+                                          fixed("%.3g", r_.noise_interval.low), " to ",
+                                          fixed("%.3g", r_.noise_interval.high), ")")
                                 : std::string("throughput");
   if (c.micro_batch == tn.reference)
     ch.reason = str_cat("micro-batch ", c.micro_batch, " gave the best ", what, ", ", sps, ", and no smaller one ",
@@ -501,7 +517,8 @@ void Tuner::explain(size_t pick) {
                         "). The largest that fits the budget is ", r_.max_micro_batch);
   else
     ch.reason = str_cat("micro-batch ", c.micro_batch, " is the smallest within ", knee, " of the best ", what, ": ",
-                        sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference, "'s (95% interval ",
+                        sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference,
+                        "'s (95% interval ",
                         fixed("%.3f", c.ratio_to_best_low), " to ", fixed("%.3f", c.ratio_to_best_high), "; ", noise,
                         tn.settled ? "" : "; smaller ones could not be told apart from the knee through the noise",
                         "): larger batches cost memory for little speed. The largest that fits the budget is ",
@@ -512,9 +529,7 @@ void Tuner::explain(size_t pick) {
 }
 
 // Memory levers, when the budget holds back a micro-batch that may be faster: the cheapest
-// lever that fits the next micro-batch (or the one that fits the largest) is probed there,
-// right after the choice is timed again (a pair that drift hits alike), and chosen when it
-// is faster by more than the knee.
+// lever that fits the next micro-batch (or the one that fits the largest) is tried there.
 void Tuner::weigh_levers(size_t pick) {
   std::vector<const TuneCandidate*> probed;
   for (auto& c : r_.candidates)
@@ -540,8 +555,14 @@ void Tuner::weigh_levers(size_t pick) {
   }
   for (TuneLever& l : r_.levers)  // none reaches the target: the one that gets closest
     if (!use || (use->max_micro_batch < target && l.max_micro_batch > use->max_micro_batch)) use = &l;
-  if (!use || use->max_micro_batch <= r_.max_micro_batch) return;
-  TuneLever& l = *use;
+  if (use && use->max_micro_batch > r_.max_micro_batch) try_lever(pick, *use, target);
+}
+
+// Probes lever l at the largest micro-batch it fits up to the target (dividing the share
+// when the global batch is kept), right after timing the choice again; takes it when it is
+// faster by more than the knee.
+void Tuner::try_lever(size_t pick, TuneLever& l, int64_t target) {
+  TuneChoice& ch = r_.choice;
   int64_t b = std::min(l.max_micro_batch, target);
   while (share_ && share_ % b != 0) --b;
   l.micro_batch = b;
@@ -559,8 +580,8 @@ void Tuner::weigh_levers(size_t pick) {
       " (plan ", format_bytes(double(l.predicted_memory_bytes)), "), against ", int64_t(before.samples_per_second),
       " at micro-batch ", mine.micro_batch, " without it just before");
   const double ratio = before.samples_per_second > 0 ? sps / before.samples_per_second : 0;
-  ch.reason += str_cat(". Micro-batch ", b, " does not fit the budget as it is; ", l.name, " (the cheapest lever that fits ",
-                       l.max_micro_batch >= target ? "it" : "the most", ") makes it fit (plan ",
+  ch.reason += str_cat(". Micro-batch ", b, " does not fit the budget as it is; ", l.name,
+                       " (the cheapest lever that fits ", l.max_micro_batch >= target ? "it" : "the most", ") makes it fit (plan ",
                        format_bytes(double(l.predicted_memory_bytes)), ") and trained at ", fixed("%.0f", sps),
                        " samples/s, ", fixed("%+.0f", 100 * (ratio - 1)), "% against ", mine.micro_batch,
                        " without it, timed just before");
@@ -638,7 +659,8 @@ TuneResult Tuner::run() {
   explain(pick);
   weigh_levers(pick);
   agree_choice();
-  r_.throughput_noise.rule = share_ ? "fastest (global batch kept)" : "smallest within the knee of the noise-aware best";
+  r_.throughput_noise.rule =
+      share_ ? "fastest (global batch kept)" : "smallest within the knee of the noise-aware best";
   r_.failed_allocations = int(device_mem_failed(dev_) - failed_before);
   r_.tuning_seconds = now_seconds() - t0;
   return r_;
@@ -654,7 +676,8 @@ TuneResult tune(const ModelConfig& mc, const TrainConfig& base, const Dataset& t
   SAT_CHECK(cfg.global_batch >= 0, "--global-batch: expected a positive number, got ", cfg.global_batch);
   SAT_CHECK(base.pp == 1 && base.tp == 1, "--pp/--tp: the tuner chooses the batch of a data-parallel layout; "
             "with pipeline or tensor parallelism give --batch and --accum");
-  SAT_CHECK(cfg.rounds >= 0 && cfg.probe_min_steps >= 1 && cfg.noise_ratio >= 2 && cfg.noise_tolerance > 0,
+  SAT_CHECK(cfg.rounds >= 0 && cfg.probe_min_steps >= 1 && cfg.noise_max_small >= 1 && cfg.noise_ratio >= 2 &&
+                cfg.noise_tolerance > 0,
             "internal error: tuning rounds, probe steps, noise ratio or tolerance out of range");
   return Tuner(mc, base, train, test, cfg).run();
 }

@@ -39,9 +39,13 @@ struct TuneConfig {
                                        // timed steps; throughput from the median step time)
   int probe_min_steps = 6;             // timed steps per probe at least (quartiles of the step times)
   int rounds = 4;                      // re-measurement rounds of the contenders at most (tune/contest.h)
-  // The gradient noise scale: the small batch is the chosen micro-batch (less when the
-  // training set is small), the big one noise_ratio times it (accumulation x ranks); steps
-  // run until the 95% interval is at most noise_tolerance x the estimate wide, or a cap.
+  // The gradient noise scale: the small batch is the chosen micro-batch, at most
+  // noise_max_small (less when the training set is small or a step would be slow), the big
+  // one noise_ratio times it (accumulation x ranks); steps run until the 95% interval is at
+  // most noise_tolerance x the estimate wide, or a cap. (tr(Sigma) comes from the
+  // difference |G_b|^2 - |G_B|^2 ~ tr(Sigma) / b, lost in the step-to-step change of |G|^2
+  // once b is well above the noise scale, which at initialisation is tens to hundreds.)
+  int64_t noise_max_small = 32;
   int noise_ratio = 16;
   int noise_steps = 100;               // cap on the steps (0: no measurement)
   double noise_seconds = 20;           // cap on their time

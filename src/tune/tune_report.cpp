@@ -325,7 +325,8 @@ std::string noise_plot(const TuneResult& r) {
          "B_simple (samples)");
   p.legend("estimate so far (95% interval)", kPurple, "");
   if (pos(r.noise_scale) && f.measurable) {
-    p.legend("final: B_simple = " + si(r.noise_scale) + " (" + si(f.low) + " to " + si(f.high) + ")", kOrange, "6,4", 0);
+    p.legend("final: B_simple = " + si(r.noise_scale) + " (" + si(f.low) + " to " + si(f.high) + ")", kOrange, "6,4",
+             0);
     p.hline(r.noise_scale, kOrange, "6,4", "");
     p.hline(f.low, kOrange, "1,3", "");
     p.hline(f.high, kOrange, "1,3", "");
@@ -390,7 +391,8 @@ std::string tune_json(const TuneResult& r) {
   j["noise_scale"] = r.noise_scale != 0 ? num(r.noise_scale) : ojson(nullptr);
   j["noise_scale_low"] = ni.measurable ? num(ni.low) : ojson(nullptr);
   j["noise_scale_high"] = ni.measurable ? num(ni.high) : ojson(nullptr);
-  j["noise_scale_reason"] = ni.measurable || ni.reason.empty() ? ojson(nullptr) : ojson("not measurable yet: " + ni.reason);
+  j["noise_scale_reason"] =
+      ni.measurable || ni.reason.empty() ? ojson(nullptr) : ojson("not measurable yet: " + ni.reason);
   j["noise_b_small"] = r.noise_b_small;
   j["noise_b_big"] = r.noise_b_big;
   j["noise"] = ojson::array();
@@ -493,12 +495,11 @@ std::string tune_html(const TuneResult& r) {
       return c.probed && pos(v) ? dec(f, v) + " (" + dec(f, lo) + "&ndash;" + dec(f, hi) + ")" : no;
     };
     h += c.micro_batch == ch.micro_batch ? "<tr class=\"chosen\">" : "<tr>";
-    std::vector<std::string> cells = {i64(c.micro_batch), format_bytes(double(c.predicted_memory_bytes)),
-                                      bytes_or_dash(c.measured_peak_bytes),
-                                      range(c.samples_per_second, c.samples_per_second_low, c.samples_per_second_high, "%.0f"),
-                                      range(c.ratio_to_best, c.ratio_to_best_low, c.ratio_to_best_high, "%.3f"),
-                                      c.probed ? dec("%.1f%%", 100 * c.step_time_iqr_fraction) : no,
-                                      fmt("%zu", c.timings.size())};
+    std::vector<std::string> cells = {
+        i64(c.micro_batch), format_bytes(double(c.predicted_memory_bytes)), bytes_or_dash(c.measured_peak_bytes),
+        range(c.samples_per_second, c.samples_per_second_low, c.samples_per_second_high, "%.0f"),
+        range(c.ratio_to_best, c.ratio_to_best_low, c.ratio_to_best_high, "%.3f"),
+        c.probed ? dec("%.1f%%", 100 * c.step_time_iqr_fraction) : no, fmt("%zu", c.timings.size())};
     if (predicted) cells.push_back(pos(c.predicted_samples_per_second) ? si(c.predicted_samples_per_second) : no);
     for (const std::string& v : {dec("%.3f", c.statistical_efficiency), c.probed ? si(c.goodput) : no,
                                  fmt("%d", c.timed_steps), std::string(c.probed ? "yes" : "no"),
