@@ -188,6 +188,30 @@ TEST(Plan, SgdMomentumIsInTheMemory) {
   EXPECT_GT(with.best[0].optimizer_seconds, plain.best[0].optimizer_seconds);
 }
 
+// The data-parallel all-reduce hides behind backward on GPUs only: on CPU processes it is
+// counted in full (the copies need the cores backward holds), on a GPU in part.
+TEST(Plan, DataParallelReductionHidesOnGpusOnly) {
+  auto exposed = [](const Hardware& hw) {
+    PlanRequest r = request("mlp", hw, 2, 64);
+    r.filter = parse_layout("dp=2,tp=1,pp=1,micro=32,zero=0,recompute=none");
+    r.top = 1;
+    const PlanResult p = plan_layouts(r);
+    EXPECT_EQ(p.best.size(), 1u);
+    return p.best.empty() ? Prediction{} : p.best[0];
+  };
+  const Hardware cpu = cpu_like();
+  const double grads = 4.0 * double((784 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 10 + 10));
+  const Prediction c = exposed(cpu);
+  EXPECT_NEAR(c.dp_exposed_seconds, collective_seconds(Collective::all_reduce, grads, 2, cpu.intra, cpu.eff.comm_eff), 1e-12);
+  Hardware gpu = gpu_like();
+  gpu.gpus_per_node = 2;
+  gpu.intra = gpu.inter = Link{20e-6, 1e9};  // slow enough for the reduction to outlast backward's share
+  const Prediction g = exposed(gpu);
+  const double full = collective_seconds(Collective::all_reduce, grads, 2, gpu.intra, gpu.eff.comm_eff);
+  EXPECT_LT(g.dp_exposed_seconds, full);
+  EXPECT_GE(g.dp_exposed_seconds, full / 2 - 1e-12);  // at most all buckets but the last hidden
+}
+
 // On a GPU in bf16: the plan of the mixed-precision engine (this machine's trainer plans the
 // CPU, so the rank plans are made directly), with bf16 activations and a bf16 copy of the
 // fp32 master weights.

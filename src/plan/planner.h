@@ -69,6 +69,7 @@ struct PlanRequest {
   bool exact_memory = true;  // plan the reported layouts exactly (false: the estimate, for fitting)
   // The data-parallel reduction overlaps backward by buckets, as saturate's does (false: it
   // starts after the last backward, as in engines that reduce after the pipeline's flush).
+  // GPUs only: on CPU processes (`this`) it is never hidden.
   bool overlap_dp = true;
 };
 
