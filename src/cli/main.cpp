@@ -32,6 +32,8 @@
 #include "plan/plan_cli.h"
 #include "train/plan.h"
 #include "train/report.h"
+#include "train/checkpoint.h"
+#include "train/signals.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
 #include "tune/layout_tune.h"
@@ -93,7 +95,46 @@ struct TrainArgs {
   int layout_candidates = 3;
   std::vector<std::string> given;
   std::string init_weights, save_weights, out, normalize, eval = "on";
+  // Checkpoints and resuming (train/checkpoint.h).
+  std::string checkpoint_dir, resume;
+  int64_t checkpoint_every = 0;
+  double checkpoint_every_minutes = 0;
+  int keep = 0;
 };
+
+// --checkpoint-*, --keep and --resume against each other (sat::Error naming the flag).
+void check_checkpoint_flags(const TrainArgs& a) {
+  SAT_CHECK(a.checkpoint_every >= 0, "--checkpoint-every: expected a number of steps >= 0, got ", a.checkpoint_every);
+  SAT_CHECK(std::isfinite(a.checkpoint_every_minutes) && a.checkpoint_every_minutes >= 0,
+            "--checkpoint-every-minutes: expected a number of minutes >= 0, got ", a.checkpoint_every_minutes);
+  SAT_CHECK(a.keep >= 0, "--keep: expected the number of checkpoints to keep (0: all), got ", a.keep);
+  const bool any = a.checkpoint_every > 0 || a.checkpoint_every_minutes > 0 || a.keep > 0;
+  SAT_CHECK(!any || !a.checkpoint_dir.empty(), "--checkpoint-every, --checkpoint-every-minutes and --keep need "
+            "--checkpoint-dir DIR");
+  SAT_CHECK(a.resume != "auto" || !a.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir DIR (where it "
+            "looks for the newest checkpoint)");
+  std::error_code ec;
+  if (!a.checkpoint_dir.empty())
+    SAT_CHECK(!std::filesystem::exists(a.checkpoint_dir, ec) || std::filesystem::is_directory(a.checkpoint_dir, ec),
+              "--checkpoint-dir: ", a.checkpoint_dir, " exists and is not a directory");
+  if (!a.resume.empty() && a.resume != "auto") sat::resolve_checkpoint(a.resume, "--resume");
+  if (!a.checkpoint_dir.empty() || !a.resume.empty())
+    SAT_CHECK(a.device == "cpu" || a.device == "auto" || sat::resolve_device(a.device) == sat::Device::cpu,
+              "--checkpoint-dir/--resume: checkpoints are written and read on the CPU only for now (--device cpu)");
+}
+
+// The checkpoint to resume from: --resume DIR (a checkpoint, or the newest under it), or
+// with --resume auto the newest under --checkpoint-dir ("" when there is none: a fresh start).
+std::string resume_from(const TrainArgs& a, bool lead) {
+  if (a.resume.empty()) return "";
+  if (a.resume != "auto") return sat::resolve_checkpoint(a.resume, "--resume");
+  const std::string newest = sat::newest_checkpoint(a.checkpoint_dir);
+  if (lead)
+    std::fprintf(stderr, newest.empty() ? "--resume auto: no checkpoint in %s yet: starting from the beginning\n"
+                                        : "--resume auto: resuming from %s\n",
+                 newest.empty() ? a.checkpoint_dir.c_str() : newest.c_str());
+  return newest;
+}
 
 sat::ModelConfig model_for(const TrainArgs& a) {
   sat::ModelConfig mc = sat::model_config(a.model);
@@ -464,6 +505,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   SAT_CHECK(a.eval == "on" || a.eval == "off", "--eval: expected on or off, got '", a.eval, "'");
   if (!a.init_weights.empty())
     SAT_CHECK(std::filesystem::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
+  check_checkpoint_flags(a);
   if (!a.save_weights.empty()) {
     auto dir = std::filesystem::path(a.save_weights).parent_path();
     SAT_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--save-weights: directory ", dir.string(), " does not exist");
@@ -511,6 +553,11 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   cfg.dist_backend = sat::parse_dist_backend(a.dist_backend);
   cfg.sync_bn = a.sync_bn;
   cfg.zero = a.zero;
+  cfg.checkpoint_dir = a.checkpoint_dir;
+  cfg.checkpoint_every = a.checkpoint_every;
+  cfg.checkpoint_every_minutes = a.checkpoint_every_minutes;
+  cfg.checkpoint_keep = a.keep;
+  if (!a.checkpoint_dir.empty()) sat::install_stop_signals();
   layout_into(a, cfg);
   SAT_CHECK(!auto_batch || (cfg.pp == 1 && cfg.tp == 1), "--batch auto and saturate tune choose the batch of a "
             "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself, or use --layout auto");
@@ -560,6 +607,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   }
   sat::Trainer trainer(mc, cfg, *data.train, data.test.get());
   if (!a.init_weights.empty()) trainer.load_weights(a.init_weights);
+  if (const std::string from = resume_from(a, lead); !from.empty()) trainer.resume(from);
   const auto& plan = trainer.memory_plan();
   const sat::RankPlan& rp = trainer.rank_plan();
   if (lead) {
@@ -575,6 +623,12 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
                    cfg.sequence_parallel ? " with sequence parallelism" : "");
   }
   sat::TrainResult r = trainer.run();
+  if (r.stop_signal) {  // preempted: the checkpoint is what counts; nothing else is overwritten
+    if (lead)
+      std::fprintf(stderr, "stopped by signal %d after step %lld: checkpoint %s; the same command with --resume auto "
+                   "goes on from there\n", r.stop_signal, (long long)r.steps, r.last_checkpoint.c_str());
+    return sat::stop_exit_status(r.stop_signal);
+  }
   if (!a.save_weights.empty()) {
     trainer.save_weights(a.save_weights);  // gathers the stages on rank 0
     if (lead) std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
@@ -838,6 +892,12 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
   t->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
   t->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
+  t->add_option("--checkpoint-dir", a.checkpoint_dir, "write checkpoints (parameters, optimizer, data position) here");
+  t->add_option("--checkpoint-every", a.checkpoint_every, "a checkpoint every N steps (and at the end)");
+  t->add_option("--checkpoint-every-minutes", a.checkpoint_every_minutes, "a checkpoint every X minutes");
+  t->add_option("--keep", a.keep, "keep the newest K checkpoints (0: all)");
+  t->add_option("--resume", a.resume, "DIR (a checkpoint, or the newest under it) or auto (the newest in "
+                "--checkpoint-dir, or a fresh start)");
   t->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
   t->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
   t->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();

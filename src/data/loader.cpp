@@ -96,7 +96,7 @@ BatchLoader::~BatchLoader() {
   if (thread_.joinable()) thread_.join();
 }
 
-void BatchLoader::start_epoch(int64_t epoch) {
+void BatchLoader::start_epoch(int64_t epoch, int64_t first) {
   std::vector<int64_t> order = epoch_order(ds_.size(), shuffle_, seed_, epoch);
   {
     std::unique_lock<std::mutex> lk(mu_);
@@ -105,7 +105,7 @@ void BatchLoader::start_epoch(int64_t epoch) {
     order_.swap(order);
     epoch_ = epoch;
     started_ = true;
-    filled_ = given_ = released_ = 0;
+    filled_ = given_ = released_ = std::clamp<int64_t>(first, 0, batches_);
   }
   work_cv_.notify_one();
 }

@@ -90,7 +90,8 @@ class BatchLoader {
 
   // Begins epoch `epoch` (its order and its first batches start being read). Any batch
   // handed out before is invalid afterwards. next() without start_epoch() starts epoch 0.
-  void start_epoch(int64_t epoch);
+  // first: the batch to begin at (resuming mid-epoch; batches before it are not read).
+  void start_epoch(int64_t epoch, int64_t first = 0);
   // The next batch of the current epoch; false when the epoch is over.
   bool next(Batch& out);
 

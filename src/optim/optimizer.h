@@ -26,6 +26,7 @@ class Optimizer {
   // One update of every parameter with learning rate lr (the schedule's value).
   void step(ParamStore& ps, float lr);
   int64_t steps() const { return t_; }
+  void set_steps(int64_t t) { t_ = t; }  // resuming: AdamW's bias correction goes on from there
   const OptimConfig& config() const { return c_; }
 
  private:

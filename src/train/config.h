@@ -97,6 +97,13 @@ struct TrainConfig {
   bool measure_noise = false;
   double noise_decay = 0.99;
   DistBackend dist_backend = DistBackend::automatic;
+  // Checkpoints (train/checkpoint.h): every `checkpoint_every` steps and/or every
+  // `checkpoint_every_minutes` (rank 0's clock), at the end, and on SIGTERM/SIGUSR1, into
+  // checkpoint_dir, keeping the newest checkpoint_keep (0: all).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  double checkpoint_every_minutes = 0;
+  int checkpoint_keep = 0;
   // GPU: --device, --precision, --cuda-graph.
   std::string device = "cpu";
   Precision precision = Precision::fp32;
@@ -174,6 +181,9 @@ struct TrainResult {
   double comm_seconds = 0;
   double comm_hidden_fraction = 0;
   std::vector<double> rank_step_seconds;  // mean step time of every rank (measured steps)
+  int64_t resumed_from = 0;  // the checkpoint's step this run continued from (0: a fresh start)
+  int stop_signal = 0;       // the signal that stopped the run early after a checkpoint (0: none)
+  std::string last_checkpoint;  // the directory of the last checkpoint written
   // GPU.
   std::string device = "cpu";
   std::string device_name;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "backend/device.h"
@@ -12,6 +13,7 @@
 #include "nn/safetensors.h"
 #include "nn/shard.h"
 #include "profile/nvml.h"
+#include "train/checkpoint.h"
 #include "train/noise.h"
 #include "train/report.h"
 
@@ -203,6 +205,7 @@ class Trainer::Hooks : public StepHooks {
     std::sort(excluded_.begin(), excluded_.end());
     std::sort(partial_.begin(), partial_.end());
   }
+  void set_epoch(int64_t e) { epoch_ = e; }
   void begin_step() {
     fetched_ = 0;
     small_sq_ = big_sq_ = 0;
@@ -553,10 +556,14 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   SAT_CHECK(total >= 1, "--epochs/--steps: nothing to train (", cfg_.steps > 0 ? "0 steps" : "0 epochs", ")");
   const int64_t global_batch = cfg_.batch * cfg_.accum * m.dp();
   r.global_batch = global_batch;
-  r.warmup_excluded = cfg_.warmup_excluded >= 0 ? cfg_.warmup_excluded : std::min<int64_t>(3, total / 5);
+  const int64_t start = resume_ ? std::min(resume_->step, total) : 0;  // steps already done
+  if (resume_) r.losses = resume_->losses, r.resumed_from = resume_->step;
+  r.warmup_excluded = cfg_.warmup_excluded >= 0 ? cfg_.warmup_excluded : std::min<int64_t>(3, (total - start) / 5);
   r.predicted_memory_bytes = plan_.memory.total();
   StepReporter reporter(cfg_.progress, cfg_.out_dir, cfg_.measure_noise);
-  if (train_loader_) train_loader_->start_epoch(0);
+  if (train_loader_) train_loader_->start_epoch(resume_ ? resume_->epoch : 0, resume_ ? resume_->step_in_epoch * cfg_.accum : 0);
+  if (resume_) hooks_->set_epoch(resume_->epoch);
+  double last_save = now_seconds();
   double t_measure = 0, measured_step_seconds = 0, measured_wait = 0;
   std::unique_ptr<GpuSampler> sampler;
   if (on_gpu()) {
@@ -577,9 +584,9 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   engine_->set_dloss(1.0f / float(cfg_.accum), scale);
   const GroupBytes traffic_before = traffic();
   const double t_train = now_seconds();
-  for (int64_t step = 0; step < total; ++step) {
+  for (int64_t step = start; step < total; ++step) {
     const double t0 = now_seconds();
-    if (step == r.warmup_excluded) {
+    if (step - start == r.warmup_excluded) {
       t_measure = t0;
       engine_->set_profiling(cfg_.profile && !on_gpu());  // time layers after warm-up only
       reducer_->reset_timing();
@@ -595,7 +602,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), "training diverged: the loss of step ",
               step + 1, " is ", loss, " (try a smaller --lr)");
     const double dt = now_seconds() - t0;
-    if (step >= r.warmup_excluded) measured_step_seconds += dt, measured_wait += wait;
+    if (step - start >= r.warmup_excluded) measured_step_seconds += dt, measured_wait += wait;
     StepMetrics sm{step + 1, loss, lr, dt, double(global_batch) / dt};
     if (cfg_.measure_noise) {
       // A step without norms (fp16: skipped for inf/NaN gradients) leaves the estimate as it was.
@@ -606,7 +613,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       sm.noise_scale = noise.estimate();
     }
     r.losses.push_back(loss);
-    const bool timed = cfg_.time_limit > 0 && step >= r.warmup_excluded + 2;
+    const bool timed = cfg_.time_limit > 0 && step - start >= r.warmup_excluded + 2;
     if ((timed || cfg_.stop_early) && step + 1 < total) {
       // Every rank stops at the same step: rank 0's clock (and answer) decides.
       r.steps = step + 1;
@@ -616,6 +623,15 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     }
     reporter.step(sm, total, now_seconds() - t_train);
     if (on_step) on_step(sm);
+    if (!cfg_.checkpoint_dir.empty()) {
+      const CkptDecision d = checkpoint_due(step + 1, last_save);
+      if (d.save || d.signal || step + 1 == total) {
+        save_checkpoint(cfg_.checkpoint_dir, step + 1, total, r.losses);
+        last_save = now_seconds();
+        r.last_checkpoint = cfg_.checkpoint_dir + "/" + checkpoint_name(step + 1);
+      }
+      if (d.signal) r.stop_signal = d.signal, total = step + 1;
+    }
   }
   if (sampler) {
     sampler->stop();
@@ -626,16 +642,17 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   r.noise_scale = noise.estimate();
   if (cfg_.measure_noise) r.noise_interval = noise.interval();
   r.steps = total;
+  const int64_t ran = std::max<int64_t>(1, total - start);  // steps this process ran
   const GroupBytes moved = traffic();
-  r.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / double(total), (moved.dp - traffic_before.dp) / double(total),
-                           (moved.pp - traffic_before.pp) / double(total),
-                           (moved.embedding - traffic_before.embedding) / double(total)};
+  r.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / double(ran), (moved.dp - traffic_before.dp) / double(ran),
+                           (moved.pp - traffic_before.pp) / double(ran),
+                           (moved.embedding - traffic_before.embedding) / double(ran)};
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();
   r.train_seconds = t_end - t_train;
-  const int64_t measured = total - r.warmup_excluded;
+  const int64_t measured = total - start - r.warmup_excluded;
   r.samples_per_second = measured > 0 ? double(measured * global_batch) / (t_end - t_measure) : 0;
   finish(r, total);
-  if (test_) {
+  if (test_ && !r.stop_signal) {  // stopping for preemption: no time for evaluation
     if (world_->rank() == 0 && cfg_.progress != 0)
       std::fprintf(stderr, "evaluating on %s (%lld samples)\n", test_->name().c_str(), (long long)test_->size());
     r.test = evaluate();
@@ -826,6 +843,10 @@ EvalResult Trainer::evaluate() {
 
 // ---- weights --------------------------------------------------------------------------
 void Trainer::load_weights(const std::string& path) {
+  if (std::filesystem::is_directory(path)) {  // a checkpoint's parameters
+    load_checkpoint(resolve_checkpoint(path, "--init-weights"), true);
+    return;
+  }
   // Names of the whole model: a stage skips the tensors of the others.
   BuiltModel whole = build_model(mc_, cfg_.batch, true);
   std::set<std::string> names;

@@ -7,6 +7,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "data/dataset.h"
@@ -36,6 +37,15 @@ void fit_to_data(ModelConfig& mc, const Dataset& train);
 // ZeRO stage against the devices and the data-parallel ranks (sat::Error naming --zero).
 void check_zero(const TrainConfig& cfg, bool cuda, int dp);
 
+struct Manifest;
+
+// Where a run resumed from a checkpoint goes on (Trainer::resume).
+struct ResumeState {
+  int64_t step = 0, epoch = 0, step_in_epoch = 0;
+  std::vector<double> losses;
+  std::string dir;
+};
+
 class Trainer {
  public:
   // `train` and `test` must outlive the trainer; test may be null.
@@ -62,6 +72,12 @@ class Trainer {
   // Writes the whole model's parameters and states (gathered from the pipeline stages) to
   // a safetensors file on global rank 0. Collective over the job.
   void save_weights(const std::string& path);
+  // Loads a checkpoint (train/checkpoint.h; any layout) into this rank's parameters, states
+  // and optimizer state; run() then goes on from its step and data position. Collective;
+  // a checkpoint that does not fit this run is a sat::Error on every rank, nothing changed.
+  void resume(const std::string& dir) { resume_ = load_checkpoint(dir); }
+  // Writes the checkpoint of step `step` under cfg.checkpoint_dir. Collective.
+  void save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses);
 
  private:
   class Hooks;
@@ -81,6 +97,17 @@ class Trainer {
   std::unique_ptr<ParamStore> gather_whole_model(const ParamStore& mine);
   std::unique_ptr<ParamStore> gather_tensor_parallel(const ParamStore& mine);
   CudaCtx* gpu_ctx() const;
+  // weights_only: parameters and states (--init-weights DIR), no run position or optimizer.
+  ResumeState load_checkpoint(const std::string& dir, bool weights_only = false);
+  void check_resumable(const std::string& dir, const Manifest& man) const;
+  void load_tensors(const std::string& dir, const Manifest& man, bool weights_only);
+  // After step `step` (1-based): whether to write a checkpoint, and whether a signal asks to
+  // stop; every rank gets rank 0's answer (nothing is exchanged without checkpoints).
+  struct CkptDecision {
+    bool save = false;
+    int signal = 0;
+  };
+  CkptDecision checkpoint_due(int64_t step, double& last_save) const;
   // The tensor-parallel group the step's layers use: the mesh's, or its NCCL twin on GPUs.
   dist::Comm* tp_comm() const;
   bool on_gpu() const { return gpu_ != nullptr; }
@@ -105,6 +132,7 @@ class Trainer {
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<Hooks> hooks_;
   std::string comm_backend_;
+  std::optional<ResumeState> resume_;
 };
 
 }  // namespace sat

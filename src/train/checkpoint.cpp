@@ -1,0 +1,471 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "nn/shard.h"
+
+namespace sat {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "saturate-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+
+const char* st_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+  }
+  return "?";
+}
+
+int64_t numel_of(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// Writes all of `data` to fd (sat::Error naming the file).
+void write_all(int fd, const void* data, size_t n, const std::string& path, uint32_t& crc) {
+  auto* p = static_cast<const uint8_t*>(data);
+  crc = uint32_t(::crc32(crc, p, uInt(0)));
+  size_t done = 0;
+  while (done < n) {
+    const size_t chunk = std::min<size_t>(n - done, size_t(1) << 30);
+    const ssize_t w = ::write(fd, p + done, chunk);
+    if (w < 0 && errno == EINTR) continue;
+    SAT_CHECK(w > 0, "--checkpoint-dir: writing ", path, " failed: ", std::strerror(errno));
+    crc = uint32_t(::crc32(crc, p + done, uInt(w)));
+    done += size_t(w);
+  }
+}
+
+uint32_t file_crc(const std::string& path, uint64_t& bytes) {
+  std::ifstream f(path, std::ios::binary);
+  SAT_CHECK(f, path, ": cannot open: ", std::strerror(errno));
+  std::vector<char> buf(size_t(1) << 20);
+  uint32_t crc = uint32_t(::crc32(0, nullptr, 0));
+  bytes = 0;
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    const auto got = f.gcount();
+    if (got <= 0) break;
+    crc = uint32_t(::crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), uInt(got)));
+    bytes += uint64_t(got);
+  }
+  return crc;
+}
+
+json piece_json(const CkptPiece& p) {
+  json j = {{"file", p.file}, {"key", p.key}};
+  if (p.dim >= 0) j.update({{"dim", p.dim}, {"parts", p.parts}, {"index", p.index}, {"stride", p.stride}});
+  return j;
+}
+
+json tensors_json(const std::map<std::string, CkptTensor>& ts) {
+  json out = json::object();
+  for (const auto& [name, t] : ts) {
+    json pieces = json::array();
+    for (const auto& p : t.pieces) pieces.push_back(piece_json(p));
+    out[name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"pieces", pieces}};
+  }
+  return out;
+}
+
+// A JSON value's field, with errors naming the manifest and the key.
+struct Reader {
+  const std::string& where;
+  template <class T>
+  T get(const json& j, const char* key, const std::string& path) const {
+    SAT_CHECK(j.is_object() && j.contains(key), where, ": key '", path, key, "' is missing");
+    try {
+      return j.at(key).get<T>();
+    } catch (const json::exception&) {
+      fail(where, ": key '", path, key, "' has the wrong type");
+    }
+  }
+};
+
+CkptPiece parse_piece(const Reader& r, const json& j, const std::string& at, const Manifest& m) {
+  CkptPiece p;
+  p.file = r.get<std::string>(j, "file", at);
+  p.key = r.get<std::string>(j, "key", at);
+  SAT_CHECK(m.files.count(p.file), r.where, ": key '", at, "file' names ", p.file, ", which is not in 'files'");
+  if (j.contains("dim")) {
+    p.dim = r.get<int>(j, "dim", at);
+    p.parts = r.get<int>(j, "parts", at);
+    p.index = r.get<int>(j, "index", at);
+    p.stride = r.get<int>(j, "stride", at);
+    SAT_CHECK(p.dim >= 0 && p.dim < 8 && p.parts >= 1 && p.parts <= 65536 && p.index >= 0 && p.index < p.parts &&
+                  p.stride >= 1 && p.stride <= 65536,
+              r.where, ": key '", at, "' describes an impossible piece");
+  }
+  return p;
+}
+
+void parse_tensors(const Reader& r, const json& j, Manifest& m) {
+  SAT_CHECK(j.is_object(), r.where, ": key 'tensors' must be an object");
+  for (const auto& [name, t] : j.items()) {
+    const std::string at = "tensors." + name + ".";
+    CkptTensor ct;
+    ct.shape = r.get<std::vector<int64_t>>(t, "shape", at);
+    SAT_CHECK(ct.shape.size() <= 8, r.where, ": key '", at, "shape' has more than 8 dimensions");
+    for (int64_t d : ct.shape) SAT_CHECK(d >= 1 && d <= (int64_t(1) << 40), r.where, ": key '", at, "shape' has a bad size");
+    ct.dtype = r.get<std::string>(t, "dtype", at);
+    SAT_CHECK(t.contains("pieces") && t["pieces"].is_array() && !t["pieces"].empty(), r.where, ": key '", at,
+              "pieces' must be a non-empty array");
+    for (size_t i = 0; i < t["pieces"].size(); ++i)
+      ct.pieces.push_back(parse_piece(r, t["pieces"][i], at + "pieces[" + std::to_string(i) + "].", m));
+    m.tensors[name] = std::move(ct);
+  }
+}
+
+// A safetensors file's header: key -> (dtype, shape, [begin, end) in the data).
+struct FileIndex {
+  struct Item {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;
+  };
+  std::map<std::string, Item> items;
+  uint64_t data_start = 0;
+};
+
+FileIndex index_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  SAT_CHECK(f, path, ": cannot open checkpoint file: ", std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(f.tellg());
+  f.seekg(0);
+  uint64_t hlen = 0;
+  SAT_CHECK(size >= 8 && f.read(reinterpret_cast<char*>(&hlen), 8) && hlen >= 2 && hlen <= size - 8 &&
+                hlen < (uint64_t(100) << 20),
+            path, ": not a safetensors file (truncated?)");
+  std::string header(hlen, '\0');
+  f.read(header.data(), std::streamsize(hlen));
+  FileIndex out;
+  out.data_start = 8 + hlen;
+  try {
+    const json h = json::parse(header);
+    for (const auto& [key, v] : h.items()) {
+      if (key == "__metadata__") continue;
+      FileIndex::Item it{v.at("dtype").get<std::string>(), v.at("shape").get<std::vector<int64_t>>(), 0, 0};
+      const auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+      SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= size - out.data_start, path, ": tensor '", key,
+                "' lies outside the file (truncated?)");
+      it.begin = offs[0], it.end = offs[1];
+      out.items[key] = std::move(it);
+    }
+  } catch (const json::exception& e) {
+    fail(path, ": malformed safetensors header (", e.what(), ")");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%08lld", static_cast<long long>(step));
+  return b;
+}
+
+std::string temp_checkpoint_dir(const std::string& root, int64_t step) {
+  return (fs::path(root) / ("." + checkpoint_name(step) + ".tmp")).string();
+}
+
+std::string manifest_json(const Manifest& m) {
+  json files = json::object();
+  for (const auto& [name, f] : m.files) files[name] = {{"bytes", f.bytes}, {"crc32", f.crc32}};
+  const CkptLayout& l = m.layout;
+  json j = {{"format", kFormat},
+            {"version", kVersion},
+            {"model", m.model},
+            {"parameters", m.parameters},
+            {"step", m.step},
+            {"total_steps", m.total_steps},
+            {"epoch", m.epoch},
+            {"step_in_epoch", m.step_in_epoch},
+            {"global_batch", m.global_batch},
+            {"micro_batch", m.micro_batch},
+            {"accum", m.accum},
+            {"seed", m.seed},
+            {"shuffle", m.shuffle},
+            {"optimizer", {{"name", m.optimizer}, {"steps", m.optimizer_steps}, {"slots", m.slots}}},
+            {"layout",
+             {{"world", l.world}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero},
+              {"virtual_stages", l.virtual_stages}, {"sequence_parallel", l.sequence_parallel}, {"schedule", l.schedule}}},
+            {"losses", m.losses},
+            {"files", files},
+            {"tensors", tensors_json(m.tensors)}};
+  return j.dump(1);
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(where, ": not valid JSON (", e.what(), ")");
+  }
+  SAT_CHECK(j.is_object(), where, ": not a checkpoint manifest (expected a JSON object)");
+  const Reader r{where};
+  SAT_CHECK(r.get<std::string>(j, "format", "") == kFormat, where, ": not a saturate checkpoint manifest");
+  const int version = r.get<int>(j, "version", "");
+  SAT_CHECK(version == kVersion, where, ": checkpoint format version ", version, ", this saturate reads ", kVersion);
+  Manifest m;
+  m.model = r.get<std::string>(j, "model", "");
+  m.parameters = r.get<int64_t>(j, "parameters", "");
+  m.step = r.get<int64_t>(j, "step", "");
+  m.total_steps = r.get<int64_t>(j, "total_steps", "");
+  m.epoch = r.get<int64_t>(j, "epoch", "");
+  m.step_in_epoch = r.get<int64_t>(j, "step_in_epoch", "");
+  m.global_batch = r.get<int64_t>(j, "global_batch", "");
+  m.micro_batch = r.get<int64_t>(j, "micro_batch", "");
+  m.accum = r.get<int64_t>(j, "accum", "");
+  m.seed = r.get<uint64_t>(j, "seed", "");
+  m.shuffle = r.get<bool>(j, "shuffle", "");
+  SAT_CHECK(m.step >= 1 && m.step <= (int64_t(1) << 40) && m.epoch >= 0 && m.step_in_epoch >= 0 && m.global_batch >= 1 &&
+                m.micro_batch >= 1 && m.accum >= 1 && m.parameters >= 0,
+            where, ": the run's position (step, epoch, batch sizes) is out of range");
+  const json& o = j.contains("optimizer") ? j["optimizer"] : json();
+  m.optimizer = r.get<std::string>(o, "name", "optimizer.");
+  m.optimizer_steps = r.get<int64_t>(o, "steps", "optimizer.");
+  m.slots = r.get<std::vector<std::string>>(o, "slots", "optimizer.");
+  const json& l = j.contains("layout") ? j["layout"] : json();
+  m.layout.world = r.get<int>(l, "world", "layout.");
+  m.layout.dp = r.get<int>(l, "dp", "layout.");
+  m.layout.tp = r.get<int>(l, "tp", "layout.");
+  m.layout.pp = r.get<int>(l, "pp", "layout.");
+  m.layout.zero = r.get<int>(l, "zero", "layout.");
+  m.layout.virtual_stages = r.get<int>(l, "virtual_stages", "layout.");
+  m.layout.sequence_parallel = r.get<bool>(l, "sequence_parallel", "layout.");
+  m.layout.schedule = r.get<std::string>(l, "schedule", "layout.");
+  m.losses = r.get<std::vector<double>>(j, "losses", "");
+  SAT_CHECK(j.contains("files") && j["files"].is_object(), where, ": key 'files' must be an object");
+  for (const auto& [name, f] : j["files"].items()) {
+    SAT_CHECK(!name.empty() && name.find('/') == std::string::npos && name.find("..") == std::string::npos &&
+                  name.front() != '.',
+              where, ": key 'files' names '", name, "', which is not a plain file name");
+    m.files[name] = {r.get<uint64_t>(f, "bytes", "files." + name + "."), r.get<uint32_t>(f, "crc32", "files." + name + ".")};
+  }
+  SAT_CHECK(j.contains("tensors"), where, ": key 'tensors' is missing");
+  parse_tensors(r, j["tensors"], m);
+  return m;
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifest).string();
+  std::ifstream f(path, std::ios::binary);
+  SAT_CHECK(f, path, ": no checkpoint manifest (", std::strerror(errno), ")");
+  f.seekg(0, std::ios::end);
+  const auto size = f.tellg();
+  SAT_CHECK(size >= 0 && size < (std::streamoff(256) << 20), path, ": a manifest of ", size, " bytes is not plausible");
+  f.seekg(0);
+  std::string text(size_t(size), '\0');
+  f.read(text.data(), size);
+  return parse_manifest(text, path);
+}
+
+void verify_checkpoint(const std::string& dir, const Manifest& m) {
+  for (const auto& [name, want] : m.files) {
+    const std::string path = (fs::path(dir) / name).string();
+    std::error_code ec;
+    SAT_CHECK(fs::is_regular_file(path, ec), path, ": missing (the checkpoint's manifest lists it)");
+    const uint64_t size = fs::file_size(path, ec);
+    SAT_CHECK(!ec && size == want.bytes, path, ": ", size, " bytes, the manifest says ", want.bytes, " (truncated?)");
+    uint64_t read = 0;
+    const uint32_t crc = file_crc(path, read);
+    SAT_CHECK(read == want.bytes && crc == want.crc32, path, ": checksum mismatch (CRC-32 ", crc, ", the manifest says ",
+              want.crc32, "): the file is corrupt");
+  }
+}
+
+namespace {
+bool complete(const fs::path& dir) {
+  try {
+    const Manifest m = read_manifest(dir.string());
+    for (const auto& [name, f] : m.files) {
+      std::error_code ec;
+      if (fs::file_size(dir / name, ec) != f.bytes || ec) return false;
+    }
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The complete checkpoints under root, oldest first.
+std::vector<fs::path> checkpoints(const std::string& root) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step-", 0) == 0 && e.is_directory(ec) && complete(e.path())) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());  // fixed-width step numbers: name order is step order
+  return out;
+}
+}  // namespace
+
+std::string newest_checkpoint(const std::string& root) {
+  const auto all = checkpoints(root);
+  return all.empty() ? "" : all.back().string();
+}
+
+std::string resolve_checkpoint(const std::string& dir_or_root, const std::string& flag) {
+  std::error_code ec;
+  SAT_CHECK(fs::is_directory(dir_or_root, ec), flag, ": ", dir_or_root, " is not a directory");
+  if (fs::exists(fs::path(dir_or_root) / kManifest, ec)) return dir_or_root;
+  const std::string newest = newest_checkpoint(dir_or_root);
+  SAT_CHECK(!newest.empty(), flag, ": ", dir_or_root, " holds no complete checkpoint (step-*/manifest.json)");
+  return newest;
+}
+
+std::vector<uint8_t> read_logical(const std::string& dir, const Manifest& m, const std::string& name, const Shape& shape,
+                                  DType dtype) {
+  const std::string where = (fs::path(dir) / kManifest).string();
+  auto it = m.tensors.find(name);
+  SAT_CHECK(it != m.tensors.end(), where, ": the checkpoint has no tensor '", name,
+            "' (a checkpoint of another model or optimizer?)");
+  const CkptTensor& t = it->second;
+  SAT_CHECK(Shape(t.shape) == shape, where, ": tensor '", name, "' has shape ", Shape(t.shape).str(), ", this model's is ",
+            shape.str(), " (a checkpoint of another model?)");
+  SAT_CHECK(t.dtype == st_name(dtype), where, ": tensor '", name, "' is ", t.dtype, ", expected ", st_name(dtype));
+  const size_t elem = dtype_size(dtype);
+  std::vector<uint8_t> full(size_t(shape.numel()) * elem);
+  std::set<int> seen;
+  int parts = 0;
+  for (const CkptPiece& p : t.pieces) {
+    ParamDecl d;
+    d.name = name;
+    d.spec.shape = shape;
+    d.spec.dtype = dtype;
+    if (p.dim >= 0 && p.parts > 1) {
+      SAT_CHECK(p.dim < shape.nd && shape[p.dim] % (int64_t(p.parts) * p.stride) == 0, where, ": tensor '", name,
+                "' has a piece that does not divide its shape");
+      d.spec.shape.d[size_t(p.dim)] /= p.parts;
+      d.shard.dim = p.dim, d.shard.parts = p.parts, d.shard.stride = p.stride, d.shard.index = p.index;
+    }
+    SAT_CHECK(parts == 0 || parts == std::max(p.parts, 1), where, ": tensor '", name, "' mixes pieces of different splits");
+    parts = std::max(p.parts, 1);
+    SAT_CHECK(seen.insert(p.index).second, where, ": tensor '", name, "' has piece ", p.index, " twice");
+    const std::string path = (fs::path(dir) / p.file).string();
+    const FileIndex fi = index_file(path);
+    auto item = fi.items.find(p.key);
+    SAT_CHECK(item != fi.items.end(), path, ": no tensor '", p.key, "' (the manifest names it)");
+    SAT_CHECK(Shape(item->second.shape) == d.spec.shape && item->second.dtype == t.dtype &&
+                  item->second.end - item->second.begin == uint64_t(d.spec.shape.numel()) * elem,
+              path, ": tensor '", p.key, "' is not the piece the manifest describes");
+    std::vector<uint8_t> part(size_t(item->second.end - item->second.begin));
+    std::ifstream f(path, std::ios::binary);
+    f.seekg(std::streamoff(fi.data_start + item->second.begin));
+    f.read(reinterpret_cast<char*>(part.data()), std::streamsize(part.size()));
+    SAT_CHECK(f, path, ": reading tensor '", p.key, "' failed (truncated?)");
+    shard_insert_part(d, d.shard.index, part.data(), full.data(), elem);
+  }
+  SAT_CHECK(int(seen.size()) == parts, where, ": tensor '", name, "' has ", seen.size(), " of its ", parts, " pieces");
+  return full;
+}
+
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  SAT_CHECK(fd >= 0, path, ": cannot open to sync: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  SAT_CHECK(rc == 0 || err == EINVAL, path, ": fsync failed: ", std::strerror(err));
+}
+
+void write_pieces(const std::string& dir, const std::string& file, const std::vector<CkptEntry>& entries, Manifest& m) {
+  nlohmann::ordered_json h;
+  h["__metadata__"] = {{"format", "pt"}, {"producer", "saturate checkpoint"}};
+  uint64_t off = 0;
+  std::vector<std::string> keys;
+  for (const CkptEntry& e : entries) {
+    std::string key = e.name;
+    if (e.dim >= 0 && e.parts > 1) key += "@tp" + std::to_string(e.index) + "/" + std::to_string(e.parts);
+    const uint64_t bytes = uint64_t(numel_of(e.shape)) * dtype_size(e.dtype);
+    h[key] = {{"dtype", st_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+    keys.push_back(key);
+    CkptTensor& t = m.tensors[e.name];
+    t.shape = e.full_shape;
+    t.dtype = st_name(e.dtype);
+    CkptPiece p{file, key};
+    if (e.dim >= 0 && e.parts > 1) p.dim = e.dim, p.parts = e.parts, p.index = e.index, p.stride = e.stride;
+    t.pieces.push_back(p);
+  }
+  std::string header = h.dump();
+  while (header.size() % 8) header += ' ';
+  const std::string path = (fs::path(dir) / file).string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  SAT_CHECK(fd >= 0, "--checkpoint-dir: cannot create ", path, ": ", std::strerror(errno));
+  uint32_t crc = 0;
+  try {
+    const uint64_t n = header.size();
+    write_all(fd, &n, 8, path, crc);
+    write_all(fd, header.data(), header.size(), path, crc);
+    for (size_t i = 0; i < entries.size(); ++i)
+      write_all(fd, entries[i].data, size_t(numel_of(entries[i].shape)) * dtype_size(entries[i].dtype), path, crc);
+    SAT_CHECK(::fsync(fd) == 0, "--checkpoint-dir: fsync of ", path, " failed: ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  SAT_CHECK(::close(fd) == 0, "--checkpoint-dir: closing ", path, " failed: ", std::strerror(errno));
+  m.files[file] = {8 + header.size() + off, crc};
+}
+
+void merge_fragment(Manifest& into, const Manifest& fragment) {
+  for (const auto& [name, f] : fragment.files) into.files[name] = f;
+  for (const auto& [name, t] : fragment.tensors) {
+    auto it = into.tensors.find(name);
+    if (it == into.tensors.end()) {
+      into.tensors[name] = t;
+      continue;
+    }
+    // Another tensor-parallel part joins; a part already there is a second stage's copy.
+    for (const CkptPiece& p : t.pieces) {
+      bool have = false;
+      for (const CkptPiece& q : it->second.pieces) have = have || q.index == p.index;
+      if (!have) it->second.pieces.push_back(p);
+    }
+  }
+}
+
+void prune_checkpoints(const std::string& root, int keep) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0) fs::remove_all(e.path(), ec);
+  }
+  if (keep <= 0) return;
+  const auto all = checkpoints(root);
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+}
+
+}  // namespace sat

@@ -1,0 +1,306 @@
+// Trainer::save_checkpoint and Trainer::load_checkpoint (train/checkpoint.h): every rank's
+// parameters, model states and optimizer state as logical tensors, in parallel files.
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "nn/shard.h"
+#include "core/timer.h"
+#include "train/checkpoint.h"
+#include "train/signals.h"
+#include "train/trainer.h"
+
+namespace sat {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> slot_names(const std::string& optimizer, int slots) {
+  if (optimizer == "adamw") return {"exp_avg", "exp_avg_sq"};
+  if (slots == 1) return {"momentum_buffer"};
+  return {};
+}
+
+// Optimizer slot s of this tensor-parallel rank's whole store (flat_size() floats, the
+// parameters' layout), gathered over the data-parallel group from its ZeRO shards.
+// Collective over dp when the store is sharded.
+std::vector<float> full_slot(const ParamStore& ps, int s, dist::Comm& dp) {
+  const StoreSharding& sh = ps.sharding();
+  const int64_t len = ps.shard_len();
+  if (sh.stage == 0 || sh.parts == 1) return {ps.flat_slot(s), ps.flat_slot(s) + ps.flat_size()};
+  std::vector<float> all(size_t(len) * size_t(sh.parts));
+  dp.all_gather(ps.flat_slot(s), all.data(), size_t(len), DType::f32)->wait();
+  if (sh.stage == 1) {
+    all.resize(size_t(std::max<int64_t>(ps.flat_size(), int64_t(all.size()))));
+    return all;
+  }
+  std::vector<float> full(size_t(ps.flat_size()), 0.0f);
+  for (size_t u = 0; u < ps.num_units(); ++u) {
+    const int64_t lo = ps.unit_begin(u), n = ps.unit_piece(u);
+    for (int r = 0; r < sh.parts; ++r)
+      std::copy_n(all.data() + r * len + lo / sh.parts, n, full.data() + lo + r * n);
+  }
+  return full;
+}
+
+// The reverse: this rank's shard of slot s from the whole store's array.
+void set_slot(ParamStore& ps, int s, const std::vector<float>& full) {
+  const StoreSharding& sh = ps.sharding();
+  float* dst = ps.flat_slot(s);
+  if (sh.stage == 0 || sh.parts == 1) {
+    std::copy_n(full.data(), ps.flat_size(), dst);
+  } else if (sh.stage == 1) {
+    const int64_t b = ps.shard_begin(), n = ps.shard_len();
+    for (int64_t k = 0; k < n; ++k) dst[k] = b + k < int64_t(full.size()) ? full[size_t(b + k)] : 0.0f;
+  } else {
+    for (size_t u = 0; u < ps.num_units(); ++u) {
+      const int64_t lo = ps.unit_begin(u), n = ps.unit_piece(u);
+      std::copy_n(full.data() + lo + sh.index * n, n, dst + lo / sh.parts);
+    }
+  }
+}
+
+CkptEntry entry_of(const std::string& name, const ParamDecl& d, const void* data, DType dtype) {
+  CkptEntry e;
+  e.name = name;
+  e.full_shape = d.full_shape().vec();
+  e.shape = d.spec.shape.vec();
+  e.dtype = dtype;
+  e.data = data;
+  if (d.shard.split()) e.dim = d.shard.dim, e.parts = d.shard.parts, e.index = d.shard.index, e.stride = d.shard.stride;
+  return e;
+}
+
+// Every rank's agreement on `ok` (all must be true), with the first failing rank's message.
+void agree(dist::Comm& w, bool ok, const std::string& message) {
+  if (w.size() > 1) {
+    double who = ok ? double(w.size()) : double(w.rank());
+    w.all_reduce_sync(&who, 1, DType::f64, dist::ReduceOp::min);
+    if (who >= double(w.size())) return;
+    const int root = int(who);
+    std::vector<char> text(4096, 0);
+    if (w.rank() == root) std::copy_n(message.data(), std::min<size_t>(message.size(), 4095), text.data());
+    w.broadcast_sync(text.data(), text.size(), DType::u8, root);
+    fail(std::string(text.data()));
+  }
+  if (!ok) fail(message);
+}
+
+}  // namespace
+
+Trainer::CkptDecision Trainer::checkpoint_due(int64_t step, double& last_save) const {
+  double v[2] = {0, double(stop_signal_received())};
+  if (world_->rank() == 0) {
+    const bool every = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
+    const bool timed = cfg_.checkpoint_every_minutes > 0 && now_seconds() - last_save >= 60 * cfg_.checkpoint_every_minutes;
+    v[0] = every || timed ? 1 : 0;
+  }
+  if (world_->size() > 1) world_->all_reduce_sync(v, 2, DType::f64, dist::ReduceOp::max);  // rank 0's clock, any rank's signal
+  return {v[0] > 0, int(v[1])};
+}
+
+void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses) {
+  const dist::Mesh& m = *mesh_;
+  dist::Comm& w = *world_;
+  if (on_gpu()) params_->sync_to_host();
+  std::unique_ptr<ParamStore> keep;
+  const ParamStore& ps = unsharded(keep);  // ZeRO-3: collective over dp
+  const int slots = params_->optimizer_slots();
+  std::vector<std::vector<float>> slot_data;
+  for (int s = 0; s < slots; ++s) slot_data.push_back(full_slot(*params_, s, m.dp_group()));
+
+  Manifest man;
+  man.model = mc_.name;
+  man.step = step;
+  man.total_steps = total;
+  const int64_t per_epoch = BatchLoader::train_steps(train_.size(), cfg_.batch, cfg_.accum, m.dp(), cfg_.last_batch);
+  man.epoch = per_epoch > 0 ? step / per_epoch : 0;
+  man.step_in_epoch = per_epoch > 0 ? step % per_epoch : step;
+  man.global_batch = cfg_.batch * cfg_.accum * m.dp();
+  man.micro_batch = cfg_.batch;
+  man.accum = cfg_.accum;
+  man.seed = cfg_.seed;
+  man.shuffle = cfg_.shuffle;
+  man.optimizer = opt_ ? opt_->config().name : cfg_.optim.name;
+  man.optimizer_steps = opt_ ? opt_->steps() : step;
+  man.slots = slot_names(man.optimizer, slots);
+  man.layout = {m.size(), m.dp(), m.tp(), m.pp(), cfg_.zero, cfg_.virtual_stages, cfg_.sequence_parallel,
+                pipe_schedule_name(cfg_.pp_schedule)};
+  man.losses = losses;
+
+  const std::string tmp = temp_checkpoint_dir(root, step);
+  std::string error;
+  try {
+    if (w.rank() == 0) {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", root, ": ", ec.message());
+      fs::remove_all(tmp, ec);
+      fs::create_directory(tmp, ec);
+      SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", tmp, ": ", ec.message());
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(w, error.empty(), error);
+  try {
+    if (m.dp_rank() == 0) {
+      std::vector<CkptEntry> entries;
+      for (size_t i = 0; i < ps.num_params(); ++i) {
+        const ParamDecl& d = ps.decl(i);
+        if (d.shared || (!d.shard.split() && m.tp_rank() != 0)) continue;
+        entries.push_back(entry_of("param/" + d.name, d, ps.host_param(i).ptr, DType::f32));
+        for (int s = 0; s < slots; ++s)
+          entries.push_back(entry_of("optim/" + man.slots[size_t(s)] + "/" + d.name, d,
+                                     slot_data[size_t(s)].data() + ps.offset(i), DType::f32));
+      }
+      for (size_t i = 0; m.tp_rank() == 0 && i < ps.num_states(); ++i) {
+        const ParamDecl& d = ps.state_decl(i);
+        entries.push_back(entry_of("state/" + d.name, d, ps.host_state(i).ptr, d.spec.dtype));
+      }
+      char file[64];
+      std::snprintf(file, sizeof file, "rank-%05d.safetensors", w.rank());
+      Manifest mine = man;
+      write_pieces(tmp, file, entries, mine);
+      // The fragment beside it, for rank 0 to merge (stage order: a tied weight's first stage wins).
+      std::snprintf(file, sizeof file, "rank-%05d.part.json", w.rank());
+      std::ofstream f(fs::path(tmp) / file, std::ios::trunc);
+      f << manifest_json(mine);
+      f.flush();
+      SAT_CHECK(f, "--checkpoint-dir: writing ", (fs::path(tmp) / file).string(), " failed");
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(w, error.empty(), error);
+  try {
+    if (w.rank() == 0) {
+      for (int r = 0; r < m.size(); ++r) {
+        char file[64];
+        std::snprintf(file, sizeof file, "rank-%05d.part.json", r);
+        const fs::path part = fs::path(tmp) / file;
+        std::error_code ec;
+        if (!fs::exists(part, ec)) continue;
+        std::ifstream f(part);
+        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        merge_fragment(man, parse_manifest(text, part.string()));
+        fs::remove(part, ec);
+      }
+      int64_t params = 0;
+      for (const auto& [name, t] : man.tensors)
+        if (name.rfind("param/", 0) == 0) {
+          int64_t n = 1;
+          for (int64_t d : t.shape) n *= d;
+          params += n;
+        }
+      man.parameters = params;
+      {
+        const fs::path mp = fs::path(tmp) / "manifest.json";
+        std::ofstream f(mp, std::ios::trunc);
+        f << manifest_json(man);
+        f.flush();
+        SAT_CHECK(f, "--checkpoint-dir: writing ", mp.string(), " failed");
+      }
+      sync_path((fs::path(tmp) / "manifest.json").string());
+      sync_path(tmp);
+      const fs::path final_dir = fs::path(root) / checkpoint_name(step);
+      std::error_code ec;
+      fs::remove_all(final_dir, ec);  // the same step written again (a resumed run's last)
+      fs::rename(tmp, final_dir, ec);
+      SAT_CHECK(!ec, "--checkpoint-dir: cannot rename ", tmp, " to ", final_dir.string(), ": ", ec.message());
+      sync_path(root);
+      prune_checkpoints(root, cfg_.checkpoint_keep);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(w, error.empty(), error);
+}
+
+ResumeState Trainer::load_checkpoint(const std::string& dir, bool weights_only) {
+  dist::Comm& w = *world_;
+  std::string error;
+  Manifest man;
+  try {
+    man = read_manifest(dir);
+    if (w.rank() == 0) verify_checkpoint(dir, man);
+    SAT_CHECK(man.model == mc_.name, dir, ": a checkpoint of model ", man.model, ", this run trains ", mc_.name);
+    if (!weights_only) check_resumable(dir, man);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(w, error.empty(), error);
+  try {
+    load_tensors(dir, man, weights_only);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(w, error.empty(), error);
+  if (weights_only) return {};
+  if (opt_) opt_->set_steps(man.optimizer_steps);
+  ResumeState r;
+  r.step = man.step;
+  r.epoch = man.epoch;
+  r.step_in_epoch = man.step_in_epoch;
+  r.losses = man.losses;
+  r.dir = dir;
+  return r;
+}
+
+// What must hold for a run to go on from a checkpoint exactly (sat::Error naming it).
+void Trainer::check_resumable(const std::string& dir, const Manifest& man) const {
+  const dist::Mesh& m = *mesh_;
+  const int64_t g = cfg_.batch * cfg_.accum * m.dp();
+  {
+    SAT_CHECK(man.global_batch == g, dir, ": written at global batch ", man.global_batch, ", this run's is ", g,
+              " (--batch x --accum x data-parallel ranks): the data position would not carry over");
+    SAT_CHECK(man.seed == cfg_.seed && man.shuffle == cfg_.shuffle, dir, ": written with --seed ", man.seed,
+              " --shuffle ", man.shuffle ? "on" : "off", ", this run has --seed ", cfg_.seed, " --shuffle ",
+              cfg_.shuffle ? "on" : "off");
+    const std::string opt = opt_ ? opt_->config().name : cfg_.optim.name;
+    SAT_CHECK(man.optimizer == opt, dir, ": written with --optimizer ", man.optimizer, ", this run uses ", opt);
+  }
+}
+
+// The parameters and states (and without weights_only the optimizer state) from the
+// checkpoint's logical tensors: each rank keeps its part.
+void Trainer::load_tensors(const std::string& dir, const Manifest& man, bool weights_only) {
+  {
+    ParamStore& ps = *params_;
+    const Graph& g = *plan_.model.graph;
+    std::unique_ptr<ParamStore> full;
+    if (ps.sharding().stage >= 3) full = std::make_unique<ParamStore>(g.params(), g.states(), 0);
+    ParamStore& into = full ? *full : ps;
+    for (size_t i = 0; i < into.num_params(); ++i) {
+      const ParamDecl& d = into.decl(i);
+      if (d.shared) continue;
+      const auto bytes = read_logical(dir, man, "param/" + d.name, d.full_shape(), DType::f32);
+      shard_extract(d, bytes.data(), into.host_param(i).ptr);
+    }
+    for (size_t i = 0; i < into.num_states(); ++i) {
+      const ParamDecl& d = into.state_decl(i);
+      const auto bytes = read_logical(dir, man, "state/" + d.name, d.spec.shape, d.spec.dtype);
+      std::copy(bytes.begin(), bytes.end(), static_cast<uint8_t*>(into.host_state(i).ptr));
+    }
+    if (full) ps.shard_from(*full);
+    if (weights_only) return;
+    const int slots = ps.optimizer_slots();
+    const auto names = slot_names(man.optimizer, slots);
+    SAT_CHECK(int(names.size()) == slots && man.slots == names, dir, ": optimizer state ",
+              man.slots.empty() ? std::string("none") : man.slots.front(), "... does not match this run's optimizer");
+    for (int s = 0; s < slots; ++s) {
+      std::vector<float> flat(size_t(ps.flat_size()), 0.0f);
+      for (size_t i = 0; i < ps.num_params(); ++i) {
+        const ParamDecl& d = ps.decl(i);
+        if (d.shared) continue;
+        const auto bytes = read_logical(dir, man, "optim/" + names[size_t(s)] + "/" + d.name, d.full_shape(), DType::f32);
+        shard_extract(d, bytes.data(), flat.data() + ps.offset(i));
+      }
+      set_slot(ps, s, flat);
+    }
+  }
+}
+
+}  // namespace sat
