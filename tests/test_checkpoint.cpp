@@ -1,0 +1,358 @@
+// Checkpoints (train/checkpoint.h) through the real binary: resuming continues bit for bit
+// (one process and dp 2 x pp 2; the loader mid-epoch; stopped by SIGTERM or killed after a
+// checkpoint), another layout reshards within 1e-5, a crash while a checkpoint is written
+// leaves the previous one complete, and damaged or foreign checkpoints are refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+#ifndef SAT_MPIEXEC
+#define SAT_MPIEXEC "mpirun --oversubscribe"
+#endif
+
+namespace {
+
+struct Cmd {
+  int status = -1;
+  std::string out;
+};
+
+// `saturate ARGS` (np > 1: under mpirun), waited for.
+Cmd run(const std::string& args, int np = 1) {
+  std::string launcher;
+  if (np > 1)
+    launcher = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 300 " SAT_MPIEXEC " -np " +
+               std::to_string(np) + " ";
+  const std::string cmd = "OMP_WAIT_POLICY=passive " + launcher + SAT_BINARY + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Cmd r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// `saturate ARGS` as a child process of its own (its pid is saturate's), output to `log`.
+pid_t spawn(const std::string& args, const fs::path& log) {
+  const std::string cmd = "exec env OMP_WAIT_POLICY=passive " SAT_BINARY " " + args + " > " + log.string() + " 2>&1";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+fs::path tmpdir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("sat_ckpt_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<double> losses(const fs::path& out_dir) {
+  std::vector<double> v;
+  std::ifstream f(out_dir / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto at = line.find("\"loss\": ");
+    if (at != std::string::npos) v.push_back(std::stod(line.substr(at + 8)));
+  }
+  return v;
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+size_t lines_of(const fs::path& p) {
+  std::ifstream f(p);
+  size_t n = 0;
+  for (std::string l; std::getline(f, l);) ++n;
+  return n;
+}
+
+// Runs `flags` for `steps` steps straight (A) and with a checkpoint at `stop`, the run after
+// it removed and resumed with `resume_flags` on `np2` ranks (B). Returns the losses of A's
+// steps after `stop` and of B's, and whether the final weights are identical.
+struct Pair {
+  std::vector<double> straight, resumed;
+  bool same_weights = false;
+};
+Pair straight_and_resumed(const std::string& name, const std::string& flags, int np, int steps, int stop,
+                          const std::string& resume_flags = "", int np2 = 0) {
+  const fs::path d = tmpdir(name);
+  const std::string s = " --steps " + std::to_string(steps);
+  Cmd a = run("train " + flags + s + " --out " + (d / "a").string() + " --save-weights " + (d / "a.st").string(), np);
+  EXPECT_EQ(a.status, 0) << a.out;
+  Cmd b = run("train " + flags + s + " --checkpoint-dir " + (d / "ck").string() + " --checkpoint-every " +
+                  std::to_string(stop) + " --out " + (d / "b").string(),
+              np);
+  EXPECT_EQ(b.status, 0) << b.out;
+  for (int k = stop + stop; k <= steps; k += stop) fs::remove_all(d / "ck" / sat::checkpoint_name(k));
+  fs::remove_all(d / "ck" / sat::checkpoint_name(steps));
+  Cmd c = run("train " + (resume_flags.empty() ? flags : resume_flags) + s + " --checkpoint-dir " + (d / "ck").string() +
+                  " --resume auto --out " + (d / "c").string() + " --save-weights " + (d / "c.st").string(),
+              np2 ? np2 : np);
+  EXPECT_EQ(c.status, 0) << c.out;
+  Pair p;
+  const auto la = losses(d / "a");
+  if (la.size() == size_t(steps)) p.straight.assign(la.begin() + stop, la.end());
+  p.resumed = losses(d / "c");
+  p.same_weights = fs::exists(d / "a.st") && bytes_of(d / "a.st") == bytes_of(d / "c.st");
+  fs::remove_all(d);
+  return p;
+}
+
+const std::string kMlp = "--model mlp --data synthetic --batch 64 --threads 1 --eval off --optimizer adamw";
+// 10000 samples: 39 steps of 256 per epoch, so step 20 is mid-epoch and 40 steps cross one.
+const std::string kMlpEpochs = "--model mlp --data synthetic --batch 256 --threads 1 --eval off --optimizer adamw";
+const std::string kGptPlain =
+    "--model gpt:layers=2,heads=4,width=64,context=32,vocab=256 --data synthetic --threads 1 --eval off --optimizer adamw";
+const std::string kGpt =
+    "--model gpt:layers=2,heads=4,width=64,context=32,vocab=256,dropout=0.1 --data synthetic --threads 1 --eval off "
+    "--optimizer adamw";
+
+TEST(Checkpoint, ResumeIsBitExactForEachModel) {
+  for (const auto& [name, flags] :
+       std::vector<std::pair<std::string, std::string>>{{"mlp", kMlpEpochs},
+                                                        {"convnet", "--model convnet --data synthetic --batch 8 "
+                                                                    "--threads 1 --eval off --momentum 0.9"},
+                                                        {"gpt", kGpt + " --batch 4"}}) {
+    const Pair p = straight_and_resumed(name, flags, 1, 40, 20);
+    ASSERT_EQ(p.straight.size(), 20u) << name;
+    EXPECT_EQ(p.resumed, p.straight) << name;  // bit for bit
+    EXPECT_TRUE(p.same_weights) << name;
+  }
+}
+
+TEST(Checkpoint, ResumeIsBitExactForDataAndPipelineParallel) {
+  const Pair p = straight_and_resumed("dp2pp2", kGpt + " --batch 2 --accum 2 --pp 2", 4, 40, 20);
+  ASSERT_EQ(p.straight.size(), 20u);
+  EXPECT_EQ(p.resumed, p.straight);
+  EXPECT_TRUE(p.same_weights);
+}
+
+// A checkpoint of dp 2 x tp 2 read by other layouts: the same global batch (8), so the same
+// samples per step; the sums only change order.
+TEST(Checkpoint, ReshardsAcrossLayouts) {
+  // Without dropout: its masks are drawn per layout.
+  const std::string from = kGptPlain + " --batch 2 --accum 2 --tp 2";
+  for (const auto& [name, np, flags] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"pp2", 2, kGptPlain + " --batch 2 --accum 4 --pp 2"},
+           {"tp4", 4, kGptPlain + " --batch 2 --accum 4 --tp 4"},
+           {"zero3", 4, kGptPlain + " --batch 2 --zero 3"},
+           {"one", 1, kGptPlain + " --batch 2 --accum 4"}}) {
+    const Pair p = straight_and_resumed("reshard_" + name, from, 4, 24, 12, flags, np);
+    ASSERT_EQ(p.straight.size(), 12u) << name;
+    ASSERT_EQ(p.resumed.size(), 12u) << name;
+    for (size_t i = 0; i < 12; ++i) EXPECT_NEAR(p.resumed[i], p.straight[i], 1e-5 * std::abs(p.straight[i])) << name << " " << i;
+  }
+}
+
+// SIGTERM mid-run: the step finishes, a checkpoint is written, the exit status says so
+// (128 + 15); the same command with --resume auto then ends where the straight run does.
+TEST(Checkpoint, SigtermStopsAfterACheckpointAndResumes) {
+  const fs::path d = tmpdir("sigterm");
+  const int steps = 300;
+  const std::string flags = kMlp + " --steps " + std::to_string(steps) + " --checkpoint-dir " + (d / "ck").string();
+  Cmd a = run("train " + kMlp + " --steps " + std::to_string(steps) + " --save-weights " + (d / "a.st").string());
+  ASSERT_EQ(a.status, 0) << a.out;
+  const pid_t pid = spawn("train " + flags + " --out " + (d / "b").string(), d / "b.log");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (lines_of(d / "b" / "metrics.jsonl") < 30 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_status(pid), 128 + SIGTERM) << bytes_of(d / "b.log");
+  const std::string ck = sat::newest_checkpoint((d / "ck").string());
+  ASSERT_FALSE(ck.empty()) << bytes_of(d / "b.log");
+  const int64_t stopped = sat::read_manifest(ck).step;
+  EXPECT_GE(stopped, 30);
+  EXPECT_LT(stopped, steps) << "the run ended before the signal: make it longer";
+  EXPECT_EQ(losses(d / "b").size(), size_t(stopped));
+  Cmd c = run("train " + flags + " --resume auto --out " + (d / "c").string() + " --save-weights " + (d / "c.st").string());
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_EQ(losses(d / "c").size(), size_t(steps - stopped));
+  EXPECT_EQ(bytes_of(d / "a.st"), bytes_of(d / "c.st"));
+  fs::remove_all(d);
+}
+
+// SIGKILL after the step-20 checkpoint: nothing is written at the kill, the resumed run ends
+// bit for bit where the straight one does.
+TEST(Checkpoint, SigkillAfterACheckpointResumesExactly) {
+  const fs::path d = tmpdir("sigkill");
+  const std::string flags = kMlp + " --steps 200 --checkpoint-every 20 --checkpoint-dir " + (d / "ck").string();
+  Cmd a = run("train " + kMlp + " --steps 200 --save-weights " + (d / "a.st").string());
+  ASSERT_EQ(a.status, 0) << a.out;
+  const pid_t pid = spawn("train " + flags, d / "b.log");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(d / "ck" / sat::checkpoint_name(20)) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  kill(pid, SIGKILL);
+  EXPECT_EQ(wait_status(pid), 128 + SIGKILL);
+  const std::string ck = sat::newest_checkpoint((d / "ck").string());
+  ASSERT_FALSE(ck.empty());
+  EXPECT_LT(sat::read_manifest(ck).step, 200) << "the run ended before the kill: make it longer";
+  Cmd c = run("train " + flags + " --resume auto --save-weights " + (d / "c.st").string());
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_EQ(bytes_of(d / "a.st"), bytes_of(d / "c.st"));
+  fs::remove_all(d);
+}
+
+// SIGKILL at random moments of a run that writes a checkpoint every step (so most kills land
+// inside one): afterwards the newest complete checkpoint verifies and resumes, every time.
+TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
+  const fs::path d = tmpdir("crash");
+  std::mt19937 rng(1234);
+  int inside = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string flags = kMlp + " --steps 100000 --checkpoint-every 1 --keep 2 --checkpoint-dir " + (d / "ck").string();
+    std::vector<fs::path> stale;  // the last trial's: a new writer must be seen, not them
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d / "ck", ec))
+      if (e.path().filename().string().front() == '.') stale.push_back(e.path());
+    const auto stale_time = fs::file_time_type::clock::now();
+    const pid_t pid = spawn("train " + flags + (trial ? " --resume auto" : ""), d / "run.log");
+    // Wait until a checkpoint is being written (its temporary directory exists), then kill
+    // at a random moment of the writing: before, between or after its files, the manifest,
+    // the rename.
+    const auto t0 = std::chrono::steady_clock::now();
+    auto writing = [&] {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(d / "ck", ec))
+        if (e.path().filename().string().front() == '.' &&
+            (std::find(stale.begin(), stale.end(), e.path()) == stale.end() || e.last_write_time(ec) > stale_time))
+          return true;
+      return false;
+    };
+    while ((sat::newest_checkpoint((d / "ck").string()).empty() || !writing()) &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 30000)(rng)));
+    kill(pid, SIGKILL);
+    wait_status(pid);
+    for (const auto& e : fs::directory_iterator(d / "ck"))
+      if (e.path().filename().string().front() == '.') ++inside;  // killed inside a checkpoint
+    const std::string ck = sat::newest_checkpoint((d / "ck").string());
+    ASSERT_FALSE(ck.empty()) << "trial " << trial << "\n" << bytes_of(d / "run.log");
+    EXPECT_NO_THROW(sat::verify_checkpoint(ck, sat::read_manifest(ck))) << "trial " << trial;
+  }
+  EXPECT_GE(inside, 10) << "too few kills landed inside a checkpoint to mean anything";
+  // The last one resumes and trains two more steps.
+  const std::string ck = sat::newest_checkpoint((d / "ck").string());
+  const int64_t at = sat::read_manifest(ck).step;
+  Cmd c = run("train " + kMlp + " --steps " + std::to_string(at + 2) + " --checkpoint-dir " + (d / "ck").string() +
+              " --resume auto");
+  EXPECT_EQ(c.status, 0) << c.out;
+  EXPECT_NE(c.out.find("resuming from " + ck), std::string::npos) << c.out;
+  for (const auto& e : fs::directory_iterator(d / "ck"))  // the dead writers' directories are gone
+    EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
+  EXPECT_LE(std::distance(fs::directory_iterator(d / "ck"), fs::directory_iterator()), 2);  // --keep 2
+  std::printf("%d of 20 kills landed inside a checkpoint\n", inside);
+  fs::remove_all(d);
+}
+
+// Damaged or foreign checkpoints: one line naming the file and what is wrong, exit 2, and
+// the checkpoint untouched.
+TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
+  const fs::path d = tmpdir("refuse");
+  const std::string flags = kMlp + " --steps 4 --checkpoint-every 2 --checkpoint-dir " + (d / "ck").string();
+  ASSERT_EQ(run("train " + flags).status, 0);
+  const fs::path ck = d / "ck" / sat::checkpoint_name(4);
+  const fs::path shard = ck / "rank-00000.safetensors";
+  const std::string good = bytes_of(shard);
+  auto refused = [&](const std::string& extra, const std::string& words) {
+    const Cmd c = run("train " + flags + " --resume " + ck.string() + extra);
+    EXPECT_EQ(c.status, 2) << c.out;
+    EXPECT_NE(c.out.find(words), std::string::npos) << "expected '" << words << "' in:\n" << c.out;
+    EXPECT_EQ(c.out.find("terminate called"), std::string::npos) << c.out;
+  };
+  {  // a flipped byte
+    std::string bad = good;
+    bad[bad.size() / 2] ^= 0x40;
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bad;
+    refused("", "checksum mismatch");
+    EXPECT_EQ(bytes_of(shard), bad);  // left as it was
+  }
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 100);
+  refused("", "truncated");
+  fs::remove(shard);
+  refused("", "missing");
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << good;
+  refused(" --model mlp:784-64-10", "a checkpoint of model mlp");
+  refused(" --seed 3", "--seed");
+  refused(" --batch 32", "global batch");
+  refused(" --optimizer sgd", "--optimizer");
+  {
+    std::ofstream(ck / "manifest.json", std::ios::app) << "x";
+    refused("", "manifest.json");
+  }
+  const Cmd none = run("train " + kMlp + " --resume " + (d / "nothing").string());
+  EXPECT_EQ(none.status, 2);
+  EXPECT_NE(none.out.find("--resume"), std::string::npos) << none.out;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, ManifestRoundTripsAndNamesBadKeys) {
+  sat::Manifest m;
+  m.model = "mlp";
+  m.parameters = 7;
+  m.step = 3, m.total_steps = 9, m.epoch = 1, m.step_in_epoch = 2, m.global_batch = 8, m.micro_batch = 4, m.accum = 2;
+  m.seed = 5, m.optimizer = "adamw", m.optimizer_steps = 3, m.slots = {"exp_avg", "exp_avg_sq"};
+  m.layout.dp = 2, m.layout.world = 2;
+  m.losses = {1.5, 1.25, 1.0};
+  m.files["rank-00000.safetensors"] = {100, 42};
+  m.tensors["param/w"] = {{2, 4}, "F32", {{"rank-00000.safetensors", "param/w@tp0/2", 1, 2, 0, 1},
+                                          {"rank-00000.safetensors", "param/w@tp1/2", 1, 2, 1, 1}}};
+  const sat::Manifest back = sat::parse_manifest(sat::manifest_json(m), "m.json");
+  EXPECT_EQ(sat::manifest_json(back), sat::manifest_json(m));
+  auto error_of = [](const std::string& text) {
+    try {
+      sat::parse_manifest(text, "m.json");
+    } catch (const sat::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string j = sat::manifest_json(m);
+  EXPECT_NE(error_of(j.substr(0, j.size() / 2)).find("not valid JSON"), std::string::npos);
+  auto without = [&](const std::string& key) {
+    std::string t = j;
+    const auto at = t.find("\"" + key + "\"");
+    t.replace(at, key.size() + 2, "\"x" + key + "\"");
+    return t;
+  };
+  EXPECT_NE(error_of(without("step")).find("'step'"), std::string::npos);
+  EXPECT_NE(error_of(without("dp")).find("'layout.dp'"), std::string::npos);
+  std::string evil = j;
+  const std::string name = "\"rank-00000.safetensors\": {";
+  evil.replace(evil.find(name), name.size(), "\"../../etc/passwd\": {");
+  EXPECT_NE(error_of(evil).find("not a plain file name"), std::string::npos) << error_of(evil);
+}
+
+}  // namespace
