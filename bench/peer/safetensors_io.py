@@ -115,3 +115,41 @@ if __name__ == "__main__":
         for k in t:
             assert got[k].dtype == t[k].dtype and np.array_equal(got[k], t[k]), k
     print("safetensors_io self-check OK")
+
+
+def load_checkpoint(path):
+    """A saturate checkpoint directory (one with manifest.json, or the newest step-* under
+    it) as (tensors {name: numpy array}, metadata): the parameters and model states, each
+    assembled from its pieces, under their PyTorch names."""
+    import os
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        steps = sorted(d for d in os.listdir(path) if d.startswith("step-")
+                       and os.path.exists(os.path.join(path, d, "manifest.json")))
+        if not steps:
+            raise FormatError(f"{path}: no checkpoint (step-*/manifest.json)")
+        path = os.path.join(path, steps[-1])
+    with open(os.path.join(path, "manifest.json")) as f:
+        man = json.load(f)
+    files = {}
+    out = {}
+    for logical, t in man["tensors"].items():
+        kind, _, name = logical.partition("/")
+        if kind not in ("param", "state"):
+            continue
+        shape = t["shape"]
+        full = np.zeros(shape, dtype=DTYPES[t["dtype"]])
+        for p in t["pieces"]:
+            if p["file"] not in files:
+                files[p["file"]] = load(os.path.join(path, p["file"]))[0]
+            piece = np.asarray(files[p["file"]][p["key"]])
+            if "dim" not in p:
+                full[...] = piece.reshape(shape)
+                continue
+            d, parts, index, stride = p["dim"], p["parts"], p["index"], p["stride"]
+            outer = int(np.prod(shape[:d])) if d else 1
+            inner = int(np.prod(shape[d + 1:])) if d + 1 < len(shape) else 1
+            n = shape[d] // (stride * parts)
+            view = full.reshape(outer, stride, parts, n, inner)
+            view[:, :, index] = piece.reshape(outer, stride, n, inner)
+        out[name] = full
+    return out, {"format": "pt", "model": man["model"], "step": str(man["step"])}

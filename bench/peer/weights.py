@@ -5,7 +5,8 @@ PyTorch's names, shapes and dtypes.
   weights.py export MODEL OUT.safetensors [--parity-init]
       state_dict (BatchNorm buffers included) minus the tied lm_head.weight.
       Without --parity-init the weights are PyTorch's default random init (seed 0).
-  weights.py check MODEL FILE [--parity-init] [--tol T]
+  weights.py check MODEL FILE|CHECKPOINT_DIR [--parity-init] [--tol T]
+      (a saturate checkpoint's parameters, assembled from their pieces, or a file)
       strict check of names/shapes/dtypes, then load_state_dict(strict=True);
       prints OK or every mismatch (exit status 1). With --parity-init it also
       compares every parameter's values to the parity init (max |diff| <= tol,
@@ -60,7 +61,7 @@ def cmd_export(args):
 def cmd_check(args):
     model, spec = _build(args)
     try:
-        tensors, meta = st.load(args.file)
+        tensors, meta = st.load_checkpoint(args.file) if os.path.isdir(args.file) else st.load(args.file)
     except (OSError, st.FormatError) as e:
         print(f"FORMAT ERROR: {e}")
         return 1

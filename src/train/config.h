@@ -184,6 +184,9 @@ struct TrainResult {
   int64_t resumed_from = 0;  // the checkpoint's step this run continued from (0: a fresh start)
   int stop_signal = 0;       // the signal that stopped the run early after a checkpoint (0: none)
   std::string last_checkpoint;  // the directory of the last checkpoint written
+  int64_t checkpoints = 0;         // written by this run
+  double checkpoint_seconds = 0;   // their total write time (rank 0's, from the first file to the rename)
+  double checkpoint_bytes = 0;     // the size of the last one
   // GPU.
   std::string device = "cpu";
   std::string device_name;

@@ -625,11 +625,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (on_step) on_step(sm);
     if (!cfg_.checkpoint_dir.empty()) {
       const CkptDecision d = checkpoint_due(step + 1, last_save);
-      if (d.save || d.signal || step + 1 == total) {
-        save_checkpoint(cfg_.checkpoint_dir, step + 1, total, r.losses);
-        last_save = now_seconds();
-        r.last_checkpoint = cfg_.checkpoint_dir + "/" + checkpoint_name(step + 1);
-      }
+      if (d.save || d.signal || step + 1 == total) write_checkpoint(r, step + 1, total), last_save = now_seconds();
       if (d.signal) r.stop_signal = d.signal, total = step + 1;
     }
   }
@@ -668,6 +664,22 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
                measured > 0 ? measured_wait / double(measured) : 0);
   r.wall_seconds = now_seconds() - t_start;
   return r;
+}
+
+// A checkpoint after step `step`, timed and reported (rank 0 prints it when progress is on).
+void Trainer::write_checkpoint(TrainResult& r, int64_t step, int64_t total) {
+  const double t0 = now_seconds();
+  save_checkpoint(cfg_.checkpoint_dir, step, total, r.losses);
+  const double dt = now_seconds() - t0;
+  r.last_checkpoint = (std::filesystem::path(cfg_.checkpoint_dir) / checkpoint_name(step)).string();
+  r.checkpoints += 1;
+  r.checkpoint_seconds += dt;
+  if (world_->rank() != 0) return;
+  std::error_code ec;
+  r.checkpoint_bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(r.last_checkpoint, ec)) r.checkpoint_bytes += double(e.file_size(ec));
+  if (cfg_.progress != 0)
+    std::fprintf(stderr, "checkpoint %s: %s in %.2f s\n", r.last_checkpoint.c_str(), format_bytes(r.checkpoint_bytes).c_str(), dt);
 }
 
 // After the last step: the layout, the reduction's timing, BatchNorm statistics and the

@@ -108,6 +108,7 @@ class Trainer {
     int signal = 0;
   };
   CkptDecision checkpoint_due(int64_t step, double& last_save) const;
+  void write_checkpoint(TrainResult& r, int64_t step, int64_t total);
   // The tensor-parallel group the step's layers use: the mesh's, or its NCCL twin on GPUs.
   dist::Comm* tp_comm() const;
   bool on_gpu() const { return gpu_ != nullptr; }
