@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "mpi_job.h"
 #include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -274,6 +275,53 @@ TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
     EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
   EXPECT_LE(std::distance(fs::directory_iterator(d / "ck"), fs::directory_iterator()), 2);  // --keep 2
   std::printf("%d of 20 kills landed inside a checkpoint\n", inside);
+  fs::remove_all(d);
+}
+
+// Under mpirun: SIGKILL one rank of a dp 2 job mid-run (the job ends, no rank hangs), and
+// SIGTERM to mpirun (it passes the signal on: both ranks stop at the same step after a
+// checkpoint); each time the same command with --resume auto ends bit for bit where the
+// straight run does.
+TEST(Checkpoint, KilledRankAndTerminatedJobResumeExactly) {
+  const fs::path d = tmpdir("mpi_kill");
+  const std::string base = kGptPlain + " --batch 4 --steps 400";
+  Cmd a = run("train " + base + " --save-weights " + (d / "a.st").string(), 2);
+  ASSERT_EQ(a.status, 0) << a.out;
+  const std::string flags = base + " --checkpoint-every 10 --checkpoint-dir " + (d / "ck").string();
+  {  // SIGKILL rank 1 after the step-10 checkpoint
+    sat::test::Job j = sat::test::start_job(2, "train " + flags, 120);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!fs::exists(d / "ck" / sat::checkpoint_name(10)) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const pid_t r1 = sat::test::find_rank(j, 1);
+    ASSERT_GT(r1, 0);
+    kill(r1, SIGKILL);
+    const sat::test::JobEnd e = sat::test::wait_job(j);
+    EXPECT_NE(e.status, 0) << e.out;
+    EXPECT_LT(e.seconds, 100) << e.out;
+    const std::string ck = sat::newest_checkpoint((d / "ck").string());
+    ASSERT_FALSE(ck.empty());
+    EXPECT_LT(sat::read_manifest(ck).step, 400) << "the run ended before the kill: make it longer";
+  }
+  {  // SIGTERM to mpirun
+    sat::test::Job j = sat::test::start_job(2, "train " + flags + " --resume auto --out " + (d / "b").string(), 120);
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t before = std::distance(fs::directory_iterator(d / "ck"), fs::directory_iterator());
+    while (std::distance(fs::directory_iterator(d / "ck"), fs::directory_iterator()) <= long(before) &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_EQ(std::system(("pkill -TERM -f '^[^ ]*(mpiexec|mpirun|orterun) .*" + (d / "ck").string() + "'").c_str()), 0);
+    const sat::test::JobEnd e = sat::test::wait_job(j);
+    EXPECT_NE(e.status, 0) << e.out;
+    EXPECT_NE(e.out.find("stopped by signal 15 after step"), std::string::npos) << e.out;
+    const std::string ck = sat::newest_checkpoint((d / "ck").string());
+    ASSERT_FALSE(ck.empty());
+    EXPECT_LT(sat::read_manifest(ck).step, 400) << "the run ended before the signal: make it longer";
+  }
+  Cmd c = run("train " + flags + " --resume auto --save-weights " + (d / "c.st").string(), 2);
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_EQ(bytes_of(d / "a.st"), bytes_of(d / "c.st"));
   fs::remove_all(d);
 }
 
