@@ -325,6 +325,33 @@ TEST(Checkpoint, KilledRankAndTerminatedJobResumeExactly) {
   fs::remove_all(d);
 }
 
+// --checkpoint-every-minutes by rank 0's clock, --keep, and the flags' refusals.
+TEST(Checkpoint, EveryMinutesKeepAndFlagRefusals) {
+  const fs::path d = tmpdir("minutes");
+  Cmd c = run("train " + kMlp + " --steps 150 --checkpoint-every-minutes 0.002 --keep 3 --checkpoint-dir " +
+              (d / "ck").string());
+  ASSERT_EQ(c.status, 0) << c.out;
+  size_t written = 0;
+  for (size_t at = c.out.find("checkpoint "); at != std::string::npos; at = c.out.find("checkpoint ", at + 1))
+    written += c.out.compare(at, 11 + (d / "ck").string().size(), "checkpoint " + (d / "ck").string()) == 0;
+  EXPECT_GE(written, 3u) << c.out;  // 0.12 s apart over about a second, and the last
+  EXPECT_EQ(std::distance(fs::directory_iterator(d / "ck"), fs::directory_iterator()), 3);
+  EXPECT_FALSE(sat::newest_checkpoint((d / "ck").string()).empty());
+  EXPECT_EQ(sat::read_manifest(sat::newest_checkpoint((d / "ck").string())).step, 150);
+  for (const auto& [flags, words] : std::vector<std::pair<std::string, std::string>>{
+           {"--checkpoint-every 5", "--checkpoint-dir"},
+           {"--checkpoint-dir " + (d / "x").string() + " --checkpoint-every -1", "--checkpoint-every"},
+           {"--checkpoint-dir " + (d / "x").string() + " --checkpoint-every-minutes -2", "--checkpoint-every-minutes"},
+           {"--checkpoint-dir " + (d / "x").string() + " --keep -1", "--keep"},
+           {"--resume auto", "--resume auto needs --checkpoint-dir"},
+           {"--checkpoint-dir " + (d / "ck" / sat::checkpoint_name(150) / "manifest.json").string(), "not a directory"}}) {
+    const Cmd r = run("train " + kMlp + " --steps 2 " + flags);
+    EXPECT_EQ(r.status, 2) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(words), std::string::npos) << flags << "\n" << r.out;
+  }
+  fs::remove_all(d);
+}
+
 // Damaged or foreign checkpoints: one line naming the file and what is wrong, exit 2, and
 // the checkpoint untouched.
 TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
