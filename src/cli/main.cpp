@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -114,9 +115,13 @@ void check_checkpoint_flags(const TrainArgs& a) {
   SAT_CHECK(a.resume != "auto" || !a.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir DIR (where it "
             "looks for the newest checkpoint)");
   std::error_code ec;
-  if (!a.checkpoint_dir.empty())
+  if (!a.checkpoint_dir.empty()) {  // refused now, not at the first checkpoint hours later
     SAT_CHECK(!std::filesystem::exists(a.checkpoint_dir, ec) || std::filesystem::is_directory(a.checkpoint_dir, ec),
               "--checkpoint-dir: ", a.checkpoint_dir, " exists and is not a directory");
+    std::filesystem::create_directories(a.checkpoint_dir, ec);
+    SAT_CHECK(!ec && access(a.checkpoint_dir.c_str(), W_OK | X_OK) == 0, "--checkpoint-dir: cannot write to ",
+              a.checkpoint_dir, ec ? ": " + ec.message() : std::string(": ") + std::strerror(errno));
+  }
   if (!a.resume.empty() && a.resume != "auto") sat::resolve_checkpoint(a.resume, "--resume");
   if (!a.checkpoint_dir.empty() || !a.resume.empty())
     SAT_CHECK(a.device == "cpu" || a.device == "auto" || sat::resolve_device(a.device) == sat::Device::cpu,

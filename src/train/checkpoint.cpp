@@ -50,7 +50,6 @@ int64_t numel_of(const std::vector<int64_t>& s) {
 // Writes all of `data` to fd (sat::Error naming the file).
 void write_all(int fd, const void* data, size_t n, const std::string& path, uint32_t& crc) {
   auto* p = static_cast<const uint8_t*>(data);
-  crc = uint32_t(::crc32(crc, p, uInt(0)));
   size_t done = 0;
   while (done < n) {
     const size_t chunk = std::min<size_t>(n - done, size_t(1) << 30);
