@@ -134,9 +134,7 @@ double trainer_plan(const PlanRequest& r, const Layout& l) {
   mc.device = r.hw.gpu ? Device::cuda : Device::cpu;
   mc.act = r.precision;
   TrainConfig cfg;
-  cfg.batch = l.micro_batch, cfg.accum = l.accum, cfg.tp = l.tp, cfg.sequence_parallel = l.sequence_parallel;
-  cfg.pp = l.pp, cfg.recompute = l.recompute, cfg.zero = l.zero, cfg.virtual_stages = l.virtual_stages;
-  cfg.pp_schedule = l.schedule;
+  apply_layout(l, cfg);
   cfg.optim.name = r.optimizer;
   cfg.optim.momentum = r.momentum;
   mc.tp = l.tp, mc.sequence_parallel = l.sequence_parallel, mc.recompute = l.recompute;

@@ -1,5 +1,7 @@
 #include "plan/planner.h"
 
+#include "train/config.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,6 +24,19 @@ namespace sat {
 
 // ---------------------------------------------------------------------------------------
 // Layouts as text
+
+void apply_layout(const Layout& l, TrainConfig& cfg) {
+  cfg.batch = l.micro_batch;
+  cfg.accum = l.accum;
+  cfg.tp = l.tp;
+  cfg.pp = l.pp;
+  cfg.sequence_parallel = l.sequence_parallel;
+  cfg.recompute = l.recompute;
+  cfg.zero = l.zero;
+  cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
+  cfg.virtual_stages = l.virtual_stages;
+  cfg.pp_split.clear();
+}
 
 std::string Layout::str() const {
   std::string s = str_cat("dp=", dp, ",tp=", tp, ",pp=", pp, ",micro=", micro_batch, ",schedule=",
@@ -220,9 +235,7 @@ struct Search {
 
   TrainConfig train_config(const Layout& l) const {
     TrainConfig cfg;
-    cfg.batch = l.micro_batch, cfg.accum = l.accum, cfg.tp = l.tp, cfg.sequence_parallel = l.sequence_parallel;
-    cfg.pp = l.pp, cfg.recompute = l.recompute, cfg.zero = l.zero, cfg.virtual_stages = l.virtual_stages;
-    cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
+    apply_layout(l, cfg);
     cfg.optim.name = req.optimizer;
     cfg.optim.momentum = req.momentum;
     return cfg;

@@ -41,6 +41,10 @@ struct Layout {
   std::string str() const;
 };
 
+struct TrainConfig;
+// The layout's fields in a TrainConfig (the default cut of the pipeline); the rest is kept.
+void apply_layout(const Layout& l, TrainConfig& cfg);
+
 // --layout: the fields given; the search chooses the others.
 struct LayoutFilter {
   std::optional<int> dp, tp, pp, v, zero;

@@ -15,19 +15,6 @@
 
 namespace sat {
 
-void apply_layout(const Layout& l, TrainConfig& cfg) {
-  cfg.batch = l.micro_batch;
-  cfg.accum = l.accum;
-  cfg.tp = l.tp;
-  cfg.pp = l.pp;
-  cfg.sequence_parallel = l.sequence_parallel;
-  cfg.recompute = l.recompute;
-  cfg.zero = l.zero;
-  cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
-  cfg.virtual_stages = l.virtual_stages;
-  cfg.pp_split.clear();
-}
-
 std::string filter_str(const LayoutFilter& f) {
   std::string s;
   auto add = [&](const char* k, const std::string& v) { s += str_cat(s.empty() ? "" : ",", k, "=", v); };

@@ -69,9 +69,6 @@ struct LayoutTuneResult {
 LayoutTuneResult tune_layout(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
                              const LayoutTuneConfig& cfg);
 
-// The layout's fields in a TrainConfig (the default cut of the pipeline).
-void apply_layout(const Layout& l, TrainConfig& cfg);
-
 // The fields --layout fixes, as it writes them ("tp=2,zero=1"; "" for none).
 std::string filter_str(const LayoutFilter& f);
 
