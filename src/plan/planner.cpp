@@ -1,7 +1,5 @@
 #include "plan/planner.h"
 
-#include "train/config.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +15,7 @@
 #include "data/dataset.h"
 #include "nn/params.h"
 #include "plan/cost.h"
+#include "train/config.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 
