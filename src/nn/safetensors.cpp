@@ -15,18 +15,6 @@
 namespace sat {
 namespace {
 
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-  }
-  return "?";
-}
 
 // decl: a parameter's declaration (a tensor-parallel part is loaded from the full tensor).
 struct Entry { std::string name; Tensor t; const ParamDecl* decl = nullptr; };
@@ -41,13 +29,26 @@ std::vector<Entry> entries(const ParamStore& ps) {
 
 }  // namespace
 
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+  }
+  return "?";
+}
+
 void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name) {
   auto es = entries(ps);
   nlohmann::ordered_json h;
   h["__metadata__"] = {{"format", "pt"}, {"producer", "saturate"}, {"model", model_name}};
   size_t off = 0;
   for (auto& e : es) {
-    h[e.name] = {{"dtype", st_dtype(e.t.dtype)}, {"shape", e.t.shape.vec()}, {"data_offsets", {off, off + e.t.bytes()}}};
+    h[e.name] = {{"dtype", safetensors_dtype(e.t.dtype)}, {"shape", e.t.shape.vec()}, {"data_offsets", {off, off + e.t.bytes()}}};
     off += e.t.bytes();
   }
   std::string header = h.dump();
@@ -120,7 +121,7 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
       bool i64_counter = t.dtype == DType::i64;
       if (Shape(shape) != t.shape && !(i64_counter && Shape(shape).numel() == 1))
         fail(path, ": tensor '", name, "' has shape ", Shape(shape).str(), ", expected ", t.shape.str());
-      SAT_CHECK(dt == st_dtype(t.dtype), path, ": tensor '", name, "' has dtype ", dt, ", expected ", st_dtype(t.dtype));
+      SAT_CHECK(dt == safetensors_dtype(t.dtype), path, ": tensor '", name, "' has dtype ", dt, ", expected ", safetensors_dtype(t.dtype));
       SAT_CHECK(offs[1] - offs[0] == t.bytes(), path, ": tensor '", name, "' has ", offs[1] - offs[0], " bytes of data, expected ",
                 t.bytes());
       f.seekg(std::streamoff(8 + hlen + offs[0]));

@@ -9,6 +9,9 @@
 
 namespace sat {
 
+// The format's name of a dtype: "F32", "I64", "BF16", ...
+const char* safetensors_dtype(DType t);
+
 // Writes atomically (to FILE.tmp, then renamed), so an existing file is never lost
 // to a failed write.
 // Writes the host copies: on the GPU, call ps.sync_to_host() first.

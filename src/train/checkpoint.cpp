@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "nn/safetensors.h"
 #include "nn/shard.h"
 
 namespace sat {
@@ -27,19 +28,6 @@ namespace {
 constexpr const char* kFormat = "saturate-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
-
-const char* st_name(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-  }
-  return "?";
-}
 
 int64_t numel_of(const std::vector<int64_t>& s) {
   int64_t n = 1;
@@ -353,7 +341,7 @@ std::vector<uint8_t> read_logical(const std::string& dir, const Manifest& m, con
   const CkptTensor& t = it->second;
   SAT_CHECK(Shape(t.shape) == shape, where, ": tensor '", name, "' has shape ", Shape(t.shape).str(), ", this model's is ",
             shape.str(), " (a checkpoint of another model?)");
-  SAT_CHECK(t.dtype == st_name(dtype), where, ": tensor '", name, "' is ", t.dtype, ", expected ", st_name(dtype));
+  SAT_CHECK(t.dtype == safetensors_dtype(dtype), where, ": tensor '", name, "' is ", t.dtype, ", expected ", safetensors_dtype(dtype));
   const size_t elem = dtype_size(dtype);
   std::vector<uint8_t> full(size_t(shape.numel()) * elem);
   std::set<int> seen;
@@ -408,12 +396,12 @@ void write_pieces(const std::string& dir, const std::string& file, const std::ve
     std::string key = e.name;
     if (e.dim >= 0 && e.parts > 1) key += "@tp" + std::to_string(e.index) + "/" + std::to_string(e.parts);
     const uint64_t bytes = uint64_t(numel_of(e.shape)) * dtype_size(e.dtype);
-    h[key] = {{"dtype", st_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + bytes}}};
+    h[key] = {{"dtype", safetensors_dtype(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + bytes}}};
     off += bytes;
     keys.push_back(key);
     CkptTensor& t = m.tensors[e.name];
     t.shape = e.full_shape;
-    t.dtype = st_name(e.dtype);
+    t.dtype = safetensors_dtype(e.dtype);
     CkptPiece p{file, key};
     if (e.dim >= 0 && e.parts > 1) p.dim = e.dim, p.parts = e.parts, p.index = e.index, p.stride = e.stride;
     t.pieces.push_back(p);
