@@ -203,6 +203,34 @@ TEST(Checkpoint, SigtermStopsAfterACheckpointAndResumes) {
   fs::remove_all(d);
 }
 
+// Ctrl-C once: like SIGTERM (a checkpoint, status 130); twice: at once, status 130.
+TEST(Checkpoint, InterruptOnceStopsCleanlyTwiceAtOnce) {
+  const fs::path d = tmpdir("sigint");
+  for (int times : {1, 2}) {
+    fs::remove_all(d / "ck");
+    const pid_t pid = spawn("train " + kMlp + " --steps 100000 --checkpoint-dir " + (d / "ck").string() + " --out " +
+                                (d / "o").string(),
+                            d / "run.log");
+    const auto t0 = std::chrono::steady_clock::now();
+    while (lines_of(d / "o" / "metrics.jsonl") < 10 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < times; ++i) {
+      if (i) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // two signals, not one merged
+      kill(pid, SIGINT);
+    }
+    EXPECT_EQ(wait_status(pid), 130) << bytes_of(d / "run.log");
+    const std::string ck = sat::newest_checkpoint((d / "ck").string());
+    if (times == 1) {
+      ASSERT_FALSE(ck.empty()) << bytes_of(d / "run.log");
+      EXPECT_EQ(size_t(sat::read_manifest(ck).step), losses(d / "o").size());
+    } else {
+      EXPECT_NE(bytes_of(d / "run.log").find("second interrupt"), std::string::npos) << bytes_of(d / "run.log");
+    }
+    fs::remove_all(d / "o");
+  }
+  fs::remove_all(d);
+}
+
 // SIGKILL after the step-20 checkpoint: nothing is written at the kill, the resumed run ends
 // bit for bit where the straight one does.
 TEST(Checkpoint, SigkillAfterACheckpointResumesExactly) {
