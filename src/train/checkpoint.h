@@ -17,8 +17,10 @@
 // that parses and whose files match it is not a checkpoint.
 #pragma once
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/tensor.h"
@@ -113,5 +115,24 @@ void sync_path(const std::string& path);
 // temporary directories of writers that died.
 void prune_checkpoints(const std::string& root, int keep);
 std::string temp_checkpoint_dir(const std::string& root, int64_t step);
+
+// A checkpoint being written (Trainer::save_checkpoint): the manifest's header, this rank's
+// pieces copied out of the training state, and the thread writing them to the temporary
+// directory; finished collectively once every rank's thread is done.
+struct CheckpointWrite {
+  std::string root, tmp;
+  int64_t step = 0;
+  Manifest man;
+  std::vector<std::vector<uint8_t>> data;  // owned copies the entries point into
+  std::vector<CkptEntry> entries;
+  bool writer = false;                     // this rank writes a file
+  std::thread thread;
+  std::atomic<bool> done{false};
+  std::string error;                       // the thread's failure
+  double started = 0, paused = 0;          // when; how long training waited for the copies
+  ~CheckpointWrite() {
+    if (thread.joinable()) thread.join();
+  }
+};
 
 }  // namespace sat

@@ -185,7 +185,8 @@ struct TrainResult {
   int stop_signal = 0;       // the signal that stopped the run early after a checkpoint (0: none)
   std::string last_checkpoint;  // the directory of the last checkpoint written
   int64_t checkpoints = 0;         // written by this run
-  double checkpoint_seconds = 0;   // their total write time (rank 0's, from the first file to the rename)
+  double checkpoint_seconds = 0;   // the time training waited for them (the copies; the files are written beside it)
+  double checkpoint_write_seconds = 0;  // from each one's start to its rename, summed
   double checkpoint_bytes = 0;     // the size of the last one
   // GPU.
   std::string device = "cpu";

@@ -93,7 +93,8 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["comm_hidden_fraction"] = r.comm_hidden_fraction;
   s["rank_step_seconds"] = r.rank_step_seconds;
   if (r.checkpoints > 0 || r.resumed_from > 0) {
-    s["checkpoints"] = {{"written", r.checkpoints}, {"seconds", r.checkpoint_seconds}, {"last_bytes", r.checkpoint_bytes},
+    s["checkpoints"] = {{"written", r.checkpoints}, {"paused_seconds", r.checkpoint_seconds},
+                        {"write_seconds", r.checkpoint_write_seconds}, {"last_bytes", r.checkpoint_bytes},
                         {"last", r.last_checkpoint}, {"resumed_from_step", r.resumed_from}};
   }
   ordered_json ranks = ordered_json::array();

@@ -625,7 +625,9 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (on_step) on_step(sm);
     if (!cfg_.checkpoint_dir.empty()) {
       const CkptDecision d = checkpoint_due(step + 1, last_save);
-      if (d.save || d.signal || step + 1 == total) write_checkpoint(r, step + 1, total), last_save = now_seconds();
+      if (d.finish) finish_checkpoint();
+      const bool last = d.signal || step + 1 == total;  // the run ends here: complete before going on
+      if (d.save || last) save_checkpoint(cfg_.checkpoint_dir, step + 1, total, r.losses, last), last_save = now_seconds();
       if (d.signal) r.stop_signal = d.signal, total = step + 1;
     }
   }
@@ -647,6 +649,10 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   r.train_seconds = t_end - t_train;
   const int64_t measured = total - start - r.warmup_excluded;
   r.samples_per_second = measured > 0 ? double(measured * global_batch) / (t_end - t_measure) : 0;
+  finish_checkpoint();
+  r.checkpoints = ckpt_stats_.written, r.checkpoint_seconds = ckpt_stats_.paused;
+  r.checkpoint_write_seconds = ckpt_stats_.written_seconds;
+  r.checkpoint_bytes = ckpt_stats_.last_bytes, r.last_checkpoint = ckpt_stats_.last;
   finish(r, total);
   if (test_ && !r.stop_signal) {  // stopping for preemption: no time for evaluation
     if (world_->rank() == 0 && cfg_.progress != 0)
@@ -664,22 +670,6 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
                measured > 0 ? measured_wait / double(measured) : 0);
   r.wall_seconds = now_seconds() - t_start;
   return r;
-}
-
-// A checkpoint after step `step`, timed and reported (rank 0 prints it when progress is on).
-void Trainer::write_checkpoint(TrainResult& r, int64_t step, int64_t total) {
-  const double t0 = now_seconds();
-  save_checkpoint(cfg_.checkpoint_dir, step, total, r.losses);
-  const double dt = now_seconds() - t0;
-  r.last_checkpoint = (std::filesystem::path(cfg_.checkpoint_dir) / checkpoint_name(step)).string();
-  r.checkpoints += 1;
-  r.checkpoint_seconds += dt;
-  if (world_->rank() != 0) return;
-  std::error_code ec;
-  r.checkpoint_bytes = 0;
-  for (const auto& e : std::filesystem::directory_iterator(r.last_checkpoint, ec)) r.checkpoint_bytes += double(e.file_size(ec));
-  if (cfg_.progress != 0)
-    std::fprintf(stderr, "checkpoint %s: %s in %.2f s\n", r.last_checkpoint.c_str(), format_bytes(r.checkpoint_bytes).c_str(), dt);
 }
 
 // After the last step: the layout, the reduction's timing, BatchNorm statistics and the

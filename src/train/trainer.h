@@ -38,6 +38,7 @@ void fit_to_data(ModelConfig& mc, const Dataset& train);
 void check_zero(const TrainConfig& cfg, bool cuda, int dp);
 
 struct Manifest;
+struct CheckpointWrite;
 
 // Where a run resumed from a checkpoint goes on (Trainer::resume).
 struct ResumeState {
@@ -76,8 +77,12 @@ class Trainer {
   // and optimizer state; run() then goes on from its step and data position. Collective;
   // a checkpoint that does not fit this run is a sat::Error on every rank, nothing changed.
   void resume(const std::string& dir) { resume_ = load_checkpoint(dir); }
-  // Writes the checkpoint of step `step` under cfg.checkpoint_dir. Collective.
-  void save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses);
+  // Writes the checkpoint of step `step` under `root`. Collective. The pieces are copied
+  // and written by a background thread; with wait, the checkpoint is complete on return,
+  // otherwise finish_checkpoint() (or the next save) completes it.
+  void save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses,
+                       bool wait = true);
+  void finish_checkpoint();
 
  private:
   class Hooks;
@@ -106,9 +111,12 @@ class Trainer {
   struct CkptDecision {
     bool save = false;
     int signal = 0;
+    bool finish = false;  // every rank's background write is done: complete it now
   };
   CkptDecision checkpoint_due(int64_t step, double& last_save) const;
-  void write_checkpoint(TrainResult& r, int64_t step, int64_t total);
+  Manifest checkpoint_header(int64_t step, int64_t total, const std::vector<double>& losses) const;
+  void snapshot_pieces(CheckpointWrite& p);
+  void publish_checkpoint(CheckpointWrite& p);
   // The tensor-parallel group the step's layers use: the mesh's, or its NCCL twin on GPUs.
   dist::Comm* tp_comm() const;
   bool on_gpu() const { return gpu_ != nullptr; }
@@ -134,6 +142,12 @@ class Trainer {
   std::unique_ptr<Hooks> hooks_;
   std::string comm_backend_;
   std::optional<ResumeState> resume_;
+  std::unique_ptr<CheckpointWrite> pending_;
+  struct {
+    int64_t written = 0;
+    double paused = 0, written_seconds = 0, last_bytes = 0;
+    std::string last;
+  } ckpt_stats_;
 };
 
 }  // namespace sat

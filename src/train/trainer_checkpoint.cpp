@@ -2,6 +2,7 @@
 // parameters, model states and optimizer state as logical tensors, in parallel files.
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <set>
 
 #include "core/error.h"
@@ -91,26 +92,20 @@ void agree(dist::Comm& w, bool ok, const std::string& message) {
 }  // namespace
 
 Trainer::CkptDecision Trainer::checkpoint_due(int64_t step, double& last_save) const {
-  double v[2] = {0, double(stop_signal_received())};
+  // rank 0's clock, any rank's signal, any rank's write still running
+  double v[3] = {0, double(stop_signal_received()), pending_ && !pending_->done ? 1.0 : 0.0};
   if (world_->rank() == 0) {
     const bool every = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
     const bool timed = cfg_.checkpoint_every_minutes > 0 && now_seconds() - last_save >= 60 * cfg_.checkpoint_every_minutes;
     v[0] = every || timed ? 1 : 0;
   }
-  if (world_->size() > 1) world_->all_reduce_sync(v, 2, DType::f64, dist::ReduceOp::max);  // rank 0's clock, any rank's signal
-  return {v[0] > 0, int(v[1])};
+  if (world_->size() > 1) world_->all_reduce_sync(v, 3, DType::f64, dist::ReduceOp::max);
+  return {v[0] > 0, int(v[1]), pending_ && v[2] == 0};
 }
 
-void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses) {
+// The run's position, layout and optimizer as a checkpoint records them.
+Manifest Trainer::checkpoint_header(int64_t step, int64_t total, const std::vector<double>& losses) const {
   const dist::Mesh& m = *mesh_;
-  dist::Comm& w = *world_;
-  if (on_gpu()) params_->sync_to_host();
-  std::unique_ptr<ParamStore> keep;
-  const ParamStore& ps = unsharded(keep);  // ZeRO-3: collective over dp
-  const int slots = params_->optimizer_slots();
-  std::vector<std::vector<float>> slot_data;
-  for (int s = 0; s < slots; ++s) slot_data.push_back(full_slot(*params_, s, m.dp_group()));
-
   Manifest man;
   man.model = mc_.name;
   man.step = step;
@@ -125,98 +120,160 @@ void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t tot
   man.shuffle = cfg_.shuffle;
   man.optimizer = opt_ ? opt_->config().name : cfg_.optim.name;
   man.optimizer_steps = opt_ ? opt_->steps() : step;
-  man.slots = slot_names(man.optimizer, slots);
+  man.slots = slot_names(man.optimizer, params_->optimizer_slots());
   man.layout = {m.size(), m.dp(), m.tp(), m.pp(), cfg_.zero, cfg_.virtual_stages, cfg_.sequence_parallel,
                 pipe_schedule_name(cfg_.pp_schedule)};
   man.losses = losses;
+  return man;
+}
 
-  const std::string tmp = temp_checkpoint_dir(root, step);
+// This rank's pieces, copied (the training goes on while they are written): the first
+// data-parallel replica's tensor-parallel parts, replicated tensors from tp rank 0.
+void Trainer::snapshot_pieces(CheckpointWrite& p) {
+  const dist::Mesh& m = *mesh_;
+  if (on_gpu()) params_->sync_to_host();
+  std::unique_ptr<ParamStore> keep;
+  const ParamStore& ps = unsharded(keep);  // ZeRO-3: collective over dp
+  const int slots = params_->optimizer_slots();
+  std::vector<std::vector<float>> slot_data;
+  for (int s = 0; s < slots; ++s) slot_data.push_back(full_slot(*params_, s, m.dp_group()));  // collective
+  if (m.dp_rank() != 0) return;
+  auto add = [&](CkptEntry e) {
+    const size_t bytes = size_t(Shape(e.shape).numel()) * dtype_size(e.dtype);
+    const auto* from = static_cast<const uint8_t*>(e.data);
+    p.data.emplace_back(from, from + bytes);
+    e.data = p.data.back().data();
+    p.entries.push_back(std::move(e));
+  };
+  p.data.reserve(ps.num_params() * size_t(1 + slots) + ps.num_states());
+  for (size_t i = 0; i < ps.num_params(); ++i) {
+    const ParamDecl& d = ps.decl(i);
+    if (d.shared || (!d.shard.split() && m.tp_rank() != 0)) continue;
+    add(entry_of("param/" + d.name, d, ps.host_param(i).ptr, DType::f32));
+    for (int s = 0; s < slots; ++s)
+      add(entry_of("optim/" + p.man.slots[size_t(s)] + "/" + d.name, d, slot_data[size_t(s)].data() + ps.offset(i),
+                   DType::f32));
+  }
+  for (size_t i = 0; m.tp_rank() == 0 && i < ps.num_states(); ++i) {
+    const ParamDecl& d = ps.state_decl(i);
+    add(entry_of("state/" + d.name, d, ps.host_state(i).ptr, d.spec.dtype));
+  }
+  p.writer = true;
+}
+
+void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses,
+                              bool wait) {
+  finish_checkpoint();  // one write at a time
+  dist::Comm& w = *world_;
+  const double t0 = now_seconds();
+  auto p = std::make_unique<CheckpointWrite>();
+  p->root = root;
+  p->tmp = temp_checkpoint_dir(root, step);
+  p->step = step;
+  p->started = t0;
+  p->man = checkpoint_header(step, total, losses);
   std::string error;
   try {
     if (w.rank() == 0) {
       std::error_code ec;
       fs::create_directories(root, ec);
       SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", root, ": ", ec.message());
-      fs::remove_all(tmp, ec);
-      fs::create_directory(tmp, ec);
-      SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", tmp, ": ", ec.message());
+      fs::remove_all(p->tmp, ec);
+      fs::create_directory(p->tmp, ec);
+      SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", p->tmp, ": ", ec.message());
     }
   } catch (const Error& e) {
     error = e.what();
   }
   agree(w, error.empty(), error);
-  try {
-    if (m.dp_rank() == 0) {
-      std::vector<CkptEntry> entries;
-      for (size_t i = 0; i < ps.num_params(); ++i) {
-        const ParamDecl& d = ps.decl(i);
-        if (d.shared || (!d.shard.split() && m.tp_rank() != 0)) continue;
-        entries.push_back(entry_of("param/" + d.name, d, ps.host_param(i).ptr, DType::f32));
-        for (int s = 0; s < slots; ++s)
-          entries.push_back(entry_of("optim/" + man.slots[size_t(s)] + "/" + d.name, d,
-                                     slot_data[size_t(s)].data() + ps.offset(i), DType::f32));
-      }
-      for (size_t i = 0; m.tp_rank() == 0 && i < ps.num_states(); ++i) {
-        const ParamDecl& d = ps.state_decl(i);
-        entries.push_back(entry_of("state/" + d.name, d, ps.host_state(i).ptr, d.spec.dtype));
-      }
-      char file[64];
-      std::snprintf(file, sizeof file, "rank-%05d.safetensors", w.rank());
-      Manifest mine = man;
-      write_pieces(tmp, file, entries, mine);
-      // The fragment beside it, for rank 0 to merge (stage order: a tied weight's first stage wins).
-      std::snprintf(file, sizeof file, "rank-%05d.part.json", w.rank());
-      std::ofstream f(fs::path(tmp) / file, std::ios::trunc);
-      f << manifest_json(mine);
-      f.flush();
-      SAT_CHECK(f, "--checkpoint-dir: writing ", (fs::path(tmp) / file).string(), " failed");
-    }
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(w, error.empty(), error);
-  try {
-    if (w.rank() == 0) {
-      for (int r = 0; r < m.size(); ++r) {
+  snapshot_pieces(*p);
+  if (p->writer) {
+    CheckpointWrite* q = p.get();
+    const int rank = w.rank();
+    q->thread = std::thread([q, rank] {
+      try {
         char file[64];
-        std::snprintf(file, sizeof file, "rank-%05d.part.json", r);
-        const fs::path part = fs::path(tmp) / file;
-        std::error_code ec;
-        if (!fs::exists(part, ec)) continue;
-        std::ifstream f(part);
-        const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-        merge_fragment(man, parse_manifest(text, part.string()));
-        fs::remove(part, ec);
-      }
-      int64_t params = 0;
-      for (const auto& [name, t] : man.tensors)
-        if (name.rfind("param/", 0) == 0) {
-          int64_t n = 1;
-          for (int64_t d : t.shape) n *= d;
-          params += n;
-        }
-      man.parameters = params;
-      {
-        const fs::path mp = fs::path(tmp) / "manifest.json";
-        std::ofstream f(mp, std::ios::trunc);
-        f << manifest_json(man);
+        std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
+        Manifest mine = q->man;
+        write_pieces(q->tmp, file, q->entries, mine);
+        // The fragment beside it, for rank 0 to merge in rank order.
+        std::snprintf(file, sizeof file, "rank-%05d.part.json", rank);
+        std::ofstream f(fs::path(q->tmp) / file, std::ios::trunc);
+        f << manifest_json(mine);
         f.flush();
-        SAT_CHECK(f, "--checkpoint-dir: writing ", mp.string(), " failed");
+        SAT_CHECK(f, "--checkpoint-dir: writing ", (fs::path(q->tmp) / file).string(), " failed");
+      } catch (const std::exception& e) {
+        q->error = e.what();
       }
-      sync_path((fs::path(tmp) / "manifest.json").string());
-      sync_path(tmp);
-      const fs::path final_dir = fs::path(root) / checkpoint_name(step);
-      std::error_code ec;
-      fs::remove_all(final_dir, ec);  // the same step written again (a resumed run's last)
-      fs::rename(tmp, final_dir, ec);
-      SAT_CHECK(!ec, "--checkpoint-dir: cannot rename ", tmp, " to ", final_dir.string(), ": ", ec.message());
-      sync_path(root);
-      prune_checkpoints(root, cfg_.checkpoint_keep);
-    }
+      q->data.clear();
+      q->done = true;
+    });
+  } else {
+    p->done = true;
+  }
+  p->paused = now_seconds() - t0;
+  pending_ = std::move(p);
+  if (wait) finish_checkpoint();
+}
+
+// Rank 0's part of finishing: the fragments merged into the manifest, written last, the
+// directory renamed into place, old checkpoints pruned.
+void Trainer::publish_checkpoint(CheckpointWrite& p) {
+  Manifest& man = p.man;
+  for (int r = 0; r < world_->size(); ++r) {
+    char file[64];
+    std::snprintf(file, sizeof file, "rank-%05d.part.json", r);
+    const fs::path part = fs::path(p.tmp) / file;
+    std::error_code ec;
+    if (!fs::exists(part, ec)) continue;
+    std::ifstream f(part);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    merge_fragment(man, parse_manifest(text, part.string()));
+    fs::remove(part, ec);
+  }
+  man.parameters = 0;
+  for (const auto& [name, t] : man.tensors)
+    if (name.rfind("param/", 0) == 0) man.parameters += Shape(t.shape).numel();
+  const fs::path mp = fs::path(p.tmp) / "manifest.json";
+  {
+    std::ofstream f(mp, std::ios::trunc);
+    f << manifest_json(man);
+    f.flush();
+    SAT_CHECK(f, "--checkpoint-dir: writing ", mp.string(), " failed");
+  }
+  sync_path(mp.string());
+  sync_path(p.tmp);
+  const fs::path final_dir = fs::path(p.root) / checkpoint_name(p.step);
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);  // the same step written again (a resumed run's last)
+  fs::rename(p.tmp, final_dir, ec);
+  SAT_CHECK(!ec, "--checkpoint-dir: cannot rename ", p.tmp, " to ", final_dir.string(), ": ", ec.message());
+  sync_path(p.root);
+  prune_checkpoints(p.root, cfg_.checkpoint_keep);
+  for (const auto& e : fs::directory_iterator(final_dir, ec)) ckpt_stats_.last_bytes += double(e.file_size(ec));
+}
+
+void Trainer::finish_checkpoint() {
+  if (!pending_) return;
+  std::unique_ptr<CheckpointWrite> p = std::move(pending_);
+  if (p->thread.joinable()) p->thread.join();
+  dist::Comm& w = *world_;
+  agree(w, p->error.empty(), p->error);
+  std::string error;
+  ckpt_stats_.last_bytes = 0;
+  try {
+    if (w.rank() == 0) publish_checkpoint(*p);
   } catch (const Error& e) {
     error = e.what();
   }
   agree(w, error.empty(), error);
+  ckpt_stats_.written += 1;
+  ckpt_stats_.paused += p->paused;
+  ckpt_stats_.written_seconds += now_seconds() - p->started;
+  ckpt_stats_.last = (fs::path(p->root) / checkpoint_name(p->step)).string();
+  if (w.rank() == 0 && cfg_.progress != 0)
+    std::fprintf(stderr, "checkpoint %s: %s, training paused %.2f s, written in %.2f s\n", ckpt_stats_.last.c_str(),
+                 format_bytes(ckpt_stats_.last_bytes).c_str(), p->paused, now_seconds() - p->started);
 }
 
 ResumeState Trainer::load_checkpoint(const std::string& dir, bool weights_only) {
