@@ -20,7 +20,9 @@
 
 #include "core/error.h"
 #include "mpi_job.h"
+#include "data/dataset.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -418,6 +420,25 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
   const Cmd none = run("train " + kMlp + " --resume " + (d / "nothing").string());
   EXPECT_EQ(none.status, 2);
   EXPECT_NE(none.out.find("--resume"), std::string::npos) << none.out;
+  fs::remove_all(d);
+}
+
+// --init-weights DIR takes a checkpoint's parameters: saved again, they are the bytes the
+// run that wrote it saved with --save-weights.
+TEST(Checkpoint, InitWeightsFromACheckpointDirectory) {
+  const fs::path d = tmpdir("init");
+  ASSERT_EQ(run("train " + kMlp + " --steps 4 --checkpoint-dir " + (d / "ck").string() + " --save-weights " +
+                (d / "a.st").string())
+                .status,
+            0);
+  sat::ModelConfig mc = sat::model_config("mlp");
+  sat::TrainConfig cfg;
+  cfg.batch = 64, cfg.evaluate = false, cfg.optim.name = "adamw";
+  sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
+  sat::Trainer t(mc, cfg, *data.train, nullptr);
+  t.load_weights((d / "ck").string());
+  t.save_weights((d / "b.st").string());
+  EXPECT_EQ(bytes_of(d / "a.st"), bytes_of(d / "b.st"));
   fs::remove_all(d);
 }
 
