@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
 
 #include "core/error.h"
 #include "nn/safetensors.h"
@@ -81,17 +83,57 @@ json tensors_json(const std::map<std::string, CkptTensor>& ts) {
   return out;
 }
 
-// A JSON value's field, with errors naming the manifest and the key.
+template <class T>
+struct is_vector : std::false_type {};
+template <class E>
+struct is_vector<std::vector<E>> : std::true_type {};
+
+// Whether x converts to T exactly: the type, and integers within T's range (nlohmann's own
+// conversion of 1e30 or -1 to an integer type is undefined behaviour). A double may be
+// null (a NaN that JSON cannot spell).
+template <class T>
+bool fits(const json& x) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return x.is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (x.is_number_unsigned()) return x.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+    if (!x.is_number_integer()) return false;
+    const int64_t v = x.get<int64_t>();
+    return v >= 0 || (std::is_signed_v<T> && v >= int64_t(std::numeric_limits<T>::min()));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return x.is_number() || x.is_null();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return x.is_string();
+  } else {
+    static_assert(is_vector<T>::value);
+    if (!x.is_array()) return false;
+    for (const auto& e : x)
+      if (!fits<typename T::value_type>(e)) return false;
+    return true;
+  }
+}
+
+template <class T>
+T convert(const json& x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return x.is_null() ? std::numeric_limits<T>::quiet_NaN() : x.get<T>();
+  } else if constexpr (is_vector<T>::value) {
+    T out;
+    for (const auto& e : x) out.push_back(convert<typename T::value_type>(e));
+    return out;
+  } else {
+    return x.get<T>();
+  }
+}
+
+// A JSON value's field, with errors naming the file and the key.
 struct Reader {
   const std::string& where;
   template <class T>
   T get(const json& j, const char* key, const std::string& path) const {
     SAT_CHECK(j.is_object() && j.contains(key), where, ": key '", path, key, "' is missing");
-    try {
-      return j.at(key).get<T>();
-    } catch (const json::exception&) {
-      fail(where, ": key '", path, key, "' has the wrong type");
-    }
+    SAT_CHECK(fits<T>(j.at(key)), where, ": key '", path, key, "' has the wrong type or is out of range");
+    return convert<T>(j.at(key));
   }
 };
 
@@ -105,7 +147,7 @@ CkptPiece parse_piece(const Reader& r, const json& j, const std::string& at, con
     p.parts = r.get<int>(j, "parts", at);
     p.index = r.get<int>(j, "index", at);
     p.stride = r.get<int>(j, "stride", at);
-    SAT_CHECK(p.dim >= 0 && p.dim < 8 && p.parts >= 1 && p.parts <= 65536 && p.index >= 0 && p.index < p.parts &&
+    SAT_CHECK(p.dim >= 0 && p.dim < Shape::kMaxDims && p.parts >= 1 && p.parts <= 65536 && p.index >= 0 && p.index < p.parts &&
                   p.stride >= 1 && p.stride <= 65536,
               r.where, ": key '", at, "' describes an impossible piece");
   }
@@ -118,8 +160,14 @@ void parse_tensors(const Reader& r, const json& j, Manifest& m) {
     const std::string at = "tensors." + name + ".";
     CkptTensor ct;
     ct.shape = r.get<std::vector<int64_t>>(t, "shape", at);
-    SAT_CHECK(ct.shape.size() <= 8, r.where, ": key '", at, "shape' has more than 8 dimensions");
-    for (int64_t d : ct.shape) SAT_CHECK(d >= 1 && d <= (int64_t(1) << 40), r.where, ": key '", at, "shape' has a bad size");
+    SAT_CHECK(ct.shape.size() <= size_t(Shape::kMaxDims), r.where, ": key '", at, "shape' has more than ",
+              Shape::kMaxDims, " dimensions");
+    int64_t numel = 1;
+    for (int64_t d : ct.shape) {
+      SAT_CHECK(d >= 1 && d <= (int64_t(1) << 40) && numel <= (int64_t(1) << 48) / d, r.where, ": key '", at,
+                "shape' has a bad size");
+      numel *= d;
+    }
     ct.dtype = r.get<std::string>(t, "dtype", at);
     SAT_CHECK(t.contains("pieces") && t["pieces"].is_array() && !t["pieces"].empty(), r.where, ": key '", at,
               "pieces' must be a non-empty array");
@@ -154,19 +202,23 @@ FileIndex index_file(const std::string& path) {
   f.read(header.data(), std::streamsize(hlen));
   FileIndex out;
   out.data_start = 8 + hlen;
+  json h;
   try {
-    const json h = json::parse(header);
-    for (const auto& [key, v] : h.items()) {
-      if (key == "__metadata__") continue;
-      FileIndex::Item it{v.at("dtype").get<std::string>(), v.at("shape").get<std::vector<int64_t>>(), 0, 0};
-      const auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
-      SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= size - out.data_start, path, ": tensor '", key,
-                "' lies outside the file (truncated?)");
-      it.begin = offs[0], it.end = offs[1];
-      out.items[key] = std::move(it);
-    }
+    h = json::parse(header);
   } catch (const json::exception& e) {
     fail(path, ": malformed safetensors header (", e.what(), ")");
+  }
+  SAT_CHECK(h.is_object(), path, ": malformed safetensors header (not an object)");
+  const Reader r{path};
+  for (const auto& [key, v] : h.items()) {
+    if (key == "__metadata__") continue;
+    FileIndex::Item it{r.get<std::string>(v, "dtype", key + "."), r.get<std::vector<int64_t>>(v, "shape", key + "."), 0, 0};
+    const auto offs = r.get<std::vector<uint64_t>>(v, "data_offsets", key + ".");
+    SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= size - out.data_start && it.shape.size() <= size_t(Shape::kMaxDims), path,
+              ": tensor '", key, "' lies outside the file (truncated?)");
+    for (int64_t d : it.shape) SAT_CHECK(d >= 0 && d <= (int64_t(1) << 40), path, ": tensor '", key, "' has a bad shape");
+    it.begin = offs[0], it.end = offs[1];
+    out.items[key] = std::move(it);
   }
   return out;
 }
