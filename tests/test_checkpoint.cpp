@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "mpi_job.h"
 #include "data/dataset.h"
+#include "mpi_job.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -119,9 +119,10 @@ Pair straight_and_resumed(const std::string& name, const std::string& flags, int
   EXPECT_EQ(b.status, 0) << b.out;
   for (int k = stop + stop; k <= steps; k += stop) fs::remove_all(d / "ck" / sat::checkpoint_name(k));
   fs::remove_all(d / "ck" / sat::checkpoint_name(steps));
-  Cmd c = run("train " + (resume_flags.empty() ? flags : resume_flags) + s + " --checkpoint-dir " + (d / "ck").string() +
-                  " --resume auto --out " + (d / "c").string() + " --save-weights " + (d / "c.st").string(),
-              np2 ? np2 : np);
+  Cmd c =
+      run("train " + (resume_flags.empty() ? flags : resume_flags) + s + " --checkpoint-dir " + (d / "ck").string() +
+              " --resume auto --out " + (d / "c").string() + " --save-weights " + (d / "c.st").string(),
+          np2 ? np2 : np);
   EXPECT_EQ(c.status, 0) << c.out;
   Pair p;
   const auto la = losses(d / "a");
@@ -136,7 +137,8 @@ const std::string kMlp = "--model mlp --data synthetic --batch 64 --threads 1 --
 // 10000 samples: 39 steps of 256 per epoch, so step 20 is mid-epoch and 40 steps cross one.
 const std::string kMlpEpochs = "--model mlp --data synthetic --batch 256 --threads 1 --eval off --optimizer adamw";
 const std::string kGptPlain =
-    "--model gpt:layers=2,heads=4,width=64,context=32,vocab=256 --data synthetic --threads 1 --eval off --optimizer adamw";
+    "--model gpt:layers=2,heads=4,width=64,context=32,vocab=256 --data synthetic --threads 1 --eval off --optimizer "
+    "adamw";
 const std::string kGpt =
     "--model gpt:layers=2,heads=4,width=64,context=32,vocab=256,dropout=0.1 --data synthetic --threads 1 --eval off "
     "--optimizer adamw";
@@ -144,8 +146,9 @@ const std::string kGpt =
 TEST(Checkpoint, ResumeIsBitExactForEachModel) {
   for (const auto& [name, flags] :
        std::vector<std::pair<std::string, std::string>>{{"mlp", kMlpEpochs},
-                                                        {"convnet", "--model convnet --data synthetic --batch 8 "
-                                                                    "--threads 1 --eval off --momentum 0.9"},
+                                                        {"convnet",
+                                                         "--model convnet --data synthetic --batch 8 "
+                                                         "--threads 1 --eval off --momentum 0.9"},
                                                         {"gpt", kGpt + " --batch 4"}}) {
     const Pair p = straight_and_resumed(name, flags, 1, 40, 20);
     ASSERT_EQ(p.straight.size(), 20u) << name;
@@ -166,15 +169,16 @@ TEST(Checkpoint, ResumeIsBitExactForDataAndPipelineParallel) {
 TEST(Checkpoint, ReshardsAcrossLayouts) {
   // Without dropout: its masks are drawn per layout.
   const std::string from = kGptPlain + " --batch 2 --accum 2 --tp 2";
-  for (const auto& [name, np, flags] : std::vector<std::tuple<std::string, int, std::string>>{
-           {"pp2", 2, kGptPlain + " --batch 2 --accum 4 --pp 2"},
-           {"tp4", 4, kGptPlain + " --batch 2 --accum 4 --tp 4"},
-           {"zero3", 4, kGptPlain + " --batch 2 --zero 3"},
-           {"one", 1, kGptPlain + " --batch 2 --accum 4"}}) {
+  for (const auto& [name, np, flags] :
+       std::vector<std::tuple<std::string, int, std::string>>{{"pp2", 2, kGptPlain + " --batch 2 --accum 4 --pp 2"},
+                                                              {"tp4", 4, kGptPlain + " --batch 2 --accum 4 --tp 4"},
+                                                              {"zero3", 4, kGptPlain + " --batch 2 --zero 3"},
+                                                              {"one", 1, kGptPlain + " --batch 2 --accum 4"}}) {
     const Pair p = straight_and_resumed("reshard_" + name, from, 4, 24, 12, flags, np);
     ASSERT_EQ(p.straight.size(), 12u) << name;
     ASSERT_EQ(p.resumed.size(), 12u) << name;
-    for (size_t i = 0; i < 12; ++i) EXPECT_NEAR(p.resumed[i], p.straight[i], 1e-5 * std::abs(p.straight[i])) << name << " " << i;
+    for (size_t i = 0; i < 12; ++i)
+      EXPECT_NEAR(p.resumed[i], p.straight[i], 1e-5 * std::abs(p.straight[i])) << name << " " << i;
   }
 }
 
@@ -198,7 +202,8 @@ TEST(Checkpoint, SigtermStopsAfterACheckpointAndResumes) {
   EXPECT_GE(stopped, 30);
   EXPECT_LT(stopped, steps) << "the run ended before the signal: make it longer";
   EXPECT_EQ(losses(d / "b").size(), size_t(stopped));
-  Cmd c = run("train " + flags + " --resume auto --out " + (d / "c").string() + " --save-weights " + (d / "c.st").string());
+  Cmd c =
+      run("train " + flags + " --resume auto --out " + (d / "c").string() + " --save-weights " + (d / "c.st").string());
   ASSERT_EQ(c.status, 0) << c.out;
   EXPECT_EQ(losses(d / "c").size(), size_t(steps - stopped));
   EXPECT_EQ(bytes_of(d / "a.st"), bytes_of(d / "c.st"));
@@ -210,9 +215,9 @@ TEST(Checkpoint, InterruptOnceStopsCleanlyTwiceAtOnce) {
   const fs::path d = tmpdir("sigint");
   for (int times : {1, 2}) {
     fs::remove_all(d / "ck");
-    const pid_t pid = spawn("train " + kMlp + " --steps 100000 --checkpoint-dir " + (d / "ck").string() + " --out " +
-                                (d / "o").string(),
-                            d / "run.log");
+    const pid_t pid = spawn(
+        "train " + kMlp + " --steps 100000 --checkpoint-dir " + (d / "ck").string() + " --out " + (d / "o").string(),
+        d / "run.log");
     const auto t0 = std::chrono::steady_clock::now();
     while (lines_of(d / "o" / "metrics.jsonl") < 10 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -242,7 +247,8 @@ TEST(Checkpoint, SigkillAfterACheckpointResumesExactly) {
   ASSERT_EQ(a.status, 0) << a.out;
   const pid_t pid = spawn("train " + flags, d / "b.log");
   const auto t0 = std::chrono::steady_clock::now();
-  while (!fs::exists(d / "ck" / sat::checkpoint_name(20)) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+  while (!fs::exists(d / "ck" / sat::checkpoint_name(20)) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   kill(pid, SIGKILL);
   EXPECT_EQ(wait_status(pid), 128 + SIGKILL);
@@ -262,7 +268,8 @@ TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
   std::mt19937 rng(1234);
   int inside = 0;
   for (int trial = 0; trial < 20; ++trial) {
-    const std::string flags = kMlp + " --steps 100000 --checkpoint-every 1 --keep 2 --checkpoint-dir " + (d / "ck").string();
+    const std::string flags =
+        kMlp + " --steps 100000 --checkpoint-every 1 --keep 2 --checkpoint-dir " + (d / "ck").string();
     std::vector<fs::path> stale;  // the last trial's: a new writer must be seen, not them
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(d / "ck", ec))
@@ -321,7 +328,8 @@ TEST(Checkpoint, KilledRankAndTerminatedJobResumeExactly) {
   {  // SIGKILL rank 1 after the step-10 checkpoint
     sat::test::Job j = sat::test::start_job(2, "train " + flags, 120);
     const auto t0 = std::chrono::steady_clock::now();
-    while (!fs::exists(d / "ck" / sat::checkpoint_name(10)) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    while (!fs::exists(d / "ck" / sat::checkpoint_name(10)) &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     const pid_t r1 = sat::test::find_rank(j, 1);
     ASSERT_GT(r1, 0);
@@ -341,7 +349,8 @@ TEST(Checkpoint, KilledRankAndTerminatedJobResumeExactly) {
            std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    ASSERT_EQ(std::system(("pkill -TERM -f '^[^ ]*(mpiexec|mpirun|orterun) .*" + (d / "ck").string() + "'").c_str()), 0);
+    ASSERT_EQ(std::system(("pkill -TERM -f '^[^ ]*(mpiexec|mpirun|orterun) .*" + (d / "ck").string() + "'").c_str()),
+              0);
     const sat::test::JobEnd e = sat::test::wait_job(j);
     EXPECT_NE(e.status, 0) << e.out;
     EXPECT_NE(e.out.find("stopped by signal 15 after step"), std::string::npos) << e.out;
@@ -374,7 +383,8 @@ TEST(Checkpoint, EveryMinutesKeepAndFlagRefusals) {
            {"--checkpoint-dir " + (d / "x").string() + " --checkpoint-every-minutes -2", "--checkpoint-every-minutes"},
            {"--checkpoint-dir " + (d / "x").string() + " --keep -1", "--keep"},
            {"--resume auto", "--resume auto needs --checkpoint-dir"},
-           {"--checkpoint-dir " + (d / "ck" / sat::checkpoint_name(150) / "manifest.json").string(), "not a directory"}}) {
+           {"--checkpoint-dir " + (d / "ck" / sat::checkpoint_name(150) / "manifest.json").string(),
+            "not a directory"}}) {
     const Cmd r = run("train " + kMlp + " --steps 2 " + flags);
     EXPECT_EQ(r.status, 2) << flags << "\n" << r.out;
     EXPECT_NE(r.out.find(words), std::string::npos) << flags << "\n" << r.out;
@@ -451,8 +461,10 @@ TEST(Checkpoint, ManifestRoundTripsAndNamesBadKeys) {
   m.layout.dp = 2, m.layout.world = 2;
   m.losses = {1.5, 1.25, 1.0};
   m.files["rank-00000.safetensors"] = {100, 42};
-  m.tensors["param/w"] = {{2, 4}, "F32", {{"rank-00000.safetensors", "param/w@tp0/2", 1, 2, 0, 1},
-                                          {"rank-00000.safetensors", "param/w@tp1/2", 1, 2, 1, 1}}};
+  m.tensors["param/w"] = {{2, 4},
+                          "F32",
+                          {{"rank-00000.safetensors", "param/w@tp0/2", 1, 2, 0, 1},
+                           {"rank-00000.safetensors", "param/w@tp1/2", 1, 2, 1, 1}}};
   const sat::Manifest back = sat::parse_manifest(sat::manifest_json(m), "m.json");
   EXPECT_EQ(sat::manifest_json(back), sat::manifest_json(m));
   auto error_of = [](const std::string& text) {

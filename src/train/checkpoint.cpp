@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
@@ -147,8 +147,8 @@ CkptPiece parse_piece(const Reader& r, const json& j, const std::string& at, con
     p.parts = r.get<int>(j, "parts", at);
     p.index = r.get<int>(j, "index", at);
     p.stride = r.get<int>(j, "stride", at);
-    SAT_CHECK(p.dim >= 0 && p.dim < Shape::kMaxDims && p.parts >= 1 && p.parts <= 65536 && p.index >= 0 && p.index < p.parts &&
-                  p.stride >= 1 && p.stride <= 65536,
+    SAT_CHECK(p.dim >= 0 && p.dim < Shape::kMaxDims && p.parts >= 1 && p.parts <= 65536 && p.index >= 0 &&
+                  p.index < p.parts && p.stride >= 1 && p.stride <= 65536,
               r.where, ": key '", at, "' describes an impossible piece");
   }
   return p;
@@ -212,11 +212,14 @@ FileIndex index_file(const std::string& path) {
   const Reader r{path};
   for (const auto& [key, v] : h.items()) {
     if (key == "__metadata__") continue;
-    FileIndex::Item it{r.get<std::string>(v, "dtype", key + "."), r.get<std::vector<int64_t>>(v, "shape", key + "."), 0, 0};
+    FileIndex::Item it{r.get<std::string>(v, "dtype", key + "."), r.get<std::vector<int64_t>>(v, "shape", key + "."), 0,
+                       0};
     const auto offs = r.get<std::vector<uint64_t>>(v, "data_offsets", key + ".");
-    SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= size - out.data_start && it.shape.size() <= size_t(Shape::kMaxDims), path,
-              ": tensor '", key, "' lies outside the file (truncated?)");
-    for (int64_t d : it.shape) SAT_CHECK(d >= 0 && d <= (int64_t(1) << 40), path, ": tensor '", key, "' has a bad shape");
+    SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= size - out.data_start &&
+                  it.shape.size() <= size_t(Shape::kMaxDims),
+              path, ": tensor '", key, "' lies outside the file (truncated?)");
+    for (int64_t d : it.shape)
+      SAT_CHECK(d >= 0 && d <= (int64_t(1) << 40), path, ": tensor '", key, "' has a bad shape");
     it.begin = offs[0], it.end = offs[1];
     out.items[key] = std::move(it);
   }
@@ -254,8 +257,14 @@ std::string manifest_json(const Manifest& m) {
             {"shuffle", m.shuffle},
             {"optimizer", {{"name", m.optimizer}, {"steps", m.optimizer_steps}, {"slots", m.slots}}},
             {"layout",
-             {{"world", l.world}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero},
-              {"virtual_stages", l.virtual_stages}, {"sequence_parallel", l.sequence_parallel}, {"schedule", l.schedule}}},
+             {{"world", l.world},
+              {"dp", l.dp},
+              {"tp", l.tp},
+              {"pp", l.pp},
+              {"zero", l.zero},
+              {"virtual_stages", l.virtual_stages},
+              {"sequence_parallel", l.sequence_parallel},
+              {"schedule", l.schedule}}},
             {"losses", m.losses},
             {"files", files},
             {"tensors", tensors_json(m.tensors)}};
@@ -286,8 +295,8 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   m.accum = r.get<int64_t>(j, "accum", "");
   m.seed = r.get<uint64_t>(j, "seed", "");
   m.shuffle = r.get<bool>(j, "shuffle", "");
-  SAT_CHECK(m.step >= 1 && m.step <= (int64_t(1) << 40) && m.epoch >= 0 && m.step_in_epoch >= 0 && m.global_batch >= 1 &&
-                m.micro_batch >= 1 && m.accum >= 1 && m.parameters >= 0,
+  SAT_CHECK(m.step >= 1 && m.step <= (int64_t(1) << 40) && m.epoch >= 0 && m.step_in_epoch >= 0 &&
+                m.global_batch >= 1 && m.micro_batch >= 1 && m.accum >= 1 && m.parameters >= 0,
             where, ": the run's position (step, epoch, batch sizes) is out of range");
   const json& o = j.contains("optimizer") ? j["optimizer"] : json();
   m.optimizer = r.get<std::string>(o, "name", "optimizer.");
@@ -308,7 +317,8 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
     SAT_CHECK(!name.empty() && name.find('/') == std::string::npos && name.find("..") == std::string::npos &&
                   name.front() != '.',
               where, ": key 'files' names '", name, "', which is not a plain file name");
-    m.files[name] = {r.get<uint64_t>(f, "bytes", "files." + name + "."), r.get<uint32_t>(f, "crc32", "files." + name + ".")};
+    m.files[name] = {r.get<uint64_t>(f, "bytes", "files." + name + "."),
+                     r.get<uint32_t>(f, "crc32", "files." + name + ".")};
   }
   SAT_CHECK(j.contains("tensors"), where, ": key 'tensors' is missing");
   parse_tensors(r, j["tensors"], m);
@@ -337,8 +347,8 @@ void verify_checkpoint(const std::string& dir, const Manifest& m) {
     SAT_CHECK(!ec && size == want.bytes, path, ": ", size, " bytes, the manifest says ", want.bytes, " (truncated?)");
     uint64_t read = 0;
     const uint32_t crc = file_crc(path, read);
-    SAT_CHECK(read == want.bytes && crc == want.crc32, path, ": checksum mismatch (CRC-32 ", crc, ", the manifest says ",
-              want.crc32, "): the file is corrupt");
+    SAT_CHECK(read == want.bytes && crc == want.crc32, path, ": checksum mismatch (CRC-32 ", crc,
+              ", the manifest says ", want.crc32, "): the file is corrupt");
   }
 }
 
@@ -384,16 +394,17 @@ std::string resolve_checkpoint(const std::string& dir_or_root, const std::string
   return newest;
 }
 
-std::vector<uint8_t> read_logical(const std::string& dir, const Manifest& m, const std::string& name, const Shape& shape,
-                                  DType dtype) {
+std::vector<uint8_t> read_logical(const std::string& dir, const Manifest& m, const std::string& name,
+                                  const Shape& shape, DType dtype) {
   const std::string where = (fs::path(dir) / kManifest).string();
   auto it = m.tensors.find(name);
   SAT_CHECK(it != m.tensors.end(), where, ": the checkpoint has no tensor '", name,
             "' (a checkpoint of another model or optimizer?)");
   const CkptTensor& t = it->second;
-  SAT_CHECK(Shape(t.shape) == shape, where, ": tensor '", name, "' has shape ", Shape(t.shape).str(), ", this model's is ",
-            shape.str(), " (a checkpoint of another model?)");
-  SAT_CHECK(t.dtype == safetensors_dtype(dtype), where, ": tensor '", name, "' is ", t.dtype, ", expected ", safetensors_dtype(dtype));
+  SAT_CHECK(Shape(t.shape) == shape, where, ": tensor '", name, "' has shape ", Shape(t.shape).str(),
+            ", this model's is ", shape.str(), " (a checkpoint of another model?)");
+  SAT_CHECK(t.dtype == safetensors_dtype(dtype), where, ": tensor '", name, "' is ", t.dtype, ", expected ",
+            safetensors_dtype(dtype));
   const size_t elem = dtype_size(dtype);
   std::vector<uint8_t> full(size_t(shape.numel()) * elem);
   std::set<int> seen;
@@ -409,7 +420,8 @@ std::vector<uint8_t> read_logical(const std::string& dir, const Manifest& m, con
       d.spec.shape.d[size_t(p.dim)] /= p.parts;
       d.shard.dim = p.dim, d.shard.parts = p.parts, d.shard.stride = p.stride, d.shard.index = p.index;
     }
-    SAT_CHECK(parts == 0 || parts == std::max(p.parts, 1), where, ": tensor '", name, "' mixes pieces of different splits");
+    SAT_CHECK(parts == 0 || parts == std::max(p.parts, 1), where, ": tensor '", name,
+              "' mixes pieces of different splits");
     parts = std::max(p.parts, 1);
     SAT_CHECK(seen.insert(p.index).second, where, ": tensor '", name, "' has piece ", p.index, " twice");
     const std::string path = (fs::path(dir) / p.file).string();
@@ -500,7 +512,8 @@ void prune_checkpoints(const std::string& root, int keep) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(".step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0) fs::remove_all(e.path(), ec);
+    if (n.rfind(".step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)
+      fs::remove_all(e.path(), ec);
   }
   if (keep <= 0) return;
   const auto all = checkpoints(root);

@@ -2,12 +2,12 @@
 // parameters, model states and optimizer state as logical tensors, in parallel files.
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
-#include "nn/shard.h"
 #include "core/timer.h"
+#include "nn/shard.h"
 #include "train/checkpoint.h"
 #include "train/signals.h"
 #include "train/trainer.h"
@@ -40,8 +40,7 @@ std::vector<float> full_slot(const ParamStore& ps, int s, dist::Comm& dp) {
   std::vector<float> full(size_t(ps.flat_size()), 0.0f);
   for (size_t u = 0; u < ps.num_units(); ++u) {
     const int64_t lo = ps.unit_begin(u), n = ps.unit_piece(u);
-    for (int r = 0; r < sh.parts; ++r)
-      std::copy_n(all.data() + r * len + lo / sh.parts, n, full.data() + lo + r * n);
+    for (int r = 0; r < sh.parts; ++r) std::copy_n(all.data() + r * len + lo / sh.parts, n, full.data() + lo + r * n);
   }
   return full;
 }
@@ -96,7 +95,8 @@ Trainer::CkptDecision Trainer::checkpoint_due(int64_t step, double& last_save) c
   double v[3] = {0, double(stop_signal_received()), pending_ && !pending_->done ? 1.0 : 0.0};
   if (world_->rank() == 0) {
     const bool every = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
-    const bool timed = cfg_.checkpoint_every_minutes > 0 && now_seconds() - last_save >= 60 * cfg_.checkpoint_every_minutes;
+    const bool timed =
+        cfg_.checkpoint_every_minutes > 0 && now_seconds() - last_save >= 60 * cfg_.checkpoint_every_minutes;
     v[0] = every || timed ? 1 : 0;
   }
   if (world_->size() > 1) world_->all_reduce_sync(v, 3, DType::f64, dist::ReduceOp::max);
@@ -121,7 +121,13 @@ Manifest Trainer::checkpoint_header(int64_t step, int64_t total, const std::vect
   man.optimizer = opt_ ? opt_->config().name : cfg_.optim.name;
   man.optimizer_steps = opt_ ? opt_->steps() : step;
   man.slots = slot_names(man.optimizer, params_->optimizer_slots());
-  man.layout = {m.size(), m.dp(), m.tp(), m.pp(), cfg_.zero, cfg_.virtual_stages, cfg_.sequence_parallel,
+  man.layout = {m.size(),
+                m.dp(),
+                m.tp(),
+                m.pp(),
+                cfg_.zero,
+                cfg_.virtual_stages,
+                cfg_.sequence_parallel,
                 pipe_schedule_name(cfg_.pp_schedule)};
   man.losses = losses;
   return man;
@@ -352,7 +358,8 @@ void Trainer::load_tensors(const std::string& dir, const Manifest& man, bool wei
       for (size_t i = 0; i < ps.num_params(); ++i) {
         const ParamDecl& d = ps.decl(i);
         if (d.shared) continue;
-        const auto bytes = read_logical(dir, man, "optim/" + names[size_t(s)] + "/" + d.name, d.full_shape(), DType::f32);
+        const auto bytes =
+            read_logical(dir, man, "optim/" + names[size_t(s)] + "/" + d.name, d.full_shape(), DType::f32);
         shard_extract(d, bytes.data(), flat.data() + ps.offset(i));
       }
       set_slot(ps, s, flat);
