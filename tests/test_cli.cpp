@@ -490,3 +490,48 @@ TEST(Cli, LayoutAutoTunesAndTrainReusesIt) {
   EXPECT_EQ(s["global_batch"], 32);
   EXPECT_TRUE(fs::exists(o / "tune.json"));
 }
+
+// Every floating-point flag of every command refuses NaN and infinities (one validator on
+// all of them), naming the flag, before anything runs.
+TEST(Cli, NonFiniteNumbersAreRefused) {
+  const std::string run = "train --model mlp --data synthetic --steps 1 --threads 1 ";
+  for (const std::string flag : {"--lr nan", "--lr inf", "--gamma -inf", "--weight-decay nan", "--momentum 1e999",
+                                 "--bucket-mb inf", "--knee nan"})
+    expect_user_error(saturate(run + flag), flag.substr(0, flag.find(' ')) + ": expected a finite number");
+  expect_user_error(saturate("tune --model mlp --data synthetic --knee inf"), "--knee: expected a finite number");
+  expect_user_error(saturate("info --model mlp --momentum nan"), "--momentum: expected a finite number");
+  expect_user_error(saturate(run + "--lr 0.1x"), "--lr: expected a number");
+}
+
+// A run whose parameters stop being finite fails (status 2) naming the step, and saves
+// neither weights nor summary: in the last update (the loss never saw it), or earlier.
+TEST(Cli, DivergedRunFailsAndSavesNothing) {
+  fs::path d = tmpdir("diverged");
+  const std::string run = "train --model mlp --data synthetic --batch 8 --threads 1 --eval off --lr 1e10 "
+                          "--weight-decay 1e30 --save-weights " + (d / "w.safetensors").string() + " --out " +
+                          (d / "out").string();
+  expect_user_error(saturate(run + " --steps 1"), "the parameters are not finite after step 1 of 1");
+  expect_user_error(saturate(run + " --steps 3"), "the parameters first became non-finite in the update of step 1");
+  EXPECT_FALSE(fs::exists(d / "w.safetensors"));
+  EXPECT_FALSE(fs::exists(d / "out" / "summary.json"));
+}
+
+// Every integer flag is range-checked before any arithmetic (no overflow, no huge
+// allocation from a typo), naming the flag and the range.
+TEST(Cli, IntegerFlagsAreRangeChecked) {
+  const std::string run = "train --model mlp --data synthetic --steps 1 --threads 1 ";
+  expect_user_error(saturate(run + "--accum 0"), "--accum: expected an integer from 1 to");
+  expect_user_error(saturate(run + "--accum 99999999999999999999"), "--accum: expected an integer from 1 to");
+  expect_user_error(saturate(run + "--tp 0"), "--tp: expected an integer from 1 to 4096");
+  expect_user_error(saturate("train --model mlp --data synthetic --threads 5000"), "--threads: expected an integer from 0 to 1024");
+  expect_user_error(saturate(run + "--batch 99999999999"), "--batch: expected a micro-batch size from 1 to");
+  expect_user_error(saturate(run + "--global-batch 1e9"), "--global-batch: expected an integer");
+  expect_user_error(saturate("info --model mlp --batch 4000000000"), "--batch: expected an integer from 1 to");
+  expect_user_error(saturate("schedule --pp 4 --accum 10000000"), "--accum: expected an integer from 1 to 4096");
+  expect_user_error(saturate("hardware --gpu h200 --threads 100000"), "--threads: expected an integer from 0 to 1024");
+  expect_user_error(saturate("plan --gpus 0"), "--gpus: expected an integer from 1 to");
+  expect_user_error(saturate("bench comm --iters 0"), "--iters: expected an integer from 1 to");
+  expect_user_error(saturate("launch -n 5000 -- train --steps 1"), "-n: expected a number of processes from 1 to 4096");
+  expect_user_error(saturate("launch -n 99999999999999999999 -- train --steps 1"), "-n: expected a number of processes");
+  expect_user_error(saturate(run + "--memory-budget 1e30TiB"), "--memory-budget");
+}

@@ -5,11 +5,13 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -41,6 +43,8 @@ extern "C" char* openblas_get_corename(void);
 
 namespace {
 
+// The largest micro-batch --batch takes (train's, tune's and info's).
+constexpr long long kMaxBatch = 1 << 24;
 
 // OpenBLAS 0.3.21 (Debian 12) does not recognise recent AVX-512 CPUs (AMD Zen 4/5)
 // and falls back to its AVX2 "Haswell" kernels, 1.4-1.9x slower in sgemm. It picks
@@ -116,8 +120,9 @@ size_t parse_bytes(const std::string& flag, const std::string& v) {
       {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
   for (auto& [u, m] : units)
     if (unit == u) mult = m;
-  SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x), flag,
-            ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes), got '", v, "'");
+  // (at most 2^60 bytes: the conversion to size_t must be in range)
+  SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x) && x * mult <= 0x1p60, flag,
+            ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes, at most 1 EiB), got '", v, "'");
   return size_t(x * mult);
 }
 
@@ -180,9 +185,10 @@ void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bo
 
 int64_t parse_batch(const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   const long long b = std::strtoll(v.c_str(), &end, 10);
-  SAT_CHECK(!v.empty() && end && *end == 0 && b >= 1, "--batch: expected a positive micro-batch size or 'auto', got '",
-            v, "'");
+  SAT_CHECK(!v.empty() && end && *end == 0 && errno == 0 && b >= 1 && b <= kMaxBatch,
+            "--batch: expected a micro-batch size from 1 to ", kMaxBatch, " or 'auto', got '", v, "'");
   return b;
 }
 
@@ -872,6 +878,76 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, sqrt AdamW)")->capture_default_str();
 }
 
+// Every number from a flag of every command is checked where CLI11 parses it, by the
+// option's type (so an option added later is covered too): a floating-point value must be
+// finite (NaN, inf and 1e999 would otherwise pass every `x > 0` check and train on
+// silently), an integer must lie in its flag's range below (before any arithmetic: no
+// product of flags can overflow, no size is allocated from a typo). A flag that is not
+// listed gets [0, 2^31 - 1]; "COMMAND FLAG" overrides FLAG for one command.
+struct IntRange {
+  long long lo, hi;
+};
+const std::map<std::string, IntRange>& int_ranges() {
+  static const std::map<std::string, IntRange> r = {
+      {"--accum", {1, 1 << 20}},         {"--epochs", {1, 1000000}},
+      {"--steps", {1, 1LL << 40}},       {"--warmup", {0, 1LL << 40}},
+      {"--step-size", {0, 1LL << 40}},   {"--vocab", {0, 1 << 30}},
+      {"--threads", {0, 1024}},          {"--zero", {0, 3}},
+      {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
+      {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
+      {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
+      {"--batch", {1, 1 << 24}},         {"--ranks", {1, 1 << 20}},
+      {"--gpus", {1, 1 << 20}},          {"--gpus-per-node", {0, 4096}},
+      {"--top", {1, 100000}},            {"--min-bytes", {4, 1LL << 34}},
+      {"--max-bytes", {4, 1LL << 34}},   {"--iters", {1, 1000000}},
+      {"bench comm --warmup", {0, 1000000}},
+      // saturate schedule prints a grid of every rank and micro-batch
+      {"schedule --pp", {1, 256}},       {"schedule --accum", {1, 4096}},
+      {"schedule --virtual-stages", {1, 64}},
+  };
+  return r;
+}
+
+void check_numbers(CLI::App* app, const std::string& command) {
+  for (CLI::Option* o : app->get_options()) {
+    const std::string type = o->get_type_name(), flag = o->get_name();
+    if (type == "FLOAT") {
+      o->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (end == v.c_str() || *end != 0) return "expected a number, got '" + v + "'";
+            if (!std::isfinite(x)) return "expected a finite number, got '" + v + "'";
+            return "";
+          },
+          "", "finite"));
+    } else if (type == "INT" || type == "UINT") {
+      auto it = int_ranges().find(command + " " + flag);
+      if (it == int_ranges().end()) it = int_ranges().find(flag);
+      const bool unsigned_any = type == "UINT" && it == int_ranges().end();  // --seed: any 64-bit value
+      const IntRange range = it != int_ranges().end() ? it->second : IntRange{0, (1LL << 31) - 1};
+      o->check(CLI::Validator(
+          [range, unsigned_any](std::string& v) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            const bool neg = v.find('-') != std::string::npos;
+            if (unsigned_any && !neg) {
+              (void)std::strtoull(v.c_str(), &end, 0);
+              if (end != v.c_str() && *end == 0 && errno == 0) return "";
+              return "expected an integer from 0 to 18446744073709551615, got '" + v + "'";
+            }
+            const long long x = std::strtoll(v.c_str(), &end, 0);
+            if (end == v.c_str() || *end != 0 || errno != 0 || x < range.lo || x > range.hi)
+              return sat::str_cat("expected an integer from ", range.lo, " to ", range.hi, ", got '", v, "'");
+            return "";
+          },
+          "", "range"));
+    }
+  }
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; }))
+    check_numbers(sub, command.empty() ? sub->get_name() : command + " " + sub->get_name());
+}
+
 // The layout flags given on the command line (with --layout they fix fields of the search).
 void note_layout_flags(const CLI::App* app, TrainArgs& a) {
   for (const char* f : {"--tp", "--pp", "--zero", "--recompute", "--sequence-parallel", "--pp-schedule",
@@ -946,8 +1022,10 @@ int main(int argc, char** argv) {
         if (arg == "--") { ++i; break; }
         if ((arg == "-n" || arg == "--np") && i + 1 < argc) {
           char* end = nullptr;
-          long v = std::strtol(argv[++i], &end, 10);
-          SAT_CHECK(end && *end == 0 && v >= 1, "-n: expected a positive number of processes, got '", argv[i], "'");
+          errno = 0;
+          const long v = std::strtol(argv[++i], &end, 10);
+          SAT_CHECK(end != argv[i] && *end == 0 && errno == 0 && v >= 1 && v <= 4096,
+                    "-n: expected a number of processes from 1 to 4096, got '", argv[i], "'");
           n = int(v);
         } else if (arg == "-h" || arg == "--help") {
           std::printf("usage: saturate launch -n N -- train [options]\n"
@@ -998,6 +1076,7 @@ int main(int argc, char** argv) {
   bcomm->add_option("--warmup", bco.warmup, "untimed all-reduces per size")->capture_default_str();
   bcomm->add_option("--backend", bc_backend, "mpi (host memory) | nccl (GPU memory, one GPU per rank)")->capture_default_str();
 
+  check_numbers(&app, "");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,5 +1,6 @@
 #include "plan/plan_cli.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@ double parse_size(const std::string& flag, const std::string& v) {
   const double k = unit == "" || unit == "B" ? 1 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1024.0 * 1024
                  : unit == "GiB" ? 1024.0 * 1024 * 1024 : unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : unit == "TB" ? 1e12 : -1;
   SAT_CHECK(k > 0, flag, ": unknown unit '", unit, "' in '", v, "' (expected B, KiB, MiB, GiB, MB, GB or TB)");
+  SAT_CHECK(std::isfinite(x) && x * k <= 0x1p60, flag, ": expected a size of at most 1 EiB, got '", v, "'");
   return x * k;
 }
 

@@ -450,6 +450,43 @@ void broadcast_store(dist::Comm& dp, ParamStore& ps) {
 }
 }  // namespace
 
+// Whether every value of this rank's parameters (its stage, its shard) is finite: host
+// copies, so on a GPU after sync_to_host.
+bool Trainer::params_finite() const {
+  const ParamStore& ps = *params_;
+  const float* p = ps.device() == Device::cpu ? ps.flat_params() : ps.host_flat_params();
+  const int64_t n = ps.sharding().stage >= 3 ? ps.shard_len() : ps.flat_size();
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad += std::isfinite(p[i]) ? 0 : 1;
+  return bad == 0;
+}
+
+// After each optimizer step on the CPU: the first step whose update left a parameter of
+// this rank not finite (the loss can stay finite a while: an embedding row no batch reads).
+void Trainer::note_nonfinite_params(int64_t step) {
+  if (first_nonfinite_step_ == 0 && !on_gpu() && !params_finite()) first_nonfinite_step_ = step;
+}
+
+// The error of a step whose loss is not finite (every rank has the same loss): with the step
+// whose update first left this rank's parameters not finite, when that came before.
+std::string Trainer::diverged_message(int64_t step, double loss) const {
+  std::string m = str_cat("training diverged: the loss of step ", step, " is ", loss);
+  if (first_nonfinite_step_ > 0 && first_nonfinite_step_ < step)
+    m += str_cat(" (the parameters first became non-finite in the update of step ", first_nonfinite_step_, ")");
+  return m + "; try a smaller --lr; nothing was saved";
+}
+
+// After the last step, on every rank alike (the first bad step is agreed over the job): a
+// run whose parameters are not finite fails instead of saving them and reporting success.
+void Trainer::check_params_finite(int64_t steps) {
+  double first = first_nonfinite_step_ > 0 ? double(first_nonfinite_step_) : params_finite() ? 0 : double(steps);
+  double v[1] = {first > 0 ? first : 1e300};
+  if (world_->size() > 1) world_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::min);
+  SAT_CHECK(v[0] >= 1e300, "training diverged: the parameters are not finite after step ", int64_t(v[0]), " of ",
+            steps, " (the loss was still finite; try a smaller --lr); nothing was saved");
+}
+
 void Trainer::broadcast_initial_state() { broadcast_store(mesh_->dp_group(), *params_); }
 
 // ZeRO-3 keeps only its pieces: the full parameters are drawn in a store of their own,
@@ -592,8 +629,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     const double loss = step_loss(st.loss_sum, st.losses, wait);
     if (cfg_.measure_noise) hooks_->noise_sample(r.grad_norms);
     if (on_gpu() && cfg_.cuda_graph && step == 0) engine_->set_graphs(true);  // the first step runs eagerly
-    SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), "training diverged: the loss of step ",
-              step + 1, " is ", loss, " (try a smaller --lr)");
+    SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), diverged_message(step + 1, loss));
     const double dt = now_seconds() - t0;
     if (step >= r.warmup_excluded) measured_step_seconds += dt, measured_wait += wait;
     StepMetrics sm{step + 1, loss, lr, dt, double(global_batch) / dt};
@@ -606,6 +642,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       sm.noise_scale = noise.estimate();
     }
     r.losses.push_back(loss);
+    note_nonfinite_params(step + 1);
     const bool timed = cfg_.time_limit > 0 && step >= r.warmup_excluded + 2;
     if ((timed || cfg_.stop_early) && step + 1 < total) {
       // Every rank stops at the same step: rank 0's clock (and answer) decides.
@@ -635,6 +672,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const int64_t measured = total - r.warmup_excluded;
   r.samples_per_second = measured > 0 ? double(measured * global_batch) / (t_end - t_measure) : 0;
   finish(r, total);
+  check_params_finite(total);
   if (test_) {
     if (world_->rank() == 0 && cfg_.progress != 0)
       std::fprintf(stderr, "evaluating on %s (%lld samples)\n", test_->name().c_str(), (long long)test_->size());
