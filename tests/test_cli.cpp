@@ -510,10 +510,11 @@ TEST(Cli, DivergedRunFailsAndSavesNothing) {
   const std::string run = "train --model mlp --data synthetic --batch 8 --threads 1 --eval off --lr 1e10 "
                           "--weight-decay 1e30 --save-weights " + (d / "w.safetensors").string() + " --out " +
                           (d / "out").string();
-  expect_user_error(saturate(run + " --steps 1"), "the parameters are not finite after step 1 of 1");
-  expect_user_error(saturate(run + " --steps 3"), "the parameters first became non-finite in the update of step 1");
+  expect_user_error(saturate(run + "1 --steps 1"), "the parameters are not finite after step 1 of 1");
+  expect_user_error(saturate(run + "3 --steps 3"), "the parameters first became non-finite in the update of step 1");
   EXPECT_FALSE(fs::exists(d / "w.safetensors"));
-  EXPECT_FALSE(fs::exists(d / "out" / "summary.json"));
+  EXPECT_FALSE(fs::exists(d / "out1" / "summary.json"));
+  EXPECT_FALSE(fs::exists(d / "out3" / "summary.json"));
 }
 
 // Every integer flag is range-checked before any arithmetic (no overflow, no huge
@@ -534,4 +535,50 @@ TEST(Cli, IntegerFlagsAreRangeChecked) {
   expect_user_error(saturate("launch -n 5000 -- train --steps 1"), "-n: expected a number of processes from 1 to 4096");
   expect_user_error(saturate("launch -n 99999999999999999999 -- train --steps 1"), "-n: expected a number of processes");
   expect_user_error(saturate(run + "--memory-budget 1e30TiB"), "--memory-budget");
+}
+
+// Outputs are checked before anything is read or trained: a target that exists and is not a
+// regular file is refused and left as it is, an impossible directory is refused at once.
+TEST(Cli, OutputsAreCheckedBeforeTraining) {
+  fs::path d = tmpdir("outputs");
+  fs::create_directories(d / "adir");
+  { std::ofstream(d / "afile") << "keep me\n"; }
+  const std::string run = "train --model mlp --data synthetic --steps 1 --batch 8 --threads 1 --eval off ";
+  auto refused = [](const CmdResult& r, const std::string& mention) {
+    expect_user_error(r, mention);
+    EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << "refused only after training: " << r.out;
+  };
+  refused(saturate(run + "--save-weights /dev/null"), "--save-weights: /dev/null exists and is not a regular file");
+  EXPECT_FALSE(fs::is_regular_file("/dev/null"));
+  refused(saturate(run + "--save-weights " + (d / "adir").string()), "is not a regular file (a directory)");
+  EXPECT_TRUE(fs::is_directory(d / "adir"));
+  refused(saturate(run + "--save-weights /proc/saturate.safetensors"), "--save-weights");
+  refused(saturate(run + "--save-weights " + (d / "missing" / "w.safetensors").string()), "does not exist");
+  refused(saturate(run + "--out " + (d / "afile").string()), "--out: " + (d / "afile").string() + " exists and is not a directory");
+  EXPECT_EQ(fs::file_size(d / "afile"), 8u);
+  refused(saturate(run + "--out /proc/saturate-out/run"), "--out: cannot create directory");
+  fs::create_directories(d / "run" / "metrics.jsonl");  // a directory where a file goes
+  refused(saturate(run + "--overwrite --out " + (d / "run").string()), "metrics.jsonl exists and is not a regular file");
+  expect_user_error(saturate("tune --model mlp --data synthetic --out /dev/null"), "--out: /dev/null");
+  expect_user_error(saturate("plan --global-batch 64 --json /dev/null"), "--json: /dev/null exists and is not a regular file");
+  expect_user_error(saturate("plan --global-batch 64 --out " + (d / "afile").string()), "is not a directory");
+}
+
+// A new run never truncates an earlier run's metrics.jsonl: the directory is refused unless
+// --overwrite says to replace it.
+TEST(Cli, OutDirOfAnotherRunNeedsOverwrite) {
+  fs::path d = tmpdir("overwrite");
+  const std::string run = "train --model mlp --data synthetic --steps 2 --batch 8 --threads 1 --eval off --out " + d.string();
+  ASSERT_EQ(saturate(run).status, 0);
+  const auto metrics = fs::file_size(d / "metrics.jsonl");
+  const std::string summary = nlohmann::json::parse(std::ifstream(d / "summary.json")).dump();
+  expect_user_error(saturate(run + " --steps 3"), "--out: " + d.string() + " already holds the results of another run");
+  EXPECT_NE(saturate(run + " --steps 3").out.find("--overwrite"), std::string::npos);
+  EXPECT_EQ(fs::file_size(d / "metrics.jsonl"), metrics);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(d / "summary.json")).dump(), summary);
+  CmdResult r = saturate(run + " --steps 3 --overwrite");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(d / "summary.json"))["steps"], 3);
+  for (auto& e : fs::directory_iterator(d))  // no temporary files left behind
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }

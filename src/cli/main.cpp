@@ -18,6 +18,7 @@
 #include "backend/cpu/blas.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/io.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "nn/engine.h"
@@ -74,7 +75,7 @@ struct TrainArgs {
   int64_t accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
-  bool nesterov = false, profile = false, noise_scale = false;
+  bool nesterov = false, profile = false, noise_scale = false, overwrite = false;
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
@@ -206,19 +207,9 @@ sat::TuneConfig tune_config(const TrainArgs& a) {
 
 // Writes DIR/tune.json and DIR/tune.html (atomically: a failed run keeps the old ones).
 void write_tune_files(const std::string& dir, const std::string& json, const std::string& html) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  SAT_CHECK(!ec, "--out: cannot create directory ", dir, ": ", ec.message());
-  for (auto [name, text] : {std::pair{"tune.json", json}, std::pair{"tune.html", html}}) {
-    const std::string path = dir + "/" + name, tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << text;
-      SAT_CHECK(f.good(), "--out: cannot write ", tmp);
-    }
-    std::filesystem::rename(tmp, path, ec);
-    SAT_CHECK(!ec, "--out: cannot write ", path, ": ", ec.message());
-  }
+  sat::check_output_dir("--out", dir);
+  for (auto [name, text] : {std::pair{"tune.json", json}, std::pair{"tune.html", html}})
+    sat::write_file_atomic("--out", dir + "/" + name, text);
 }
 
 // The cache of `--batch auto`: one directory (tune.json, tune.html) per model, data,
@@ -235,13 +226,20 @@ std::string tune_cache_dir(const std::string& key) {
   return base + "/saturate/tune/" + hex;
 }
 
-// A cached report goes with this run's output too.
+// A cached report goes with this run's output too (best effort: the cache is only a copy).
 void copy_tune_files(const std::filesystem::path& from, const std::string& to) {
-  std::error_code ec;
-  std::filesystem::create_directories(to, ec);
-  for (const char* f : {"tune.json", "tune.html"})
-    std::filesystem::copy_file(from / f, std::filesystem::path(to) / f, std::filesystem::copy_options::overwrite_existing,
-                               ec);
+  try {
+    std::string text[2];
+    const char* names[2] = {"tune.json", "tune.html"};
+    for (int i = 0; i < 2; ++i) {
+      std::ifstream f(from / names[i], std::ios::binary);
+      if (!f) return;
+      text[i].assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    write_tune_files(to, text[0], text[1]);
+  } catch (const sat::Error& e) {
+    std::fprintf(stderr, "tune: could not copy the cached report to --out (%s); carrying on\n", e.what());
+  }
 }
 
 // Rank 0: the layout tuning's table, and its report in the cache and in --out.
@@ -256,6 +254,20 @@ void report_layout_tuning(const TrainArgs& a, const sat::LayoutTuneResult& r, co
   if (a.out.empty()) return;
   write_tune_files(a.out, json, html);
   std::printf("layout auto: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
+}
+
+// The cache is input like any other: a damaged or hostile tune.json must not reach a
+// conversion to an integer out of range, or a micro-batch no flag would allow. hit: found,
+// micro-batch, accumulation, lr, ZeRO stage, recompute mode. "" when it is sound.
+std::string cached_choice_problem(const double* hit, double warmup_fraction) {
+  auto whole = [](double x, double lo, double hi) { return std::isfinite(x) && x == std::floor(x) && x >= lo && x <= hi; };
+  if (!whole(hit[1], 1, double(kMaxBatch))) return sat::str_cat("micro_batch ", hit[1], " is not from 1 to ", kMaxBatch);
+  if (!whole(hit[2], 1, double(1 << 20))) return sat::str_cat("accum ", hit[2], " is not from 1 to ", 1 << 20);
+  if (!(std::isfinite(hit[3]) && hit[3] > 0 && hit[3] < 1e6)) return sat::str_cat("lr ", hit[3], " is not a positive number");
+  if (!whole(hit[4], 0, 3)) return sat::str_cat("zero ", hit[4], " is not a ZeRO stage 0 to 3");
+  if (!whole(hit[5], 0, 2)) return "recompute is not a mode";
+  if (!(warmup_fraction >= 0 && warmup_fraction <= 1)) return sat::str_cat("warmup_fraction ", warmup_fraction, " is not from 0 to 1");
+  return "";
 }
 
 // --batch auto (and saturate tune): tune, or take the cached choice, and put it in cfg
@@ -291,8 +303,16 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
         tr.choice.reason = c.at("reason").get<std::string>();
         tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
         tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
-      } catch (const std::exception&) {
+        const std::string why = cached_choice_problem(hit, tr.choice.warmup_fraction);
+        if (!why.empty()) {
+          hit[0] = 0;
+          std::fprintf(stderr, "tune: ignoring the cached choice in %s (%s); tuning again\n",
+                       (cache / "tune.json").c_str(), why.c_str());
+        }
+      } catch (const std::exception& e) {
         hit[0] = 0;  // unreadable: tune again and overwrite it
+        std::fprintf(stderr, "tune: ignoring the cached choice in %s (unreadable: %s); tuning again\n",
+                     (cache / "tune.json").c_str(), e.what());
       }
     }
     comm.broadcast_sync(hit, 6, sat::DType::f64, 0);
@@ -308,13 +328,7 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
         std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n",
                      (cache / "tune.json").c_str());
         // The report of the cached tuning goes with this run's output too.
-        std::error_code ec;
-        if (!a.out.empty() && std::filesystem::exists(cache / "tune.html")) {
-          std::filesystem::create_directories(a.out, ec);
-          for (const char* f : {"tune.json", "tune.html"})
-            std::filesystem::copy_file(cache / f, std::filesystem::path(a.out) / f,
-                                       std::filesystem::copy_options::overwrite_existing, ec);
-        }
+        if (!a.out.empty()) copy_tune_files(cache, a.out);
       }
     }
   }
@@ -461,6 +475,34 @@ bool apply_layout_tuning(const TrainArgs& a, bool tune_only, const sat::ModelCon
   return true;
 }
 
+// micro-batch x accumulation x data-parallel ranks: the samples of a step, computed without
+// overflow and at most 2^40 (each factor is range-checked already; their product is not).
+void check_global_batch(const sat::TrainConfig& cfg, int world) {
+  const int64_t dp = std::max(1, world / std::max(1, cfg.tp * cfg.pp));
+  int64_t g = 0;
+  const bool overflow = __builtin_mul_overflow(cfg.batch, cfg.accum, &g) || __builtin_mul_overflow(g, dp, &g);
+  SAT_CHECK(!overflow && g <= (int64_t(1) << 40), "--batch ", cfg.batch, " x --accum ", cfg.accum, " x ", dp,
+            " data-parallel rank(s): more than 2^40 samples per optimizer step");
+}
+
+// Every output of train and tune, before anything is read or trained (on every rank alike):
+// a target that exists and is not a regular file, or a directory that cannot be created or
+// written, is refused; and a directory holding another run's results is not written over
+// without --overwrite (metrics.jsonl would be truncated at the first step).
+void check_train_outputs(const TrainArgs& a, bool tune_only) {
+  if (!a.save_weights.empty()) sat::check_output_file("--save-weights", a.save_weights);
+  if (a.out.empty()) return;
+  sat::check_output_dir("--out", a.out);
+  const std::vector<std::string> files = tune_only ? std::vector<std::string>{"tune.json", "tune.html"}
+                                                   : std::vector<std::string>{"metrics.jsonl", "summary.json",
+                                                                              "tune.json", "tune.html"};
+  for (const std::string& f : files) sat::check_output_file("--out", a.out + "/" + f);
+  if (tune_only || a.overwrite) return;
+  for (const char* f : {"metrics.jsonl", "summary.json"})
+    SAT_CHECK(!std::filesystem::exists(std::filesystem::path(a.out) / f), "--out: ", a.out,
+              " already holds the results of another run (", f, "): give a new directory, or --overwrite to replace them");
+}
+
 int run_train(const TrainArgs& a, bool tune_only = false) {
   const double t0 = sat::now_seconds();
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
@@ -470,10 +512,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   SAT_CHECK(a.eval == "on" || a.eval == "off", "--eval: expected on or off, got '", a.eval, "'");
   if (!a.init_weights.empty())
     SAT_CHECK(std::filesystem::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
-  if (!a.save_weights.empty()) {
-    auto dir = std::filesystem::path(a.save_weights).parent_path();
-    SAT_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--save-weights: directory ", dir.string(), " does not exist");
-  }
+  check_train_outputs(a, tune_only);
 
   sat::DataOptions dopt = sat::data_options_for(mc, a.seed);
   if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
@@ -551,6 +590,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
             "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
             " --accum 2 instead of --batch ", cfg.batch, ")");
   cfg.measure_noise = a.noise_scale;
+  check_global_batch(cfg, world);
   if (tcfg.memory_budget) {
     // This rank's stage of the pipeline (global rank = tp rank + tp * (dp rank + dp * stage)).
     const int stage = comm->rank() / std::max(1, world / cfg.pp);
@@ -846,6 +886,7 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
   t->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
   t->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
+  t->add_flag("--overwrite", a.overwrite, "with --out: replace the results of an earlier run in that directory");
   t->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
   t->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (GPU: mixed precision, fp32 master weights)")->capture_default_str();
   t->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();

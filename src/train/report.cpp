@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/io.h"
 
 namespace sat {
 
@@ -22,14 +23,14 @@ std::string format_duration(double s) {
 
 }  // namespace
 
-StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise)
+StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise, bool append)
     : progress_(progress >= 0 ? progress : (isatty(STDERR_FILENO) ? 2 : 1)), noise_(noise) {
   if (out_dir.empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  SAT_CHECK(!ec, "--out: cannot create directory ", out_dir, ": ", ec.message());
-  metrics_.open(out_dir + "/metrics.jsonl", std::ios::trunc);
-  SAT_CHECK(metrics_, "--out: cannot write ", out_dir, "/metrics.jsonl");
+  check_output_dir("--out", out_dir);
+  const std::string path = out_dir + "/metrics.jsonl";
+  check_output_file("--out", path);
+  metrics_.open(path, append ? std::ios::app : std::ios::trunc);
+  SAT_CHECK(metrics_, "--out: cannot write ", path);
 }
 
 void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
@@ -147,16 +148,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
 }
 
 void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    SAT_CHECK(f, "--out: cannot write ", tmp);
-    f << j.dump(2) << "\n";
-    SAT_CHECK(f.good(), "--out: writing ", tmp, " failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  SAT_CHECK(!ec, "--out: cannot write ", path, ": ", ec.message());
+  write_file_atomic("--out", path, j.dump(2) + "\n");
 }
 
 }  // namespace sat

@@ -16,7 +16,9 @@ namespace sat {
 class StepReporter {
  public:
   // progress: -1 automatic, 0 quiet, 1 lines, 2 bar. out_dir "" writes no metrics.
-  StepReporter(int progress, const std::string& out_dir, bool noise);
+  // append: add to an existing metrics.jsonl (a run resumed from a checkpoint) instead of
+  // starting it anew.
+  StepReporter(int progress, const std::string& out_dir, bool noise, bool append = false);
   void step(const StepMetrics& m, int64_t total, double elapsed);
 
  private:
@@ -41,7 +43,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p);
 // summary.json: see the README's table of fields.
 nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
                                    const MemoryPlan& plan);
-// Writes j to path atomically (a temporary file, renamed): a failed write keeps the old one.
+// Writes j to path atomically (core/io.h's write_file_atomic): a failed write keeps the old one.
 void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j);
 
 }  // namespace sat
