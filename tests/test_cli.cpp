@@ -582,3 +582,55 @@ TEST(Cli, OutDirOfAnotherRunNeedsOverwrite) {
   for (auto& e : fs::directory_iterator(d))  // no temporary files left behind
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
+
+namespace {
+// mpirun, or "" when this machine has none (the test then skips).
+std::string mpirun() {
+  FILE* p = popen("command -v mpirun 2>/dev/null", "r");
+  char buf[512] = {0};
+  const bool found = p && fgets(buf, sizeof buf, p) != nullptr;
+  if (p) pclose(p);
+  std::string s = found ? std::string(buf) : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+}  // namespace
+
+// Under mpirun the ranks agree on the resolved configuration and on the weights they start
+// from, or every rank says why (one line each) and the job ends with status 2, no hang.
+TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
+  const std::string mpi = mpirun();
+  if (mpi.empty()) GTEST_SKIP() << "no mpirun";
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 SAT_COMM_TIMEOUT=60 ";
+  const std::string launch = mpi + " --oversubscribe --bind-to none -np 1 ";
+  const std::string bin = std::string(SAT_BINARY);
+  fs::path d = tmpdir("agree");
+  const std::string run = " train --model mlp --data synthetic --steps 1 --batch 8 --threads 1 --eval off";
+  auto both = [&](const std::string& a0, const std::string& a1) {
+    std::string cmd = env + launch + bin + run + a0 + " : -np 1 " + bin + run + a1 + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    CmdResult r{-1, ""};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return r;
+  };
+  CmdResult lr = both(" --lr 0.01", " --lr 0.02");
+  EXPECT_EQ(lr.status, 2) << lr.out;
+  EXPECT_NE(lr.out.find("error on rank 1: the ranks disagree on the configuration: this rank has lr 0.02 where rank 0 "
+                        "has 0.01"), std::string::npos) << lr.out;
+  EXPECT_NE(lr.out.find("error on rank 0: the ranks disagree on the configuration"), std::string::npos) << lr.out;
+  // Weights of another file under each rank's --init-weights: refused before the broadcast hides it.
+  ASSERT_EQ(saturate(run + " --save-weights " + (d / "a.safetensors").string()).status, 0);
+  ASSERT_EQ(saturate(run + " --seed 5 --save-weights " + (d / "b.safetensors").string()).status, 0);
+  CmdResult w = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "b.safetensors").string());
+  EXPECT_EQ(w.status, 2) << w.out;
+  EXPECT_NE(w.out.find("error on rank 1: the data-parallel replicas disagree on the weights from --init-weights"),
+            std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("error on rank 0: the data-parallel replicas disagree"), std::string::npos) << w.out;
+  // The same flags and file on both: trains.
+  CmdResult ok = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "a.safetensors").string());
+  EXPECT_EQ(ok.status, 0) << ok.out;
+}

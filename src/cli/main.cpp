@@ -1168,6 +1168,8 @@ int main(int argc, char** argv) {
       }
       return ok ? 0 : 1;
     }
+  } catch (const sat::ReportedError&) {
+    return 2;  // every rank met it together and has printed its line
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     if (pi.distributed()) {

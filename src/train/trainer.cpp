@@ -12,6 +12,7 @@
 #include "nn/safetensors.h"
 #include "nn/shard.h"
 #include "profile/nvml.h"
+#include "train/agree.h"
 #include "train/noise.h"
 #include "train/report.h"
 
@@ -351,6 +352,8 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     own_comm_ = dist::make_self_comm();
     world_ = own_comm_.get();
   }
+  // Before any collective whose size depends on them: every rank trains the same thing.
+  agree_on_config(*world_, config_fingerprint(mc, cfg_, train, test_));
   int dev_index = 0;
   mc_ = resolved(mc, cfg, &dev_index);
   const bool cuda = mc_.device == Device::cuda;
@@ -495,6 +498,7 @@ void Trainer::init_params() {
   if (params_->sharding().stage < 3) {
     params_->init(cfg_.seed);
     broadcast_initial_state();
+    agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(*params_), "initialisation");
     return;
   }
   {
@@ -502,6 +506,7 @@ void Trainer::init_params() {
     ParamStore full(g.params(), g.states(), 0);
     full.init(cfg_.seed);
     broadcast_store(mesh_->dp_group(), full);
+    agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(full), "initialisation");
     params_->shard_from(full);
   }
   mem_reset_peak();
@@ -873,11 +878,14 @@ void Trainer::load_weights(const std::string& path) {
     const Graph& g = *plan_.model.graph;
     ParamStore full(g.params(), g.states(), 0);
     load_safetensors(path, full, mesh_->pp() > 1 ? &names : nullptr);
+    agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(full), "--init-weights " + path);
     broadcast_store(mesh_->dp_group(), full);
     params_->shard_from(full);
     return;
   }
   load_safetensors(path, *params_, mesh_->pp() > 1 ? &names : nullptr);
+  // Before the broadcast, which would hide it: a rank that read another file of that name.
+  agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(*params_), "--init-weights " + path);
   if (mesh_->dp() > 1) broadcast_initial_state();
 }
 
