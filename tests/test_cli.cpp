@@ -501,6 +501,8 @@ TEST(Cli, NonFiniteNumbersAreRefused) {
   expect_user_error(saturate("tune --model mlp --data synthetic --knee inf"), "--knee: expected a finite number");
   expect_user_error(saturate("info --model mlp --momentum nan"), "--momentum: expected a finite number");
   expect_user_error(saturate(run + "--lr 0.1x"), "--lr: expected a number");
+  expect_user_error(saturate(run + "--lr 1e300"), "--lr: expected a finite number (at most 3.4e38 in magnitude)");
+  expect_user_error(saturate(run + "--bucket-mb 1e30"), "--bucket-mb: expected a size from 0 to 1048576");
 }
 
 // A run whose parameters stop being finite fails (status 2) naming the step, and saves

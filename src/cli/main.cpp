@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -921,8 +922,8 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
 
 // Every number from a flag of every command is checked where CLI11 parses it, by the
 // option's type (so an option added later is covered too): a floating-point value must be
-// finite (NaN, inf and 1e999 would otherwise pass every `x > 0` check and train on
-// silently), an integer must lie in its flag's range below (before any arithmetic: no
+// finite and within float's range (NaN, inf and 1e999 would otherwise pass every `x > 0`
+// check and train on silently), an integer must lie in its flag's range below (before any arithmetic: no
 // product of flags can overflow, no size is allocated from a typo). A flag that is not
 // listed gets [0, 2^31 - 1]; "COMMAND FLAG" overrides FLAG for one command.
 struct IntRange {
@@ -958,7 +959,9 @@ void check_numbers(CLI::App* app, const std::string& command) {
             char* end = nullptr;
             const double x = std::strtod(v.c_str(), &end);
             if (end == v.c_str() || *end != 0) return "expected a number, got '" + v + "'";
-            if (!std::isfinite(x)) return "expected a finite number, got '" + v + "'";
+            // (the engine computes in float: a larger magnitude would not convert)
+            if (!std::isfinite(x) || std::fabs(x) > double(FLT_MAX))
+              return "expected a finite number (at most 3.4e38 in magnitude), got '" + v + "'";
             return "";
           },
           "", "finite"));

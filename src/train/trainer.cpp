@@ -68,7 +68,9 @@ void check_config(const TrainConfig& cfg) {
   SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
   SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
-  SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
+  // (at most 1 TiB: the size in floats is converted to an integer)
+  SAT_CHECK(cfg.bucket_mb > 0 && cfg.bucket_mb <= 1 << 20, "--bucket-mb: expected a size from 0 to 1048576 (MiB), got ",
+            cfg.bucket_mb);
   SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
   SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
 }
