@@ -537,6 +537,7 @@ TEST(Cli, IntegerFlagsAreRangeChecked) {
   expect_user_error(saturate("launch -n 5000 -- train --steps 1"), "-n: expected a number of processes from 1 to 4096");
   expect_user_error(saturate("launch -n 99999999999999999999 -- train --steps 1"), "-n: expected a number of processes");
   expect_user_error(saturate(run + "--memory-budget 1e30TiB"), "--memory-budget");
+  expect_user_error(saturate("plan --global-batch 64 --layout tp=4294967298"), "--layout: tp=4294967298: expected a positive integer");
 }
 
 // Outputs are checked before anything is read or trained: a target that exists and is not a
