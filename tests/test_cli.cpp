@@ -526,6 +526,7 @@ TEST(Cli, IntegerFlagsAreRangeChecked) {
   expect_user_error(saturate(run + "--accum 0"), "--accum: expected an integer from 1 to");
   expect_user_error(saturate(run + "--accum 99999999999999999999"), "--accum: expected an integer from 1 to");
   expect_user_error(saturate(run + "--tp 0"), "--tp: expected an integer from 1 to 4096");
+  expect_user_error(saturate(run + "--seed -1"), "--seed: expected an integer from 0 to 18446744073709551615");
   expect_user_error(saturate("train --model mlp --data synthetic --threads 5000"), "--threads: expected an integer from 0 to 1024");
   expect_user_error(saturate(run + "--batch 99999999999"), "--batch: expected a micro-batch size from 1 to");
   expect_user_error(saturate(run + "--global-batch 1e9"), "--global-batch: expected an integer");

@@ -975,9 +975,9 @@ void check_numbers(CLI::App* app, const std::string& command) {
             errno = 0;
             char* end = nullptr;
             const bool neg = v.find('-') != std::string::npos;
-            if (unsigned_any && !neg) {
-              (void)std::strtoull(v.c_str(), &end, 0);
-              if (end != v.c_str() && *end == 0 && errno == 0) return "";
+            if (unsigned_any) {
+              if (!neg) (void)std::strtoull(v.c_str(), &end, 0);
+              if (!neg && end != v.c_str() && *end == 0 && errno == 0) return "";
               return "expected an integer from 0 to 18446744073709551615, got '" + v + "'";
             }
             const long long x = std::strtoll(v.c_str(), &end, 0);
