@@ -490,3 +490,151 @@ TEST(Cli, LayoutAutoTunesAndTrainReusesIt) {
   EXPECT_EQ(s["global_batch"], 32);
   EXPECT_TRUE(fs::exists(o / "tune.json"));
 }
+
+// Every floating-point flag of every command refuses NaN and infinities (one validator on
+// all of them), naming the flag, before anything runs.
+TEST(Cli, NonFiniteNumbersAreRefused) {
+  const std::string run = "train --model mlp --data synthetic --steps 1 --threads 1 ";
+  for (const std::string flag : {"--lr nan", "--lr inf", "--gamma -inf", "--weight-decay nan", "--momentum 1e999",
+                                 "--bucket-mb inf", "--knee nan"})
+    expect_user_error(saturate(run + flag), flag.substr(0, flag.find(' ')) + ": expected a finite number");
+  expect_user_error(saturate("tune --model mlp --data synthetic --knee inf"), "--knee: expected a finite number");
+  expect_user_error(saturate("info --model mlp --momentum nan"), "--momentum: expected a finite number");
+  expect_user_error(saturate(run + "--lr 0.1x"), "--lr: expected a number");
+  expect_user_error(saturate(run + "--lr 1e300"), "--lr: expected a finite number (at most 3.4e38 in magnitude)");
+  expect_user_error(saturate(run + "--bucket-mb 1e30"), "--bucket-mb: expected a size from 0 to 1048576");
+}
+
+// A run whose parameters stop being finite fails (status 2) naming the step, and saves
+// neither weights nor summary: in the last update (the loss never saw it), or earlier.
+TEST(Cli, DivergedRunFailsAndSavesNothing) {
+  fs::path d = tmpdir("diverged");
+  const std::string run = "train --model mlp --data synthetic --batch 8 --threads 1 --eval off --lr 1e10 "
+                          "--weight-decay 1e30 --save-weights " + (d / "w.safetensors").string() + " --out " +
+                          (d / "out").string();
+  expect_user_error(saturate(run + "1 --steps 1"), "the parameters are not finite after step 1 of 1");
+  expect_user_error(saturate(run + "3 --steps 3"), "the parameters first became non-finite in the update of step 1");
+  EXPECT_FALSE(fs::exists(d / "w.safetensors"));
+  EXPECT_FALSE(fs::exists(d / "out1" / "summary.json"));
+  EXPECT_FALSE(fs::exists(d / "out3" / "summary.json"));
+}
+
+// Every integer flag is range-checked before any arithmetic (no overflow, no huge
+// allocation from a typo), naming the flag and the range.
+TEST(Cli, IntegerFlagsAreRangeChecked) {
+  const std::string run = "train --model mlp --data synthetic --steps 1 --threads 1 ";
+  expect_user_error(saturate(run + "--accum 0"), "--accum: expected an integer from 1 to");
+  expect_user_error(saturate(run + "--accum 99999999999999999999"), "--accum: expected an integer from 1 to");
+  expect_user_error(saturate(run + "--tp 0"), "--tp: expected an integer from 1 to 4096");
+  expect_user_error(saturate(run + "--seed -1"), "--seed: expected an integer from 0 to 18446744073709551615");
+  expect_user_error(saturate("train --model mlp --data synthetic --threads 5000"), "--threads: expected an integer from 0 to 1024");
+  expect_user_error(saturate(run + "--batch 99999999999"), "--batch: expected a micro-batch size from 1 to");
+  expect_user_error(saturate(run + "--global-batch 1e9"), "--global-batch: expected an integer");
+  expect_user_error(saturate("info --model mlp --batch 4000000000"), "--batch: expected an integer from 1 to");
+  expect_user_error(saturate("schedule --pp 4 --accum 10000000"), "--accum: expected an integer from 1 to 4096");
+  expect_user_error(saturate("hardware --gpu h200 --threads 100000"), "--threads: expected an integer from 0 to 1024");
+  expect_user_error(saturate("plan --gpus 0"), "--gpus: expected an integer from 1 to");
+  expect_user_error(saturate("bench comm --iters 0"), "--iters: expected an integer from 1 to");
+  expect_user_error(saturate("launch -n 5000 -- train --steps 1"), "-n: expected a number of processes from 1 to 4096");
+  expect_user_error(saturate("launch -n 99999999999999999999 -- train --steps 1"), "-n: expected a number of processes");
+  expect_user_error(saturate(run + "--memory-budget 1e30TiB"), "--memory-budget");
+  expect_user_error(saturate("plan --global-batch 64 --layout tp=4294967298"), "--layout: tp=4294967298: expected a positive integer");
+}
+
+// Outputs are checked before anything is read or trained: a target that exists and is not a
+// regular file is refused and left as it is, an impossible directory is refused at once.
+TEST(Cli, OutputsAreCheckedBeforeTraining) {
+  fs::path d = tmpdir("outputs");
+  fs::create_directories(d / "adir");
+  { std::ofstream(d / "afile") << "keep me\n"; }
+  const std::string run = "train --model mlp --data synthetic --steps 1 --batch 8 --threads 1 --eval off ";
+  auto refused = [](const CmdResult& r, const std::string& mention) {
+    expect_user_error(r, mention);
+    EXPECT_EQ(r.out.find("step 1/"), std::string::npos) << "refused only after training: " << r.out;
+  };
+  refused(saturate(run + "--save-weights /dev/null"), "--save-weights: /dev/null exists and is not a regular file");
+  EXPECT_FALSE(fs::is_regular_file("/dev/null"));
+  refused(saturate(run + "--save-weights " + (d / "adir").string()), "is not a regular file (a directory)");
+  EXPECT_TRUE(fs::is_directory(d / "adir"));
+  refused(saturate(run + "--save-weights /proc/saturate.safetensors"), "--save-weights");
+  refused(saturate(run + "--save-weights " + (d / "missing" / "w.safetensors").string()), "does not exist");
+  refused(saturate(run + "--out " + (d / "afile").string()), "--out: " + (d / "afile").string() + " exists and is not a directory");
+  EXPECT_EQ(fs::file_size(d / "afile"), 8u);
+  refused(saturate(run + "--out /proc/saturate-out/run"), "--out: cannot create directory");
+  fs::create_directories(d / "run" / "metrics.jsonl");  // a directory where a file goes
+  refused(saturate(run + "--overwrite --out " + (d / "run").string()), "metrics.jsonl exists and is not a regular file");
+  expect_user_error(saturate("tune --model mlp --data synthetic --out /dev/null"), "--out: /dev/null");
+  expect_user_error(saturate("plan --global-batch 64 --json /dev/null"), "--json: /dev/null exists and is not a regular file");
+  expect_user_error(saturate("plan --global-batch 64 --out " + (d / "afile").string()), "is not a directory");
+}
+
+// A new run never truncates an earlier run's metrics.jsonl: the directory is refused unless
+// --overwrite says to replace it.
+TEST(Cli, OutDirOfAnotherRunNeedsOverwrite) {
+  fs::path d = tmpdir("overwrite");
+  const std::string run = "train --model mlp --data synthetic --steps 2 --batch 8 --threads 1 --eval off --out " + d.string();
+  ASSERT_EQ(saturate(run).status, 0);
+  const auto metrics = fs::file_size(d / "metrics.jsonl");
+  const std::string summary = nlohmann::json::parse(std::ifstream(d / "summary.json")).dump();
+  expect_user_error(saturate(run + " --steps 3"), "--out: " + d.string() + " already holds the results of another run");
+  EXPECT_NE(saturate(run + " --steps 3").out.find("--overwrite"), std::string::npos);
+  EXPECT_EQ(fs::file_size(d / "metrics.jsonl"), metrics);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(d / "summary.json")).dump(), summary);
+  CmdResult r = saturate(run + " --steps 3 --overwrite");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(d / "summary.json"))["steps"], 3);
+  for (auto& e : fs::directory_iterator(d))  // no temporary files left behind
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+namespace {
+// mpirun, or "" when this machine has none (the test then skips).
+std::string mpirun() {
+  FILE* p = popen("command -v mpirun 2>/dev/null", "r");
+  char buf[512] = {0};
+  const bool found = p && fgets(buf, sizeof buf, p) != nullptr;
+  if (p) pclose(p);
+  std::string s = found ? std::string(buf) : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+}  // namespace
+
+// Under mpirun the ranks agree on the resolved configuration and on the weights they start
+// from, or every rank says why (one line each) and the job ends with status 2, no hang.
+TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
+  const std::string mpi = mpirun();
+  if (mpi.empty()) GTEST_SKIP() << "no mpirun";
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 SAT_COMM_TIMEOUT=60 ";
+  const std::string launch = mpi + " --oversubscribe --bind-to none -np 1 ";
+  const std::string bin = std::string(SAT_BINARY);
+  fs::path d = tmpdir("agree");
+  const std::string run = " train --model mlp --data synthetic --steps 1 --batch 8 --threads 1 --eval off";
+  auto both = [&](const std::string& a0, const std::string& a1) {
+    std::string cmd = env + launch + bin + run + a0 + " : -np 1 " + bin + run + a1 + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    CmdResult r{-1, ""};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return r;
+  };
+  CmdResult lr = both(" --lr 0.01", " --lr 0.02");
+  EXPECT_EQ(lr.status, 2) << lr.out;
+  EXPECT_NE(lr.out.find("error on rank 1: the ranks disagree on the configuration: this rank has lr 0.02 where rank 0 "
+                        "has 0.01"), std::string::npos) << lr.out;
+  EXPECT_NE(lr.out.find("error on rank 0: the ranks disagree on the configuration"), std::string::npos) << lr.out;
+  // Weights of another file under each rank's --init-weights: refused before the broadcast hides it.
+  ASSERT_EQ(saturate(run + " --save-weights " + (d / "a.safetensors").string()).status, 0);
+  ASSERT_EQ(saturate(run + " --seed 5 --save-weights " + (d / "b.safetensors").string()).status, 0);
+  CmdResult w = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "b.safetensors").string());
+  EXPECT_EQ(w.status, 2) << w.out;
+  EXPECT_NE(w.out.find("error on rank 1: the data-parallel replicas disagree on the weights from --init-weights"),
+            std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("error on rank 0: the data-parallel replicas disagree"), std::string::npos) << w.out;
+  // The same flags and file on both: trains.
+  CmdResult ok = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "a.safetensors").string());
+  EXPECT_EQ(ok.status, 0) << ok.out;
+}

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tune/layout_tune.h"
 #include "tune/tune.h"
 
 namespace {
@@ -331,3 +333,34 @@ TEST(TuneReport, EdgeCasesGiveValidPages) {
 }
 
 }  // namespace
+
+// The layout cache is input like any other: a sound choice is read, a hostile or damaged
+// one (huge or fractional numbers, wrong types, not JSON) is ignored with a warning, never
+// converted out of range, and a choice for another number of ranks is not used.
+TEST(TuneReport, LayoutCacheIsValidatedLikeInput) {
+  const std::string path = (std::filesystem::temp_directory_path() / "sat_layout_cache.json").string();
+  auto write = [&](const std::string& choice) { std::ofstream(path) << "{\"layout_choice\": {" << choice << "}}"; };
+  const std::string rest = "\"schedule\": \"1f1b\", \"virtual_stages\": 1, \"recompute\": \"none\", "
+                           "\"sequence_parallel\": false, \"zero\": 0, \"measured_samples_per_second\": 100, "
+                           "\"predicted_samples_per_second\": 120";
+  sat::Layout l;
+  double measured = 0, predicted = 0;
+  write("\"dp\": 1, \"tp\": 1, \"pp\": 1, \"micro_batch\": 8, \"accum\": 2, " + rest);
+  ASSERT_TRUE(sat::read_layout_choice(path, l, measured, predicted));
+  EXPECT_EQ(l.micro_batch, 8);
+  EXPECT_EQ(l.accum, 2);
+  EXPECT_TRUE(sat::shared_layout_choice(nullptr, path, l, measured, predicted));
+  for (const std::string bad : {"\"dp\": 1, \"tp\": 1, \"pp\": 1, \"micro_batch\": 1e300, \"accum\": 2, ",
+                                "\"dp\": 1, \"tp\": 1, \"pp\": 1, \"micro_batch\": 8, \"accum\": -3, ",
+                                "\"dp\": 1, \"tp\": 1e9, \"pp\": 1, \"micro_batch\": 8, \"accum\": 1, ",
+                                "\"dp\": 1, \"tp\": 1, \"pp\": 1, \"micro_batch\": 2.5, \"accum\": 1, ",
+                                "\"dp\": \"one\", \"tp\": 1, \"pp\": 1, \"micro_batch\": 8, \"accum\": 1, "}) {
+    write(bad + rest);
+    EXPECT_FALSE(sat::read_layout_choice(path, l, measured, predicted)) << bad;
+  }
+  write("\"dp\": 2, \"tp\": 1, \"pp\": 1, \"micro_batch\": 8, \"accum\": 1, " + rest);  // a 2-rank job's
+  EXPECT_FALSE(sat::shared_layout_choice(nullptr, path, l, measured, predicted));
+  std::ofstream(path) << "{\"layout_choice\": [1, 2";
+  EXPECT_FALSE(sat::read_layout_choice(path, l, measured, predicted));
+  std::filesystem::remove(path);
+}

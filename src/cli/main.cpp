@@ -5,18 +5,22 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "backend/cpu/blas.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/io.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "nn/engine.h"
@@ -44,6 +48,8 @@ extern "C" char* openblas_get_corename(void);
 
 namespace {
 
+// The largest micro-batch --batch takes (train's, tune's and info's).
+constexpr long long kMaxBatch = 1 << 24;
 
 // OpenBLAS 0.3.21 (Debian 12) does not recognise recent AVX-512 CPUs (AMD Zen 4/5)
 // and falls back to its AVX2 "Haswell" kernels, 1.4-1.9x slower in sgemm. It picks
@@ -73,7 +79,7 @@ struct TrainArgs {
   int64_t accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
-  bool nesterov = false, profile = false, noise_scale = false;
+  bool nesterov = false, profile = false, noise_scale = false, overwrite = false;
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
@@ -162,8 +168,9 @@ size_t parse_bytes(const std::string& flag, const std::string& v) {
       {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
   for (auto& [u, m] : units)
     if (unit == u) mult = m;
-  SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x), flag,
-            ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes), got '", v, "'");
+  // (at most 2^60 bytes: the conversion to size_t must be in range)
+  SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x) && x * mult <= 0x1p60, flag,
+            ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes, at most 1 EiB), got '", v, "'");
   return size_t(x * mult);
 }
 
@@ -226,9 +233,10 @@ void validate_layout(const sat::ModelConfig& mc, const sat::TrainConfig& cfg, bo
 
 int64_t parse_batch(const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   const long long b = std::strtoll(v.c_str(), &end, 10);
-  SAT_CHECK(!v.empty() && end && *end == 0 && b >= 1, "--batch: expected a positive micro-batch size or 'auto', got '",
-            v, "'");
+  SAT_CHECK(!v.empty() && end && *end == 0 && errno == 0 && b >= 1 && b <= kMaxBatch,
+            "--batch: expected a micro-batch size from 1 to ", kMaxBatch, " or 'auto', got '", v, "'");
   return b;
 }
 
@@ -246,19 +254,9 @@ sat::TuneConfig tune_config(const TrainArgs& a) {
 
 // Writes DIR/tune.json and DIR/tune.html (atomically: a failed run keeps the old ones).
 void write_tune_files(const std::string& dir, const std::string& json, const std::string& html) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  SAT_CHECK(!ec, "--out: cannot create directory ", dir, ": ", ec.message());
-  for (auto [name, text] : {std::pair{"tune.json", json}, std::pair{"tune.html", html}}) {
-    const std::string path = dir + "/" + name, tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << text;
-      SAT_CHECK(f.good(), "--out: cannot write ", tmp);
-    }
-    std::filesystem::rename(tmp, path, ec);
-    SAT_CHECK(!ec, "--out: cannot write ", path, ": ", ec.message());
-  }
+  sat::check_output_dir("--out", dir);
+  for (auto [name, text] : {std::pair{"tune.json", json}, std::pair{"tune.html", html}})
+    sat::write_file_atomic("--out", dir + "/" + name, text);
 }
 
 // The cache of `--batch auto`: one directory (tune.json, tune.html) per model, data,
@@ -275,13 +273,20 @@ std::string tune_cache_dir(const std::string& key) {
   return base + "/saturate/tune/" + hex;
 }
 
-// A cached report goes with this run's output too.
+// A cached report goes with this run's output too (best effort: the cache is only a copy).
 void copy_tune_files(const std::filesystem::path& from, const std::string& to) {
-  std::error_code ec;
-  std::filesystem::create_directories(to, ec);
-  for (const char* f : {"tune.json", "tune.html"})
-    std::filesystem::copy_file(from / f, std::filesystem::path(to) / f, std::filesystem::copy_options::overwrite_existing,
-                               ec);
+  try {
+    std::string text[2];
+    const char* names[2] = {"tune.json", "tune.html"};
+    for (int i = 0; i < 2; ++i) {
+      std::ifstream f(from / names[i], std::ios::binary);
+      if (!f) return;
+      text[i].assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    write_tune_files(to, text[0], text[1]);
+  } catch (const sat::Error& e) {
+    std::fprintf(stderr, "tune: could not copy the cached report to --out (%s); carrying on\n", e.what());
+  }
 }
 
 // Rank 0: the layout tuning's table, and its report in the cache and in --out.
@@ -296,6 +301,20 @@ void report_layout_tuning(const TrainArgs& a, const sat::LayoutTuneResult& r, co
   if (a.out.empty()) return;
   write_tune_files(a.out, json, html);
   std::printf("layout auto: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
+}
+
+// The cache is input like any other: a damaged or hostile tune.json must not reach a
+// conversion to an integer out of range, or a micro-batch no flag would allow. hit: found,
+// micro-batch, accumulation, lr, ZeRO stage, recompute mode. "" when it is sound.
+std::string cached_choice_problem(const double* hit, double warmup_fraction) {
+  auto whole = [](double x, double lo, double hi) { return std::isfinite(x) && x == std::floor(x) && x >= lo && x <= hi; };
+  if (!whole(hit[1], 1, double(kMaxBatch))) return sat::str_cat("micro_batch ", hit[1], " is not from 1 to ", kMaxBatch);
+  if (!whole(hit[2], 1, double(1 << 20))) return sat::str_cat("accum ", hit[2], " is not from 1 to ", 1 << 20);
+  if (!(std::isfinite(hit[3]) && hit[3] > 0 && hit[3] < 1e6)) return sat::str_cat("lr ", hit[3], " is not a positive number");
+  if (!whole(hit[4], 0, 3)) return sat::str_cat("zero ", hit[4], " is not a ZeRO stage 0 to 3");
+  if (!whole(hit[5], 0, 2)) return "recompute is not a mode";
+  if (!(warmup_fraction >= 0 && warmup_fraction <= 1)) return sat::str_cat("warmup_fraction ", warmup_fraction, " is not from 0 to 1");
+  return "";
 }
 
 // --batch auto (and saturate tune): tune, or take the cached choice, and put it in cfg
@@ -331,8 +350,16 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
         tr.choice.reason = c.at("reason").get<std::string>();
         tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
         tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
-      } catch (const std::exception&) {
+        const std::string why = cached_choice_problem(hit, tr.choice.warmup_fraction);
+        if (!why.empty()) {
+          hit[0] = 0;
+          std::fprintf(stderr, "tune: ignoring the cached choice in %s (%s); tuning again\n",
+                       (cache / "tune.json").c_str(), why.c_str());
+        }
+      } catch (const std::exception& e) {
         hit[0] = 0;  // unreadable: tune again and overwrite it
+        std::fprintf(stderr, "tune: ignoring the cached choice in %s (unreadable: %s); tuning again\n",
+                     (cache / "tune.json").c_str(), e.what());
       }
     }
     comm.broadcast_sync(hit, 6, sat::DType::f64, 0);
@@ -348,13 +375,7 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
         std::fprintf(stderr, "tune: using the cached choice in %s (delete it to tune again)\n",
                      (cache / "tune.json").c_str());
         // The report of the cached tuning goes with this run's output too.
-        std::error_code ec;
-        if (!a.out.empty() && std::filesystem::exists(cache / "tune.html")) {
-          std::filesystem::create_directories(a.out, ec);
-          for (const char* f : {"tune.json", "tune.html"})
-            std::filesystem::copy_file(cache / f, std::filesystem::path(a.out) / f,
-                                       std::filesystem::copy_options::overwrite_existing, ec);
-        }
+        if (!a.out.empty()) copy_tune_files(cache, a.out);
       }
     }
   }
@@ -501,6 +522,35 @@ bool apply_layout_tuning(const TrainArgs& a, bool tune_only, const sat::ModelCon
   return true;
 }
 
+// micro-batch x accumulation x data-parallel ranks: the samples of a step, computed without
+// overflow and at most 2^40 (each factor is range-checked already; their product is not).
+void check_global_batch(const sat::TrainConfig& cfg, int world) {
+  const int64_t dp = std::max(1, world / std::max(1, cfg.tp * cfg.pp));
+  int64_t g = 0;
+  const bool overflow = __builtin_mul_overflow(cfg.batch, cfg.accum, &g) || __builtin_mul_overflow(g, dp, &g);
+  SAT_CHECK(!overflow && g <= (int64_t(1) << 40), "--batch ", cfg.batch, " x --accum ", cfg.accum, " x ", dp,
+            " data-parallel rank(s): more than 2^40 samples per optimizer step");
+}
+
+// Every output of train and tune, before anything is read or trained (on every rank alike):
+// a target that exists and is not a regular file, or a directory that cannot be created or
+// written, is refused; and a directory holding another run's results is not written over
+// without --overwrite (metrics.jsonl would be truncated at the first step).
+void check_train_outputs(const TrainArgs& a, bool tune_only) {
+  if (!a.save_weights.empty()) sat::check_output_file("--save-weights", a.save_weights);
+  if (a.out.empty()) return;
+  sat::check_output_dir("--out", a.out);
+  const std::vector<std::string> files = tune_only ? std::vector<std::string>{"tune.json", "tune.html"}
+                                                   : std::vector<std::string>{"metrics.jsonl", "summary.json",
+                                                                              "tune.json", "tune.html"};
+  for (const std::string& f : files) sat::check_output_file("--out", a.out + "/" + f);
+  // --resume goes on with the same run: its metrics.jsonl is kept up to the checkpoint's step.
+  if (tune_only || a.overwrite || !a.resume.empty()) return;
+  for (const char* f : {"metrics.jsonl", "summary.json"})
+    SAT_CHECK(!std::filesystem::exists(std::filesystem::path(a.out) / f), "--out: ", a.out,
+              " already holds the results of another run (", f, "): give a new directory, or --overwrite to replace them");
+}
+
 int run_train(const TrainArgs& a, bool tune_only = false) {
   const double t0 = sat::now_seconds();
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
@@ -511,10 +561,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   if (!a.init_weights.empty())
     SAT_CHECK(std::filesystem::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
   check_checkpoint_flags(a);
-  if (!a.save_weights.empty()) {
-    auto dir = std::filesystem::path(a.save_weights).parent_path();
-    SAT_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--save-weights: directory ", dir.string(), " does not exist");
-  }
+  check_train_outputs(a, tune_only);
 
   sat::DataOptions dopt = sat::data_options_for(mc, a.seed);
   if (!a.normalize.empty()) sat::parse_normalize(a.normalize, dopt);
@@ -597,6 +644,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
             "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
             " --accum 2 instead of --batch ", cfg.batch, ")");
   cfg.measure_noise = a.noise_scale;
+  check_global_batch(cfg, world);
   if (tcfg.memory_budget) {
     // This rank's stage of the pipeline (global rank = tp rank + tp * (dp rank + dp * stage)).
     const int stage = comm->rank() / std::max(1, world / cfg.pp);
@@ -905,6 +953,7 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
                 "--checkpoint-dir, or a fresh start)");
   t->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
   t->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
+  t->add_flag("--overwrite", a.overwrite, "with --out: replace the results of an earlier run in that directory");
   t->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
   t->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (GPU: mixed precision, fp32 master weights)")->capture_default_str();
   t->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
@@ -935,6 +984,78 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--objective", a.objective, "with --batch auto: throughput | goodput (throughput x statistical efficiency)")->capture_default_str();
   t->add_option("--knee", a.knee, "with --batch auto: the smallest micro-batch within this fraction of the best throughput")->capture_default_str();
   t->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, sqrt AdamW)")->capture_default_str();
+}
+
+// Every number from a flag of every command is checked where CLI11 parses it, by the
+// option's type (so an option added later is covered too): a floating-point value must be
+// finite and within float's range (NaN, inf and 1e999 would otherwise pass every `x > 0`
+// check and train on silently), an integer must lie in its flag's range below (before any arithmetic: no
+// product of flags can overflow, no size is allocated from a typo). A flag that is not
+// listed gets [0, 2^31 - 1]; "COMMAND FLAG" overrides FLAG for one command.
+struct IntRange {
+  long long lo, hi;
+};
+const std::map<std::string, IntRange>& int_ranges() {
+  static const std::map<std::string, IntRange> r = {
+      {"--accum", {1, 1 << 20}},         {"--epochs", {1, 1000000}},
+      {"--steps", {1, 1LL << 40}},       {"--warmup", {0, 1LL << 40}},
+      {"--step-size", {0, 1LL << 40}},   {"--vocab", {0, 1 << 30}},
+      {"--threads", {0, 1024}},          {"--zero", {0, 3}},
+      {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
+      {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
+      {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
+      {"--batch", {1, 1 << 24}},         {"--ranks", {1, 1 << 20}},
+      {"--gpus", {1, 1 << 20}},          {"--gpus-per-node", {0, 4096}},
+      {"--top", {1, 100000}},            {"--min-bytes", {4, 1LL << 34}},
+      {"--max-bytes", {4, 1LL << 34}},   {"--iters", {1, 1000000}},
+      {"bench comm --warmup", {0, 1000000}},
+      // saturate schedule prints a grid of every rank and micro-batch
+      {"schedule --pp", {1, 256}},       {"schedule --accum", {1, 4096}},
+      {"schedule --virtual-stages", {1, 64}},
+  };
+  return r;
+}
+
+void check_numbers(CLI::App* app, const std::string& command) {
+  for (CLI::Option* o : app->get_options()) {
+    const std::string type = o->get_type_name(), flag = o->get_name();
+    if (type == "FLOAT") {
+      o->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (end == v.c_str() || *end != 0) return "expected a number, got '" + v + "'";
+            // (the engine computes in float: a larger magnitude would not convert)
+            if (!std::isfinite(x) || std::fabs(x) > double(FLT_MAX))
+              return "expected a finite number (at most 3.4e38 in magnitude), got '" + v + "'";
+            return "";
+          },
+          "", "finite"));
+    } else if (type == "INT" || type == "UINT") {
+      auto it = int_ranges().find(command + " " + flag);
+      if (it == int_ranges().end()) it = int_ranges().find(flag);
+      const bool unsigned_any = type == "UINT" && it == int_ranges().end();  // --seed: any 64-bit value
+      const IntRange range = it != int_ranges().end() ? it->second : IntRange{0, (1LL << 31) - 1};
+      o->check(CLI::Validator(
+          [range, unsigned_any](std::string& v) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            const bool neg = v.find('-') != std::string::npos;
+            if (unsigned_any) {
+              if (!neg) (void)std::strtoull(v.c_str(), &end, 0);
+              if (!neg && end != v.c_str() && *end == 0 && errno == 0) return "";
+              return "expected an integer from 0 to 18446744073709551615, got '" + v + "'";
+            }
+            const long long x = std::strtoll(v.c_str(), &end, 0);
+            if (end == v.c_str() || *end != 0 || errno != 0 || x < range.lo || x > range.hi)
+              return sat::str_cat("expected an integer from ", range.lo, " to ", range.hi, ", got '", v, "'");
+            return "";
+          },
+          "", "range"));
+    }
+  }
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; }))
+    check_numbers(sub, command.empty() ? sub->get_name() : command + " " + sub->get_name());
 }
 
 // The layout flags given on the command line (with --layout they fix fields of the search).
@@ -1011,8 +1132,10 @@ int main(int argc, char** argv) {
         if (arg == "--") { ++i; break; }
         if ((arg == "-n" || arg == "--np") && i + 1 < argc) {
           char* end = nullptr;
-          long v = std::strtol(argv[++i], &end, 10);
-          SAT_CHECK(end && *end == 0 && v >= 1, "-n: expected a positive number of processes, got '", argv[i], "'");
+          errno = 0;
+          const long v = std::strtol(argv[++i], &end, 10);
+          SAT_CHECK(end != argv[i] && *end == 0 && errno == 0 && v >= 1 && v <= 4096,
+                    "-n: expected a number of processes from 1 to 4096, got '", argv[i], "'");
           n = int(v);
         } else if (arg == "-h" || arg == "--help") {
           std::printf("usage: saturate launch -n N -- train [options]\n"
@@ -1063,6 +1186,7 @@ int main(int argc, char** argv) {
   bcomm->add_option("--warmup", bco.warmup, "untimed all-reduces per size")->capture_default_str();
   bcomm->add_option("--backend", bc_backend, "mpi (host memory) | nccl (GPU memory, one GPU per rank)")->capture_default_str();
 
+  check_numbers(&app, "");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -1113,6 +1237,8 @@ int main(int argc, char** argv) {
       }
       return ok ? 0 : 1;
     }
+  } catch (const sat::ReportedError&) {
+    return 2;  // every rank met it together and has printed its line
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     if (pi.distributed()) {

@@ -13,6 +13,12 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An error every rank of the job met together and has already printed (one line each):
+// the CLI ends with status 2 without printing it again.
+struct ReportedError : Error {
+  using Error::Error;
+};
+
 // Thrown when an allocation would exceed the memory budget (see alloc.h).
 struct OutOfMemory : Error {
   using Error::Error;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/io.h"
 #include "nn/shard.h"
 
 namespace sat {
@@ -53,23 +54,12 @@ void save_safetensors(const std::string& path, const ParamStore& ps, const std::
   }
   std::string header = h.dump();
   while ((header.size() + 8) % 8) header += ' ';
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    SAT_CHECK(f, "--save-weights: cannot write ", tmp, ": ", std::strerror(errno));
+  write_file_atomic("--save-weights", path, [&](std::ostream& f) {
     uint64_t n = header.size();
     f.write(reinterpret_cast<const char*>(&n), 8);
     f.write(header.data(), std::streamsize(header.size()));
     for (auto& e : es) f.write(static_cast<const char*>(e.t.ptr), std::streamsize(e.t.bytes()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      fail("--save-weights: writing ", tmp, " failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  SAT_CHECK(!ec, "--save-weights: cannot rename ", tmp, " to ", path, ": ", ec.message());
+  });
 }
 
 void load_safetensors(const std::string& path, ParamStore& ps, const std::set<std::string>* model_names) {

@@ -12,7 +12,7 @@ namespace sat {
 // The format's name of a dtype: "F32", "I64", "BF16", ...
 const char* safetensors_dtype(DType t);
 
-// Writes atomically (to FILE.tmp, then renamed), so an existing file is never lost
+// Writes atomically (core/io.h: a unique temporary file beside it, fsynced and renamed), so an existing file is never lost
 // to a failed write.
 // Writes the host copies: on the GPU, call ps.sync_to_host() first.
 void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name);

@@ -1,10 +1,13 @@
 #include "plan/plan_cli.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
+#include "core/io.h"
 #include "dist/comm.h"
 #include "plan/calibrate.h"
 #include "plan/planner.h"
@@ -22,19 +25,12 @@ double parse_size(const std::string& flag, const std::string& v) {
   const double k = unit == "" || unit == "B" ? 1 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1024.0 * 1024
                  : unit == "GiB" ? 1024.0 * 1024 * 1024 : unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : unit == "TB" ? 1e12 : -1;
   SAT_CHECK(k > 0, flag, ": unknown unit '", unit, "' in '", v, "' (expected B, KiB, MiB, GiB, MB, GB or TB)");
+  SAT_CHECK(std::isfinite(x) && x * k <= 0x1p60, flag, ": expected a size of at most 1 EiB, got '", v, "'");
   return x * k;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  const std::filesystem::path p(path);
-  const std::filesystem::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    SAT_CHECK(f.good(), "cannot write ", tmp.string());
-    f << text;
-    SAT_CHECK(f.good(), "cannot write ", tmp.string());
-  }
-  std::filesystem::rename(tmp, p);
+void write_file(const std::string& what, const std::string& path, const std::string& text) {
+  write_file_atomic(what, path, text);
 }
 
 PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
@@ -71,39 +67,42 @@ int run_calibrate(const PlanArgs& a) {
   std::printf("fitted: gemm_max %.4f, memory_eff %.4f, comm_eff %.4f\n%s", hw.eff.gemm_max, hw.eff.memory_eff,
               hw.eff.comm_eff, calibration_table(evaluate_runs(runs, hw, true)).c_str());
   hw.source = "fitted to " + a.calibrate;
-  if (!a.json_file.empty()) write_file(a.json_file, hardware_json(hw));
-  if (!a.out_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(a.out_dir, ec);
-    write_file(a.out_dir + "/hardware.json", hardware_json(hw));
-  }
+  if (!a.json_file.empty()) write_file("--json", a.json_file, hardware_json(hw));
+  if (!a.out_dir.empty()) write_file("--out", a.out_dir + "/hardware.json", hardware_json(hw));
   if (!a.json_file.empty() || !a.out_dir.empty())
     std::printf("wrote the fitted description (use it with --gpu FILE): %s\n",
                 (a.json_file.empty() ? a.out_dir + "/hardware.json" : a.json_file).c_str());
   return 0;
 }
 
+// The outputs, checked before anything is measured or searched: a file name that is a
+// directory or a device, a directory that cannot be created or written.
+void check_plan_outputs(const PlanArgs& a) {
+  if (!a.json_file.empty()) check_output_file("--json", a.json_file);
+  if (a.out_dir.empty()) return;
+  check_output_dir("--out", a.out_dir);
+  for (const char* f : a.calibrate.empty() ? std::vector<const char*>{"plan.json", "plan.html"}
+                                           : std::vector<const char*>{"hardware.json"})
+    check_output_file("--out", a.out_dir + "/" + f);
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& a) {
+  check_plan_outputs(a);
   if (!a.calibrate.empty()) return run_calibrate(a);
   SAT_CHECK(a.gpus >= 1, "--gpus: expected a positive number of devices, got ", a.gpus);
   SAT_CHECK(a.global_batch >= 1, "--global-batch is required: expected a positive number of samples per step, got ", a.global_batch);
   std::unique_ptr<dist::Comm> world;
   if (a.gpu == "this" && dist::detect_process().distributed()) world = dist::make_world_comm();
   const PlanRequest r = request_of(a, world.get());
-  if (!a.out_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(a.out_dir, ec);
-    SAT_CHECK(!ec && std::filesystem::is_directory(a.out_dir), "--out ", a.out_dir, ": cannot create the directory");
-  }
   const PlanResult p = plan_layouts(r);
   if (!world || world->rank() == 0) {
     std::printf("%s", plan_text(p, r).c_str());
-    if (!a.json_file.empty()) write_file(a.json_file, plan_json(p, r));
+    if (!a.json_file.empty()) write_file("--json", a.json_file, plan_json(p, r));
     if (!a.out_dir.empty()) {
-      write_file(a.out_dir + "/plan.json", plan_json(p, r));
-      write_file(a.out_dir + "/plan.html", plan_html(p, r));
+      write_file("--out", a.out_dir + "/plan.json", plan_json(p, r));
+      write_file("--out", a.out_dir + "/plan.html", plan_html(p, r));
       std::printf("wrote %s/plan.json and %s/plan.html\n", a.out_dir.c_str(), a.out_dir.c_str());
     }
   }

@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -53,8 +54,11 @@ namespace {
 
 int64_t positive(const std::string& key, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  SAT_CHECK(!v.empty() && end && *end == 0 && x >= 1, "--layout: ", key, "=", v, ": expected a positive integer");
+  // (at most 2^24, the largest micro-batch: the fields are converted to int)
+  SAT_CHECK(!v.empty() && end && *end == 0 && errno == 0 && x >= 1 && x <= (1LL << 24), "--layout: ", key, "=", v,
+            ": expected a positive integer (at most 16777216)");
   return x;
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/io.h"
 
 namespace sat {
 
@@ -22,14 +23,28 @@ std::string format_duration(double s) {
 
 }  // namespace
 
-StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise)
+namespace {
+// metrics.jsonl's lines of steps up to `last` (each line starts {"step": N, ...).
+std::string metrics_until(const std::string& path, int64_t last) {
+  std::ifstream f(path);
+  std::string out, line;
+  while (std::getline(f, line)) {
+    long long step = 0;
+    if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= last) out += line + "\n";
+  }
+  return out;
+}
+}  // namespace
+
+StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise, int64_t resumed_at)
     : progress_(progress >= 0 ? progress : (isatty(STDERR_FILENO) ? 2 : 1)), noise_(noise) {
   if (out_dir.empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  SAT_CHECK(!ec, "--out: cannot create directory ", out_dir, ": ", ec.message());
-  metrics_.open(out_dir + "/metrics.jsonl", std::ios::trunc);
-  SAT_CHECK(metrics_, "--out: cannot write ", out_dir, "/metrics.jsonl");
+  check_output_dir("--out", out_dir);
+  const std::string path = out_dir + "/metrics.jsonl";
+  check_output_file("--out", path);
+  if (resumed_at > 0) write_file_atomic("--out", path, metrics_until(path, resumed_at));
+  metrics_.open(path, resumed_at > 0 ? std::ios::app : std::ios::trunc);
+  SAT_CHECK(metrics_, "--out: cannot write ", path);
 }
 
 void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
@@ -152,16 +167,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
 }
 
 void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    SAT_CHECK(f, "--out: cannot write ", tmp);
-    f << j.dump(2) << "\n";
-    SAT_CHECK(f.good(), "--out: writing ", tmp, " failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  SAT_CHECK(!ec, "--out: cannot write ", path, ": ", ec.message());
+  write_file_atomic("--out", path, j.dump(2) + "\n");
 }
 
 }  // namespace sat

@@ -16,7 +16,10 @@ namespace sat {
 class StepReporter {
  public:
   // progress: -1 automatic, 0 quiet, 1 lines, 2 bar. out_dir "" writes no metrics.
-  StepReporter(int progress, const std::string& out_dir, bool noise);
+  // resumed_at > 0: a run resumed from the checkpoint of that step goes on with the existing
+  // metrics.jsonl: its lines up to that step are kept (those of steps after it, written
+  // before the run stopped, are dropped) and the new ones appended. 0: a new file.
+  StepReporter(int progress, const std::string& out_dir, bool noise, int64_t resumed_at = 0);
   void step(const StepMetrics& m, int64_t total, double elapsed);
 
  private:
@@ -41,7 +44,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p);
 // summary.json: see the README's table of fields.
 nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
                                    const MemoryPlan& plan);
-// Writes j to path atomically (a temporary file, renamed): a failed write keeps the old one.
+// Writes j to path atomically (core/io.h's write_file_atomic): a failed write keeps the old one.
 void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j);
 
 }  // namespace sat

@@ -13,6 +13,7 @@
 #include "nn/safetensors.h"
 #include "nn/shard.h"
 #include "profile/nvml.h"
+#include "train/agree.h"
 #include "train/checkpoint.h"
 #include "train/noise.h"
 #include "train/report.h"
@@ -69,7 +70,9 @@ void check_config(const TrainConfig& cfg) {
   SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
   SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
-  SAT_CHECK(cfg.bucket_mb > 0, "--bucket-mb: expected a positive size, got ", cfg.bucket_mb);
+  // (at most 1 TiB: the size in floats is converted to an integer)
+  SAT_CHECK(cfg.bucket_mb > 0 && cfg.bucket_mb <= 1 << 20, "--bucket-mb: expected a size from 0 to 1048576 (MiB), got ",
+            cfg.bucket_mb);
   SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
   SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
 }
@@ -354,6 +357,8 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     own_comm_ = dist::make_self_comm();
     world_ = own_comm_.get();
   }
+  // Before any collective whose size depends on them: every rank trains the same thing.
+  agree_on_config(*world_, config_fingerprint(mc, cfg_, train, test_));
   int dev_index = 0;
   mc_ = resolved(mc, cfg, &dev_index);
   const bool cuda = mc_.device == Device::cuda;
@@ -453,6 +458,43 @@ void broadcast_store(dist::Comm& dp, ParamStore& ps) {
 }
 }  // namespace
 
+// Whether every value of this rank's parameters (its stage, its shard) is finite: host
+// copies, so on a GPU after sync_to_host.
+bool Trainer::params_finite() const {
+  const ParamStore& ps = *params_;
+  const float* p = ps.device() == Device::cpu ? ps.flat_params() : ps.host_flat_params();
+  const int64_t n = ps.sharding().stage >= 3 ? ps.shard_len() : ps.flat_size();
+  int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad += std::isfinite(p[i]) ? 0 : 1;
+  return bad == 0;
+}
+
+// After each optimizer step on the CPU: the first step whose update left a parameter of
+// this rank not finite (the loss can stay finite a while: an embedding row no batch reads).
+void Trainer::note_nonfinite_params(int64_t step) {
+  if (first_nonfinite_step_ == 0 && !on_gpu() && !params_finite()) first_nonfinite_step_ = step;
+}
+
+// The error of a step whose loss is not finite (every rank has the same loss): with the step
+// whose update first left this rank's parameters not finite, when that came before.
+std::string Trainer::diverged_message(int64_t step, double loss) const {
+  std::string m = str_cat("training diverged: the loss of step ", step, " is ", loss);
+  if (first_nonfinite_step_ > 0 && first_nonfinite_step_ < step)
+    m += str_cat(" (the parameters first became non-finite in the update of step ", first_nonfinite_step_, ")");
+  return m + "; try a smaller --lr; nothing was saved";
+}
+
+// After the last step, on every rank alike (the first bad step is agreed over the job): a
+// run whose parameters are not finite fails instead of saving them and reporting success.
+void Trainer::check_params_finite(int64_t steps) {
+  double first = first_nonfinite_step_ > 0 ? double(first_nonfinite_step_) : params_finite() ? 0 : double(steps);
+  double v[1] = {first > 0 ? first : 1e300};
+  if (world_->size() > 1) world_->all_reduce_sync(v, 1, DType::f64, dist::ReduceOp::min);
+  SAT_CHECK(v[0] >= 1e300, "training diverged: the parameters are not finite after step ", int64_t(v[0]), " of ",
+            steps, " (the loss was still finite; try a smaller --lr); nothing was saved");
+}
+
 void Trainer::broadcast_initial_state() { broadcast_store(mesh_->dp_group(), *params_); }
 
 // ZeRO-3 keeps only its pieces: the full parameters are drawn in a store of their own,
@@ -461,6 +503,7 @@ void Trainer::init_params() {
   if (params_->sharding().stage < 3) {
     params_->init(cfg_.seed);
     broadcast_initial_state();
+    agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(*params_), "initialisation");
     return;
   }
   {
@@ -468,6 +511,7 @@ void Trainer::init_params() {
     ParamStore full(g.params(), g.states(), 0);
     full.init(cfg_.seed);
     broadcast_store(mesh_->dp_group(), full);
+    agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(full), "initialisation");
     params_->shard_from(full);
   }
   mem_reset_peak();
@@ -560,7 +604,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   if (resume_) r.losses = resume_->losses, r.resumed_from = resume_->step;
   r.warmup_excluded = cfg_.warmup_excluded >= 0 ? cfg_.warmup_excluded : std::min<int64_t>(3, (total - start) / 5);
   r.predicted_memory_bytes = plan_.memory.total();
-  StepReporter reporter(cfg_.progress, cfg_.out_dir, cfg_.measure_noise);
+  StepReporter reporter(cfg_.progress, cfg_.out_dir, cfg_.measure_noise, resume_ ? resume_->step : 0);
   if (train_loader_) train_loader_->start_epoch(resume_ ? resume_->epoch : 0, resume_ ? resume_->step_in_epoch * cfg_.accum : 0);
   if (resume_) hooks_->set_epoch(resume_->epoch);
   double last_save = now_seconds();
@@ -599,8 +643,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     const double loss = step_loss(st.loss_sum, st.losses, wait);
     if (cfg_.measure_noise) hooks_->noise_sample(r.grad_norms);
     if (on_gpu() && cfg_.cuda_graph && step == 0) engine_->set_graphs(true);  // the first step runs eagerly
-    SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), "training diverged: the loss of step ",
-              step + 1, " is ", loss, " (try a smaller --lr)");
+    SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), diverged_message(step + 1, loss));
     const double dt = now_seconds() - t0;
     if (step - start >= r.warmup_excluded) measured_step_seconds += dt, measured_wait += wait;
     StepMetrics sm{step + 1, loss, lr, dt, double(global_batch) / dt};
@@ -613,6 +656,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       sm.noise_scale = noise.estimate();
     }
     r.losses.push_back(loss);
+    note_nonfinite_params(step + 1);
     const bool timed = cfg_.time_limit > 0 && step - start >= r.warmup_excluded + 2;
     if ((timed || cfg_.stop_early) && step + 1 < total) {
       // Every rank stops at the same step: rank 0's clock (and answer) decides.
@@ -654,6 +698,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   r.checkpoint_write_seconds = ckpt_stats_.written_seconds;
   r.checkpoint_bytes = ckpt_stats_.last_bytes, r.last_checkpoint = ckpt_stats_.last;
   finish(r, total);
+  check_params_finite(total);
   if (test_ && !r.stop_signal) {  // stopping for preemption: no time for evaluation
     if (world_->rank() == 0 && cfg_.progress != 0)
       std::fprintf(stderr, "evaluating on %s (%lld samples)\n", test_->name().c_str(), (long long)test_->size());
@@ -858,11 +903,14 @@ void Trainer::load_weights(const std::string& path) {
     const Graph& g = *plan_.model.graph;
     ParamStore full(g.params(), g.states(), 0);
     load_safetensors(path, full, mesh_->pp() > 1 ? &names : nullptr);
+    agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(full), "--init-weights " + path);
     broadcast_store(mesh_->dp_group(), full);
     params_->shard_from(full);
     return;
   }
   load_safetensors(path, *params_, mesh_->pp() > 1 ? &names : nullptr);
+  // Before the broadcast, which would hide it: a rank that read another file of that name.
+  agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(*params_), "--init-weights " + path);
   if (mesh_->dp() > 1) broadcast_initial_state();
 }
 

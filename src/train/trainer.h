@@ -90,6 +90,10 @@ class Trainer {
   void setup_gpu(int dev_index, bool nccl_dp);
   void setup_step(bool nccl_dp);
   void broadcast_initial_state();
+  bool params_finite() const;
+  void note_nonfinite_params(int64_t step);
+  void check_params_finite(int64_t steps);
+  std::string diverged_message(int64_t step, double loss) const;
   void init_params();
   // The parameters as full tensors: the store itself, or under ZeRO-3 a gathered copy in
   // `keep` (collective over dp).
@@ -148,6 +152,7 @@ class Trainer {
     double paused = 0, written_seconds = 0, last_bytes = 0;
     std::string last;
   } ckpt_stats_;
+  int64_t first_nonfinite_step_ = 0;  // the first step that left a parameter not finite (CPU)
 };
 
 }  // namespace sat

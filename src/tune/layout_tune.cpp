@@ -36,11 +36,35 @@ std::string layout_choice_line(const Layout& l, double measured, double predicte
   return l.str() + buf;
 }
 
+namespace {
+// A cached layout is input like any other: every field within the flags' ranges before it
+// is converted to an integer or trained with. "" when it is sound.
+std::string layout_choice_problem(const Json& c) {
+  const std::pair<const char*, std::pair<double, double>> ranges[] = {
+      {"dp", {1, 1 << 20}}, {"tp", {1, 4096}}, {"pp", {1, 4096}}, {"micro_batch", {1, 1 << 24}},
+      {"accum", {1, 1 << 20}}, {"virtual_stages", {1, 1024}}, {"zero", {0, 3}}};
+  for (const auto& [k, r] : ranges) {
+    const double x = c.at(k).number();
+    if (!(std::isfinite(x) && x == std::floor(x) && x >= r.first && x <= r.second))
+      return str_cat(k, " ", x, " is not from ", (long long)r.first, " to ", (long long)r.second);
+  }
+  for (const char* k : {"measured_samples_per_second", "predicted_samples_per_second"})
+    if (!(std::isfinite(c.at(k).number()) && c.at(k).number() >= 0)) return str_cat(k, " is not a rate");
+  return "";
+}
+}  // namespace
+
 bool read_layout_choice(const std::string& path, Layout& l, double& measured, double& predicted) {
   if (!std::filesystem::exists(path)) return false;
   try {
     const Json j = Json::parse_file(path);
     const Json& c = j.at("layout_choice");
+    const std::string why = layout_choice_problem(c);
+    if (!why.empty()) {
+      std::fprintf(stderr, "layout auto: ignoring the cached choice in %s (%s); tuning again\n", path.c_str(),
+                   why.c_str());
+      return false;
+    }
     l.dp = int(c.at("dp").integer()), l.tp = int(c.at("tp").integer()), l.pp = int(c.at("pp").integer());
     l.micro_batch = c.at("micro_batch").integer(), l.accum = c.at("accum").integer();
     l.schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(c.at("schedule").string());
@@ -51,8 +75,11 @@ bool read_layout_choice(const std::string& path, Layout& l, double& measured, do
     measured = c.at("measured_samples_per_second").number();
     predicted = c.at("predicted_samples_per_second").number();
     return true;
-  } catch (const Error&) {
-    return false;  // not a layout tuning's file, or damaged: tune again and overwrite it
+  } catch (const std::exception& e) {
+    // not a layout tuning's file, or damaged: tune again and overwrite it
+    std::fprintf(stderr, "layout auto: ignoring the cached choice in %s (unreadable: %s); tuning again\n",
+                 path.c_str(), e.what());
+    return false;
   }
 }
 
@@ -78,7 +105,11 @@ void unpack(const double* v, Layout& l, double& measured, double& predicted) {
 bool shared_layout_choice(dist::Comm* comm, const std::string& path, Layout& l, double& measured, double& predicted) {
   double v[kPacked + 1] = {};  // v[0]: found
   if ((!comm || comm->rank() == 0) && read_layout_choice(path, l, measured, predicted)) {
-    v[0] = 1;
+    const int world = comm ? comm->size() : 1;
+    v[0] = int64_t(l.dp) * l.tp * l.pp == world ? 1 : 0;
+    if (v[0] == 0)
+      std::fprintf(stderr, "layout auto: ignoring the cached choice in %s (dp %d x tp %d x pp %d is not the job's %d "
+                   "rank(s)); tuning again\n", path.c_str(), l.dp, l.tp, l.pp, world);
     pack(l, measured, predicted, v + 1);
   }
   if (comm && comm->size() > 1) comm->broadcast_sync(v, kPacked + 1, DType::f64, 0);
