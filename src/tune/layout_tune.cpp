@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <filesystem>
 
 #include "backend/device.h"
@@ -54,13 +55,21 @@ bool read_layout_choice(const std::string& path, Layout& l, double& measured, do
   try {
     const Json j = Json::parse_file(path);
     const Json& c = j.at("layout_choice");
-    l.dp = int(c.at("dp").integer()), l.tp = int(c.at("tp").integer()), l.pp = int(c.at("pp").integer());
-    l.micro_batch = c.at("micro_batch").integer(), l.accum = c.at("accum").integer();
+    // A count from 1 (zero: 0) to 2^31 - 1: a damaged file must not hand the trainer a
+    // layout of 0 ranks (or one that wraps around int).
+    auto count = [&](const char* key, int64_t lo = 1, int64_t hi = INT32_MAX) {
+      const Json& v = c.at(key);
+      const int64_t n = v.integer();
+      if (n < lo || n > hi) v.fail(str_cat("expected a whole number from ", lo, " to ", hi, ", got ", n));
+      return n;
+    };
+    l.dp = int(count("dp")), l.tp = int(count("tp")), l.pp = int(count("pp"));
+    l.micro_batch = count("micro_batch"), l.accum = count("accum");
     l.schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(c.at("schedule").string());
-    l.virtual_stages = int(c.at("virtual_stages").integer());
+    l.virtual_stages = int(count("virtual_stages"));
     l.recompute = parse_recompute(c.at("recompute").string());
     l.sequence_parallel = c.at("sequence_parallel").boolean();
-    l.zero = int(c.at("zero").integer());
+    l.zero = int(count("zero", 0, 3));
     measured = c.at("measured_samples_per_second").number();
     predicted = c.at("predicted_samples_per_second").number();
     return true;
