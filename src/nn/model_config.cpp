@@ -76,7 +76,8 @@ void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body)
     const std::string& v = kv.at("dropout");
     char* end = nullptr;
     const double p = std::strtod(v.c_str(), &end);
-    SAT_CHECK(!v.empty() && end && *end == 0 && p >= 0 && p < 1, "--model ", spec,
+    // In float, as the layers keep it: 0.99999999 rounds to 1 (every activation dropped).
+    SAT_CHECK(!v.empty() && end && *end == 0 && p >= 0 && float(p) < 1.0f, "--model ", spec,
               ": 'dropout' must be a probability in [0, 1), got '", v, "'");
     c.dropout = float(p);
   }
