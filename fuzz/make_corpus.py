@@ -44,6 +44,8 @@ put("idx", "zero-dim", b"\x00" + be(2051, 0, 2, 2))
 put("idx", "huge-dims", b"\x00" + be(2051, 0x7FFFFFFF, 0xFFFF, 0xFFFF))
 put("idx", "gz-truncated", b"\x04" + gz(imgs)[:-6])
 put("idx", "label-out-of-range", b"\x01" + be(2049, 1) + bytes([10]))
+# Regression: the dimensions' product wrapped to 65536 in 64 bits.
+put("idx", "regress-dims-wrap", b"\x00" + be(2051, 2, 4294901761, 2147516416) + bytes(64))
 
 # ---- cifar: byte 0 mod 6 = which file (data_batch_1..5.bin, test_batch.bin)
 rec = bytes([4]) + bytes((i * 7) % 256 for i in range(3072))
@@ -125,14 +127,16 @@ put("hardware", "escapes.json", '{"name": "\\ud83d\\ude00 \\u0000 \\"q\\"", "bas
 for i, s in enumerate(["mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m", "mlp:784-1024-1024-10", "mlp:3-2",
                        "resnet:34", "gpt:layers=2,heads=2,width=8,context=4,vocab=16,dropout=0.1",
                        "gpt:layers=1,heads=3,width=8,context=4,vocab=16", "gpt:layers=1", "mlp:784--10",
-                       "mlp:99999999999999999999-1", "resnet:50", "gpt:layers=1,layers=2", "gpt:heads=100000000,"
+                       "mlp:99999999999999999999-1", "resnet:50",
+                       "gpt:layers=1,heads=1,width=8,context=4,vocab=16,dropout=0.99999999", "gpt:layers=1,layers=2", "gpt:heads=100000000,"
                        "layers=1,width=100000000,context=100000000,vocab=1", "unknown:x", ":"]):
     put("model", "m%02d" % i, s)
 
 # ---- layout: --layout strings
 for i, s in enumerate(["dp=2,tp=4,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1", "tp=2",
                        "zero=3", "sp=off", "schedule=gpipe", "micro=99999999999999999999", "dp=0", "dp", "=3",
-                       "dp=2,,tp=2", "", "recompute=selective,schedule=1f1b", "zero=4", "dp=2,dp=4", "pp=-1"]):
+                       "dp=2,,tp=2", "", "recompute=selective,schedule=1f1b", "zero=4", "dp=2,dp=4", "pp=-1",
+                       "dp=2147483648", "tp=+2"]):
     put("layout", "l%02d" % i, s)
 
 # ---- tune_cache: a tune.json of the layout tuning
