@@ -344,7 +344,7 @@ std::vector<uint8_t> shard(const std::vector<uint16_t>& tokens, int32_t magic = 
   hdr[2] = int32_t(count < 0 ? int64_t(tokens.size()) : count);
   std::vector<uint8_t> v(1024 + tokens.size() * 2);
   std::memcpy(v.data(), hdr.data(), 1024);
-  std::memcpy(v.data() + 1024, tokens.data(), tokens.size() * 2);
+  if (!tokens.empty()) std::memcpy(v.data() + 1024, tokens.data(), tokens.size() * 2);  // no null source
   return v;
 }
 }  // namespace
