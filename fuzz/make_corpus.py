@@ -128,7 +128,8 @@ for i, s in enumerate(["mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m", "m
                        "resnet:34", "gpt:layers=2,heads=2,width=8,context=4,vocab=16,dropout=0.1",
                        "gpt:layers=1,heads=3,width=8,context=4,vocab=16", "gpt:layers=1", "mlp:784--10",
                        "mlp:99999999999999999999-1", "resnet:50",
-                       "gpt:layers=1,heads=1,width=8,context=4,vocab=16,dropout=0.99999999", "gpt:layers=1,layers=2", "gpt:heads=100000000,"
+                       "gpt:layers=1,heads=1,width=8,context=4,vocab=16,dropout=0.99999999",
+                       "gpt:layers=1,heads=1,width=8,context=4,vocab=16,dropout=0.99999992", "gpt:layers=1,layers=2", "gpt:heads=100000000,"
                        "layers=1,width=100000000,context=100000000,vocab=1", "unknown:x", ":"]):
     put("model", "m%02d" % i, s)
 

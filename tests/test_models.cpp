@@ -110,6 +110,12 @@ TEST(ModelFamilies, SpecOfEveryModel) {
   EXPECT_EQ(sat::model_spec(sat::model_config("resnet18")), "resnet:18");
   EXPECT_EQ(sat::model_spec(sat::model_config("convnet")), "convnet");
   EXPECT_EQ(sat::model_config("gpt:layers=1,heads=2,width=8,context=4,vocab=16,dropout=0.25").dropout, 0.25f);
+  // Regression (fuzz_model): dropout 0.99999992 is the float 0.99999994, which model_spec
+  // printed with 6 digits as dropout=1, a spec --model refuses; now every digit it needs.
+  const std::string spec =
+      sat::model_spec(sat::model_config("gpt:layers=1,heads=2,width=8,context=4,vocab=16,dropout=0.99999992"));
+  EXPECT_EQ(spec, "gpt:layers=1,heads=2,width=8,context=4,vocab=16,dropout=0.99999994");
+  EXPECT_EQ(sat::model_config(spec).dropout, 0.99999994f);
 }
 
 // Hidden layers fc1..fcN-1 with relu1..reluN-1, the output layer fcN; none hidden: fc1 alone.

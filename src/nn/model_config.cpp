@@ -169,6 +169,16 @@ ModelConfig model_config(const std::string& name) {
   return c;
 }
 
+namespace {
+// The shortest text that reads back to the same float (ostream's 6 digits printed
+// 0.99999994 as 1, which --model refuses).
+std::string float_text(float x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+}  // namespace
+
 std::string model_spec(const ModelConfig& c) {
   switch (c.family) {
     case ModelFamily::convnet: return "convnet";
@@ -180,7 +190,7 @@ std::string model_spec(const ModelConfig& c) {
     }
     case ModelFamily::gpt:
       return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.seq_len,
-                     ",vocab=", c.vocab, c.dropout > 0 ? str_cat(",dropout=", c.dropout) : std::string());
+                     ",vocab=", c.vocab, c.dropout > 0 ? ",dropout=" + float_text(c.dropout) : std::string());
   }
   return c.name;
 }
