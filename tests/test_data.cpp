@@ -2,6 +2,7 @@
 // Fashion-MNIST files when installed, normalization, synthetic data, and the loader
 // (order, padding, prefetch thread == synchronous read, counted buffers, errors).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -343,7 +344,7 @@ std::vector<uint8_t> shard(const std::vector<uint16_t>& tokens, int32_t magic = 
   hdr[2] = int32_t(count < 0 ? int64_t(tokens.size()) : count);
   std::vector<uint8_t> v(1024 + tokens.size() * 2);
   std::memcpy(v.data(), hdr.data(), 1024);
-  std::memcpy(v.data() + 1024, tokens.data(), tokens.size() * 2);
+  if (!tokens.empty()) std::memcpy(v.data() + 1024, tokens.data(), tokens.size() * 2);  // no null source
   return v;
 }
 }  // namespace
@@ -415,6 +416,157 @@ TEST_F(DataTest, TokenShardErrors) {
   // Tokens for an image model, images for a token model.
   expect_error([&] { open_dataset("tokens:" + path("good.bin"), image_opts()); }, {"--data", "takes images"});
   expect_error([&] { open_dataset("mnist:" + dir_.string(), opts); }, {"--data", "takes token"});
+}
+
+// ------------------------------------------------------------------------- hostile files
+
+namespace {
+
+// A gzip file of `prefix` followed by `zero_mib` MiB of zero bytes (about 1 KiB of gzip per
+// MiB), built without compressing them all: one MiB of zeros deflated after a full flush
+// (which resets the compressor) is the same bytes every time, so it is repeated.
+std::vector<uint8_t> gzip_bomb(const std::vector<uint8_t>& prefix, uint64_t zero_mib) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 9, Z_DEFLATED, -15, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  auto deflate_all = [&](const std::vector<uint8_t>& in, int flush) {
+    std::vector<uint8_t> out(deflateBound(&z, uLong(in.size())) + 64);
+    z.next_in = const_cast<Bytef*>(in.data());
+    z.avail_in = uInt(in.size());
+    z.next_out = out.data();
+    z.avail_out = uInt(out.size());
+    EXPECT_NE(deflate(&z, flush), Z_STREAM_ERROR);
+    EXPECT_EQ(z.avail_in, 0u);
+    // Not resize(): g++ 12 under -fsanitize=address warns that it might grow (-Wstringop-overflow).
+    out.erase(out.end() - std::ptrdiff_t(z.avail_out), out.end());
+    return out;
+  };
+  const std::vector<uint8_t> mib(1 << 20, 0);
+  std::vector<uint8_t> gz = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff};
+  std::vector<uint8_t> head = deflate_all(prefix, Z_FULL_FLUSH);
+  gz.insert(gz.end(), head.begin(), head.end());
+  const std::vector<uint8_t> block = deflate_all(mib, Z_FULL_FLUSH);
+  EXPECT_EQ(deflate_all(mib, Z_FULL_FLUSH), block);  // the same every time: repeatable
+  uLong crc = crc32(0, prefix.data(), uInt(prefix.size()));
+  const uLong crc_mib = crc32(0, mib.data(), uInt(mib.size()));
+  for (uint64_t i = 0; i < zero_mib; ++i) {
+    gz.insert(gz.end(), block.begin(), block.end());
+    crc = crc32_combine(crc, crc_mib, z_off_t(mib.size()));
+  }
+  const std::vector<uint8_t> tail = deflate_all({}, Z_FINISH);
+  gz.insert(gz.end(), tail.begin(), tail.end());
+  deflateEnd(&z);
+  const uint32_t isize = uint32_t(prefix.size() + (zero_mib << 20));
+  for (uint32_t v : {uint32_t(crc), isize})
+    for (int b = 0; b < 4; ++b) gz.push_back(uint8_t(v >> (8 * b)));
+  return gz;
+}
+
+long max_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+// Opening `spec` fails with a message naming `file` and one of `reasons`, within 20 s and
+// without the process's peak memory growing by more than 256 MiB.
+void expect_refused_cheaply(const std::string& spec, const DataOptions& opt, const std::string& file,
+                            std::initializer_list<std::string> reasons) {
+  const long rss0 = max_rss_mib();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    open_dataset(spec, opt);
+    ADD_FAILURE() << spec << ": expected a sat::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+    bool any = false;
+    for (const auto& r : reasons) any |= msg.find(r) != std::string::npos;
+    EXPECT_TRUE(any) << "message: " << msg;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 20.0) << spec;
+  EXPECT_LT(max_rss_mib() - rss0, 256) << spec << ": peak memory grew by " << max_rss_mib() - rss0 << " MiB";
+}
+
+}  // namespace
+
+// A ~10 MB gzip that decompresses to 10 GiB of zeros behind an IDX header claiming 2^31
+// images: refused before allocating, in one line, quickly. 28x28 images (1.6 TiB) are more
+// than the free memory; 2^29 of 1x1 (512 MiB) fit the memory but the data is 17 times what
+// is declared, though the gzip trailer's size (modulo 2^32) agrees with the header.
+TEST_F(DataTest, GzipBombIsRefusedWithoutAllocating) {
+  write_mnist_dir(dir_, false, false);
+  const std::string f = path("train-images-idx3-ubyte.gz");
+  fs::remove(path("train-images-idx3-ubyte"));
+  std::vector<uint8_t> hdr;
+  for (uint32_t v : {2051u, 1u << 31, 28u, 28u}) put_be32(hdr, v);
+  std::vector<uint8_t> bomb = gzip_bomb(hdr, 10240);
+  EXPECT_GT(bomb.size(), 9u << 20);
+  EXPECT_LT(bomb.size(), 12u << 20);
+  write_file(f, bomb, false);
+  expect_refused_cheaply("mnist:" + dir_.string(), image_opts(), f, {"2147483648 images of 28x28", "free memory"});
+
+  // 2^29 images of 1x1 (512 MiB) behind 8.5 GiB, whose size modulo 2^32 is the declared one.
+  hdr.clear();
+  for (uint32_t v : {2051u, 1u << 29, 1u, 1u}) put_be32(hdr, v);
+  write_file(f, gzip_bomb(hdr, 8704), false);
+  expect_refused_cheaply("mnist:" + dir_.string(), image_opts(), f, {"decompresses to more than", "free memory"});
+
+  // A token shard declaring 1000 tokens, decompressing to 10 GiB.
+  std::vector<uint8_t> shard_hdr = shard({}, 20240520, 1, 1000);
+  const std::string t = path("bomb.bin.gz");
+  write_file(t, gzip_bomb(shard_hdr, 10240), false);
+  expect_refused_cheaply("tokens:" + t, token_opts(4, 100), t, {"decompresses to more than the 3024 bytes"});
+
+  // CIFAR-10 has no header: its gzip data is counted (not kept) before anything is allocated.
+  write_cifar_dir(dir_);
+  const std::string c = path("data_batch_2.bin");
+  write_file(c, gzip_bomb(std::vector<uint8_t>(5, 1), 64), false);  // 64 MiB + 5: not whole records
+  expect_refused_cheaply("cifar10:" + dir_.string(), image_opts(), c, {"not a whole number of CIFAR-10 records"});
+}
+
+// A gzip file that decompresses to exactly what its header declares reads the same whether
+// its trailer agrees (one member) or not (two members: the trailer holds the last one's size).
+TEST_F(DataTest, MultiMemberGzipReadsAsOne) {
+  write_mnist_dir(dir_, false, false);
+  const auto img = idx_images(5, 3, 4);
+  const std::vector<uint8_t> a(img.begin(), img.begin() + 20), b(img.begin() + 20, img.end());
+  write_file(path("a.gz"), a, true);
+  write_file(path("b.gz"), b, true);
+  std::vector<uint8_t> both;
+  for (const char* n : {"a.gz", "b.gz"}) {
+    std::ifstream in(path(n), std::ios::binary);
+    both.insert(both.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  fs::remove(path("train-images-idx3-ubyte"));
+  write_file(path("train-images-idx3-ubyte.gz"), both, false);
+  DataSplit s = open_dataset("mnist:" + dir_.string(), image_opts());
+  EXPECT_EQ(s.train->size(), 5);
+  EXPECT_FLOAT_EQ(get_x(*s.train, 4)[11], idx_pixel(4, 2, 3) / 255.0f);
+  // Gzip data one byte short of, or one byte beyond, the header's count.
+  const std::vector<uint8_t> short_img(img.begin(), img.end() - 1);
+  write_file(path("train-images-idx3-ubyte.gz"), short_img, true);
+  expect_error([&] { open_dataset("mnist:" + dir_.string(), image_opts()); },
+               {path("train-images-idx3-ubyte.gz"), "truncated"});
+  auto long_img = img;
+  long_img.push_back(0);
+  write_file(path("train-images-idx3-ubyte.gz"), long_img, true);
+  expect_error([&] { open_dataset("mnist:" + dir_.string(), image_opts()); },
+               {path("train-images-idx3-ubyte.gz"), "decompresses to more than the 76 bytes"});
+}
+
+// Regression: the IDX dimensions' product was taken in 64 bits, so 2 x 4294901761 x
+// 2147516416 wrapped to 65536 and passed the size check (then the dataset's own shape
+// overflowed int64: undefined behaviour).
+TEST_F(DataTest, IdxDimensionProductDoesNotWrap) {
+  write_mnist_dir(dir_, false, false);
+  std::vector<uint8_t> img;
+  for (uint32_t v : {2051u, 2u, 4294901761u, 2147516416u}) put_be32(img, v);
+  img.resize(img.size() + 65536, 0);
+  write_file(path("train-images-idx3-ubyte"), img, false);
+  expect_error([&] { open_dataset("mnist:" + dir_.string(), image_opts()); },
+               {path("train-images-idx3-ubyte"), "2 images of 4294901761x2147516416", "implausibly large"});
 }
 
 // ------------------------------------------------------------------------- specs, normalize

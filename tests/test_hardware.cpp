@@ -264,6 +264,14 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
   EXPECT_EQ(cluster_error("\"gpus_per_node\": 8,", "\"gpus_per_node\": 8"), "4:3: expected ',' or '}' after an object member, got '\"'");
   const std::string top = write_file("list.json", "[1]");
   EXPECT_EQ(error_of([&] { hardware(top); }), top + ": expected an object, got an array");
+  // Regression (fuzz_hardware): figures that leave a double in SI units were taken, as
+  // infinite FLOP/s or a bandwidth of 0, and the description could not be written back.
+  EXPECT_EQ(cluster_error("\"fp32\": 19.5", "\"fp32\": 1e300"),
+            "key 'peak_tflops.fp32': expected a figure of plausible size, got 1e+300");
+  EXPECT_EQ(cluster_error("\"memory_gib\": 80", "\"memory_gib\": 1e308"),
+            "key 'memory_gib': expected a figure of plausible size, got 1e+308");
+  EXPECT_EQ(cluster_error("\"latency_us\": 8", "\"latency_us\": 1e-310"),
+            "key 'inter_node.latency_us': expected a figure of plausible size, got 1e-310");
 }
 
 // A curve made by the cost model's own formula comes back; the fit never puts gemm_max above 1.

@@ -171,3 +171,29 @@ TEST(LayoutTune, FilterTextAndApply) {
   EXPECT_FALSE(read_layout_choice(bad.string(), none, m, p));
   fs::remove(bad);
 }
+
+// Regression (fuzz_tune_cache): a damaged cache's layout of 0 or -3 ranks, a zero level of
+// 7 or a count beyond int was taken as it stood and handed to the trainer; now the file is
+// not a valid choice (tune again), as a missing key is.
+TEST(LayoutTune, CachedChoiceWithImpossibleCountsIsNotTaken) {
+  const fs::path f = fs::temp_directory_path() / ("sat_layout_counts_" + std::to_string(getpid()) + ".json");
+  // The cache a layout tuning writes, with one field's value replaced.
+  auto read_with = [&](const std::string& key, const std::string& value) {
+    std::vector<std::pair<std::string, std::string>> fields{
+        {"dp", "2"}, {"tp", "1"}, {"pp", "1"}, {"micro_batch", "16"}, {"accum", "2"}, {"schedule", "\"1f1b\""},
+        {"virtual_stages", "1"}, {"recompute", "\"none\""}, {"sequence_parallel", "false"}, {"zero", "0"},
+        {"measured_samples_per_second", "100"}, {"predicted_samples_per_second", "90"}};
+    std::string c;
+    for (auto& [k, v] : fields) c += (c.empty() ? "" : ", ") + ("\"" + k + "\": ") + (k == key ? value : v);
+    std::ofstream(f) << "{\"layout_choice\": {" << c << "}}";
+    Layout l;
+    double m = 0, p = 0;
+    return read_layout_choice(f.string(), l, m, p);
+  };
+  EXPECT_TRUE(read_with("", ""));
+  for (auto [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"dp", "0"}, {"tp", "-3"}, {"pp", "4294967297"}, {"micro_batch", "0"}, {"accum", "-1"},
+           {"virtual_stages", "0"}, {"zero", "7"}, {"zero", "-1"}, {"dp", "1.5"}})
+    EXPECT_FALSE(read_with(key, value)) << key << " = " << value;
+  fs::remove(f);
+}

@@ -4,8 +4,12 @@
 // cheap (a graph allocates nothing).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -13,6 +17,8 @@
 #include "core/alloc.h"
 #include "data/dataset.h"
 #include "nn/models.h"
+#include "nn/params.h"
+#include "nn/safetensors.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 
@@ -104,6 +110,12 @@ TEST(ModelFamilies, SpecOfEveryModel) {
   EXPECT_EQ(sat::model_spec(sat::model_config("resnet18")), "resnet:18");
   EXPECT_EQ(sat::model_spec(sat::model_config("convnet")), "convnet");
   EXPECT_EQ(sat::model_config("gpt:layers=1,heads=2,width=8,context=4,vocab=16,dropout=0.25").dropout, 0.25f);
+  // Regression (fuzz_model): dropout 0.99999992 is the float 0.99999994, which model_spec
+  // printed with 6 digits as dropout=1, a spec --model refuses; now every digit it needs.
+  const std::string spec =
+      sat::model_spec(sat::model_config("gpt:layers=1,heads=2,width=8,context=4,vocab=16,dropout=0.99999992"));
+  EXPECT_EQ(spec, "gpt:layers=1,heads=2,width=8,context=4,vocab=16,dropout=0.99999994");
+  EXPECT_EQ(sat::model_config(spec).dropout, 0.99999994f);
 }
 
 // Hidden layers fc1..fcN-1 with relu1..reluN-1, the output layer fcN; none hidden: fc1 alone.
@@ -172,6 +184,8 @@ TEST(ModelFamilies, MistakesAreClearErrors) {
       {"gpt:layers=4,heads,width=256,context=128,vocab=64", "expected KEY=VALUE items"},
       {"gpt:layers=4,heads=3,width=256,context=128,vocab=64", "width 256 does not divide by heads 3"},
       {"gpt:layers=4,heads=4,width=256,context=128,vocab=64,dropout=1", "'dropout' must be a probability in [0, 1)"},
+      // Regression: below 1 as a double, 1 as the float the layers keep (every activation dropped).
+      {"gpt:layers=4,heads=4,width=256,context=128,vocab=64,dropout=0.99999999", "'dropout' must be a probability"},
       {"gpt:layers=1,heads=256,width=256,context=10000000,vocab=64", "heads x context^2 = 2.56e+16 attention "
                                                                      "probabilities per sample is beyond 1e15"},
       {"resnet:50", "--model resnet:50: expected a depth of 18 or 34"},
@@ -319,3 +333,56 @@ TEST(ModelFamilies, TrillionParameterGptBuildsAtOnce) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------- safetensors
+
+namespace {
+
+// A safetensors file of one tensor entry (header JSON as given) and `data` bytes.
+std::string safetensors_file(const std::string& name, const std::string& entry, size_t data) {
+  const std::string header = "{\"" + name + "\": " + entry + "}";
+  std::string f(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(f.data(), &n, 8);
+  f += header + std::string(data, '\0');
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("sat_test_models_" + std::to_string(getpid()) + ".safetensors")).string();
+  std::ofstream(path, std::ios::binary) << f;
+  return path;
+}
+
+}  // namespace
+
+// Regression (fuzz_safetensors): a header's shape or offsets of 1e30, -1 or 2.5 went through
+// nlohmann's conversion to integers (undefined behaviour for 1e30 and -1), and a shape of huge
+// dimensions overflowed its element count; now each is an error naming the file and tensor.
+TEST(Safetensors, HeaderNumbersMustBeWholeAndInRange) {
+  sat::ModelConfig c = sat::model_config("convnet");
+  sat::BuiltModel m = sat::build_model(c, 2);
+  sat::ParamStore ps(m.graph->params(), m.graph->states(), 0);
+  const std::string w = ps.decl(0).name, counter = "bn1.num_batches_tracked";
+  struct Case { std::string name, entry, want; };
+  const std::vector<Case> cases{
+      {w, "{\"dtype\": \"F32\", \"shape\": [1e30], \"data_offsets\": [0, 8]}", "'shape' holds 1e+30"},
+      {w, "{\"dtype\": \"F32\", \"shape\": [-1, 2], \"data_offsets\": [0, 8]}", "'shape' holds -1"},
+      {w, "{\"dtype\": \"F32\", \"shape\": [2.5], \"data_offsets\": [0, 8]}", "'shape' holds 2.5"},
+      {w, "{\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [-8, 8]}", "'data_offsets' holds -8"},
+      {w, "{\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 1e300]}", "'data_offsets' holds 1e+300"},
+      {w, "{\"dtype\": \"F32\", \"shape\": 7, \"data_offsets\": [0, 8]}", "'shape' is not an array"},
+      {w, "{\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}", "7 dimensions"},
+      {counter, "{\"dtype\": \"I64\", \"shape\": [1099511627776, 1099511627776, 1099511627776], "
+                "\"data_offsets\": [0, 8]}", "has shape"},
+  };
+  for (const auto& k : cases) {
+    const std::string path = safetensors_file(k.name, k.entry, 8);
+    std::string e;
+    try {
+      sat::load_safetensors(path, ps);
+    } catch (const sat::Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find(path), std::string::npos) << k.entry << ": " << e;
+    EXPECT_NE(e.find(k.want), std::string::npos) << k.entry << ": " << e;
+    std::filesystem::remove(path);
+  }
+}

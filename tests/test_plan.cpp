@@ -107,7 +107,11 @@ TEST(Plan, LayoutParsing) {
   EXPECT_TRUE(*f.sp);
   EXPECT_EQ(*f.zero, 1);
   EXPECT_FALSE(parse_layout("tp=2").dp.has_value());
-  for (const char* bad : {"dp=0", "tp=x", "zero=4", "schedule=zigzag", "recompute=some", "sp=yes", "mp=2", "dp2", ""}) {
+  // Regressions (fuzz_layout): dp=2147483648 wrapped to a negative int, micro beyond int64
+  // saturated to 2^63-1, a second dp= silently replaced the first; " 2", "+2" and "-0" were
+  // taken by strtoll.
+  for (const char* bad : {"dp=0", "tp=x", "zero=4", "schedule=zigzag", "recompute=some", "sp=yes", "mp=2", "dp2", "",
+                          "dp=2147483648", "micro=99999999999999999999", "dp=2,dp=4", "tp= 2", "pp=+2", "v=-0"}) {
     try {
       parse_layout(bad);
       ADD_FAILURE() << bad << " was accepted";

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
+#include "backend/device.h"
 #include "data/sources.h"
 
 namespace sat::data_detail {
@@ -83,20 +85,30 @@ class GzFile {
     }
     return v;
   }
-  std::vector<uint8_t> read_all() {
-    std::vector<uint8_t> v;
-    for (;;) {
-      size_t old = v.size(), want = std::max<size_t>(old, size_t(1) << 20);
-      v.resize(old + want);
-      size_t got = read(v.data() + old, want);
-      v.resize(old + got);
-      if (got < want) return v;
-    }
-  }
   bool at_end() {
     uint8_t b;
     return read(&b, 1) == 0;
   }
+  // Reads and discards up to n bytes (nothing is kept: a gzip bomb costs time, not memory);
+  // returns how many there were.
+  uint64_t skip(uint64_t n) {
+    std::vector<uint8_t> buf(size_t(1) << 18);
+    uint64_t got = 0;
+    while (got < n) {
+      const size_t want = size_t(std::min<uint64_t>(n - got, buf.size()));
+      const size_t r = read(buf.data(), want);
+      got += r;
+      if (r < want) break;
+    }
+    return got;
+  }
+  // Back to the first byte (of the decompressed data).
+  void rewind() {
+    SAT_CHECK(gzrewind(f_) == 0, path_, ": cannot seek back to the start of the file");
+    got_total_ = 0;
+  }
+  // True when the file is gzip data (zlib reads plain files as they are).
+  bool compressed() const { return gzdirect(f_) == 0; }
 
  private:
   std::string path_;
@@ -105,6 +117,45 @@ class GzFile {
 };
 
 uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
+
+std::string mib_text(uint64_t bytes) { return str_cat(bytes / 1048576, " MiB"); }
+
+// The last 4 bytes of a gzip file: ISIZE, the decompressed size of its (last) member
+// modulo 2^32. -1 when it cannot be read.
+int64_t gzip_isize(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f || f.tellg() < 18) return -1;
+  f.seekg(-4, std::ios::end);
+  uint8_t b[4];
+  if (!f.read(reinterpret_cast<char*>(b), 4)) return -1;
+  return int64_t(uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24);
+}
+
+// Before a reader allocates what a header declares (f is just past the header of
+// header_bytes): refuses a size beyond the free memory, and a gzip file whose data does not
+// decompress to exactly `declared` bytes, so that a small file cannot make it allocate
+// gigabytes. The data is decompressed once and counted without keeping it, and f is put
+// back just past the header; up to 256 MiB, a gzip trailer whose size (modulo 2^32) agrees
+// is taken at its word instead (a forged one costs at most that much memory before the
+// reader finds the excess). `what` says what the header declares ("2147483648 images of
+// 28x28"). A plain file needs neither: it is read as it arrives, so it cannot make the
+// reader hold more than its own size.
+void check_declared(GzFile& f, uint64_t header_bytes, uint64_t declared, const std::string& what) {
+  const uint64_t avail = host_available_memory();
+  SAT_CHECK(!avail || declared <= avail, f.path(), ": its header declares ", what, " = ", declared, " bytes (",
+            mib_text(declared), "), more than the ", mib_text(avail),
+            " of free memory; expected a smaller count (corrupt header?)");
+  if (!f.compressed()) return;
+  if (declared <= (uint64_t(256) << 20) && gzip_isize(f.path()) == int64_t(uint32_t(header_bytes + declared))) return;
+  const uint64_t n = f.skip(declared + 1);
+  SAT_CHECK(n <= declared, f.path(), ": the gzip data decompresses to more than the ", header_bytes + declared,
+            " bytes its header declares (", what, " after a ", header_bytes,
+            "-byte header); expected exactly that many (a corrupt header, or a gzip bomb?)");
+  SAT_CHECK(n == declared, f.path(), ": truncated: expected ", declared, " bytes of ", what,
+            " but the gzip data ends after ", n, " of them");
+  f.rewind();
+  f.skip(header_bytes);
+}
 
 bool is_file(const std::string& p) {
   std::error_code ec;
@@ -135,13 +186,21 @@ Idx read_idx(const std::string& path, uint32_t magic) {
   const int nd = int(magic & 0xff);
   std::vector<uint8_t> dims(size_t(nd) * 4);
   f.read_exact(dims.data(), dims.size(), "IDX dimensions");
-  uint64_t total = 1;
+  // The product in 128 bits: three 32-bit dimensions overflow 64 (and a wrapped product
+  // could pass for a small one).
+  unsigned __int128 product = 1;
+  std::string what = nd == 1 ? "" : " images of ";
   for (int i = 0; i < nd; ++i) {
     idx.dims.push_back(be32(&dims[size_t(i) * 4]));
-    total *= idx.dims.back();
-    SAT_CHECK(total < (uint64_t(1) << 36), path, ": IDX dimensions are implausibly large; corrupt header?");
+    product *= idx.dims.back();
+    if (i > 0) what += str_cat(i > 1 ? "x" : "", idx.dims.back());
   }
-  SAT_CHECK(total > 0, path, ": IDX file has a zero dimension; expected at least one ", nd == 1 ? "label" : "image");
+  what = nd == 1 ? str_cat(idx.dims[0], " labels") : str_cat(idx.dims[0], what);
+  SAT_CHECK(product > 0, path, ": IDX file has a zero dimension; expected at least one ", nd == 1 ? "label" : "image");
+  SAT_CHECK(product < (uint64_t(1) << 48), path, ": its IDX header declares ", what,
+            ", implausibly large (256 TiB or more); corrupt header?");
+  const uint64_t total = uint64_t(product);
+  check_declared(f, 4 + dims.size(), total, what);
   idx.data = f.read_vector<uint8_t>(size_t(total), nd == 1 ? "labels" : "pixels");
   SAT_CHECK(f.at_end(), path, ": holds more data than its IDX header says (", total,
             " bytes); expected exactly that many");
@@ -190,7 +249,27 @@ constexpr size_t kCifarRecord = 1 + 3072;
 
 void read_cifar_file(const std::string& path, std::vector<uint8_t>& px, std::vector<uint8_t>& labels) {
   GzFile f(path);
-  std::vector<uint8_t> raw = f.read_all();
+  // The size before allocating it: the file's own, or for gzip the data decompressed once
+  // and counted (never more than the free memory: a gzip bomb is refused, not held).
+  uint64_t size = 0;
+  if (f.compressed()) {
+    const uint64_t avail = host_available_memory();
+    const uint64_t limit = avail ? avail : uint64_t(1) << 40;
+    size = f.skip(limit + 1);
+    SAT_CHECK(size <= limit, path, ": the gzip data decompresses to more than the ", mib_text(limit),
+              " of free memory; expected CIFAR-10 records of 3073 bytes, 30730000 bytes for 10000 images "
+              "(a gzip bomb?)");
+    f.rewind();
+  } else {
+    std::error_code ec;
+    size = fs::file_size(path, ec);
+    SAT_CHECK(!ec, path, ": cannot read its size (", ec.message(), ")");
+  }
+  SAT_CHECK(size > 0 && size % kCifarRecord == 0, path, ": ", size,
+            " bytes is not a whole number of CIFAR-10 records; expected a multiple of 3073 "
+            "(1 label byte + 3072 pixel bytes, CHW 3x32x32), e.g. 30730000 for 10000 images");
+  std::vector<uint8_t> raw = f.read_vector<uint8_t>(size_t(size), "CIFAR-10 records");
+  SAT_CHECK(f.at_end(), path, ": grew while being read; expected ", size, " bytes");
   SAT_CHECK(!raw.empty() && raw.size() % kCifarRecord == 0, path, ": ", raw.size(),
             " bytes is not a whole number of CIFAR-10 records; expected a multiple of 3073 "
             "(1 label byte + 3072 pixel bytes, CHW 3x32x32), e.g. 30730000 for 10000 images");
@@ -248,6 +327,7 @@ std::unique_ptr<TokenDataset> read_token_shard(const std::string& path, const st
   SAT_CHECK(hdr[1] == 1, path, ": token-shard version is ", hdr[1],
             "; expected 1 (uint16 tokens; version 2, uint32 tokens, is not supported)");
   const uint64_t count = uint32_t(hdr[2]);
+  check_declared(f, sizeof(hdr), count * 2, str_cat(count, " tokens"));
   std::vector<uint16_t> tok = f.read_vector<uint16_t>(count, str_cat(count, " tokens (the header's count)"));
   SAT_CHECK(f.at_end(), path, ": holds more than the ", count, " tokens its header says (", 1024 + count * 2,
             " bytes); expected exactly that many");

@@ -76,7 +76,8 @@ void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body)
     const std::string& v = kv.at("dropout");
     char* end = nullptr;
     const double p = std::strtod(v.c_str(), &end);
-    SAT_CHECK(!v.empty() && end && *end == 0 && p >= 0 && p < 1, "--model ", spec,
+    // In float, as the layers keep it: 0.99999999 rounds to 1 (every activation dropped).
+    SAT_CHECK(!v.empty() && end && *end == 0 && p >= 0 && float(p) < 1.0f, "--model ", spec,
               ": 'dropout' must be a probability in [0, 1), got '", v, "'");
     c.dropout = float(p);
   }
@@ -168,6 +169,16 @@ ModelConfig model_config(const std::string& name) {
   return c;
 }
 
+namespace {
+// The shortest text that reads back to the same float (ostream's 6 digits printed
+// 0.99999994 as 1, which --model refuses).
+std::string float_text(float x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+}  // namespace
+
 std::string model_spec(const ModelConfig& c) {
   switch (c.family) {
     case ModelFamily::convnet: return "convnet";
@@ -179,7 +190,7 @@ std::string model_spec(const ModelConfig& c) {
     }
     case ModelFamily::gpt:
       return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.seq_len,
-                     ",vocab=", c.vocab, c.dropout > 0 ? str_cat(",dropout=", c.dropout) : std::string());
+                     ",vocab=", c.vocab, c.dropout > 0 ? ",dropout=" + float_text(c.dropout) : std::string());
   }
   return c.name;
 }

@@ -1,6 +1,7 @@
 #include "nn/safetensors.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -90,7 +91,9 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
     if (e.decl && e.decl->shard.split()) split[e.name] = e.decl;
   }
   std::set<std::string> seen;
-  for (auto& [name, info] : h.items()) {
+  for (auto& item : h.items()) {
+    const std::string& name = item.key();
+    const nlohmann::json& info = item.value();
     if (name == "__metadata__") continue;
     auto it = want.find(name);
     if (it == want.end()) {
@@ -104,13 +107,31 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
     const Tensor t = part ? Tensor(nullptr, part->full_shape(), it->second.dtype) : it->second;
     try {
       std::string dt = info.at("dtype");
-      std::vector<int64_t> shape = info.at("shape");
-      std::vector<uint64_t> offs = info.at("data_offsets");
+      // Whole numbers >= 0 only: nlohmann's conversion of 1e30 or -1 to an integer type is
+      // undefined behaviour, and a shape of huge dimensions overflows its element count.
+      auto naturals = [&](const char* key, uint64_t max) {
+        const nlohmann::json& a = info.at(key);
+        SAT_CHECK(a.is_array(), path, ": tensor '", name, "': '", key, "' is not an array; expected whole numbers");
+        std::vector<uint64_t> v;
+        for (const auto& x : a) {
+          SAT_CHECK(x.is_number_unsigned() && x.get<uint64_t>() <= max, path, ": tensor '", name, "': '", key,
+                    "' holds ", x.dump(), "; expected whole numbers from 0 to ", max);
+          v.push_back(x.get<uint64_t>());
+        }
+        return v;
+      };
+      std::vector<uint64_t> dims = naturals("shape", uint64_t(1) << 40);
+      std::vector<uint64_t> offs = naturals("data_offsets", data_size);
+      SAT_CHECK(dims.size() <= size_t(Shape::kMaxDims), path, ": tensor '", name, "' has ", dims.size(),
+                " dimensions; expected at most ", Shape::kMaxDims);
       SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size, path, ": tensor '", name,
                 "' has data offsets outside the file (truncated file?)");
+      unsigned __int128 numel = 1;
+      for (uint64_t d : dims) numel = std::min<unsigned __int128>(numel * d, uint64_t(1) << 62);
+      const Shape shape(std::vector<int64_t>(dims.begin(), dims.end()));
       bool i64_counter = t.dtype == DType::i64;
-      if (Shape(shape) != t.shape && !(i64_counter && Shape(shape).numel() == 1))
-        fail(path, ": tensor '", name, "' has shape ", Shape(shape).str(), ", expected ", t.shape.str());
+      if (shape != t.shape && !(i64_counter && numel == 1))
+        fail(path, ": tensor '", name, "' has shape ", shape.str(), ", expected ", t.shape.str());
       SAT_CHECK(dt == safetensors_dtype(t.dtype), path, ": tensor '", name, "' has dtype ", dt, ", expected ", safetensors_dtype(t.dtype));
       SAT_CHECK(offs[1] - offs[0] == t.bytes(), path, ": tensor '", name, "' has ", offs[1] - offs[0], " bytes of data, expected ",
                 t.bytes());

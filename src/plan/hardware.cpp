@@ -102,7 +102,12 @@ void read_number(const Json& obj, const char* key, bool required, Unit unit, Ran
   if (range == Range::positive && !(n > 0)) v->fail(str_cat("expected a positive number, got ", n));
   if (range == Range::non_negative && !(n >= 0)) v->fail(str_cat("expected a number >= 0, got ", n));
   if (range == Range::fraction && !(n > 0 && n <= 1)) v->fail(str_cat("expected a fraction in (0, 1], got ", n));
-  x = unit.to_si(n);
+  // In SI units the figure must stay a finite double (1e300 TFLOP/s overflows), and a positive
+  // one positive (1e-320 GB/s underflows); hardware_json must be able to write it back.
+  const double si = unit.to_si(n);
+  if (!std::isfinite(si) || (range != Range::non_negative && !(si > 0)) || (si > 0 && si < 1e-300) || si > 1e300)
+    v->fail(str_cat("expected a figure of plausible size, got ", n));
+  x = si;
 }
 
 void read_bool(const Json& obj, const char* key, bool& x) {

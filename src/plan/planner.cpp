@@ -1,14 +1,16 @@
 #include "plan/planner.h"
 
 #include <algorithm>
-#include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <tuple>
 
 #include "backend/device.h"
@@ -52,13 +54,13 @@ bool LayoutFilter::empty() const {
 
 namespace {
 
-int64_t positive(const std::string& key, const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  // (at most 2^24, the largest micro-batch: the fields are converted to int)
-  SAT_CHECK(!v.empty() && end && *end == 0 && errno == 0 && x >= 1 && x <= (1LL << 24), "--layout: ", key, "=", v,
-            ": expected a positive integer (at most 16777216)");
+// Digits only, from 1 to max (2^24 by default: ranks and chunks are ints, 2147483648 wrapped
+// to a negative count; strtoll's overflow to LLONG_MAX passed for a micro-batch).
+int64_t positive(const std::string& key, const std::string& v, int64_t max = int64_t(1) << 24) {
+  int64_t x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  SAT_CHECK(!v.empty() && v[0] != '-' && ec == std::errc() && end == v.data() + v.size() && x >= 1 && x <= max,
+            "--layout: ", key, "=", v, ": expected a positive integer up to ", max);
   return x;
 }
 
@@ -91,12 +93,14 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
 
 LayoutFilter parse_layout(const std::string& s) {
   LayoutFilter f;
+  std::set<std::string> seen;
   size_t at = 0;
   while (at <= s.size()) {
     const size_t comma = std::min(s.find(',', at), s.size());
     const std::string item = s.substr(at, comma - at);
     const size_t eq = item.find('=');
     SAT_CHECK(eq != std::string::npos && eq > 0, "--layout: '", item, "': expected FIELD=VALUE (e.g. dp=2,tp=4,pp=8)");
+    SAT_CHECK(seen.insert(item.substr(0, eq)).second, "--layout: '", item.substr(0, eq), "' is given twice");
     set_field(f, item.substr(0, eq), item.substr(eq + 1));
     at = comma + 1;
   }

@@ -1,0 +1,35 @@
+// The layout tuning's cache, a tune.json read by read_layout_choice (src/tune/layout_tune.cpp),
+// and the JSON reader under it (src/core/json.cpp): a parsed value must dump and parse back
+// to the same text. (The `--batch auto` cache is read inside src/cli/main.cpp with
+// nlohmann::json and has no function of its own to call.)
+#include "core/json.h"
+#include "fuzz_util.h"
+#include "plan/planner.h"
+#include "tune/layout_tune.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  sat::Json j;
+  if (sat::fuzz::accepts([&] { j = sat::Json::parse(text, "tune.json"); })) {
+    std::string dumped;
+    if (sat::fuzz::accepts([&] { dumped = j.dump(); })) {
+      sat::Json again;
+      sat::fuzz::require(sat::fuzz::accepts([&] { again = sat::Json::parse(dumped); }), "Json::dump parses back");
+      sat::fuzz::require(again.dump() == dumped, "Json::dump round-trips");
+      sat::fuzz::require(sat::fuzz::accepts([&] { again = sat::Json::parse(j.dump(-1)); }) && again.dump() == dumped,
+                         "Json::dump(-1) round-trips");
+    }
+  }
+  sat::fuzz::TempDir dir;
+  const std::string path = dir.file("tune.json");
+  sat::fuzz::write_file(path, text);
+  sat::Layout l;
+  double measured = 0, predicted = 0;
+  bool ok = false;
+  sat::fuzz::accepts([&] { ok = sat::read_layout_choice(path, l, measured, predicted); });
+  if (ok) {
+    (void)l.str();
+    (void)sat::layout_choice_line(l, measured, predicted);
+  }
+  return 0;
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora fuzz/corpus/<target>/: small valid examples and a few malformed
+ones per parser (see each fuzz_<target>.cpp for how an input is laid out). Run from
+anywhere: python3 fuzz/make_corpus.py. Files the fuzzers found (crashes fixed since) are
+kept beside these as regression inputs, named regress-*."""
+import gzip
+import json
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def gz(b):
+    return gzip.compress(b, mtime=0)
+
+
+def be(*v):
+    return b"".join(struct.pack(">I", x) for x in v)
+
+
+# ---- idx: byte 0 = slot (0 train images, 1 train labels, 2 t10k images, 3 t10k labels) | 4 (.gz name)
+imgs = be(2051, 1, 2, 2) + bytes([0, 85, 170, 255])
+imgs3 = be(2051, 3, 2, 2) + bytes(range(12))
+labels = be(2049, 1) + bytes([3])
+put("idx", "train-images", b"\x00" + imgs)
+put("idx", "train-images-gz", b"\x04" + gz(imgs))
+put("idx", "train-labels", b"\x01" + labels)
+put("idx", "t10k-labels-gz", b"\x07" + gz(labels))
+put("idx", "t10k-images-3", b"\x02" + imgs3)
+put("idx", "bad-magic", b"\x00" + be(2049, 1) + b"\x01")
+put("idx", "truncated", b"\x00" + be(2051, 10, 28, 28) + bytes(100))
+put("idx", "too-long", b"\x01" + be(2049, 1) + bytes([1, 2]))
+put("idx", "zero-dim", b"\x00" + be(2051, 0, 2, 2))
+put("idx", "huge-dims", b"\x00" + be(2051, 0x7FFFFFFF, 0xFFFF, 0xFFFF))
+put("idx", "gz-truncated", b"\x04" + gz(imgs)[:-6])
+put("idx", "label-out-of-range", b"\x01" + be(2049, 1) + bytes([10]))
+# Regression: the dimensions' product wrapped to 65536 in 64 bits.
+put("idx", "regress-dims-wrap", b"\x00" + be(2051, 2, 4294901761, 2147516416) + bytes(64))
+
+# ---- cifar: byte 0 mod 6 = which file (data_batch_1..5.bin, test_batch.bin)
+rec = bytes([4]) + bytes((i * 7) % 256 for i in range(3072))
+put("cifar", "batch1-one", b"\x00" + rec)
+put("cifar", "test-two-gz", b"\x05" + gz(rec + rec))
+put("cifar", "partial-record", b"\x02" + rec[:1000])
+put("cifar", "bad-label", b"\x01" + bytes([10]) + rec[1:])
+put("cifar", "empty", b"\x03")
+put("cifar", "gz-corrupt", b"\x04" + gz(rec)[:20] + b"\xff" * 30)
+
+# ---- tokens: byte 0 -> T = 1 + b % 16, byte 1 -> vocab = 1 + b * 257; then the shard
+def shard(tokens, magic=20240520, version=1, count=None):
+    hdr = [magic, version, len(tokens) if count is None else count] + [0] * 253
+    return struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(tokens), *tokens)
+
+
+toks = [i % 50 for i in range(40)]
+put("tokens", "valid", bytes([3, 1]) + shard(toks))
+put("tokens", "valid-gz", bytes([7, 1]) + gz(shard(toks)))
+put("tokens", "token-beyond-vocab", bytes([3, 0]) + shard(toks))
+put("tokens", "bad-magic", bytes([3, 1]) + shard(toks, magic=1))
+put("tokens", "version-2", bytes([3, 1]) + shard(toks, version=2))
+put("tokens", "count-too-big", bytes([3, 1]) + shard(toks, count=0x7FFFFFFF))
+put("tokens", "count-negative", bytes([3, 1]) + shard(toks, count=-1))
+put("tokens", "short-header", bytes([3, 1]) + shard(toks)[:100])
+put("tokens", "too-few-for-T", bytes([15, 1]) + shard(toks[:5]))
+
+
+# ---- safetensors: byte 0 even = convnet's store, odd = a GPT's tensor-parallel part
+def st(entries, meta=True, pad=True):
+    h = {"__metadata__": {"format": "pt"}} if meta else {}
+    off, blob = 0, b""
+    for name, dtype, shape, data in entries:
+        h[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+        blob += data
+    hs = json.dumps(h).encode()
+    if pad:
+        hs += b" " * ((8 - (len(hs) + 8) % 8) % 8)
+    return struct.pack("<Q", len(hs)) + hs + blob
+
+
+put("safetensors", "empty-header", b"\x00" + st([]))
+put("safetensors", "unknown-tensor", b"\x00" + st([("nope", "F32", [2], bytes(8))]))
+put("safetensors", "wrong-shape", b"\x00" + st([("conv1.weight", "F32", [1], bytes(4))]))
+put("safetensors", "gpt-wte", b"\x01" + st([("transformer.wte.weight", "F32", [16, 8], bytes(512))]))
+put("safetensors", "gpt-lm-head", b"\x01" + st([("lm_head.weight", "F32", [16, 8], bytes(512))]))
+put("safetensors", "gpt-attn-split", b"\x01" + st([("transformer.h.0.attn.c_attn.weight", "F32", [24, 8], bytes(768))]))
+put("safetensors", "i64-counter", b"\x00" + st([("bn1.num_batches_tracked", "I64", [], bytes(8))]))
+put("safetensors", "bad-offsets", b"\x01" + st([("transformer.wte.weight", "F32", [16, 8], bytes(16))])[:-8])
+put("safetensors", "header-too-long", b"\x00" + struct.pack("<Q", 1 << 40) + b"{}")
+put("safetensors", "not-json", b"\x00" + struct.pack("<Q", 4) + b"{x:}")
+put("safetensors", "short", b"\x00\x01\x02")
+put("safetensors", "negative-shape",
+    b"\x01" + st([("transformer.wte.weight", "F32", [-16, -8], bytes(512))]))
+
+# ---- hardware: the --gpu FILE
+cluster = {
+    "name": "my-cluster", "gpus_per_node": 8, "memory_gib": 80, "memory_bandwidth_gbs": 2039,
+    "peak_tflops": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
+    "intra_node": {"bandwidth_gbs": 300, "latency_us": 3},
+    "inter_node": {"bandwidth_gbs": 25, "latency_us": 8},
+}
+put("hardware", "cluster.json", json.dumps(cluster, indent=1))
+put("hardware", "base.json", '{"base": "a100-80gb", "inter_node": {"bandwidth_gbs": 12.5}}')
+put("hardware", "full.json", json.dumps(dict(cluster, gpu=False, tf32_matmul=True,
+                                             p2p_intra_node={"bandwidth_gbs": 100, "latency_us": 1},
+                                             p2p_inter_node={"bandwidth_gbs": 10, "latency_us": 2},
+                                             efficiency={"gemm_max": 0.9, "gemm_half_flops": 1e8, "memory_eff": 0.7,
+                                                         "kernel_overhead_us": 4, "comm_eff": 0.95})))
+put("hardware", "missing-key.json", '{"name": "x", "gpus_per_node": 8}')
+put("hardware", "typo.json", '{"base": "h100-sxm", "inter_node": {"bandwith_gbs": 1}}')
+put("hardware", "syntax.json", '{"base": "h200",, }')
+put("hardware", "huge.json", '{"base": "h200", "memory_gib": 1e308, "peak_tflops": {"fp32": 1e300}}')
+put("hardware", "deep.json", "[" * 300 + "]" * 300)
+put("hardware", "escapes.json", '{"name": "\\ud83d\\ude00 \\u0000 \\"q\\"", "base": "a100-40gb"}')
+
+# ---- model: --model strings
+for i, s in enumerate(["mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m", "mlp:784-1024-1024-10", "mlp:3-2",
+                       "resnet:34", "gpt:layers=2,heads=2,width=8,context=4,vocab=16,dropout=0.1",
+                       "gpt:layers=1,heads=3,width=8,context=4,vocab=16", "gpt:layers=1", "mlp:784--10",
+                       "mlp:99999999999999999999-1", "resnet:50",
+                       "gpt:layers=1,heads=1,width=8,context=4,vocab=16,dropout=0.99999999",
+                       "gpt:layers=1,heads=1,width=8,context=4,vocab=16,dropout=0.99999992", "gpt:layers=1,layers=2", "gpt:heads=100000000,"
+                       "layers=1,width=100000000,context=100000000,vocab=1", "unknown:x", ":"]):
+    put("model", "m%02d" % i, s)
+
+# ---- layout: --layout strings
+for i, s in enumerate(["dp=2,tp=4,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1", "tp=2",
+                       "zero=3", "sp=off", "schedule=gpipe", "micro=99999999999999999999", "dp=0", "dp", "=3",
+                       "dp=2,,tp=2", "", "recompute=selective,schedule=1f1b", "zero=4", "dp=2,dp=4", "pp=-1",
+                       "dp=2147483648", "tp=+2"]):
+    put("layout", "l%02d" % i, s)
+
+# ---- tune_cache: a tune.json of the layout tuning
+choice = {"dp": 2, "tp": 1, "pp": 1, "micro_batch": 16, "accum": 2, "schedule": "1f1b", "virtual_stages": 1,
+          "recompute": "none", "sequence_parallel": False, "zero": 0, "planner_rank": 1,
+          "measured_samples_per_second": 1234.5, "predicted_samples_per_second": 1300.25, "reason": "fastest"}
+put("tune_cache", "choice.json", json.dumps({"kind": "layout", "layout_choice": choice}, indent=2))
+put("tune_cache", "pp.json", json.dumps({"layout_choice": dict(choice, pp=4, schedule="interleaved",
+                                                              virtual_stages=2)}))
+put("tune_cache", "zero-dp.json", json.dumps({"layout_choice": dict(choice, dp=0)}))
+put("tune_cache", "negative.json", json.dumps({"layout_choice": dict(choice, tp=-3, micro_batch=-1)}))
+put("tune_cache", "huge.json", json.dumps({"layout_choice": dict(choice, dp=9007199254740992, accum=1e300)}))
+put("tune_cache", "batch-cache.json", json.dumps({"choice": {"micro_batch": 32, "accum": 1, "lr": 0.01}}))
+put("tune_cache", "strings.json", '{"a": ["\\u00e9", "\\ud800", 1.5e-320, -0, 1E+2, true, null], "b": {}}')
+put("tune_cache", "bad.json", '{"layout_choice": {"dp": 1,}}')
+put("tune_cache", "bom.json", "\ufeff{}")
