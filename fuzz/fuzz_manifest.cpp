@@ -1,0 +1,34 @@
+// Checkpoint manifests through parse_manifest (src/train/checkpoint.cpp): an accepted
+// manifest must write (manifest_json) and read back to the same text; and the checkpoint
+// directory it would describe, with the input as its manifest and one small shard file,
+// must be verified and read (read_logical) or refused, never crash. Corpus: the manifests of
+// two real runs (mlp with AdamW; a 2-rank tensor-parallel GPT) and damaged copies of them.
+#include <fstream>
+#include <string>
+
+#include "fuzz_util.h"
+#include "train/checkpoint.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size > (1 << 16)) return 0;
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  sat::Manifest m;
+  if (!sat::fuzz::accepts([&] { m = sat::parse_manifest(text, "manifest.json"); })) return 0;
+  const std::string out = sat::manifest_json(m);
+  sat::Manifest again;
+  sat::fuzz::require(sat::fuzz::accepts([&] { again = sat::parse_manifest(out, "manifest.json"); }),
+                     "manifest_json parses back");
+  sat::fuzz::require(sat::manifest_json(again) == out, "manifest_json round-trips");
+  // Every tensor it names, read from a directory holding it and an empty-ish shard.
+  sat::fuzz::TempDir dir;
+  std::ofstream(dir.file("manifest.json"), std::ios::binary) << text;
+  std::ofstream(dir.file("rank-00000.safetensors"), std::ios::binary) << std::string("\x10\0\0\0\0\0\0\0{}              ", 24);
+  sat::fuzz::accepts([&] { sat::verify_checkpoint(dir.path(), m); });
+  for (const auto& [name, t] : m.tensors) {
+    if (t.shape.size() > size_t(sat::Shape::kMaxDims)) continue;
+    const sat::Shape shape(t.shape);
+    if (shape.numel() > (1 << 20)) continue;  // the reader checks the shape against the model's first
+    sat::fuzz::accepts([&] { sat::read_logical(dir.path(), m, name, shape, sat::DType::f32); });
+  }
+  return 0;
+}
