@@ -124,6 +124,7 @@ struct CheckpointWrite {
   int64_t step = 0;
   Manifest man;
   std::vector<std::vector<uint8_t>> data;  // owned copies the entries point into
+  std::vector<std::vector<float>> slots;   // the optimizer's state arrays, whole (entries point into them)
   std::vector<CkptEntry> entries;
   bool writer = false;                     // this rank writes a file
   std::thread thread;

@@ -141,9 +141,11 @@ void Trainer::snapshot_pieces(CheckpointWrite& p) {
   std::unique_ptr<ParamStore> keep;
   const ParamStore& ps = unsharded(keep);  // ZeRO-3: collective over dp
   const int slots = params_->optimizer_slots();
-  std::vector<std::vector<float>> slot_data;
-  for (int s = 0; s < slots; ++s) slot_data.push_back(full_slot(*params_, s, m.dp_group()));  // collective
-  if (m.dp_rank() != 0) return;
+  for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*params_, s, m.dp_group()));  // collective; a copy
+  if (m.dp_rank() != 0) {
+    p.slots.clear();
+    return;
+  }
   auto add = [&](CkptEntry e) {
     const size_t bytes = size_t(Shape(e.shape).numel()) * dtype_size(e.dtype);
     const auto* from = static_cast<const uint8_t*>(e.data);
@@ -156,9 +158,9 @@ void Trainer::snapshot_pieces(CheckpointWrite& p) {
     const ParamDecl& d = ps.decl(i);
     if (d.shared || (!d.shard.split() && m.tp_rank() != 0)) continue;
     add(entry_of("param/" + d.name, d, ps.host_param(i).ptr, DType::f32));
-    for (int s = 0; s < slots; ++s)
-      add(entry_of("optim/" + p.man.slots[size_t(s)] + "/" + d.name, d, slot_data[size_t(s)].data() + ps.offset(i),
-                   DType::f32));
+    for (int s = 0; s < slots; ++s)  // already a copy: pointed into, not copied again
+      p.entries.push_back(entry_of("optim/" + p.man.slots[size_t(s)] + "/" + d.name, d,
+                                   p.slots[size_t(s)].data() + ps.offset(i), DType::f32));
   }
   for (size_t i = 0; m.tp_rank() == 0 && i < ps.num_states(); ++i) {
     const ParamDecl& d = ps.state_decl(i);
@@ -212,6 +214,7 @@ void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t tot
         q->error = e.what();
       }
       q->data.clear();
+      q->slots.clear();
       q->done = true;
     });
   } else {
