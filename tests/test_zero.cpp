@@ -336,7 +336,7 @@ TEST(ZeroJob, BadInputIsRefusedByEveryRank) {
             std::string::npos)
       << one.out;
   sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --zero 2", "--zero 2 shards the model");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 5", "--zero: expected a ZeRO stage 0, 1, 2 or 3");
+  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 5", "--zero: expected an integer from 0 to 3");
   sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 3 --accum 2 --noise-scale",
                                        "--noise-scale with --zero 3");
 }

@@ -1196,7 +1196,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "saturate: error: %s\nrun 'saturate %s--help' for the options\n", e.what(),
+    // Under mpirun every rank has the same command line and says so itself (before MPI starts).
+    const sat::dist::ProcessInfo pi = sat::dist::detect_process();
+    const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
+    std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(), e.what(),
                  train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware "
                  : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
     return 2;
