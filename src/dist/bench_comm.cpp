@@ -110,7 +110,14 @@ AlphaBeta fit_alpha_beta(const std::vector<double>& bytes, const std::vector<dou
   } else {
     slope = fit_slope_relative(bytes, sec);
   }
-  ab.beta = slope > 0 ? bytes_factor / slope : 0;
+  if (slope > 0) {
+    ab.beta = bytes_factor / slope;
+  } else {
+    // Noise hid the slope (times that do not grow with size, as on an oversubscribed
+    // host): since t >= bytes_factor * S / beta, the best rate seen is a lower bound.
+    for (size_t i = 0; i < bytes.size(); ++i)
+      if (sec[i] > 0) ab.beta = std::max(ab.beta, bytes_factor * bytes[i] / sec[i]);
+  }
   return ab;
 }
 
