@@ -306,9 +306,9 @@ TEST(Pipeline, GptMiniWithTiedEmbeddingsEverySchedule) {
 TEST(Pipeline, ConvnetEverySchedule) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
-    for (int pp : {2, 4}) expect_exact({.model = "convnet", .pp = pp, .kind = kind, .batch = 8, .lr = 0.01f}, pp);
-  expect_exact({.model = "convnet", .pp = 2, .kind = PipeSchedule::interleaved, .v = 2, .batch = 8, .lr = 0.01f}, 2);
-  expect_exact({.model = "convnet", .pp = 4, .kind = PipeSchedule::interleaved, .v = 3, .batch = 8, .lr = 0.01f,
+    for (int pp : {2, 4}) expect_exact({.model = "convnet", .pp = pp, .kind = kind, .batch = 8, .lr = 0.004f}, pp);
+  expect_exact({.model = "convnet", .pp = 2, .kind = PipeSchedule::interleaved, .v = 2, .batch = 8, .lr = 0.004f}, 2);
+  expect_exact({.model = "convnet", .pp = 4, .kind = PipeSchedule::interleaved, .v = 3, .batch = 8, .lr = 0.004f,
                 .evaluate = true},
                4);
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include "backend/cpu/blas.h"
 #include "core/alloc.h"
@@ -175,6 +176,26 @@ TEST(Optimizer, SgdAndAdamwFollowPyTorchFormulas) {
     }
     opt.step(ps, 0.01f);
     for (int i = 0; i < 3; ++i) EXPECT_NEAR(ps.param(0).f32()[i], p[i], 1e-6) << "adamw t=" << t;
+  }
+}
+
+// Each update counts the values it leaves not finite (the trainer's divergence check
+// reads the count instead of scanning the parameters after every step).
+TEST(Optimizer, CountsTheValuesAnUpdateLeftNotFinite) {
+  std::vector<sat::ParamDecl> decls{{"w", {sat::Shape{1000}, sat::DType::f32}, sat::ParamInit::zeros(), false, {}}};
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const char* name : {"sgd", "sgd-momentum", "adamw"}) {
+    sat::OptimConfig c;
+    c.name = std::string(name) == "adamw" ? "adamw" : "sgd";
+    c.momentum = std::string(name) == "sgd-momentum" ? 0.9f : 0.0f;
+    sat::ParamStore ps(decls, {}, sat::optimizer_slots(c));
+    sat::Optimizer opt(c);
+    for (int i = 0; i < 1000; ++i) ps.grad(0).f32()[i] = 0.5f;
+    opt.step(ps, 0.1f);
+    EXPECT_EQ(opt.last_nonfinite(), 0) << name;
+    ps.grad(0).f32()[3] = inf, ps.grad(0).f32()[500] = nan, ps.grad(0).f32()[999] = -inf;
+    opt.step(ps, 0.1f);
+    EXPECT_EQ(opt.last_nonfinite(), 3) << name;
   }
 }
 

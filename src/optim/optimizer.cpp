@@ -24,34 +24,44 @@ int optimizer_slots(const OptimConfig& c) {
 
 void Optimizer::step(ParamStore& ps, float lr) {
   ++t_;
+  nonfinite_ = 0;
   // The flat arrays, or under ZeRO this rank's shard of them (one span per unit under ZeRO-2).
-  for (const UpdateSpan& s : ps.update_spans()) update(ps, s, lr);
+  for (const UpdateSpan& s : ps.update_spans()) nonfinite_ += update(ps, s, lr);
 }
 
-void Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
+// Each loop also counts the updated values that are not finite: a compare in a pass that
+// is bound by memory, instead of another pass over the parameters to find a divergence.
+int64_t Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
   const int64_t n = s.n;
   float* p = s.p;
   const float* g = s.g;
   const float wd = c_.weight_decay;
+  int64_t bad = 0;
   if (c_.name == "sgd") {
     // torch.optim.SGD: d = g + wd p; buf = momentum buf + d (buf = d on the first step);
     // d = nesterov ? d + momentum buf : buf; p -= lr d.
     const float mu = c_.momentum;
     if (mu == 0) {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-      return;
+#pragma omp parallel for simd schedule(static) reduction(+ : bad)
+      for (int64_t i = 0; i < n; ++i) {
+        const float pi = p[i] - lr * (g[i] + wd * p[i]);
+        p[i] = pi;
+        bad += std::isfinite(pi) ? 0 : 1;
+      }
+      return bad;
     }
     float* buf = ps.flat_slot(0) + s.slot;
     const bool first = t_ == 1, nest = c_.nesterov;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) reduction(+ : bad)
     for (int64_t i = 0; i < n; ++i) {
       float d = g[i] + wd * p[i];
       float b = first ? d : mu * buf[i] + d;
       buf[i] = b;
-      p[i] -= lr * (nest ? d + mu * b : b);
+      const float pi = p[i] - lr * (nest ? d + mu * b : b);
+      p[i] = pi;
+      bad += std::isfinite(pi) ? 0 : 1;
     }
-    return;
+    return bad;
   }
   // torch.optim.AdamW (1.13, single-tensor path):
   //   p *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -64,7 +74,7 @@ void Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
   const float step_size = float(lr / bc1);
   const float bc2_sqrt = float(std::sqrt(bc2));
   const float decay = 1.0f - lr * wd;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) reduction(+ : bad)
   for (int64_t i = 0; i < n; ++i) {
     float gi = g[i];
     float pi = p[i] * decay;
@@ -72,8 +82,11 @@ void Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
     float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+    const float pn = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+    p[i] = pn;
+    bad += std::isfinite(pn) ? 0 : 1;
   }
+  return bad;
 }
 
 ScheduleConfig resolve_schedule(ScheduleConfig s) {

@@ -28,11 +28,14 @@ class Optimizer {
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }  // resuming: AdamW's bias correction goes on from there
   const OptimConfig& config() const { return c_; }
+  // Parameters the last step left not finite (of the spans this rank updates).
+  int64_t last_nonfinite() const { return nonfinite_; }
 
  private:
-  void update(ParamStore& ps, const UpdateSpan& s, float lr);
+  int64_t update(ParamStore& ps, const UpdateSpan& s, float lr);
   OptimConfig c_;
   int64_t t_ = 0;
+  int64_t nonfinite_ = 0;
 };
 
 struct ScheduleConfig {

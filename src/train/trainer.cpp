@@ -472,8 +472,10 @@ bool Trainer::params_finite() const {
 
 // After each optimizer step on the CPU: the first step whose update left a parameter of
 // this rank not finite (the loss can stay finite a while: an embedding row no batch reads).
+// The optimizer counts them as it updates (its shard, under ZeRO: every value has a rank
+// that updates it, and check_params_finite agrees over the job).
 void Trainer::note_nonfinite_params(int64_t step) {
-  if (first_nonfinite_step_ == 0 && !on_gpu() && !params_finite()) first_nonfinite_step_ = step;
+  if (first_nonfinite_step_ == 0 && opt_ && !on_gpu() && opt_->last_nonfinite() > 0) first_nonfinite_step_ = step;
 }
 
 // The error of a step whose loss is not finite (every rank has the same loss): with the step
