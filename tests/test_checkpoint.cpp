@@ -358,6 +358,21 @@ TEST(Checkpoint, KilledRankAndTerminatedJobResumeExactly) {
     ASSERT_FALSE(ck.empty());
     EXPECT_LT(sat::read_manifest(ck).step, 400) << "the run ended before the signal: make it longer";
   }
+  {  // SIGUSR1 to mpirun (Slurm's warning): mpirun passes on the ranks' status, 128 + 10
+    sat::test::Job j = sat::test::start_job(2, "train " + flags + " --resume auto --out " + (d / "b").string(), 120);
+    const int64_t before = sat::read_manifest(sat::newest_checkpoint((d / "ck").string())).step;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (sat::read_manifest(sat::newest_checkpoint((d / "ck").string())).step <= before &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(std::system(("pkill -USR1 -f '^[^ ]*(mpiexec|mpirun|orterun) .*" + (d / "ck").string() + "'").c_str()),
+              0);
+    const sat::test::JobEnd e = sat::test::wait_job(j);
+    EXPECT_EQ(e.status, 138) << e.out;
+    EXPECT_NE(e.out.find("stopped by signal 10 after step"), std::string::npos) << e.out;
+    EXPECT_LT(sat::read_manifest(sat::newest_checkpoint((d / "ck").string())).step, 400)
+        << "the run ended before the signal: make it longer";
+  }
   Cmd c = run("train " + flags + " --resume auto --save-weights " + (d / "c.st").string(), 2);
   ASSERT_EQ(c.status, 0) << c.out;
   EXPECT_EQ(bytes_of(d / "a.st"), bytes_of(d / "c.st"));

@@ -1207,7 +1207,12 @@ int main(int argc, char** argv) {
   note_layout_flags(train, a);
   note_layout_flags(tune, ta);
   try {
-    if (train->parsed()) return run_train(a);
+    if (train->parsed()) {
+      const int status = run_train(a);  // its communicators are gone here
+      // Stopped by a signal: every rank exits 128 + signal at the same step, as one job.
+      if (status > 128) sat::dist::finish_job_together();
+      return status;
+    }
     if (tune->parsed()) {
       SAT_CHECK(!ta.layout.empty() || (tune->count("--batch") == 0 && tune->count("--accum") == 0),
                 "--batch/--accum: saturate tune chooses them (give --global-batch to keep a global batch)");

@@ -235,6 +235,12 @@ bool have_mpi();
 // (detect_process()), the self communicator otherwise.
 std::unique_ptr<Comm> make_world_comm();
 
+// Before an exit with a non-zero status that every rank takes together at the same point
+// (a run stopped by a signal, exit 128 + signal): finalises MPI now, once no communicator
+// is left, so that the status ends the job as a normal exit, which mpirun and srun pass
+// on, instead of the abort that a non-zero exit otherwise triggers. Nothing without MPI.
+void finish_job_together();
+
 // Ends the whole job after a fatal error on this rank: MPI_Abort when MPI is initialised
 // (so the other ranks do not wait for this one until their watchdog fires), exit(code)
 // otherwise. Prints nothing itself. (With glibc, exit() or a return from main with a

@@ -233,9 +233,13 @@ class MpiRuntime {
     ++st->outstanding;
   }
 
-  ~MpiRuntime() {
+  ~MpiRuntime() { shutdown(); }
+
+  // Finishes the queue and finalises MPI (once; at exit, or earlier by finish_job_together).
+  void shutdown() {
     {
       std::lock_guard<std::mutex> lk(m_);
+      if (stopping_) return;
       stopping_ = true;
     }
     cv_.notify_one();
@@ -641,6 +645,12 @@ std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
   abort_job(code);
 }
 
+void finish_job_together() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) MpiRuntime::instance().shutdown();
+}
+
 }  // namespace sat::dist
 
 #else  // !SAT_HAVE_MPI
@@ -660,6 +670,8 @@ std::unique_ptr<Comm> make_mpi_comm() {
 }
 
 [[noreturn]] void end_job_after_input_error(int code, double) { abort_job(code); }
+
+void finish_job_together() {}
 
 }  // namespace sat::dist
 
