@@ -24,7 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::ofstream(dir.file("manifest.json"), std::ios::binary) << text;
   std::ofstream(dir.file("rank-00000.safetensors"), std::ios::binary) << std::string("\x10\0\0\0\0\0\0\0{}              ", 24);
   sat::fuzz::accepts([&] { sat::verify_checkpoint(dir.path(), m); });
-  for (const auto& [name, t] : m.tensors) {
+  for (const auto& entry : m.tensors) {
+    const std::string& name = entry.first;
+    const auto& t = entry.second;
     if (t.shape.size() > size_t(sat::Shape::kMaxDims)) continue;
     const sat::Shape shape(t.shape);
     if (shape.numel() > (1 << 20)) continue;  // the reader checks the shape against the model's first
