@@ -2,28 +2,19 @@
 // plan.html (self-contained: inline SVG, no scripts or fonts from elsewhere).
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/alloc.h"
+#include "core/text.h"
 #include "plan/planner.h"
 
 namespace sat {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-__attribute__((format(printf, 1, 2))) std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 
 ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
@@ -57,9 +48,9 @@ ojson layout_json(const Prediction& p) {
 
 std::string row(int i, const Prediction& p, bool tokens) {
   const Layout& l = p.layout;
-  std::string sched = l.pp == 1 ? "-" : l.schedule == PipeSchedule::interleaved ? fmt("interleaved v=%d", l.virtual_stages)
+  std::string sched = l.pp == 1 ? "-" : l.schedule == PipeSchedule::interleaved ? strf("interleaved v=%d", l.virtual_stages)
                                                                                  : schedule_of(l);
-  return fmt("%2d  dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
+  return strf("%2d  dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
              i, l.dp, l.tp, l.pp, sched.c_str(), recompute_name(l.recompute), l.sequence_parallel ? "on" : "off", l.zero,
              (long long)l.micro_batch, (long long)l.accum, format_bytes(p.memory_bytes).c_str(),
              p.memory_exact ? " " : "~", p.step_seconds, tokens ? p.tokens_per_second : p.samples_per_second,
@@ -70,41 +61,41 @@ std::string row(int i, const Prediction& p, bool tokens) {
 
 std::string plan_text(const PlanResult& p, const PlanRequest& r) {
   const bool tokens = p.tokens_per_sample > 0;
-  std::string s = fmt("model    %s: %.4g parameters, %.4g FLOPs per sample (forward + backward)\n", r.model.name.c_str(),
+  std::string s = strf("model    %s: %.4g parameters, %.4g FLOPs per sample (forward + backward)\n", r.model.name.c_str(),
                       p.model_parameters, p.model_flops_per_sample);
-  s += fmt("devices  %d x %s (%d per node; %s of memory each, %.4g TFLOP/s peak %s), global batch %lld\n", r.gpus,
+  s += strf("devices  %d x %s (%d per node; %s of memory each, %.4g TFLOP/s peak %s), global batch %lld\n", r.gpus,
            r.hw.name.c_str(), r.gpus_per_node, format_bytes(r.memory_limit > 0 ? r.memory_limit : r.hw.memory_bytes).c_str(),
            r.hw.peak(r.hw.gpu ? r.precision : DType::f32) / 1e12, r.hw.gpu ? dtype_name(r.precision) : "f32",
            (long long)r.global_batch);
-  s += fmt("searched %lld layouts in %.2f s: %lld over the memory, %lld slower than the best by a lower bound, %zu "
+  s += strf("searched %lld layouts in %.2f s: %lld over the memory, %lld slower than the best by a lower bound, %zu "
            "simulated\n", (long long)p.layouts, p.seconds, (long long)p.over_memory, (long long)p.slower,
            p.considered.size());
   if (p.best.empty() || !p.best[0].fits) {
     const Prediction* m = p.smallest ? &*p.smallest : nullptr;
     s += "no layout fits";
     if (m)
-      s += fmt(": the smallest needs %s per device (%s); more devices, a smaller micro-batch or global batch, "
+      s += strf(": the smallest needs %s per device (%s); more devices, a smaller micro-batch or global batch, "
                "recomputation or a higher ZeRO stage would be needed",
                format_bytes(m->memory_bytes).c_str(), m->layout.str().c_str());
     s += "\n";
     if (p.best.empty()) return s;
   }
-  s += fmt("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",
+  s += strf("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",
            tokens ? "tokens/s" : "samples/s");
   for (size_t i = 0; i < p.best.size(); ++i) s += row(int(i) + 1, p.best[i], tokens);
   const Prediction& b = p.best[0];
-  s += fmt("\nbest: %s (%s)\n", b.layout.str().c_str(), p.why.c_str());
-  s += fmt("  step %.4g s = compute %.4g s on the busiest stage (tensor-parallel collectives %.3g s) + bubble %.1f%% + "
+  s += strf("\nbest: %s (%s)\n", b.layout.str().c_str(), p.why.c_str());
+  s += strf("  step %.4g s = compute %.4g s on the busiest stage (tensor-parallel collectives %.3g s) + bubble %.1f%% + "
            "exposed data-parallel %.3g s + optimizer %.3g s\n",
            b.step_seconds, b.compute_seconds, b.tp_comm_seconds, 100 * b.bubble_fraction, b.dp_exposed_seconds,
            b.optimizer_seconds);
   if (b.memory_exact) {
-    s += fmt("  memory of pipeline stage %d (the most of any rank), exact plan:\n", b.memory_stage);
+    s += strf("  memory of pipeline stage %d (the most of any rank), exact plan:\n", b.memory_stage);
     for (int i = 0; i < int(MemKind::kCount); ++i)
       if (b.memory.by_kind[size_t(i)])
-        s += fmt("    %-34s %s\n", mem_kind_name(MemKind(i)), format_bytes(double(b.memory.by_kind[size_t(i)])).c_str());
-    s += fmt("    %-34s %s (transient kinds share it by lifetime)\n", "step arena", format_bytes(double(b.memory.transient)).c_str());
-    s += fmt("    %-34s %s\n", "total", format_bytes(b.memory_bytes).c_str());
+        s += strf("    %-34s %s\n", mem_kind_name(MemKind(i)), format_bytes(double(b.memory.by_kind[size_t(i)])).c_str());
+    s += strf("    %-34s %s (transient kinds share it by lifetime)\n", "step arena", format_bytes(double(b.memory.transient)).c_str());
+    s += strf("    %-34s %s\n", "total", format_bytes(b.memory_bytes).c_str());
   }
   return s;
 }
@@ -128,37 +119,31 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
 
 namespace {
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;" : std::string(1, c);
-  return o;
-}
-
 // Throughput against memory per device of every layout timed, the device's memory as a line.
 std::string scatter_svg(const PlanResult& p, double limit, bool tokens) {
   const double W = 760, H = 320, L = 70, B = 40;
   double xmax = limit * 1.2, ymax = 0;
   for (const Prediction& x : p.considered) ymax = std::max(ymax, tokens ? x.tokens_per_second : x.samples_per_second);
   if (ymax <= 0) return "";
-  std::string s = fmt("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W, H);
+  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W, H);
   auto X = [&](double v) { return L + (W - L - 10) * std::min(v, xmax) / xmax; };
   auto Y = [&](double v) { return H - B - (H - B - 10) * v / ymax; };
-  s += fmt("<line x1='%.0f' y1='%.0f' x2='%.0f' y2='%.0f' stroke='#000'/>", L, H - B, W - 10, H - B);
-  s += fmt("<line x1='%.0f' y1='10' x2='%.0f' y2='%.0f' stroke='#000'/>", L, L, H - B);
-  s += fmt("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-dasharray='4'/>", X(limit), X(limit), H - B);
-  s += fmt("<text x='%.1f' y='22' fill='#c00'> device memory %s</text>", X(limit), format_bytes(limit).c_str());
+  s += strf("<line x1='%.0f' y1='%.0f' x2='%.0f' y2='%.0f' stroke='#000'/>", L, H - B, W - 10, H - B);
+  s += strf("<line x1='%.0f' y1='10' x2='%.0f' y2='%.0f' stroke='#000'/>", L, L, H - B);
+  s += strf("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-dasharray='4'/>", X(limit), X(limit), H - B);
+  s += strf("<text x='%.1f' y='22' fill='#c00'> device memory %s</text>", X(limit), format_bytes(limit).c_str());
   for (const Prediction& x : p.considered)
-    s += fmt("<circle cx='%.1f' cy='%.1f' r='2' fill='%s' fill-opacity='0.5'><title>%s</title></circle>",
+    s += strf("<circle cx='%.1f' cy='%.1f' r='2' fill='%s' fill-opacity='0.5'><title>%s</title></circle>",
              X(x.memory_bytes), Y(tokens ? x.tokens_per_second : x.samples_per_second), x.fits ? "#1f77b4" : "#bbb",
-             esc(x.layout.str()).c_str());
+             html_escape(x.layout.str()).c_str());
   if (!p.best.empty()) {
     const Prediction& b = p.best[0];
-    s += fmt("<circle cx='%.1f' cy='%.1f' r='6' fill='none' stroke='#d62728' stroke-width='2'/>", X(b.memory_bytes),
+    s += strf("<circle cx='%.1f' cy='%.1f' r='6' fill='none' stroke='#d62728' stroke-width='2'/>", X(b.memory_bytes),
              Y(tokens ? b.tokens_per_second : b.samples_per_second));
   }
-  s += fmt("<text x='%.0f' y='%.0f' text-anchor='middle'>memory per device (max %s)</text>", (L + W) / 2, H - 8,
+  s += strf("<text x='%.0f' y='%.0f' text-anchor='middle'>memory per device (max %s)</text>", (L + W) / 2, H - 8,
            format_bytes(xmax).c_str());
-  s += fmt("<text x='12' y='%.0f' transform='rotate(-90 12 %.0f)' text-anchor='middle'>%s per second (max %.4g)</text>",
+  s += strf("<text x='12' y='%.0f' transform='rotate(-90 12 %.0f)' text-anchor='middle'>%s per second (max %.4g)</text>",
            H / 2, H / 2, tokens ? "tokens" : "samples", ymax);
   return s + "</svg>";
 }
@@ -168,15 +153,15 @@ std::string memory_svg(const Prediction& b, double limit) {
   if (!b.memory_exact) return "";
   const double W = 760, top = 30, h = 28, scale = (W - 20) / std::max(limit, b.memory_bytes);
   const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  std::string s = fmt("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W, top + h + 120);
+  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W, top + h + 120);
   double x = 10;
   int k = 0, line = 0;
   auto part = [&](const std::string& what, double bytes) {
     const char* c = colors[k++ % 10];
-    s += fmt("<rect x='%.1f' y='%.0f' width='%.1f' height='%.0f' fill='%s'><title>%s %s</title></rect>", x, top,
-             bytes * scale, h, c, esc(what).c_str(), format_bytes(bytes).c_str());
-    s += fmt("<rect x='10' y='%.0f' width='10' height='10' fill='%s'/><text x='24' y='%.0f'>%s: %s</text>",
-             top + h + 12 + 15.0 * line, c, top + h + 21 + 15.0 * line, esc(what).c_str(), format_bytes(bytes).c_str());
+    s += strf("<rect x='%.1f' y='%.0f' width='%.1f' height='%.0f' fill='%s'><title>%s %s</title></rect>", x, top,
+             bytes * scale, h, c, html_escape(what).c_str(), format_bytes(bytes).c_str());
+    s += strf("<rect x='10' y='%.0f' width='10' height='10' fill='%s'/><text x='24' y='%.0f'>%s: %s</text>",
+             top + h + 12 + 15.0 * line, c, top + h + 21 + 15.0 * line, html_escape(what).c_str(), format_bytes(bytes).c_str());
     ++line;
     x += bytes * scale;
   };
@@ -187,9 +172,9 @@ std::string memory_svg(const Prediction& b, double limit) {
   if (b.memory.transient) part("step arena (activations, saved, gradients, scratch)", double(b.memory.transient));
   if (b.memory.staging) part("ZeRO staging arena", double(b.memory.staging));
   if (b.memory.inputs) part("input batches", double(b.memory.inputs));
-  s += fmt("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-width='2'/>", 10 + limit * scale,
+  s += strf("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-width='2'/>", 10 + limit * scale,
            10 + limit * scale, top + h + 4);
-  s += fmt("<text x='%.1f' y='22' fill='#c00' text-anchor='end'>device memory %s </text>", 10 + limit * scale,
+  s += strf("<text x='%.1f' y='22' fill='#c00' text-anchor='end'>device memory %s </text>", 10 + limit * scale,
            format_bytes(limit).c_str());
   return s + "</svg>";
 }
@@ -199,10 +184,10 @@ std::string timeline_svg(const ScheduleSim& sim) {
   if (sim.spans.empty() || sim.makespan <= 0) return "";
   const int P = int(sim.spans.size());
   const double W = 760, row = std::max(6.0, std::min(22.0, 400.0 / P)), L = 60;
-  std::string s = fmt("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='10'>", W, row * P + 30);
+  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='10'>", W, row * P + 30);
   const double unit = sim.makespan / (W - L - 10);  // seconds per pixel
   for (int r = 0; r < P; ++r) {
-    s += fmt("<text x='4' y='%.1f'>stage %d</text>", row * r + row * 0.75, r);
+    s += strf("<text x='4' y='%.1f'>stage %d</text>", row * r + row * 0.75, r);
     // Runs of the same kind closer than half a pixel are one box: a long step stays light.
     const auto& spans = sim.spans[size_t(r)];
     for (size_t i = 0; i < spans.size();) {
@@ -210,14 +195,14 @@ std::string timeline_svg(const ScheduleSim& sim) {
       while (j < spans.size() && spans[j].action.kind == spans[i].action.kind && spans[j].start - spans[j - 1].end < unit / 2)
         ++j;
       const double x = L + spans[i].start / unit, w = (spans[j - 1].end - spans[i].start) / unit;
-      s += fmt("<rect x='%.2f' y='%.1f' width='%.2f' height='%.1f' fill='%s'><title>%s .. %s</title></rect>", x,
+      s += strf("<rect x='%.2f' y='%.1f' width='%.2f' height='%.1f' fill='%s'><title>%s .. %s</title></rect>", x,
                row * r + 1, std::max(w, 0.3), row - 2,
                spans[i].action.kind == ActionKind::forward ? "#1f77b4" : "#2ca02c", spans[i].action.str().c_str(),
                spans[j - 1].action.str().c_str());
       i = j;
     }
   }
-  s += fmt("<text x='%.0f' y='%.1f'>time: %.4g s per step; forward blue, backward green, gaps the bubble (%.1f%%)</text>",
+  s += strf("<text x='%.0f' y='%.1f'>time: %.4g s per step; forward blue, backward green, gaps the bubble (%.1f%%)</text>",
            L, row * P + 20, sim.makespan, 100 * sim.bubble_fraction);
   return s + "</svg>";
 }
@@ -229,13 +214,13 @@ std::string plan_html(const PlanResult& p, const PlanRequest& r) {
   const bool tokens = p.tokens_per_sample > 0;
   std::string s = "<!doctype html><html><head><meta charset='utf-8'><title>saturate plan</title><style>body{font-family:"
                   "sans-serif;max-width:800px;margin:20px auto}pre{font-size:11px;overflow-x:auto}</style></head><body>";
-  s += fmt("<h1>saturate plan: %s on %d &times; %s</h1>", esc(r.model.name).c_str(), r.gpus, esc(r.hw.name).c_str());
-  s += "<pre>" + esc(plan_text(p, r)) + "</pre>";
-  s += fmt("<h2>Throughput of every layout considered (%zu)</h2>", p.considered.size());
+  s += strf("<h1>saturate plan: %s on %d &times; %s</h1>", html_escape(r.model.name).c_str(), r.gpus, html_escape(r.hw.name).c_str());
+  s += "<pre>" + html_escape(plan_text(p, r)) + "</pre>";
+  s += strf("<h2>Throughput of every layout considered (%zu)</h2>", p.considered.size());
   s += "<p>Each dot is a layout the search timed, at its estimated memory per device; grey ones do not fit. "
        "The circle is the best.</p>" + scatter_svg(p, limit, tokens);
   if (!p.best.empty()) {
-    s += fmt("<h2>Memory of the best layout (pipeline stage %d, exact plan)</h2>", p.best[0].memory_stage);
+    s += strf("<h2>Memory of the best layout (pipeline stage %d, exact plan)</h2>", p.best[0].memory_stage);
     s += memory_svg(p.best[0], limit);
     s += "<h2>Pipeline timeline of the best layout (simulated)</h2>" + timeline_svg(p.timeline);
   }

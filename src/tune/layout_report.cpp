@@ -3,7 +3,6 @@
 // self-contained tune.html (inline SVG bars; no scripts, fonts or images from elsewhere).
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -12,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/alloc.h"
+#include "core/text.h"
 #include "tune/layout_tune.h"
 
 namespace sat {
@@ -19,23 +19,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-__attribute__((format(printf, 1, 2))) std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
 ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s)
-    o += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;" : std::string(1, c);
-  return o;
-}
 
 double ratio(const LayoutTrial& t) {
   return t.predicted.samples_per_second > 0 ? t.measured_samples_per_second / t.predicted.samples_per_second : NAN;
@@ -69,7 +53,7 @@ ojson trial_json(const LayoutTrial& t, int rank) {
 }
 
 std::string text_row(int i, const LayoutTrial& t) {
-  return fmt("%2d  %-66s %10.1f %10.1f %6.2f %11s %11s%s\n", i, t.predicted.layout.str().c_str(),
+  return strf("%2d  %-66s %10.1f %10.1f %6.2f %11s %11s%s\n", i, t.predicted.layout.str().c_str(),
              t.predicted.samples_per_second, t.measured_samples_per_second, ratio(t),
              format_bytes(t.predicted.memory_bytes).c_str(), format_bytes(double(t.measured_peak_bytes)).c_str(),
              t.chosen ? "  <- chosen" : t.failed.empty() ? "" : ("  not timed: " + t.failed).c_str());
@@ -88,21 +72,21 @@ std::string bar_plot(const std::vector<BarRow>& rows, const char* a_name, const 
   for (const BarRow& r : rows) top = std::max({top, r.a, r.b});
   if (!(top > 0)) return "<p class=\"note\">nothing measured</p>\n";
   const double W = 740, left = 40, width = 560, bar = 14, H = 30 + double(rows.size()) * (2 * bar + 26);
-  std::string s = fmt("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+  std::string s = strf("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                       "font-size=\"12\" style=\"max-width:100%%;height:auto\">\n", W, H, W, H);
-  s += fmt("<rect x=\"%.0f\" y=\"6\" width=\"12\" height=\"10\" fill=\"#9aa4ad\"/><text x=\"%.0f\" y=\"15\">%s</text>\n",
+  s += strf("<rect x=\"%.0f\" y=\"6\" width=\"12\" height=\"10\" fill=\"#9aa4ad\"/><text x=\"%.0f\" y=\"15\">%s</text>\n",
            left, left + 16, a_name);
-  s += fmt("<rect x=\"%.0f\" y=\"6\" width=\"12\" height=\"10\" fill=\"#2f6fb0\"/><text x=\"%.0f\" y=\"15\">%s</text>\n",
+  s += strf("<rect x=\"%.0f\" y=\"6\" width=\"12\" height=\"10\" fill=\"#2f6fb0\"/><text x=\"%.0f\" y=\"15\">%s</text>\n",
            left + 160, left + 176, b_name);
   double y = 30;
   for (const BarRow& r : rows) {
-    s += fmt("<text x=\"%.0f\" y=\"%.0f\"%s>%s</text>\n", left, y + 10, r.chosen ? " font-weight=\"bold\"" : "",
-             esc(r.label).c_str());
+    s += strf("<text x=\"%.0f\" y=\"%.0f\"%s>%s</text>\n", left, y + 10, r.chosen ? " font-weight=\"bold\"" : "",
+             html_escape(r.label).c_str());
     y += 14;
     for (auto [v, color] : {std::pair{r.a, "#9aa4ad"}, std::pair{r.b, r.chosen ? "#e07b00" : "#2f6fb0"}}) {
       const double w = std::isfinite(v) && v > 0 ? width * v / top : 0;
-      s += fmt("<rect x=\"%.0f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"/>", left, y, w, bar - 2, color);
-      s += fmt("<text x=\"%.1f\" y=\"%.0f\">%s</text>\n", left + w + 5, y + bar - 4, label(v).c_str());
+      s += strf("<rect x=\"%.0f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"/>", left, y, w, bar - 2, color);
+      s += strf("<text x=\"%.1f\" y=\"%.0f\">%s</text>\n", left + w + 5, y + bar - 4, label(v).c_str());
       y += bar;
     }
     y += 12;
@@ -114,7 +98,7 @@ std::vector<BarRow> rows_of(const LayoutTuneResult& r, bool memory) {
   std::vector<BarRow> rows;
   for (size_t i = 0; i < r.trials.size(); ++i) {
     const LayoutTrial& t = r.trials[i];
-    rows.push_back({fmt("#%zu %s%s", i + 1, t.predicted.layout.str().c_str(), t.chosen ? " (chosen)" : ""),
+    rows.push_back({strf("#%zu %s%s", i + 1, t.predicted.layout.str().c_str(), t.chosen ? " (chosen)" : ""),
                     memory ? t.predicted.memory_bytes : t.predicted.samples_per_second,
                     memory ? double(t.measured_peak_bytes) : t.measured_samples_per_second, t.chosen});
   }
@@ -136,15 +120,15 @@ th{background:#f2f2f2}tr.chosen td{background:#fff1dc;font-weight:bold}
 std::string meta_table(const LayoutTuneResult& r) {
   auto row = [](const char* k, const std::string& v) { return std::string("<tr><td>") + k + "</td><td>" + v + "</td></tr>\n"; };
   std::string h = "<table class=\"meta\">\n";
-  h += row("model", esc(r.model)) + row("data", esc(r.data)) + row("ranks", fmt("%d (one host)", r.world));
-  h += row("global batch", fmt("%lld", (long long)r.global_batch));
-  h += row("fixed fields", r.filter.empty() ? "none (--layout auto)" : esc(r.filter));
-  h += row("memory budget", format_bytes(double(r.budget)) + " per rank (" + esc(r.budget_source) + ")");
-  h += row("this machine", fmt("%.3g GFLOP/s fp32 peak per rank, memory %.3g GB/s, all-reduce %.3g GB/s, latency %.3g us",
+  h += row("model", html_escape(r.model)) + row("data", html_escape(r.data)) + row("ranks", strf("%d (one host)", r.world));
+  h += row("global batch", strf("%lld", (long long)r.global_batch));
+  h += row("fixed fields", r.filter.empty() ? "none (--layout auto)" : html_escape(r.filter));
+  h += row("memory budget", format_bytes(double(r.budget)) + " per rank (" + html_escape(r.budget_source) + ")");
+  h += row("this machine", strf("%.3g GFLOP/s fp32 peak per rank, memory %.3g GB/s, all-reduce %.3g GB/s, latency %.3g us",
                                r.hw.peak_fp32 / 1e9, r.hw.memory_bandwidth / 1e9, r.hw.intra.bandwidth / 1e9,
                                r.hw.intra.alpha * 1e6));
-  h += row("planner", fmt("%lld layouts searched in %.2f s", (long long)r.layouts_searched, r.plan_seconds));
-  h += row("tuning", fmt("%zu layouts timed; %.1f s in all (%.1f s measuring the machine)", r.trials.size(),
+  h += row("planner", strf("%lld layouts searched in %.2f s", (long long)r.layouts_searched, r.plan_seconds));
+  h += row("tuning", strf("%zu layouts timed; %.1f s in all (%.1f s measuring the machine)", r.trials.size(),
                          r.tuning_seconds, r.hardware_seconds));
   return h + "</table>\n";
 }
@@ -154,8 +138,8 @@ std::string trials_table(const LayoutTuneResult& r) {
                   "<th>measured / predicted</th><th>predicted memory</th><th>measured peak</th><th>timed steps</th></tr>\n";
   for (size_t i = 0; i < r.trials.size(); ++i) {
     const LayoutTrial& t = r.trials[i];
-    h += fmt("<tr%s><td>%zu</td><td class=\"l\">%s</td><td>%.1f</td><td>%.1f</td><td>%.2f</td><td>%s</td><td>%s</td>"
-             "<td>%d</td></tr>\n", t.chosen ? " class=\"chosen\"" : "", i + 1, esc(t.predicted.layout.str()).c_str(),
+    h += strf("<tr%s><td>%zu</td><td class=\"l\">%s</td><td>%.1f</td><td>%.1f</td><td>%.2f</td><td>%s</td><td>%s</td>"
+             "<td>%d</td></tr>\n", t.chosen ? " class=\"chosen\"" : "", i + 1, html_escape(t.predicted.layout.str()).c_str(),
              t.predicted.samples_per_second, t.measured_samples_per_second, ratio(t),
              format_bytes(t.predicted.memory_bytes).c_str(), format_bytes(double(t.measured_peak_bytes)).c_str(),
              t.timed_steps);
@@ -166,14 +150,14 @@ std::string trials_table(const LayoutTuneResult& r) {
 }  // namespace
 
 std::string layout_tune_text(const LayoutTuneResult& r) {
-  std::string s = fmt("layout auto: %s on %d rank(s), global batch %lld%s, memory budget %s per rank; the planner "
+  std::string s = strf("layout auto: %s on %d rank(s), global batch %lld%s, memory budget %s per rank; the planner "
                       "searched %lld layouts in %.0f ms\n\n",
                       r.model.c_str(), r.world, (long long)r.global_batch, r.filter.empty() ? "" : (", " + r.filter).c_str(),
                       format_bytes(double(r.budget)).c_str(), (long long)r.layouts_searched, 1000 * r.plan_seconds);
-  s += fmt(" #  %-66s %10s %10s %6s %11s %11s\n", "layout", "predicted", "measured", "ratio", "memory", "peak");
-  s += fmt("    %-66s %10s %10s %6s %11s %11s\n", "", "samples/s", "samples/s", "", "(plan)", "(measured)");
+  s += strf(" #  %-66s %10s %10s %6s %11s %11s\n", "layout", "predicted", "measured", "ratio", "memory", "peak");
+  s += strf("    %-66s %10s %10s %6s %11s %11s\n", "", "samples/s", "samples/s", "", "(plan)", "(measured)");
   for (size_t i = 0; i < r.trials.size(); ++i) s += text_row(int(i) + 1, r.trials[i]);
-  if (r.chosen >= 0) s += fmt("\nchosen: #%d %s: %s\n", r.chosen + 1, r.choice().predicted.layout.str().c_str(), r.reason.c_str());
+  if (r.chosen >= 0) s += strf("\nchosen: #%d %s: %s\n", r.chosen + 1, r.choice().predicted.layout.str().c_str(), r.reason.c_str());
   return s;
 }
 
@@ -205,14 +189,14 @@ std::string layout_tune_json(const LayoutTuneResult& r) {
 std::string layout_tune_html(const LayoutTuneResult& r) {
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                   "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>saturate tune "
-                  "--layout auto: " + esc(r.model) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
-  h += "<h1>Layout tuning: " + esc(r.model) + "</h1>\n" + meta_table(r);
+                  "--layout auto: " + html_escape(r.model) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
+  h += "<h1>Layout tuning: " + html_escape(r.model) + "</h1>\n" + meta_table(r);
   if (r.chosen >= 0)
-    h += "<div class=\"choice\">\n<div class=\"big\">" + esc(r.choice().predicted.layout.str()) +
-         "</div>\n<p class=\"reason\">" + esc(r.reason) + "</p>\n</div>\n";
+    h += "<div class=\"choice\">\n<div class=\"big\">" + html_escape(r.choice().predicted.layout.str()) +
+         "</div>\n<p class=\"reason\">" + html_escape(r.reason) + "</p>\n</div>\n";
   h += "<h2>Layouts: the planner's prediction and the measurement</h2>\n" + trials_table(r);
   h += "<h2>Throughput</h2>\n" + bar_plot(rows_of(r, false), "predicted", "measured",
-                                          [](double v) { return fmt("%.0f samples/s", v); });
+                                          [](double v) { return strf("%.0f samples/s", v); });
   h += "<p class=\"note\">The planner's order, best first. Measured: the global batch over the median step time of a "
        "short run (after a warm-up step), the slowest rank's.</p>\n";
   h += "<h2>Memory per rank</h2>\n" + bar_plot(rows_of(r, true), "plan (the fullest rank)", "measured peak (any rank)",

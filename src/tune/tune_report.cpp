@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -12,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/alloc.h"
+#include "core/text.h"
 #include "tune/tune.h"
 
 namespace sat {
@@ -23,25 +23,8 @@ using Pts = std::vector<std::pair<double, double>>;
 ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 ojson pos_num(double v) { return std::isfinite(v) && v > 0 ? ojson(v) : ojson(nullptr); }  // 0: not known
 
-__attribute__((format(printf, 1, 2))) std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s)
-    o += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;"
-       : c == '\'' ? "&#39;" : std::string(1, c);
-  return o;
-}
-
 bool pos(double v) { return std::isfinite(v) && v > 0; }
-std::string i64(int64_t v) { return fmt("%lld", (long long)v); }
+std::string i64(int64_t v) { return strf("%lld", (long long)v); }
 
 // Three significant digits and an SI suffix: 1234 -> "1.23k"; a dash when not a number.
 std::string si(double v) {
@@ -49,11 +32,11 @@ std::string si(double v) {
   const char* suffix[] = {"", "k", "M", "G", "T"};
   int k = 0;
   while (std::fabs(v) >= 999.5 && k < 4) { v /= 1000; ++k; }
-  return fmt("%.3g%s", v, suffix[k]);
+  return strf("%.3g%s", v, suffix[k]);
 }
 
 // printf of one number, a dash when it is not finite.
-std::string dec(const char* f, double v) { return std::isfinite(v) ? fmt(f, v) : "&ndash;"; }
+std::string dec(const char* f, double v) { return std::isfinite(v) ? strf(f, v) : "&ndash;"; }
 
 std::string bytes_or_dash(size_t b) { return b ? format_bytes(double(b)) : "&ndash;"; }
 
@@ -73,9 +56,9 @@ struct Axis {
   }
   std::string label(double v) const {
     if (std::fabs(v) < 1e-9 * step) return "0";
-    if (!bytes) return log2 ? fmt("%.0f", v) : si(v);
+    if (!bytes) return log2 ? strf("%.0f", v) : si(v);
     const char* names[] = {" B", " KiB", " MiB", " GiB", " TiB"};
-    return fmt("%g", v / unit) + names[int(std::lround(std::log2(unit) / 10))];
+    return strf("%g", v / unit) + names[int(std::lround(std::log2(unit) / 10))];
   }
 };
 
@@ -123,47 +106,47 @@ struct Plot {
   bool ok(double a, double b) const { return std::isfinite(a) && pos(b) && (!x.log2 || a > 0); }
 
   Plot(Axis xa, Axis ya, const std::string& xlabel, const std::string& ylabel) : x(std::move(xa)), y(std::move(ya)) {
-    s = fmt("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+    s = strf("<svg viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
             "font-size=\"12\" style=\"max-width:100%%;height:auto\">\n", W, H, W, H);
-    s += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#fcfcfc\" stroke=\"#999\"/>\n", L, T,
+    s += strf("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#fcfcfc\" stroke=\"#999\"/>\n", L, T,
              W - L - R, H - T - B);
     for (double t : x.ticks())
-      s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e2e2e2\"/>"
+      s += strf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e2e2e2\"/>"
                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
                px(t), T, px(t), H - B, px(t), H - B + 16, x.label(t).c_str());
     for (double t : y.ticks())
-      s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e2e2e2\"/>"
+      s += strf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e2e2e2\"/>"
                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
                L, py(t), W - R, py(t), L - 6, py(t) + 4, y.label(t).c_str());
-    s += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", L + (W - L - R) / 2, H - 12,
-             esc(xlabel).c_str());
-    s += fmt("<text transform=\"translate(16 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
-             T + (H - T - B) / 2, esc(ylabel).c_str());
+    s += strf("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", L + (W - L - R) / 2, H - 12,
+             html_escape(xlabel).c_str());
+    s += strf("<text transform=\"translate(16 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
+             T + (H - T - B) / 2, html_escape(ylabel).c_str());
   }
   // A marker: o filled circle, h hollow circle, s square.
   static std::string marker(double X, double Y, const char* colour, char shape, double r = 4) {
     if (shape == 's')
-      return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>", X - r, Y - r, 2 * r,
+      return strf("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>", X - r, Y - r, 2 * r,
                  2 * r, colour);
-    return fmt("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>", X, Y, r,
+    return strf("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>", X, Y, r,
                shape == 'h' ? "#fff" : colour, colour);
   }
   // A legend entry: a line sample (unless `dash` is null), a marker (unless `shape` is 0) or both.
   void legend(const std::string& label, const char* colour, const char* dash, char shape = 'o') {
     if (dash)
-      s += fmt("<line x1=\"%.1f\" y1=\"14\" x2=\"%.1f\" y2=\"14\" stroke=\"%s\" stroke-width=\"2\" "
+      s += strf("<line x1=\"%.1f\" y1=\"14\" x2=\"%.1f\" y2=\"14\" stroke=\"%s\" stroke-width=\"2\" "
                "stroke-dasharray=\"%s\"/>", legend_x, legend_x + 22, colour, dash);
     if (shape) s += marker(legend_x + 11, 14, colour, shape);
-    s += fmt("<text x=\"%.1f\" y=\"18\">%s</text>\n", legend_x + 27, esc(label).c_str());
+    s += strf("<text x=\"%.1f\" y=\"18\">%s</text>\n", legend_x + 27, html_escape(label).c_str());
     legend_x += 42 + 6.6 * double(label.size());
   }
   void line(Pts p, const char* colour, const char* dash = "") {
     std::erase_if(p, [&](auto& q) { return !ok(q.first, q.second); });
     std::sort(p.begin(), p.end());
     if (p.size() < 2) return;
-    s += fmt("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"%s\" points=\"", colour,
+    s += strf("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"%s\" points=\"", colour,
              dash);
-    for (auto& [a, b] : p) s += fmt("%.1f,%.1f ", px(a), py(b));
+    for (auto& [a, b] : p) s += strf("%.1f,%.1f ", px(a), py(b));
     s += "\"/>\n";
   }
   // Error bars: x, low, high (left out unless 0 < low <= high, all finite).
@@ -171,7 +154,7 @@ struct Plot {
     for (auto& [a, lo, hi] : b) {
       if (!ok(a, lo) || !pos(hi) || lo > hi) continue;
       const double X = px(a), Y0 = py(std::max(lo, y.lo)), Y1 = py(std::min(hi, y.hi));
-      s += fmt("<g><title>%s: %s to %s (95%%)</title><path d=\"M%.1f %.1fV%.1fM%.1f %.1fh8M%.1f %.1fh8\" "
+      s += strf("<g><title>%s: %s to %s (95%%)</title><path d=\"M%.1f %.1fV%.1fM%.1f %.1fh8M%.1f %.1fh8\" "
                "stroke=\"%s\" stroke-width=\"1.3\" fill=\"none\"/></g>\n",
                x.label(a).c_str(), y.label(lo).c_str(), y.label(hi).c_str(), X, Y0, Y1, X - 4, Y0, X - 4, Y1,
                colour);
@@ -183,9 +166,9 @@ struct Plot {
     for (auto& q : b)
       if (ok(q[0], q[1]) && pos(q[2]) && q[1] <= q[2]) in.push_back(q);
     if (in.size() < 2) return;
-    s += fmt("<polygon fill=\"%s\" fill-opacity=\"0.15\" stroke=\"none\" points=\"", colour);
-    for (auto& q : in) s += fmt("%.1f,%.1f ", px(q[0]), py(std::min(q[2], y.hi)));
-    for (size_t k = in.size(); k-- > 0;) s += fmt("%.1f,%.1f ", px(in[k][0]), py(std::max(in[k][1], y.lo)));
+    s += strf("<polygon fill=\"%s\" fill-opacity=\"0.15\" stroke=\"none\" points=\"", colour);
+    for (auto& q : in) s += strf("%.1f,%.1f ", px(q[0]), py(std::min(q[2], y.hi)));
+    for (size_t k = in.size(); k-- > 0;) s += strf("%.1f,%.1f ", px(in[k][0]), py(std::max(in[k][1], y.lo)));
     s += "\"/>\n";
   }
   void dots(const Pts& p, const char* colour, char shape = 'o', double r = 4) {
@@ -197,25 +180,25 @@ struct Plot {
   // The label (if any) sits at the left end of the frame, above the line or `below` it.
   void hline(double v, const char* colour, const char* dash, const std::string& label, bool below = false) {
     if (!std::isfinite(v) || y.frac(v) < 0 || y.frac(v) > 1) return;
-    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
+    s += strf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
              "stroke-dasharray=\"%s\"/><text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" %s>%s</text>\n",
              L, py(v), W - R, py(v), colour, dash, L + 4, below ? py(v) + 15 : py(v) - 5, colour, kHalo,
-             esc(label).c_str());
+             html_escape(label).c_str());
   }
   // row 0: the label above the frame; row 1: just inside its top edge.
   void vline(double v, const char* colour, const char* dash, const std::string& label, int row) {
     if (!ok(v, 1) || x.frac(v) < 0 || x.frac(v) > 1) return;
     double X = px(v);
     bool right = x.frac(v) > 0.75;
-    s += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
+    s += strf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" "
              "stroke-dasharray=\"%s\"/><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" fill=\"%s\" "
              "font-weight=\"bold\" %s>%s</text>\n",
              X, T, X, H - B, colour, dash, right ? X - 4 : X + 4, row ? T + 14 : T - 6, right ? "end" : "start",
-             colour, kHalo, esc(label).c_str());
+             colour, kHalo, html_escape(label).c_str());
   }
   // Closes the plot, with `empty` written across it when nothing could be drawn.
   std::string done(bool drawn, const char* empty) const {
-    return s + (drawn ? "" : fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#999\">%s</text>\n",
+    return s + (drawn ? "" : strf("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#999\">%s</text>\n",
                                  L + (W - L - R) / 2, T + (H - T - B) / 2, empty)) + "</svg>\n";
   }
 };
@@ -274,7 +257,7 @@ std::string throughput_plot(const TuneResult& r) {
   p.legend("chosen", kOrange, nullptr);
   if (best > 0 && pos(1 - r.knee))
     p.hline((1 - r.knee) * best, kGrey, "6,4",
-            fmt("knee: %g%% of the noise-aware best%s", 100 * (1 - r.knee), good ? " goodput" : ""), true);
+            strf("knee: %g%% of the noise-aware best%s", 100 * (1 - r.knee), good ? " goodput" : ""), true);
   mark_choice(p, r);
   p.line(pred, kGrey, "2,3");
   p.bars(err, kBlue);
@@ -418,41 +401,41 @@ std::string tune_html(const TuneResult& r) {
   };
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                   "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>saturate tune: " +
-                  esc(r.model) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
-  h += "<h1>Batch-size tuning: " + esc(r.model) + "</h1>\n<table class=\"meta\">\n";
-  h += row("model", esc(r.model)) + row("data", esc(r.data)) + row("device", esc(r.device));
-  h += row("ranks", fmt("%d", r.world));
-  h += row("memory budget", format_bytes(double(r.budget)) + " per rank (" + esc(r.budget_source) + ")");
+                  html_escape(r.model) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
+  h += "<h1>Batch-size tuning: " + html_escape(r.model) + "</h1>\n<table class=\"meta\">\n";
+  h += row("model", html_escape(r.model)) + row("data", html_escape(r.data)) + row("device", html_escape(r.device));
+  h += row("ranks", strf("%d", r.world));
+  h += row("memory budget", format_bytes(double(r.budget)) + " per rank (" + html_escape(r.budget_source) + ")");
   h += row("largest fitting micro-batch",
            i64(r.max_micro_batch) + " (plan " + bytes_or_dash(r.max_predicted_bytes) +
                ", confirming step peaked at " + bytes_or_dash(r.confirm_peak_bytes) + ")");
-  h += row("objective", esc(r.objective) + ", knee " + dec("%g%%", 100 * r.knee));
+  h += row("objective", html_escape(r.objective) + ", knee " + dec("%g%%", 100 * r.knee));
   if (r.requested_global_batch) h += row("requested global batch", i64(r.requested_global_batch));
-  h += row("tuning", fmt("%d timed probes in ", r.probes) + dec("%.1f s", r.tuning_seconds));
+  h += row("tuning", strf("%d timed probes in ", r.probes) + dec("%.1f s", r.tuning_seconds));
   const ThroughputNoise& tn = r.throughput_noise;
   h += row("throughput noise",
            "step times' interquartile range " + dec("%.1f%%", 100 * tn.step_time_iqr_fraction) +
                " of their median (median over the probes); " +
-               fmt("%d round%s of re-measurement (%d probes)", tn.rounds, tn.rounds == 1 ? "" : "s", tn.remeasured) +
+               strf("%d round%s of re-measurement (%d probes)", tn.rounds, tn.rounds == 1 ? "" : "s", tn.remeasured) +
                (tn.rounds ? ", rounds disagreeing by " + dec("%.1f%%", 100 * tn.round_to_round) : std::string()) +
                "; " + (tn.settled ? "settled" : "not settled: the budget of rounds ran out") +
                (tn.reference ? "; noise-aware best: micro-batch " + i64(tn.reference) : std::string()));
-  h += row("allocations refused by the budget", fmt("%d", r.failed_allocations));
+  h += row("allocations refused by the budget", strf("%d", r.failed_allocations));
   h += "</table>\n";
 
   h += "<div class=\"choice\">\n<div class=\"big\">micro-batch <b>" + i64(ch.micro_batch) +
        "</b> &times; accumulation <b>" + i64(ch.accum) + "</b> &times; " +
-       fmt("%d rank%s", r.world, r.world == 1 ? "" : "s") + " = global batch <b>" +
+       strf("%d rank%s", r.world, r.world == 1 ? "" : "s") + " = global batch <b>" +
        i64(ch.global_batch) + "</b></div>\n";
-  h += "<p>learning rate <b>" + dec("%.4g", ch.lr) + "</b> &middot; scaling rule: " + esc(ch.lr_rule) +
+  h += "<p>learning rate <b>" + dec("%.4g", ch.lr) + "</b> &middot; scaling rule: " + html_escape(ch.lr_rule) +
        " &middot; warm-up " +
-       (ch.warmup_fraction > 0 ? fmt("%.3g%% of the steps (linear)", 100 * ch.warmup_fraction) : std::string("none")) +
-       "</p>\n<p class=\"reason\">" + esc(ch.reason) + "</p>\n</div>\n";
+       (ch.warmup_fraction > 0 ? strf("%.3g%% of the steps (linear)", 100 * ch.warmup_fraction) : std::string("none")) +
+       "</p>\n<p class=\"reason\">" + html_escape(ch.reason) + "</p>\n</div>\n";
 
   h += "<h2>Throughput</h2>\n" + throughput_plot(r);
   h += "<p class=\"note\">Timed probes only, each point over its rounds with its 95% interval (from the spread of "
        "the step times and the scatter between rounds). The dashed line is the knee threshold under the noise-aware "
-       "best: the tuner takes the smallest micro-batch whose " + esc(r.objective) + " is within it with 95% "
+       "best: the tuner takes the smallest micro-batch whose " + html_escape(r.objective) + " is within it with 95% "
        "confidence, or the best itself when the rounds cannot tell.</p>\n";
   h += "<h2>Memory</h2>\n" + memory_plot(r);
   h += "<p class=\"note\">Circles: the memory plan (hollow red: over the budget); squares: the peak measured while "
@@ -462,11 +445,11 @@ std::string tune_html(const TuneResult& r) {
     h += "<h2>Gradient noise scale</h2>\n";
     if (ni.measurable)
       h += "<p>B<sub>simple</sub> = <b>" + si(r.noise_scale) + "</b>, 95% interval " + si(ni.low) + " to " +
-           si(ni.high) + " (" + fmt("%zu", r.noise.size()) + " steps, batches " + i64(r.noise_b_small) + " and " +
+           si(ni.high) + " (" + strf("%zu", r.noise.size()) + " steps, batches " + i64(r.noise_b_small) + " and " +
            i64(r.noise_b_big) + ")</p>\n";
     else
-      h += "<p><b>gradient noise scale: not measurable yet</b>: " + esc(ni.reason) +
-           (r.noise_b_big ? " (" + fmt("%zu", r.noise.size()) + " steps, batches " + i64(r.noise_b_small) + " and " +
+      h += "<p><b>gradient noise scale: not measurable yet</b>: " + html_escape(ni.reason) +
+           (r.noise_b_big ? " (" + strf("%zu", r.noise.size()) + " steps, batches " + i64(r.noise_b_small) + " and " +
                                 i64(r.noise_b_big) + ")"
                           : std::string()) +
            "</p>\n";
@@ -479,7 +462,7 @@ std::string tune_html(const TuneResult& r) {
          "nearly half the steps); well above it, returns diminish: more samples per step buy hardly fewer steps.";
     if (pos(r.noise_scale) && ch.global_batch > 0)
       h += " The chosen global batch of " + i64(ch.global_batch) + " is " +
-           fmt("%.2g", double(ch.global_batch) / r.noise_scale) + "&times; B<sub>simple</sub>.";
+           strf("%.2g", double(ch.global_batch) / r.noise_scale) + "&times; B<sub>simple</sub>.";
     h += "</p>\n";
   }
 
@@ -499,10 +482,10 @@ std::string tune_html(const TuneResult& r) {
         i64(c.micro_batch), format_bytes(double(c.predicted_memory_bytes)), bytes_or_dash(c.measured_peak_bytes),
         range(c.samples_per_second, c.samples_per_second_low, c.samples_per_second_high, "%.0f"),
         range(c.ratio_to_best, c.ratio_to_best_low, c.ratio_to_best_high, "%.3f"),
-        c.probed ? dec("%.1f%%", 100 * c.step_time_iqr_fraction) : no, fmt("%zu", c.timings.size())};
+        c.probed ? dec("%.1f%%", 100 * c.step_time_iqr_fraction) : no, strf("%zu", c.timings.size())};
     if (predicted) cells.push_back(pos(c.predicted_samples_per_second) ? si(c.predicted_samples_per_second) : no);
     for (const std::string& v : {dec("%.3f", c.statistical_efficiency), c.probed ? si(c.goodput) : no,
-                                 fmt("%d", c.timed_steps), std::string(c.probed ? "yes" : "no"),
+                                 strf("%d", c.timed_steps), std::string(c.probed ? "yes" : "no"),
                                  std::string(c.fits ? "yes" : "no")})
       cells.push_back(v);
     for (auto& v : cells) h += "<td>" + v + "</td>";
