@@ -32,6 +32,7 @@
 #include "dist/launch.h"
 #include "dist/mesh.h"
 #include "dist/nccl_comm.h"
+#include "error_of.h"
 
 using namespace sat;
 using namespace sat::dist;
@@ -142,16 +143,7 @@ double compute_for(std::chrono::milliseconds ms) {
   return acc;
 }
 
-// The message of the sat::Error that f throws ("" when it throws none).
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sat::test::error_of;
 
 // The sum of v over the ranks of c.
 int64_t sum_over(Comm& c, int64_t v) {

@@ -16,6 +16,7 @@
 #include "core/timer.h"
 #include "mpi_world.h"
 #include "plan/hardware.h"
+#include "error_of.h"
 
 namespace fs = std::filesystem;
 using sat::Hardware;
@@ -24,15 +25,7 @@ using sat::test::world;
 
 namespace {
 
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const sat::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sat::test::error_of;
 
 // A folder of this process's own (ranks of one job run these tests side by side), removed
 // at exit.

@@ -10,21 +10,13 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "error_of.h"
 
 using sat::Json;
 
 namespace {
 
-// The message of the sat::Error that f throws ("" when none).
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const sat::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sat::test::error_of;
 
 std::string parse_error(const std::string& text) {
   return error_of([&] { Json::parse(text, "t.json"); });

@@ -21,17 +21,11 @@
 #include "nn/safetensors.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "error_of.h"
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const sat::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sat::test::error_of;
 
 std::string config_error(const std::string& model) {
   return error_of([&] { sat::model_config(model); });

@@ -19,6 +19,7 @@
 #include "backend/cpu/blas.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "error_of.h"
 #include "mpi_world.h"
 #include "nn/models.h"
 #include "nn/safetensors.h"
@@ -134,14 +135,7 @@ TEST(StageGraphs, SplitIsBalancedOrWhereAsked) {
   EXPECT_LT(m[1], 6);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const sat::Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
+std::string error_of(const std::function<void()>& f) { return sat::test::error_of(f, "(accepted)"); }
 
 TEST(StageGraphs, BadLayoutsAreClearErrors) {
   const auto mc = sat::model_config("gpt-mini");
