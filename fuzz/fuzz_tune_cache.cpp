@@ -1,11 +1,12 @@
 // The layout tuning's cache, a tune.json read by read_layout_choice (src/tune/layout_tune.cpp),
 // and the JSON reader under it (src/core/json.cpp): a parsed value must dump and parse back
-// to the same text. (The `--batch auto` cache is read inside src/cli/main.cpp with
-// nlohmann::json and has no function of its own to call.)
+// to the same text; and the `--batch auto` cache, read by read_tune_choice
+// (src/tune/tune_report.cpp).
 #include "core/json.h"
 #include "fuzz_util.h"
 #include "plan/planner.h"
 #include "tune/layout_tune.h"
+#include "tune/tune.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -30,6 +31,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ok) {
     (void)l.str();
     (void)sat::layout_choice_line(l, measured, predicted);
+  }
+  sat::TuneChoice c;
+  if (sat::fuzz::accepts([&] { c = sat::read_tune_choice(path, 1 << 24, 4096); })) {
+    sat::fuzz::require(c.micro_batch >= 1 && c.micro_batch <= (1 << 24) && c.accum >= 1 && c.lr > 0 &&
+                           c.zero >= 0 && c.zero <= 3 && c.global_batch == c.micro_batch * c.accum * 4096,
+                       "read_tune_choice returns only values a flag allows");
   }
   return 0;
 }

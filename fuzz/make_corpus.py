@@ -151,6 +151,9 @@ put("tune_cache", "zero-dp.json", json.dumps({"layout_choice": dict(choice, dp=0
 put("tune_cache", "negative.json", json.dumps({"layout_choice": dict(choice, tp=-3, micro_batch=-1)}))
 put("tune_cache", "huge.json", json.dumps({"layout_choice": dict(choice, dp=9007199254740992, accum=1e300)}))
 put("tune_cache", "batch-cache.json", json.dumps({"choice": {"micro_batch": 32, "accum": 1, "lr": 0.01}}))
+put("tune_cache", "batch-choice.json", json.dumps({"model": "mlp", "choice": {
+    "micro_batch": 48, "accum": 2, "global_batch": 96, "zero": 1, "recompute": "selective", "lr": 0.02,
+    "lr_rule": "linear (SGD)", "warmup_fraction": 0.05, "reason": "the knee of the throughput curve"}}))
 put("tune_cache", "strings.json", '{"a": ["\\u00e9", "\\ud800", 1.5e-320, -0, 1E+2, true, null], "b": {}}')
 put("tune_cache", "bad.json", '{"layout_choice": {"dp": 1,}}')
 put("tune_cache", "bom.json", "\ufeff{}")

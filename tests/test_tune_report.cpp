@@ -9,7 +9,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/error.h"
 #include "tune/layout_tune.h"
 #include "tune/tune.h"
 
@@ -364,3 +367,49 @@ TEST(TuneReport, LayoutCacheIsValidatedLikeInput) {
   EXPECT_FALSE(sat::read_layout_choice(path, l, measured, predicted));
   std::filesystem::remove(path);
 }
+
+// The `--batch auto` cache: what tune_json wrote reads back, and a damaged or hostile file is
+// an error naming the key, never a value no flag would allow.
+TEST(TuneReport, BatchCacheIsValidatedLikeInput) {
+  const std::string path = (std::filesystem::temp_directory_path() / "sat_batch_cache.json").string();
+  sat::TuneResult r = example();
+  r.choice.micro_batch = 48, r.choice.accum = 2, r.choice.lr = 0.02f, r.choice.zero = 1;
+  r.choice.recompute = sat::Recompute::selective, r.choice.warmup_fraction = 0.05, r.choice.reason = "knee";
+  std::ofstream(path) << sat::tune_json(r);
+  const sat::TuneChoice c = sat::read_tune_choice(path, 1 << 24, 2);
+  EXPECT_EQ(c.micro_batch, 48);
+  EXPECT_EQ(c.accum, 2);
+  EXPECT_FLOAT_EQ(c.lr, 0.02f);
+  EXPECT_EQ(c.zero, 1);
+  EXPECT_EQ(c.recompute, sat::Recompute::selective);
+  EXPECT_DOUBLE_EQ(c.warmup_fraction, 0.05);
+  EXPECT_EQ(c.global_batch, 48 * 2 * 2);
+  const std::string ok = "\"lr\": 0.01, \"warmup_fraction\": 0";
+  for (const auto& [choice, words] : std::vector<std::pair<std::string, std::string>>{
+           {"\"micro_batch\": 1e300, \"accum\": 1, " + ok, "choice.micro_batch"},
+           {"\"micro_batch\": 99999999, \"accum\": 1, " + ok, "choice.micro_batch"},
+           {"\"micro_batch\": 2.5, \"accum\": 1, " + ok, "choice.micro_batch"},
+           {"\"micro_batch\": \"8\", \"accum\": 1, " + ok, "choice.micro_batch is not a number"},
+           {"\"micro_batch\": 8, \"accum\": 0, " + ok, "choice.accum"},
+           {"\"micro_batch\": 8, \"accum\": 1, \"lr\": -1, \"warmup_fraction\": 0", "choice.lr"},
+           {"\"micro_batch\": 8, \"accum\": 1, \"lr\": 0.1, \"warmup_fraction\": 2", "choice.warmup_fraction"},
+           {"\"micro_batch\": 8, \"accum\": 1, \"zero\": 7, " + ok, "choice.zero"},
+           {"\"micro_batch\": 8, \"accum\": 1, \"recompute\": \"most\", " + ok, "choice.recompute 'most'"},
+           {"\"accum\": 1, " + ok, "choice.micro_batch is missing"}}) {
+    std::ofstream(path) << "{\"choice\": {" << choice << "}}";
+    std::string error;
+    try {
+      sat::read_tune_choice(path, 1 << 24, 1);
+    } catch (const sat::Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find(words), std::string::npos) << choice << " -> " << error;
+    EXPECT_NE(error.find(path), std::string::npos) << error;
+  }
+  std::ofstream(path) << "{\"choice\": [1, 2";
+  EXPECT_THROW(sat::read_tune_choice(path, 1 << 24, 1), sat::Error);
+  std::ofstream(path) << "[]";
+  EXPECT_THROW(sat::read_tune_choice(path, 1 << 24, 1), sat::Error);
+  std::filesystem::remove(path);
+}
+

@@ -303,20 +303,6 @@ void report_layout_tuning(const TrainArgs& a, const sat::LayoutTuneResult& r, co
   std::printf("layout auto: report in %s/tune.html, every measurement in %s/tune.json\n", a.out.c_str(), a.out.c_str());
 }
 
-// The cache is input like any other: a damaged or hostile tune.json must not reach a
-// conversion to an integer out of range, or a micro-batch no flag would allow. hit: found,
-// micro-batch, accumulation, lr, ZeRO stage, recompute mode. "" when it is sound.
-std::string cached_choice_problem(const double* hit, double warmup_fraction) {
-  auto whole = [](double x, double lo, double hi) { return std::isfinite(x) && x == std::floor(x) && x >= lo && x <= hi; };
-  if (!whole(hit[1], 1, double(kMaxBatch))) return sat::str_cat("micro_batch ", hit[1], " is not from 1 to ", kMaxBatch);
-  if (!whole(hit[2], 1, double(1 << 20))) return sat::str_cat("accum ", hit[2], " is not from 1 to ", 1 << 20);
-  if (!(std::isfinite(hit[3]) && hit[3] > 0 && hit[3] < 1e6)) return sat::str_cat("lr ", hit[3], " is not a positive number");
-  if (!whole(hit[4], 0, 3)) return sat::str_cat("zero ", hit[4], " is not a ZeRO stage 0 to 3");
-  if (!whole(hit[5], 0, 2)) return "recompute is not a mode";
-  if (!(warmup_fraction >= 0 && warmup_fraction <= 1)) return sat::str_cat("warmup_fraction ", warmup_fraction, " is not from 0 to 1");
-  return "";
-}
-
 // --batch auto (and saturate tune): tune, or take the cached choice, and put it in cfg
 // (micro-batch, accumulation, learning rate and its warm-up). Returns false for saturate
 // tune, which ends after printing the choice.
@@ -334,32 +320,20 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
                                        a.recompute == "none" ? "" : "|recompute " + a.recompute);
   const std::filesystem::path cache = tune_cache_dir(key);
   if (!tune_only) {
-    // Rank 0 reads the cache and tells the others whether to tune.
+    // Rank 0 reads the cache (input like any other: sat::read_tune_choice refuses what
+    // is damaged) and tells the others whether to tune.
     double hit[6] = {0, 0, 0, 0, 0, 0};
     if (lead && std::filesystem::exists(cache / "tune.json")) {
       try {
-        std::ifstream f(cache / "tune.json");
-        auto j = nlohmann::json::parse(f);
-        const auto& c = j.at("choice");
+        tr.choice = sat::read_tune_choice((cache / "tune.json").string(), kMaxBatch, world);
         hit[0] = 1;
-        hit[1] = c.at("micro_batch").get<double>();
-        hit[2] = c.at("accum").get<double>();
-        hit[3] = c.at("lr").get<double>();
-        hit[4] = c.value("zero", 0);  // caches written before the levers have none
-        hit[5] = double(sat::parse_recompute(c.value("recompute", std::string("none"))));
-        tr.choice.reason = c.at("reason").get<std::string>();
-        tr.choice.warmup_fraction = c.at("warmup_fraction").get<double>();
-        tr.choice.lr_rule = c.at("lr_rule").get<std::string>();
-        const std::string why = cached_choice_problem(hit, tr.choice.warmup_fraction);
-        if (!why.empty()) {
-          hit[0] = 0;
-          std::fprintf(stderr, "tune: ignoring the cached choice in %s (%s); tuning again\n",
-                       (cache / "tune.json").c_str(), why.c_str());
-        }
+        hit[1] = double(tr.choice.micro_batch);
+        hit[2] = double(tr.choice.accum);
+        hit[3] = double(tr.choice.lr);
+        hit[4] = double(tr.choice.zero);
+        hit[5] = double(tr.choice.recompute);
       } catch (const std::exception& e) {
-        hit[0] = 0;  // unreadable: tune again and overwrite it
-        std::fprintf(stderr, "tune: ignoring the cached choice in %s (unreadable: %s); tuning again\n",
-                     (cache / "tune.json").c_str(), e.what());
+        std::fprintf(stderr, "tune: ignoring the cached choice (%s); tuning again\n", e.what());
       }
     }
     comm.broadcast_sync(hit, 6, sat::DType::f64, 0);

@@ -173,4 +173,10 @@ float scale_lr(const std::string& optimizer, float lr, int64_t ref_batch, int64_
 std::string tune_json(const TuneResult& r);
 std::string tune_html(const TuneResult& r);
 
+// The choice in a tune.json that tune_json wrote (the `--batch auto` cache), read like any
+// input: a damaged or hostile file is a sat::Error naming the key and what is wrong, never
+// a micro-batch above max_batch, an integer out of range or a learning rate that is not a
+// positive number. The choice's global batch is micro-batch x accumulation x world.
+TuneChoice read_tune_choice(const std::string& path, int64_t max_batch, int world);
+
 }  // namespace sat

@@ -3,6 +3,7 @@
 // or images from elsewhere, so it opens offline and can be attached to a ticket.
 #include <algorithm>
 #include <array>
+#include <fstream>
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/alloc.h"
+#include "core/error.h"
 #include "core/text.h"
 #include "tune/tune.h"
 
@@ -493,6 +495,55 @@ std::string tune_html(const TuneResult& r) {
   }
   h += "</table>\n</body>\n</html>\n";
   return h;
+}
+
+TuneChoice read_tune_choice(const std::string& path, int64_t max_batch, int world) {
+  std::ifstream f(path);
+  SAT_CHECK(f, path, ": cannot be read");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    fail(path, ": not JSON (", e.what(), ")");
+  }
+  auto number = [&](const nlohmann::json& c, const char* key, double fallback, bool required) {
+    if (!c.contains(key)) {
+      SAT_CHECK(!required, path, ": choice.", key, " is missing");
+      return fallback;
+    }
+    SAT_CHECK(c[key].is_number(), path, ": choice.", key, " is not a number");
+    return c[key].get<double>();
+  };
+  auto whole = [&](double x, const char* key, double lo, double hi) {
+    SAT_CHECK(std::isfinite(x) && x == std::floor(x) && x >= lo && x <= hi, path, ": choice.", key, " ", x,
+              " is not a whole number from ", lo, " to ", hi);
+    return x;
+  };
+  auto text = [&](const nlohmann::json& c, const char* key, const char* fallback) {
+    if (!c.contains(key)) return std::string(fallback);
+    SAT_CHECK(c[key].is_string(), path, ": choice.", key, " is not a string");
+    return c[key].get<std::string>();
+  };
+  SAT_CHECK(j.is_object() && j.contains("choice") && j["choice"].is_object(), path, ": no \"choice\" object");
+  const nlohmann::json& c = j["choice"];
+  TuneChoice t;
+  t.micro_batch = int64_t(whole(number(c, "micro_batch", 0, true), "micro_batch", 1, double(max_batch)));
+  t.accum = int64_t(whole(number(c, "accum", 0, true), "accum", 1, double(1 << 20)));
+  const double lr = number(c, "lr", 0, true);
+  SAT_CHECK(std::isfinite(lr) && lr > 0 && lr < 1e6, path, ": choice.lr ", lr, " is not a positive number");
+  t.lr = float(lr);
+  t.zero = int(whole(number(c, "zero", 0, false), "zero", 0, 3));  // caches written before the levers have none
+  const std::string recompute = text(c, "recompute", "none");
+  SAT_CHECK(recompute == "none" || recompute == "selective" || recompute == "full", path, ": choice.recompute '",
+            recompute, "' is not none, selective or full");
+  t.recompute = parse_recompute(recompute);
+  t.reason = text(c, "reason", "");
+  t.lr_rule = text(c, "lr_rule", "");
+  t.warmup_fraction = number(c, "warmup_fraction", 0, true);
+  SAT_CHECK(t.warmup_fraction >= 0 && t.warmup_fraction <= 1, path, ": choice.warmup_fraction ", t.warmup_fraction,
+            " is not from 0 to 1");
+  t.global_batch = t.micro_batch * t.accum * world;  // at most 2^24 * 2^20 * world: no overflow
+  return t;
 }
 
 }  // namespace sat
