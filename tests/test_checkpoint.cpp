@@ -164,6 +164,18 @@ TEST(Checkpoint, ResumeIsBitExactForDataAndPipelineParallel) {
   EXPECT_TRUE(p.same_weights);
 }
 
+// Under ZeRO each rank holds a shard of the optimizer state (stage 3: of the parameters
+// too): the writer gathers them, and the resumed run shards them again, bit for bit.
+TEST(Checkpoint, ResumeIsBitExactUnderZero) {
+  for (int zero : {1, 3}) {
+    const Pair p = straight_and_resumed("zero" + std::to_string(zero), kGptPlain + " --batch 2 --zero " +
+                                        std::to_string(zero), 2, 24, 12);
+    ASSERT_EQ(p.straight.size(), 12u) << zero;
+    EXPECT_EQ(p.resumed, p.straight) << zero;
+    EXPECT_TRUE(p.same_weights) << zero;
+  }
+}
+
 // A checkpoint of dp 2 x tp 2 read by other layouts: the same global batch (8), so the same
 // samples per step; the sums only change order.
 TEST(Checkpoint, ReshardsAcrossLayouts) {

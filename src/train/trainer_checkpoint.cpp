@@ -25,14 +25,21 @@ std::vector<std::string> slot_names(const std::string& optimizer, int slots) {
 }
 
 // Optimizer slot s of this tensor-parallel rank's whole store (flat_size() floats, the
-// parameters' layout), gathered over the data-parallel group from its ZeRO shards.
+// parameters' layout) on data-parallel rank 0, the one that writes it; the other ranks send
+// their ZeRO shard there and get nothing back, so none of them holds more than its shard.
 // Collective over dp when the store is sharded.
 std::vector<float> full_slot(const ParamStore& ps, int s, dist::Comm& dp) {
+  constexpr int kTag = 0x5a7c;  // nothing else is in flight between steps
   const StoreSharding& sh = ps.sharding();
   const int64_t len = ps.shard_len();
+  if (dp.rank() != 0) {
+    if (sh.stage != 0 && sh.parts > 1) dp.send(ps.flat_slot(s), size_t(len), DType::f32, 0, kTag)->wait();
+    return {};
+  }
   if (sh.stage == 0 || sh.parts == 1) return {ps.flat_slot(s), ps.flat_slot(s) + ps.flat_size()};
   std::vector<float> all(size_t(len) * size_t(sh.parts));
-  dp.all_gather(ps.flat_slot(s), all.data(), size_t(len), DType::f32)->wait();
+  std::copy_n(ps.flat_slot(s), len, all.data());
+  for (int r = 1; r < sh.parts; ++r) dp.recv(all.data() + size_t(r) * size_t(len), size_t(len), DType::f32, r, kTag)->wait();
   if (sh.stage == 1) {
     all.resize(size_t(std::max<int64_t>(ps.flat_size(), int64_t(all.size()))));
     return all;
@@ -142,10 +149,7 @@ void Trainer::snapshot_pieces(CheckpointWrite& p) {
   const ParamStore& ps = unsharded(keep);  // ZeRO-3: collective over dp
   const int slots = params_->optimizer_slots();
   for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*params_, s, m.dp_group()));  // collective; a copy
-  if (m.dp_rank() != 0) {
-    p.slots.clear();
-    return;
-  }
+  if (m.dp_rank() != 0) return;  // the first replica writes
   auto add = [&](CkptEntry e) {
     const size_t bytes = size_t(Shape(e.shape).numel()) * dtype_size(e.dtype);
     const auto* from = static_cast<const uint8_t*>(e.data);
