@@ -315,7 +315,7 @@ TEST(Pipeline, DataTimesPipelineParallel) {
   expect_exact({.model = "mlp", .pp = 2, .kind = PipeSchedule::gpipe, .batch = 8, .optimizer = "adamw", .lr = 1e-3f,
                 .zero = 1},
                2);
-  expect_exact({.model = "convnet", .pp = 2, .batch = 8, .accum = 1, .lr = 0.01f, .sync_bn = true, .evaluate = true}, 2);
+  expect_exact({.model = "convnet", .pp = 2, .batch = 8, .accum = 1, .lr = 0.004f, .sync_bn = true, .evaluate = true}, 2);
 }
 
 // The gradient noise scale of a pipeline (each stage's squared norms summed over the
