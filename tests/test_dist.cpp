@@ -1346,6 +1346,8 @@ TEST(DistFailure, HungRankTripsTheWatchdog) {
   EXPECT_LT(r.seconds, 30.0);
   EXPECT_NE(r.output.find("saturate: rank 0: all_reduce (sum) of 1048576 bytes did not complete within 3 s"),
             std::string::npos);
+  EXPECT_NE(r.output.find("rank 1, which it waits on, has probably failed or stopped"), std::string::npos)
+      << "the watchdog does not name the rank the collective waited on";
 }
 
 TEST(DistFailure, ExitWithAnErrorEndsTheJobAtOnce) {

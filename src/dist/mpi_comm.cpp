@@ -42,6 +42,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -110,6 +111,7 @@ struct OpState {
   std::string name;
   size_t bytes = 0;
   int rank = 0;
+  std::vector<int> peers;  // the world ranks this op waits on (named when it times out)
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
@@ -126,15 +128,23 @@ struct OpState {
   }
 };
 
+// Why an op did not complete: the ranks it waited on, by their world rank.
+std::string suspects(const OpState& st) {
+  if (st.name == "MPI_Finalize")
+    return "other ranks are probably still waiting for this one (a rank that fails should end the job with abort_job)";
+  if (st.peers.empty()) return "a peer rank has probably failed";
+  std::string ranks;
+  for (int r : st.peers) ranks += str_cat(ranks.empty() ? "" : ", ", r);
+  return st.peers.size() == 1 ? str_cat("rank ", ranks, ", which it waits on, has probably failed or stopped")
+                              : str_cat("one of ranks ", ranks, ", which it waits on, has probably failed or stopped");
+}
+
 [[noreturn]] void watchdog_abort(const OpState& st, double timeout) {
   std::string what = st.name;
   if (st.bytes) what += str_cat(" of ", st.bytes, " bytes");
-  const char* why = st.name == "MPI_Finalize"
-                        ? "other ranks are probably still waiting for this one (a rank that fails should end the "
-                          "job with abort_job)"
-                        : "a peer rank has probably failed";
+  const std::string why = suspects(st);
   std::fprintf(stderr, "saturate: rank %d: %s did not complete within %g s; %s (SAT_COMM_TIMEOUT sets the limit)\n",
-               st.rank, what.c_str(), timeout, why);
+               st.rank, what.c_str(), timeout, why.c_str());
   std::fflush(stderr);
   // Last resort, should MPI_Abort hang (it is called from outside the communication thread).
   std::thread([] {
@@ -207,11 +217,12 @@ class MpiRuntime {
   // Queues task; it runs on the communication thread after every earlier one. The op
   // completes when the task returns, or, when it started point-to-point requests
   // (track()), when the last of them completes.
-  std::shared_ptr<OpState> submit(std::string name, size_t bytes, Task task) {
+  std::shared_ptr<OpState> submit(std::string name, size_t bytes, Task task, std::vector<int> peers = {}) {
     auto st = std::make_shared<OpState>();
     st->name = std::move(name);
     st->bytes = bytes;
     st->rank = world_rank_;
+    st->peers = std::move(peers);
     {
       std::lock_guard<std::mutex> lk(m_);
       SAT_CHECK(!stopping_, st->name, ": MPI has been finalised (the process is exiting)");
@@ -564,10 +575,26 @@ class MpiComm final : public Comm {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // The world rank of each member, so that a timeout names the processes it waited on.
+    MPI_Group group, world;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> mine(size_t(size_), 0);
+    for (int i = 0; i < size_; ++i) mine[size_t(i)] = i;
+    world_of_.assign(size_t(size_), 0);
+    MPI_Group_translate_ranks(group, size_, mine.data(), world, world_of_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
   }
 
+  int world_of(int peer) const { return world_of_[size_t(peer)]; }
+
+  // A collective waits on every other member.
   WorkPtr submit(std::string name, size_t bytes, MpiRuntime::Task task) {
-    return std::make_unique<MpiWork>(rt_.submit(std::move(name), bytes, std::move(task)));
+    std::vector<int> others;
+    for (int i = 0; i < size_; ++i)
+      if (i != rank_) others.push_back(world_of(i));
+    return std::make_unique<MpiWork>(rt_.submit(std::move(name), bytes, std::move(task), std::move(others)));
   }
 
   // One queued task that starts every op's (chunked) MPI_Isend/MPI_Irecv, in list order, all
@@ -576,10 +603,15 @@ class MpiComm final : public Comm {
     SAT_CHECK(tag >= 0 && tag <= 32767, op, ": tag ", tag, " is not in [0, 32767]");
     check_p2p_ops(op, ops, size_);
     size_t bytes = 0;
-    for (const P2POp& o : ops) bytes += o.count * dtype_size(t);
-    return submit(std::move(name), bytes, [=, this](const std::shared_ptr<OpState>& st) {
+    std::vector<int> peers;
+    for (const P2POp& o : ops) {
+      bytes += o.count * dtype_size(t);
+      if (std::find(peers.begin(), peers.end(), world_of(o.peer)) == peers.end()) peers.push_back(world_of(o.peer));
+    }
+    auto task = [=, this](const std::shared_ptr<OpState>& st) {
       for (const P2POp& o : ops) start(st, o, t, tag);
-    });
+    };
+    return std::make_unique<MpiWork>(rt_.submit(std::move(name), bytes, std::move(task), std::move(peers)));
   }
 
   // Communication thread: the requests of one op; a count of 0 still sends (and receives) an
@@ -603,6 +635,7 @@ class MpiComm final : public Comm {
   MpiRuntime& rt_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_of_;  // world rank of each member of comm_
 };
 
 }  // namespace
