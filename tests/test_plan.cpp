@@ -268,6 +268,31 @@ TEST(Plan, SearchFindsAFittingFastestLayout) {
   EXPECT_GE(q.best[0].step_seconds, p.best[0].step_seconds);
 }
 
+// With one_per_mesh (what layout tuning asks for), the top layouts are each the fastest of
+// a distinct mesh, in the order of the full ranking's first layout of each mesh.
+TEST(Plan, OnePerMeshKeepsTheFastestOfEachMesh) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 4, 32);
+  r.top = 3;
+  r.exact_memory = false;
+  PlanRequest all = r;
+  all.top = 1000;
+  const PlanResult full = plan_layouts(all);
+  r.one_per_mesh = true;
+  const PlanResult p = plan_layouts(r);
+  ASSERT_EQ(p.best.size(), 3u);
+  std::vector<const Prediction*> firsts;  // the full ranking's fastest of each mesh, in order
+  for (const Prediction& c : full.best)
+    if (std::none_of(firsts.begin(), firsts.end(), [&](const Prediction* f) {
+          return f->layout.dp == c.layout.dp && f->layout.tp == c.layout.tp && f->layout.pp == c.layout.pp;
+        }))
+      firsts.push_back(&c);
+  ASSERT_GE(firsts.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p.best[i].layout.str(), firsts[i]->layout.str()) << i;
+    EXPECT_DOUBLE_EQ(p.best[i].step_seconds, firsts[i]->step_seconds) << i;
+  }
+}
+
 void expect_error(PlanRequest r, const std::string& words) {
   try {
     plan_layouts(r);

@@ -629,6 +629,12 @@ std::string why_best(const std::vector<Prediction>& best, int64_t fitting) {
   return s + buf;
 }
 
+bool mesh_taken(const std::vector<Prediction>& best, const Layout& l) {
+  return std::any_of(best.begin(), best.end(), [&](const Prediction& b) {
+    return b.layout.dp == l.dp && b.layout.tp == l.tp && b.layout.pp == l.pp;
+  });
+}
+
 }  // namespace
 
 PlanResult plan_layouts(const PlanRequest& r) {
@@ -650,6 +656,7 @@ PlanResult plan_layouts(const PlanRequest& r) {
   for (size_t i : order) {
     if (int(out.best.size()) >= r.top || tried >= 4 * int64_t(r.top) + 8) break;
     if (!out.considered[i].fits) continue;
+    if (r.one_per_mesh && mesh_taken(out.best, out.considered[i].layout)) continue;
     Prediction p = out.considered[i];
     const double estimate = p.memory_bytes;
     if (r.exact_memory) s.make_exact(p);

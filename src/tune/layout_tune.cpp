@@ -151,6 +151,7 @@ PlanRequest request_of(const ModelConfig& mc, const TrainConfig& base, const Lay
   q.filter = cfg.filter;
   q.memory_limit = double(r.budget);
   q.top = cfg.candidates;
+  q.one_per_mesh = true;
   return q;
 }
 
