@@ -291,6 +291,16 @@ TEST(Plan, OnePerMeshKeepsTheFastestOfEachMesh) {
     EXPECT_EQ(p.best[i].layout.str(), firsts[i]->layout.str()) << i;
     EXPECT_DOUBLE_EQ(p.best[i].step_seconds, firsts[i]->step_seconds) << i;
   }
+  // One device has one mesh: the rest are the next fastest, in ranking order.
+  PlanRequest one = request("gpt-mini", gpu_like(), 1, 32);
+  one.top = 3;
+  one.exact_memory = false;
+  const PlanResult plain = plan_layouts(one);
+  one.one_per_mesh = true;
+  const PlanResult meshes = plan_layouts(one);
+  ASSERT_EQ(plain.best.size(), 3u);
+  ASSERT_EQ(meshes.best.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(meshes.best[i].layout.str(), plain.best[i].layout.str()) << i;
 }
 
 void expect_error(PlanRequest r, const std::string& words) {

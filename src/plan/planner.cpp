@@ -655,19 +655,26 @@ PlanResult plan_layouts(const PlanRequest& r) {
   });
   int64_t fitting = 0, tried = 0;
   for (size_t i : order) fitting += out.considered[i].fits;
-  for (size_t i : order) {
-    if (int(out.best.size()) >= r.top || tried >= 4 * int64_t(r.top) + 8) break;
-    if (!out.considered[i].fits) continue;
-    if (r.one_per_mesh && mesh_taken(out.best, out.considered[i].layout)) continue;
-    Prediction p = out.considered[i];
-    const double estimate = p.memory_bytes;
-    if (r.exact_memory) s.make_exact(p);
-    ++tried;
-    if (std::getenv("SAT_PLAN_DEBUG"))
-      std::fprintf(stderr, "exact %s: estimate %.4g, plan %.4g (%+.1f%%)\n", p.layout.str().c_str(), estimate,
-                   p.memory_bytes, 100 * (estimate / p.memory_bytes - 1));
-    if (p.fits) out.best.push_back(p);
-  }
+  std::vector<bool> taken(out.considered.size());
+  // One pass in ranking order; with one_per_mesh, a first pass takes the fastest of each
+  // mesh and the second fills what is left in ranking order (one process has one mesh).
+  for (int pass = r.one_per_mesh ? 0 : 1; pass < 2; ++pass)
+    for (size_t i : order) {
+      if (int(out.best.size()) >= r.top || tried >= 4 * int64_t(r.top) + 8) break;
+      if (!out.considered[i].fits || taken[i]) continue;
+      if (pass == 0 && mesh_taken(out.best, out.considered[i].layout)) continue;
+      taken[i] = true;
+      Prediction p = out.considered[i];
+      const double estimate = p.memory_bytes;
+      if (r.exact_memory) s.make_exact(p);
+      ++tried;
+      if (std::getenv("SAT_PLAN_DEBUG"))
+        std::fprintf(stderr, "exact %s: estimate %.4g, plan %.4g (%+.1f%%)\n", p.layout.str().c_str(), estimate,
+                     p.memory_bytes, 100 * (estimate / p.memory_bytes - 1));
+      if (p.fits) out.best.push_back(p);
+    }
+  std::stable_sort(out.best.begin(), out.best.end(),
+                   [](const Prediction& a, const Prediction& b) { return a.step_seconds < b.step_seconds; });
   if (out.best.empty() && out.considered.size() == 1) {  // one layout asked for: say how it does
     Prediction p = out.considered[0];
     if (r.exact_memory) s.make_exact(p);

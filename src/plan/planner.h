@@ -70,9 +70,10 @@ struct PlanRequest {
   LayoutFilter filter;
   double memory_limit = 0;   // bytes per device (0: the hardware's memory)
   int top = 5;
-  // At most one layout per mesh (dp, tp, pp) among the `top`: the fastest of each. For
-  // layout tuning, which times the top few: layouts of one mesh that differ only in the
-  // ZeRO stage, micro-batch or schedule teach less than another mesh does.
+  // The `top` are the fastest of each mesh (dp, tp, pp) first, then the next fastest of
+  // any mesh when there are fewer meshes than `top`. For layout tuning, which times the
+  // top few: layouts of one mesh that differ only in the ZeRO stage or the schedule teach
+  // less than another mesh does.
   bool one_per_mesh = false;
   bool exact_memory = true;  // plan the reported layouts exactly (false: the estimate, for fitting)
   // The data-parallel reduction overlaps backward by buckets, as saturate's does (false: it
