@@ -27,6 +27,7 @@
 #include "nn/models.h"
 #include "nn/safetensors.h"
 #include "plan/hardware.h"
+#include "profile/run_report.h"
 #include "backend/device.h"
 #include "dist/bench_comm.h"
 #include "dist/comm.h"
@@ -80,6 +81,7 @@ struct TrainArgs {
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
   bool nesterov = false, profile = false, noise_scale = false, overwrite = false;
+  std::string trace, trace_steps;  // --trace DIR, --trace-steps wait=W,warmup=U,active=A,repeat=R
   uint64_t seed = 0;
   int threads = 0;
   std::string device = "auto", precision = "fp32", cuda_graph = "on", last_batch = "drop";
@@ -512,17 +514,41 @@ void check_global_batch(const sat::TrainConfig& cfg, int world) {
 // without --overwrite (metrics.jsonl would be truncated at the first step).
 void check_train_outputs(const TrainArgs& a, bool tune_only) {
   if (!a.save_weights.empty()) sat::check_output_file("--save-weights", a.save_weights);
+  if (!a.trace.empty()) sat::check_output_dir("--trace", a.trace);
   if (a.out.empty()) return;
   sat::check_output_dir("--out", a.out);
   const std::vector<std::string> files = tune_only ? std::vector<std::string>{"tune.json", "tune.html"}
                                                    : std::vector<std::string>{"metrics.jsonl", "summary.json",
                                                                               "tune.json", "tune.html"};
   for (const std::string& f : files) sat::check_output_file("--out", a.out + "/" + f);
+  if (!a.trace.empty() && !tune_only) sat::check_output_file("--out", a.out + "/report.html");
   // --resume goes on with the same run: its metrics.jsonl is kept up to the checkpoint's step.
   if (tune_only || a.overwrite || !a.resume.empty()) return;
   for (const char* f : {"metrics.jsonl", "summary.json"})
     SAT_CHECK(!std::filesystem::exists(std::filesystem::path(a.out) / f), "--out: ", a.out,
               " already holds the results of another run (", f, "): give a new directory, or --overwrite to replace them");
+}
+
+// --profile (rank 0): its layers, slowest first, against this machine's GEMM rate, and
+// where every rank's step time goes.
+void print_profile(const sat::Trainer& trainer, const sat::TrainResult& r) {
+  std::fprintf(stderr, "%s", trainer.profile_table(sat::gemm_peak_flops()).c_str());
+  std::fprintf(stderr, "\nwhere the step time goes (ms per measured step; tp comm: the tensor-parallel layers' "
+               "collectives):\n%4s %5s %9s %8s %9s %14s %7s %10s %7s %9s\n", "rank", "stage", "compute", "tp comm",
+               "grad sync", "pipeline wait", "data", "optimizer", "other", "step");
+  for (const sat::RankReport& k : r.ranks) {
+    const sat::StepBreakdown& b = k.breakdown;
+    std::fprintf(stderr, "%4d %5d %9.3f %8.3f %9.3f %14.3f %7.3f %10.3f %7.3f %9.3f\n", k.rank, k.stage, 1e3 * b.compute,
+                 1e3 * b.tp_comm, 1e3 * b.grad_sync, 1e3 * b.pipeline_wait, 1e3 * b.data, 1e3 * b.optimizer,
+                 1e3 * b.other, 1e3 * k.step_seconds);
+  }
+}
+
+void print_traces(const TrainArgs& a, const sat::Trainer& trainer) {
+  const auto files = trainer.trace_files();
+  std::fprintf(stderr, "trace: rank 0 wrote %zu file(s) in %s (every rank writes its own); open them in Perfetto "
+               "(https://ui.perfetto.dev) or TensorBoard (tensorboard --logdir %s)\n", files.size(), a.trace.c_str(),
+               a.trace.c_str());
 }
 
 int run_train(const TrainArgs& a, bool tune_only = false) {
@@ -569,6 +595,11 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
   cfg.evaluate = a.eval == "on";
   cfg.out_dir = a.out;
   cfg.profile = a.profile;
+  cfg.trace_dir = a.trace;
+  if (!a.trace_steps.empty()) {
+    SAT_CHECK(!a.trace.empty(), "--trace-steps needs --trace DIR (where the traces go)");
+    cfg.trace_steps = sat::parse_trace_schedule(a.trace_steps);
+  }
   cfg.device = a.device;
   cfg.precision = sat::parse_precision(a.precision);
   SAT_CHECK(a.cuda_graph == "on" || a.cuda_graph == "off", "--cuda-graph: expected on or off, got '", a.cuda_graph, "'");
@@ -661,7 +692,8 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     if (lead) std::fprintf(stderr, "saved weights to %s\n", a.save_weights.c_str());
   }
   if (!lead) return 0;
-  if (a.profile) std::fprintf(stderr, "%s", trainer.profile_report().c_str());
+  if (a.profile) print_profile(trainer, r);
+  if (!a.trace.empty()) print_traces(a, trainer);
 
   const int64_t gb = r.global_batch;
   std::printf("final train loss %.4f", r.final_train_loss);
@@ -708,8 +740,10 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
     info.flops_per_sample = rp.model_flops_per_sample;
     info.seed = a.seed;
     info.wall_seconds = sat::now_seconds() - t0;
+    info.memory_budget = double(tcfg.memory_budget);
     sat::write_json_atomic(a.out + "/summary.json", sat::run_summary(info, cfg, r, plan));
     std::fprintf(stderr, "wrote %s/summary.json and %s/metrics.jsonl\n", a.out.c_str(), a.out.c_str());
+    if (!a.trace.empty()) std::fprintf(stderr, "wrote %s (saturate report)\n", sat::write_run_report(a.out).c_str());
   }
   return 0;
 }
@@ -925,7 +959,12 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--keep", a.keep, "keep the newest K checkpoints (0: all)");
   t->add_option("--resume", a.resume, "DIR (a checkpoint, or the newest under it) or auto (the newest in "
                 "--checkpoint-dir, or a fresh start)");
-  t->add_flag("--profile", a.profile, "time every layer (after warm-up) and print a table by layer kind");
+  t->add_flag("--profile", a.profile, "time every layer (after warm-up): a table per layer, and where each rank's "
+              "step time goes");
+  t->add_option("--trace", a.trace, "write Chrome/TensorBoard trace files of the steps --trace-steps records here "
+                "(one per rank and window; with --out, report.html too)");
+  t->add_option("--trace-steps", a.trace_steps, "which steps --trace records, as torch.profiler.schedule: "
+                "wait=W,warmup=U,active=A,repeat=R (default 1,1,3,1)");
   t->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
   t->add_flag("--overwrite", a.overwrite, "with --out: replace the results of an earlier run in that directory");
   t->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
@@ -1160,6 +1199,11 @@ int main(int argc, char** argv) {
   bcomm->add_option("--warmup", bco.warmup, "untimed all-reduces per size")->capture_default_str();
   bcomm->add_option("--backend", bc_backend, "mpi (host memory) | nccl (GPU memory, one GPU per rank)")->capture_default_str();
 
+  std::string report_dir;
+  auto* report = app.add_subcommand("report", "report.html of a finished run: loss and throughput, where each rank's "
+                                    "step time goes, and (with --trace) one step's timeline and memory");
+  report->add_option("RUN_DIR", report_dir, "the run's --out directory")->required();
+
   check_numbers(&app, "");
   try {
     app.parse(argc, argv);
@@ -1175,7 +1219,8 @@ int main(int argc, char** argv) {
     const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
     std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(), e.what(),
                  train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware "
-                 : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm " : "");
+                 : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm "
+                 : report->parsed() ? "report " : "");
     return 2;
   }
   note_layout_flags(train, a);
@@ -1195,6 +1240,10 @@ int main(int argc, char** argv) {
     if (info->parsed()) return run_info(ia);
     if (hw->parsed()) return run_hardware(hw_gpu, hw_json, hw_threads);
     if (plan->parsed()) return sat::run_plan(pa);
+    if (report->parsed()) {
+      std::printf("wrote %s\n", sat::write_run_report(report_dir).c_str());
+      return 0;
+    }
     if (schedule->parsed()) {
       sspec.kind = sat::parse_pipe_schedule(sched_kind);
       std::printf("%s", sat::format_schedule(sspec).c_str());

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace sat::dist {
 
@@ -336,7 +337,56 @@ void add(Traffic::Counter& c, size_t bytes) {
   ++c.calls;
 }
 
+// The Work of an observed op: the inner one, reporting the op once when it is seen complete.
+class ObservedWork final : public Work {
+ public:
+  ObservedWork(WorkPtr inner, CommObserver* o, const std::string& group, const char* op, size_t bytes, size_t received)
+      : inner_(std::move(inner)), o_(o), group_(group), e_{op, bytes, received, now_seconds(), 0} {}
+  ~ObservedWork() override {
+    try {
+      inner_->wait();
+      report();
+    } catch (...) {
+    }
+  }
+  void wait() override {
+    inner_->wait();
+    report();
+  }
+  bool done() override {
+    const bool d = inner_->done();
+    if (d) report();
+    return d;
+  }
+  bool ran(double& t0, double& t1) const override { return inner_->ran(t0, t1); }
+
+ private:
+  void report() {
+    if (reported_) return;
+    reported_ = true;
+    double t0, t1;
+    if (inner_->ran(t0, t1)) e_.t0 = t0, e_.t1 = t1;
+    else e_.t1 = now_seconds();
+    o_->comm_timed(group_, e_);
+  }
+  WorkPtr inner_;
+  CommObserver* o_;
+  const std::string& group_;
+  CommEvent e_;
+  bool reported_ = false;
+};
+
 }  // namespace
+
+void CountingComm::observe(CommObserver* o, std::string group) {
+  observer_ = o;
+  group_ = std::move(group);
+}
+
+WorkPtr CountingComm::watched(WorkPtr w, const char* op, size_t bytes, size_t received) {
+  if (!observer_) return w;
+  return std::make_unique<ObservedWork>(std::move(w), observer_, group_, op, bytes, received);
+}
 
 CountingComm::CountingComm(std::unique_ptr<Comm> inner) : inner_(std::move(inner)) {
   SAT_CHECK(inner_, "CountingComm: no communicator to count");
@@ -345,38 +395,38 @@ CountingComm::CountingComm(std::unique_ptr<Comm> inner) : inner_(std::move(inner
 WorkPtr CountingComm::all_reduce(void* data, size_t count, DType t, ReduceOp op) {
   WorkPtr w = inner_->all_reduce(data, count, t, op);
   add(traffic_.all_reduce, count * dtype_size(t));
-  return w;
+  return watched(std::move(w), "all_reduce", count * dtype_size(t));
 }
 
 WorkPtr CountingComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
   WorkPtr w = inner_->reduce_scatter(send, recv, recv_count, t, op);
   add(traffic_.reduce_scatter, size_t(size()) * recv_count * dtype_size(t));
-  return w;
+  return watched(std::move(w), "reduce_scatter", size_t(size()) * recv_count * dtype_size(t));
 }
 
 WorkPtr CountingComm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
   WorkPtr w = inner_->all_gather(send, recv, send_count, t);
   add(traffic_.all_gather, size_t(size()) * send_count * dtype_size(t));
-  return w;
+  return watched(std::move(w), "all_gather", size_t(size()) * send_count * dtype_size(t));
 }
 
 WorkPtr CountingComm::broadcast(void* data, size_t count, DType t, int root) {
   WorkPtr w = inner_->broadcast(data, count, t, root);
   add(traffic_.broadcast, count * dtype_size(t));
-  return w;
+  return watched(std::move(w), "broadcast", count * dtype_size(t));
 }
 
 WorkPtr CountingComm::send(const void* data, size_t count, DType t, int peer, int tag) {
   WorkPtr w = inner_->send(data, count, t, peer, tag);
   add(traffic_.p2p, count * dtype_size(t));
-  return w;
+  return watched(std::move(w), "send", count * dtype_size(t));
 }
 
 WorkPtr CountingComm::recv(void* data, size_t count, DType t, int peer, int tag) {
   WorkPtr w = inner_->recv(data, count, t, peer, tag);
   add(traffic_.p2p, 0);
   traffic_.p2p_recv_bytes += count * dtype_size(t);
-  return w;
+  return watched(std::move(w), "recv", 0, count * dtype_size(t));
 }
 
 WorkPtr CountingComm::send_recv(const void* send_data, size_t send_count, int dst, void* recv_data,
@@ -384,7 +434,7 @@ WorkPtr CountingComm::send_recv(const void* send_data, size_t send_count, int ds
   WorkPtr w = inner_->send_recv(send_data, send_count, dst, recv_data, recv_count, src, t, tag);
   add(traffic_.p2p, send_count * dtype_size(t));
   traffic_.p2p_recv_bytes += recv_count * dtype_size(t);
-  return w;
+  return watched(std::move(w), "send_recv", send_count * dtype_size(t), recv_count * dtype_size(t));
 }
 
 WorkPtr CountingComm::p2p(const std::vector<P2POp>& ops, DType t) {
@@ -393,12 +443,14 @@ WorkPtr CountingComm::p2p(const std::vector<P2POp>& ops, DType t) {
   for (const P2POp& o : ops) (o.send ? sent : received) += o.count * dtype_size(t);
   add(traffic_.p2p, sent);
   traffic_.p2p_recv_bytes += received;
-  return w;
+  return watched(std::move(w), "p2p", sent, received);
 }
 
 void CountingComm::barrier() {
+  const double t0 = now_seconds();
   inner_->barrier();
   ++traffic_.barrier_calls;
+  if (observer_) observer_->comm_timed(group_, {"barrier", 0, 0, t0, now_seconds()});
 }
 
 std::unique_ptr<Comm> CountingComm::split(int color, int key) { return counted(inner_->split(color, key)); }

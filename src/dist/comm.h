@@ -120,6 +120,9 @@ class Work {
   // Whether the op has completed (never blocks; a failed op counts as completed and its
   // error is thrown by wait()).
   virtual bool done() = 0;
+  // When a completed op ran (now_seconds() clock: started on the backend, completed), where
+  // the backend measures it (MPI's communication thread); false otherwise.
+  virtual bool ran(double& t0, double& t1) const { (void)t0, (void)t1; return false; }
 };
 using WorkPtr = std::unique_ptr<Work>;
 
@@ -179,6 +182,22 @@ class Comm {
   void broadcast_sync(void* data, size_t count, DType t, int root) { broadcast(data, count, t, root)->wait(); }
 };
 
+// One completed op of an observed communicator (CountingComm::observe): what it was, its
+// payload (as Traffic counts it), and when it ran (the backend's times where it measures
+// them, else from its posting to when its completion was seen).
+struct CommEvent {
+  const char* op;  // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "send_recv", "p2p", "barrier"
+  size_t bytes = 0;     // the payload as Traffic counts it (point-to-point: the bytes sent)
+  size_t received = 0;  // point-to-point: the bytes received
+  double t0 = 0, t1 = 0;
+};
+class CommObserver {
+ public:
+  virtual ~CommObserver() = default;
+  // group: the name the communicator was observed under ("dp", "tp", ...).
+  virtual void comm_timed(const std::string& group, const CommEvent& e) = 0;
+};
+
 // A communicator that counts the payload of every op (Traffic) and forwards it to the one it
 // owns, unchanged (the same Work, the same errors). Its split() counts on its own: the group
 // returned is a CountingComm over the inner communicator's split, starting from zero, and its
@@ -209,12 +228,18 @@ class CountingComm final : public Comm {
   const Traffic* traffic() const override { return &traffic_; }
   const Traffic& counts() const { return traffic_; }
   void reset_traffic() { traffic_ = Traffic{}; }
+  // Tells o of every op from now on, once it has completed (null: none; o must outlive the
+  // ops). The Work returned then reports when waited for, found done or destroyed.
+  void observe(CommObserver* o, std::string group);
   Comm& inner() { return *inner_; }
   const Comm& inner() const { return *inner_; }
 
  private:
+  WorkPtr watched(WorkPtr w, const char* op, size_t bytes, size_t received = 0);
   std::unique_ptr<Comm> inner_;
   Traffic traffic_;
+  CommObserver* observer_ = nullptr;
+  std::string group_;
 };
 
 // c wrapped in a CountingComm (nullptr stays nullptr).

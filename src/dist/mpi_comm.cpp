@@ -34,6 +34,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 #if SAT_HAVE_MPI
 // The C API only (OpenMPI's and MPICH's mpi.h otherwise pull in the deprecated C++ bindings).
@@ -112,6 +113,7 @@ struct OpState {
   size_t bytes = 0;
   int rank = 0;
   std::vector<int> peers;  // the world ranks this op waits on (named when it times out)
+  double started = 0, finished = 0;  // on the communication thread (now_seconds())
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
@@ -121,6 +123,7 @@ struct OpState {
   void complete(std::string err = {}) {
     {
       std::lock_guard<std::mutex> lk(m);
+      finished = now_seconds();
       done = true;
       error = std::move(err);
     }
@@ -186,6 +189,12 @@ class MpiWork final : public Work {
   bool done() override {
     std::lock_guard<std::mutex> lk(st_->m);
     return st_->done;
+  }
+  bool ran(double& t0, double& t1) const override {
+    std::lock_guard<std::mutex> lk(st_->m);
+    if (!st_->done) return false;
+    t0 = st_->started, t1 = st_->finished;
+    return true;
   }
 
  private:
@@ -377,6 +386,7 @@ class MpiRuntime {
       }
       if (item.task) {
         try {
+          item.st->started = now_seconds();
           item.task(item.st);
           if (item.st->outstanding == 0) item.st->complete();
         } catch (const std::exception& e) {

@@ -27,6 +27,8 @@ MemoryPlan plan_memory(const Graph& g, const StepPlan& step, int optimizer_slots
   m.by_kind[size_t(MemKind::model_state)] = sizes.states;
   m.persistent = sizes.params + (g.training() ? sizes.grads : 0) + sizes.optimizer + sizes.states;
   m.transient = step.arena;
+  const std::vector<size_t> live = live_bytes(step);
+  m.transient_peak = live.empty() ? 0 : *std::max_element(live.begin(), live.end());
   m.contexts = step.contexts;
   m.inputs = input_bytes;
   if (g.device() == Device::cuda) {
@@ -257,14 +259,11 @@ void Engine::run_forward_nodes(Context& c, const Chunk& ch, bool training, uint6
     r.ctx.seed = mix_seed(seed, nodes[size_t(i)].seed_key);
     r.ctx.scratch = r.scratch_fwd;
     if (node_hooks_) node_hooks_->before_forward(i);
-    const double t0 = profile_ ? now_seconds() : 0;
+    const double t0 = timer_ ? now_seconds() : 0;
     if (gpu) nodes[size_t(i)].layer->forward_cuda(r.ctx);
     else nodes[size_t(i)].layer->forward(r.ctx);
+    if (timer_) timer_->node_timed(i, NodePhase::forward, t0, now_seconds());
     if (node_hooks_) node_hooks_->after_forward(i);
-    if (!profile_) continue;
-    times_.resize(nodes.size());
-    times_[size_t(i)].fwd += now_seconds() - t0;
-    times_[size_t(i)].calls++;
   }
 }
 
@@ -278,7 +277,7 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
     NodeRun& r = c.runs[size_t(i)];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
     r.ctx.scratch = r.scratch_bwd;
-    const double t0 = profile_ ? now_seconds() : 0;
+    const double t0 = timer_ ? now_seconds() : 0;
     if (gpu) {
       nodes[size_t(i)].layer->backward_cuda(r.ctx);
 #if SAT_HAVE_CUDA
@@ -294,7 +293,7 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
         for (int64_t k = 0; k < n; ++k) d[k] += s[k];
       }
     }
-    if (profile_) times_[size_t(i)].bwd += now_seconds() - t0;
+    if (timer_) timer_->node_timed(i, NodePhase::backward, t0, now_seconds());
     if (node_hooks_) node_hooks_->after_backward(i);
     if (hook && *hook) (*hook)(i);
   }
@@ -310,12 +309,10 @@ void Engine::recompute_unit(Context& c, int i) {
     r.ctx.training = true;
     r.ctx.recomputing = true;
     r.ctx.scratch = r.scratch_fwd;
-    const double t0 = profile_ ? now_seconds() : 0;
+    const double t0 = timer_ ? now_seconds() : 0;
     nodes[size_t(j)].layer->forward(r.ctx);
     r.ctx.recomputing = false;
-    if (!profile_) continue;
-    times_.resize(nodes.size());
-    times_[size_t(j)].bwd += now_seconds() - t0;  // counted in backward
+    if (timer_) timer_->node_timed(j, NodePhase::recompute, t0, now_seconds());
   }
 }
 
@@ -333,35 +330,6 @@ std::vector<float> Engine::read_f32(int ctx, int v) const {
   SAT_CUDA_CHECK(cudaStreamSynchronize(cuda_->stream));
   SAT_CUDA_CHECK(cudaMemcpy(out.data(), tmp.get(), out.size() * 4, cudaMemcpyDeviceToHost));
 #endif
-  return out;
-}
-
-std::string Engine::profile_report() const {
-  struct Row { double fwd = 0, bwd = 0, flops = 0; int n = 0; };
-  std::map<std::string, Row> by_kind;
-  double total = 0;
-  int64_t calls = 1;
-  for (size_t i = 0; i < times_.size(); ++i) {
-    const Node& n = g_.nodes()[i];
-    Row& r = by_kind[n.layer->kind()];
-    r.fwd += times_[i].fwd;
-    r.bwd += times_[i].bwd;
-    r.flops += n.setup.flops_fwd + n.setup.flops_bwd;
-    r.n++;
-    total += times_[i].fwd + times_[i].bwd;
-    calls = std::max<int64_t>(calls, times_[i].calls);
-  }
-  std::vector<std::pair<std::string, Row>> rows(by_kind.begin(), by_kind.end());
-  std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.fwd + a.second.bwd > b.second.fwd + b.second.bwd; });
-  std::string out = "layer kind            count  forward ms  backward ms   share  GFLOP/s   (per micro-batch, over " +
-                    std::to_string(calls) + " forward calls)\n";
-  char line[256];
-  for (auto& [kind, r] : rows) {
-    double t = r.fwd + r.bwd;
-    std::snprintf(line, sizeof line, "%-20s %6d %11.3f %12.3f %6.1f%% %8.1f\n", kind.c_str(), r.n, 1e3 * r.fwd / double(calls),
-                  1e3 * r.bwd / double(calls), total > 0 ? 100 * t / total : 0.0, t > 0 ? r.flops * double(calls) / t / 1e9 : 0.0);
-    out += line;
-  }
   return out;
 }
 

@@ -44,10 +44,21 @@ class NodeHooks {
   virtual void after_backward(int node) = 0;
 };
 
+// Told how long every node's call took on the CPU: the seam per-layer profiles and traces
+// plug into (null: nothing is timed, nothing is read from the clock). A recompute is the
+// forward of a node run again inside a backward (full recomputation).
+enum class NodePhase : uint8_t { forward, backward, recompute };
+class NodeTimer {
+ public:
+  virtual ~NodeTimer() = default;
+  virtual void node_timed(int node, NodePhase phase, double t0, double t1) = 0;
+};
+
 struct MemoryPlan {
   std::array<size_t, size_t(MemKind::kCount)> by_kind{};  // transient kinds: before reuse
   size_t persistent = 0;  // parameters, gradients, optimizer state, model state
   size_t transient = 0;   // the step arena, after lifetime reuse
+  size_t transient_peak = 0;  // the most of it live at once (the arena's packing may leave gaps)
   size_t inputs = 0;      // input batch buffers of the prefetching loader (+ GPU input slots)
   size_t staging = 0;     // ZeRO-2/3: gathered parameters and gradient buckets, after lifetime reuse
   int contexts = 1;       // micro-batches in flight (each with its own buffers)
@@ -105,12 +116,8 @@ class Engine {
   // Graph launches and the kernels they replayed since the last call (GPU with graphs).
   std::pair<int64_t, int64_t> take_launches();
 
-  // Per-node timing (CPU, off by default): seconds spent in each node's forward and backward.
-  void set_profiling(bool on) { profile_ = on; }
-  struct NodeTime { double fwd = 0, bwd = 0; int64_t calls = 0; };
-  const std::vector<NodeTime>& node_times() const { return times_; }
-  // A table of time per layer kind, largest first.
-  std::string profile_report() const;
+  // Times every node's call on the CPU from now on (null: none). t must outlive its use.
+  void set_node_timer(NodeTimer* t) { timer_ = t; }
   // Layers that can use statistics of the global batch (BatchNorm) sum them over the
   // replicas through r (CPU; null: per-replica statistics). r must outlive its use.
   void set_replica_sum(ReplicaSum* r);
@@ -155,10 +162,9 @@ class Engine {
   int loss_count_ = 0;
   float dloss_ = 1.0f;
   const float* dloss_scale_ = nullptr;
-  bool profile_ = false;
   bool graphs_on_ = false;
   NodeHooks* node_hooks_ = nullptr;
-  std::vector<NodeTime> times_;
+  NodeTimer* timer_ = nullptr;
   std::unique_ptr<Gpu> gpu_;
 };
 

@@ -173,9 +173,15 @@ StepPlan plan_step(const Graph& g, const Timeline& tl) {
   std::vector<CtxBuffers> bufs;
   for (int k = 0; k < sp.contexts; ++k) bufs.emplace_back(planner, k);
   const Events ev(g);
-  for (auto& u : uses) plan_use(g, Times{std::max(N, ev.units) + 1, ev, u}, bufs[size_t(u.ctx)]);
+  sp.units = std::max(N, ev.units) + 1;
+  for (auto& u : uses) plan_use(g, Times{sp.units, ev, u}, bufs[size_t(u.ctx)]);
   sp.arena = planner.solve();
-  for (size_t i = 0; i < planner.size(); ++i) sp.by_kind[size_t(planner[int(i)].kind)] += planner[int(i)].bytes;
+  sp.bwd_unit = ev.bwd, sp.rec_unit = ev.rec;
+  for (size_t i = 0; i < planner.size(); ++i) {
+    const PlanBuffer& b = planner[int(i)];
+    sp.by_kind[size_t(b.kind)] += b.bytes;
+    for (auto [t0, t1] : b.live) sp.lifetimes.push_back({b.bytes, t0, t1});
+  }
   const auto& nodes = g.nodes();
   sp.ctx.resize(size_t(sp.contexts));
   for (int k = 0; k < sp.contexts; ++k) {
@@ -200,6 +206,17 @@ StepPlan plan_step(const Graph& g, const Timeline& tl) {
     }
   }
   return sp;
+}
+
+std::vector<size_t> live_bytes(const StepPlan& p) {
+  int end = 0;
+  for (const auto& l : p.lifetimes) end = std::max(end, l.t1 + 1);
+  std::vector<int64_t> delta(size_t(end) + 1, 0);
+  for (const auto& l : p.lifetimes) delta[size_t(l.t0)] += int64_t(l.bytes), delta[size_t(l.t1) + 1] -= int64_t(l.bytes);
+  std::vector<size_t> live(static_cast<size_t>(end));
+  int64_t now = 0;
+  for (int t = 0; t < end; ++t) live[size_t(t)] = size_t(now += delta[size_t(t)]);
+  return live;
 }
 
 }  // namespace sat

@@ -66,7 +66,22 @@ struct StepPlan {
     std::vector<std::vector<int64_t>> saved, sfwd, sbwd, temp;  // per node (temp: per input slot)
   };
   std::vector<Ctx> ctx;
+  // The step's timeline, for memory over the step (traces): an action of the rank's
+  // schedule spans `units` time units; within it node i's forward runs at unit i, its
+  // backward at bwd_unit[i] and its recompute at rec_unit[i] (-1: none). lifetimes: every
+  // transient buffer's bytes and the intervals [t0, t1] (inclusive units) it is live in.
+  int units = 1;
+  std::vector<int> bwd_unit, rec_unit;
+  struct Live {
+    size_t bytes;
+    int t0, t1;
+  };
+  std::vector<Live> lifetimes;
 };
 StepPlan plan_step(const Graph& g, const Timeline& t);
+// The bytes of the step's transient buffers live at each unit of the timeline (from 0 to
+// the last unit a buffer lives in): what the arena holds then. Its largest element is the
+// step's transient peak, at most the arena (whose packing may leave gaps).
+std::vector<size_t> live_bytes(const StepPlan& p);
 
 }  // namespace sat

@@ -70,6 +70,9 @@ std::string hardware_table(const Hardware& h);
 // Every rank of world must call it; all of them measure at once (as they would train) and
 // return rank 0's figures. 1 to 3 seconds on a 2-core machine; prints nothing.
 Hardware measure_this(dist::Comm* world);
+// The engine's best GEMM rate here (FLOP/s; the largest square shape of measure_this, best
+// of its runs), for the share of it a layer reaches (--profile). About 0.3 s.
+double gemm_peak_flops();
 
 // The GEMM curve of `this`: samples of (FLOPs, best seconds) fitted to the cost model's
 // t = (f + gemm_half_flops) / (peak * gemm_max) + kernel_overhead, with peak the best rate

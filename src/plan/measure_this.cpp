@@ -142,6 +142,14 @@ int ranks_on_host(const dist::Comm* w) {
 
 }  // namespace
 
+double gemm_peak_flops() {
+  const GemmShape s{1024, 1024, 1024};
+  std::vector<float> a(size_t(s.m * s.k), 0.5f), b(size_t(s.k * s.n), 0.25f), c(size_t(s.m * s.n));
+  time_gemm(s, a.data(), b.data(), c.data());  // threads up, pages touched
+  const GemmSample g = time_gemm(s, a.data(), b.data(), c.data());
+  return g.flops / g.seconds;
+}
+
 GemmFit fit_gemm(const std::vector<GemmSample>& samples, double kernel_overhead) {
   SAT_CHECK(samples.size() >= 2, "fit_gemm: need at least two GEMM shapes, got ", samples.size());
   std::vector<double> f, t;

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -76,11 +78,15 @@ void TraceEvents::counter(const std::string& name, double t, double value) {
   events_.push_back({Kind::counter, 0, intern(name), "", t, value, {}});
 }
 
+void TraceEvents::instant(int tid, const char* cat, const std::string& name, double t, std::vector<TraceArg> args) {
+  events_.push_back({Kind::instant, tid, intern(name), cat, t, t, std::move(args)});
+}
+
 void TraceEvents::memory(int tid, double t, int64_t bytes, int64_t total_allocated, int64_t total_reserved) {
-  events_.push_back({Kind::memory, tid, intern("[memory]"), "cpu_instant_event", t, t,
-                     {TraceArg::num("Device Type", 0), TraceArg::num("Device Id", -1), TraceArg::num("Bytes", double(bytes)),
-                      TraceArg::num("Total Allocated", double(total_allocated)),
-                      TraceArg::num("Total Reserved", double(total_reserved))}});
+  instant(tid, "cpu_instant_event", "[memory]", t,
+          {TraceArg::num("Device Type", 0), TraceArg::num("Device Id", -1), TraceArg::num("Bytes", double(bytes)),
+           TraceArg::num("Total Allocated", double(total_allocated)),
+           TraceArg::num("Total Reserved", double(total_reserved))});
 }
 
 void TraceEvents::clear() { events_.clear(); }
@@ -97,7 +103,9 @@ std::string args_json(const std::vector<TraceArg>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (i) o += ", ";
     o += quoted(args[i].key) + ": ";
-    o += args[i].is_text ? quoted(args[i].text) : Json(std::isfinite(args[i].number) ? Json(args[i].number) : Json()).dump(-1);
+    if (args[i].is_json) o += args[i].text;
+    else if (args[i].is_text) o += quoted(args[i].text);
+    else o += Json(std::isfinite(args[i].number) ? Json(args[i].number) : Json()).dump(-1);
   }
   return o + "}";
 }
@@ -121,7 +129,17 @@ std::string TraceEvents::json(const FileInfo& info) const {
     meta("thread_name", int(i) + 1, "{\"name\": " + quoted(tracks_[i]) + "}");
     meta("thread_sort_index", int(i) + 1, strf("{\"sort_index\": %zu}", i + 1));
   }
-  for (const Event& e : events_) {
+  // In time order, an enclosing span before what it encloses (spans are recorded when they
+  // end, so a step's after its layers): every track reads forward in time.
+  std::vector<size_t> order(events_.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  auto end_of = [&](const Event& e) { return e.kind == Kind::span ? e.t1 : e.t0; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Event &x = events_[a], &y = events_[b];
+    return x.t0 != y.t0 ? x.t0 < y.t0 : end_of(x) > end_of(y);
+  });
+  for (size_t k : order) {
+    const Event& e = events_[k];
     const std::string ts = micros(e.t0 - info.origin);
     const std::string& name = names_[size_t(e.name)];
     if (e.kind == Kind::span) {

@@ -31,14 +31,15 @@ struct TraceSchedule {
 // keep their defaults 1,1,3,1). sat::Error naming the flag and the key otherwise.
 TraceSchedule parse_trace_schedule(const std::string& spec);
 
-// One key of an event's "args": a number or a string.
+// One key of an event's "args": a number, a string, or JSON written as it is (a list).
 struct TraceArg {
   std::string key;
   double number = 0;
   std::string text;
-  bool is_text = false;
-  static TraceArg num(std::string k, double v) { return {std::move(k), v, {}, false}; }
-  static TraceArg str(std::string k, std::string v) { return {std::move(k), 0, std::move(v), true}; }
+  bool is_text = false, is_json = false;
+  static TraceArg num(std::string k, double v) { return {std::move(k), v, {}, false, false}; }
+  static TraceArg str(std::string k, std::string v) { return {std::move(k), 0, std::move(v), true, false}; }
+  static TraceArg json(std::string k, std::string v) { return {std::move(k), 0, std::move(v), false, true}; }
 };
 
 // The events of one process (a rank) on named tracks (Chrome's threads). Times are seconds
@@ -53,6 +54,8 @@ class TraceEvents {
             std::vector<TraceArg> args = {});
   // A counter sample ("ph": "C"): the series `name` has `value` from time t on.
   void counter(const std::string& name, double t, double value);
+  // An instant event ("ph": "i", thread scope) on a track.
+  void instant(int tid, const char* cat, const std::string& name, double t, std::vector<TraceArg> args = {});
   // A memory record as PyTorch writes one ("ph": "i", name "[memory]", args Bytes, Total
   // Allocated, Total Reserved, Device Type 0 for the CPU), on a track.
   void memory(int tid, double t, int64_t bytes, int64_t total_allocated, int64_t total_reserved);
@@ -72,7 +75,7 @@ class TraceEvents {
   std::string json(const FileInfo& info) const;
 
  private:
-  enum class Kind : uint8_t { span, counter, memory };
+  enum class Kind : uint8_t { span, counter, instant };
   struct Event {
     Kind kind;
     int tid;

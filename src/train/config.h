@@ -12,6 +12,7 @@
 #include "data/loader.h"
 #include "nn/models.h"
 #include "optim/optimizer.h"
+#include "profile/trace.h"
 #include "train/noise.h"
 #include "train/schedule.h"
 
@@ -47,7 +48,10 @@ struct TrainConfig {
   bool evaluate = true;      // evaluate on the test split at the end (if there is one)
   int64_t warmup_excluded = -1;  // steps left out of samples_per_second (-1: automatic)
   std::string out_dir;       // metrics.jsonl and summary.json ("" = none)
-  bool profile = false;      // time every layer; Trainer::profile_report() after run()
+  bool profile = false;      // time every layer; Trainer::profile_table() after run()
+  // --trace DIR: Chrome trace files of the steps trace_steps records (profile/profiler.h).
+  std::string trace_dir;
+  TraceSchedule trace_steps;
   int progress = -1;         // -1: a bar on a terminal, plain lines otherwise; 0: quiet; 1: lines
   // The job's world communicator (null: this process alone). The ranks form a mesh of
   // data-, tensor- and pipeline-parallel groups (dist/mesh.h): dp = world / (tp * pp).
@@ -139,6 +143,18 @@ struct GroupBytes {
   double tp = 0, dp = 0, pp = 0, embedding = 0;
 };
 
+// Where the step's time went on one rank, mean seconds per measured step.
+struct StepBreakdown {
+  double compute = 0;        // forward and backward, less the two below
+  double tp_comm = 0;        // tensor-parallel collectives' layers (counted apart with --profile; else in compute)
+  double grad_sync = 0;      // the gradient reduction's exposed part (data-parallel buckets, tied embeddings)
+  double pipeline_wait = 0;  // waiting for other stages: the bubble and the transfers
+  double data = 0;           // waiting for the loader
+  double optimizer = 0;
+  double other = 0;          // the rest of the step (the loss's agreement, metrics, checkpoints)
+  double total() const { return compute + tp_comm + grad_sync + pipeline_wait + data + optimizer + other; }
+};
+
 // One rank of the job, as summary.json reports it.
 struct RankReport {
   int rank = 0, stage = 0, dp_rank = 0, tp_rank = 0;
@@ -147,6 +163,7 @@ struct RankReport {
   GroupBytes comm_bytes_per_step;
   double step_seconds = 0;  // mean over the measured steps
   double wait_seconds = 0;  // of it, waiting for other pipeline stages (mean per step)
+  StepBreakdown breakdown;
 };
 
 struct TrainResult {

@@ -43,51 +43,80 @@ void Executor::post(const Action& a, std::vector<dist::P2POp>& ops) const {
 
 // Posts a group and, unless the communicator orders it on the device stream, waits for
 // it. Returns the seconds spent waiting.
-double Executor::finish_group(std::vector<dist::P2POp>& ops) {
-  if (ops.empty()) return 0;
+double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end) {
   const double t0 = now_seconds();
-  dist::WorkPtr w = pp_->p2p(ops, engine_.graph().act());
-  ops.clear();
-  if (pp_->device() == Device::cuda) {
-    in_flight_.push_back(std::move(w));
-    return 0;
+  if (observer_)
+    for (size_t k = first; k < end; ++k) observer_->action_begins(int(k));
+  if (!ops.empty()) {  // (actions with nothing to move post nothing)
+    dist::WorkPtr w = pp_->p2p(ops, engine_.graph().act());
+    ops.clear();
+    if (pp_->device() == Device::cuda) {
+      in_flight_.push_back(std::move(w));
+      return 0;
+    }
+    w->wait();
   }
-  w->wait();
-  return now_seconds() - t0;
+  const double t1 = now_seconds();
+  if (observer_)
+    for (size_t k = first; k < end; ++k) observer_->action_timed(int(k), actions_[k], t0, t1);
+  return t1 - t0;
+}
+
+// One compute, reduction or optimizer action, timed into st.
+void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks,
+                           StepStats& st) {
+  const Action& a = actions_[index];
+  if (observer_) observer_->action_begins(int(index));
+  const double t0 = now_seconds();
+  double data = 0;
+  switch (a.kind) {
+    case ActionKind::forward: {
+      std::vector<Tensor> in = hooks.data(a.chunk, a.micro);
+      data = now_seconds() - t0;
+      if (observer_) observer_->data_timed(t0, t0 + data);
+      engine_.forward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, true, seed(a.micro), in);
+      break;
+    }
+    case ActionKind::backward: {
+      const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk,
+                                             a.micro == 0 || !hooks.accumulates_grads(),
+                                             hooks.node_hook(a.chunk, a.micro));
+      hooks.after_backward(a.chunk, a.micro, replayed);
+      break;
+    }
+    case ActionKind::reduce_grads:
+      hooks.reduce_grads();
+      break;
+    case ActionKind::optimizer:
+      hooks.optimizer_step(lr);
+      break;
+    default:
+      break;
+  }
+  const double t1 = now_seconds();
+  if (observer_) observer_->action_timed(int(index), a, t0, t1);
+  double& into = a.kind == ActionKind::reduce_grads ? st.reduce_seconds
+                 : a.kind == ActionKind::optimizer  ? st.optimizer_seconds
+                                                    : st.compute_seconds;
+  into += t1 - t0 - data;
+  st.data_seconds += data;
 }
 
 StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks) {
   StepStats st;
   std::vector<dist::P2POp> group;
-  for (const Action& a : actions_) {
-    if (a.is_comm()) {
-      post(a, group);
+  const size_t none = actions_.size();
+  size_t first = none;  // the first action of the group being gathered
+  for (size_t k = 0; k < actions_.size(); ++k) {
+    if (actions_[k].is_comm()) {
+      if (first == none) first = k;
+      post(actions_[k], group);
       continue;
     }
-    st.wait_seconds += finish_group(group);
-    switch (a.kind) {
-      case ActionKind::forward:
-        engine_.forward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, true, seed(a.micro),
-                        hooks.data(a.chunk, a.micro));
-        break;
-      case ActionKind::backward: {
-        const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk,
-                                               a.micro == 0 || !hooks.accumulates_grads(),
-                                               hooks.node_hook(a.chunk, a.micro));
-        hooks.after_backward(a.chunk, a.micro, replayed);
-        break;
-      }
-      case ActionKind::reduce_grads:
-        hooks.reduce_grads();
-        break;
-      case ActionKind::optimizer:
-        hooks.optimizer_step(lr);
-        break;
-      default:
-        break;
-    }
+    if (first != none) st.wait_seconds += finish_group(group, first, k), first = none;
+    run_compute(k, seed, lr, hooks, st);
   }
-  st.wait_seconds += finish_group(group);
+  if (first != none) st.wait_seconds += finish_group(group, first, none);
   auto [sum, n] = engine_.take_losses();
   st.loss_sum = sum;
   st.losses = n;

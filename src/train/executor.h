@@ -38,10 +38,26 @@ class StepHooks {
   virtual void optimizer_step(float lr) = 0;
 };
 
+// Where one step's time went on this rank (seconds; the rest of the step is the trainer's).
 struct StepStats {
   double loss_sum = 0;   // losses of this rank's micro-batches (the stage with the loss)
   int losses = 0;
-  double wait_seconds = 0;  // waiting for other pipeline stages (send/receive groups)
+  double wait_seconds = 0;       // waiting for other pipeline stages (send/receive groups)
+  double compute_seconds = 0;    // forward and backward actions, less the data wait
+  double data_seconds = 0;       // the loader's hand-off of micro-batches (StepHooks::data)
+  double reduce_seconds = 0;     // the data-parallel reduction's exposed part (reduce_grads)
+  double optimizer_seconds = 0;  // the optimizer action
+};
+
+// Told of every action of a step as it runs (traces; null: nothing): its index in the
+// rank's list (the memory plan's timeline counts actions so), when it began, and when it
+// ended; a send/receive group ends when it has been waited for.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void action_begins(int index) = 0;
+  virtual void action_timed(int index, const Action& a, double t0, double t1) = 0;
+  virtual void data_timed(double t0, double t1) = 0;  // a micro-batch's hand-off inside a forward
 };
 
 class Executor {
@@ -52,15 +68,20 @@ class Executor {
   // One optimizer step: seed(micro) is the micro-batch's seed, lr the optimizer's
   // learning rate (the engine's set_dloss gives d(objective)/d(loss)).
   StepStats run_step(const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks);
+  // o must outlive its use (null: none).
+  void set_observer(StepObserver* o) { observer_ = o; }
 
  private:
   void post(const Action& a, std::vector<dist::P2POp>& ops) const;
-  double finish_group(std::vector<dist::P2POp>& ops);
+  // Posts the group of actions [first, end) and waits for it; the seconds waited.
+  double finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end);
+  void run_compute(size_t index, const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks, StepStats& st);
 
   Engine& engine_;
   std::vector<Action> actions_;
   std::vector<std::vector<int>> ctx_of_;
   dist::Comm* pp_;
+  StepObserver* observer_ = nullptr;
   std::vector<dist::WorkPtr> in_flight_;  // stream-ordered groups, complete by the step's end
 };
 

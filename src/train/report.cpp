@@ -21,6 +21,13 @@ std::string format_duration(double s) {
   return b;
 }
 
+// A rank's step breakdown (seconds per measured step), as summary.json and the run report read it.
+nlohmann::ordered_json breakdown_json(const StepBreakdown& b) {
+  return {{"compute", b.compute},     {"tp_comm", b.tp_comm}, {"grad_sync", b.grad_sync},
+          {"pipeline_wait", b.pipeline_wait}, {"data", b.data}, {"optimizer", b.optimizer},
+          {"other", b.other}};
+}
+
 }  // namespace
 
 namespace {
@@ -76,6 +83,7 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
   for (int k = 0; k < int(MemKind::kCount); ++k) j[mem_kind_name(MemKind(k))] = p.by_kind[size_t(k)];
   j["persistent"] = p.persistent;
   j["transient_arena"] = p.transient;
+  j["transient_peak"] = p.transient_peak;  // the most of the arena live at once
   j["staging_arena"] = p.staging;  // ZeRO-2/3: gathered parameters and gradient buckets
   j["inputs"] = p.inputs;
   j["contexts"] = p.contexts;
@@ -107,6 +115,8 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["comm_seconds"] = r.comm_seconds;
   s["comm_hidden_fraction"] = r.comm_hidden_fraction;
   s["rank_step_seconds"] = r.rank_step_seconds;
+  if (info.memory_budget > 0) s["memory_budget_bytes"] = info.memory_budget;
+  if (!cfg.trace_dir.empty()) s["trace_dir"] = std::filesystem::absolute(cfg.trace_dir).string();
   if (r.checkpoints > 0 || r.resumed_from > 0) {
     s["checkpoints"] = {{"written", r.checkpoints}, {"paused_seconds", r.checkpoint_seconds},
                         {"write_seconds", r.checkpoint_write_seconds}, {"last_bytes", r.checkpoint_bytes},
@@ -122,7 +132,8 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
                      {"predicted_memory_bytes", k.predicted_memory_bytes}, {"peak_memory_bytes", k.peak_memory_bytes},
                      {"memory_by_kind", mem},
                      {"comm_bytes_per_step", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}, {"embedding", c.embedding}}},
-                     {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds}});
+                     {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds},
+                     {"step_breakdown", breakdown_json(k.breakdown)}});
   }
   s["ranks"] = ranks;
   s["sequence_parallel"] = cfg.sequence_parallel;

@@ -38,6 +38,7 @@ struct RunInfo {
   double flops_per_sample = 0;
   uint64_t seed = 0;
   double wall_seconds = 0;
+  double memory_budget = 0;  // bytes per rank (--memory-budget; 0: none)
 };
 
 nlohmann::ordered_json memory_plan_json(const MemoryPlan& p);

@@ -91,6 +91,21 @@ void check_zero(const TrainConfig& cfg, bool cuda, int dp) {
 
 namespace {
 
+// One step's times added to the run's: the executor's parts, the wait for the loss from the
+// last stage, and what is left of the step's dt.
+void add_breakdown(StepBreakdown& b, const StepStats& st, double loss_wait, double dt) {
+  b.compute += st.compute_seconds, b.grad_sync += st.reduce_seconds, b.pipeline_wait += st.wait_seconds + loss_wait;
+  b.data += st.data_seconds, b.optimizer += st.optimizer_seconds;
+  b.other += dt - st.compute_seconds - st.reduce_seconds - st.wait_seconds - loss_wait - st.data_seconds -
+             st.optimizer_seconds;
+}
+
+StepBreakdown per_step(StepBreakdown b, int64_t steps) {
+  const double n = double(std::max<int64_t>(1, steps));
+  for (double* x : {&b.compute, &b.tp_comm, &b.grad_sync, &b.pipeline_wait, &b.data, &b.optimizer, &b.other}) *x /= n;
+  return b;
+}
+
 // What the devices and the job's size allow (sat::Error naming the flag).
 void check_layout(const TrainConfig& cfg, bool cuda, int world) {
   const DistBackend be = cfg.dist_backend;
@@ -105,6 +120,9 @@ void check_layout(const TrainConfig& cfg, bool cuda, int world) {
             " needs --device cpu for now (the GPU engine does not recompute activations yet)");
   SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
             "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
+  SAT_CHECK(!cuda || (cfg.trace_dir.empty() && !cfg.profile), cfg.profile ? "--profile" : "--trace",
+            " needs --device cpu for now (the GPU engine's layers run asynchronously: timing them needs CUDA events, "
+            "not built yet)");
   dist::Mesh::check(world, cfg.tp, cfg.pp);
   check_zero(cfg, cuda, world / (cfg.tp * cfg.pp));
   SAT_CHECK(!cuda || !cfg.measure_noise || cfg.tp == 1, "--noise-scale with --tp needs --device cpu for now (the GPU "
@@ -433,6 +451,30 @@ void Trainer::setup_step(bool nccl_dp) {
   comm_backend_ = m.dp() > 1 || nccl_dp ? (gpu_ && nccl_dp ? "nccl" : m.dp_group().backend_name()) : "";
   exec_ = std::make_unique<Executor>(*engine_, plan_.actions, plan_.ctx_of, pp);
   hooks_ = std::make_unique<Hooks>(*this);
+  setup_profiler();
+}
+
+// --profile and --trace: the profiler on the step's seams (the engine's timer is attached
+// per step, by begin_step's answer).
+void Trainer::setup_profiler() {
+  if (!cfg_.profile && cfg_.trace_dir.empty()) return;
+  const dist::Mesh& m = *mesh_;
+  ProfileOptions o;
+  o.table = cfg_.profile;
+  o.trace_dir = cfg_.trace_dir;
+  o.schedule = cfg_.trace_steps;
+  o.rank = m.rank(), o.world = m.size();
+  o.backend = world_->backend_name();
+  o.stages = m.pp(), o.stage = m.pp_rank();
+  o.optimizer = opt_->config().name == "adamw" ? "AdamW" : "SGD";  // PyTorch's class names
+  profiler_ = std::make_unique<Profiler>(*plan_.model.graph, plan_.step, plan_.actions, plan_.memory, o);
+  if (cfg_.trace_dir.empty()) return;
+  exec_->set_observer(profiler_.get());
+  auto watch = [&](dist::Comm* c, const char* name) {
+    if (auto* counting = dynamic_cast<dist::CountingComm*>(c)) counting->observe(profiler_.get(), name);
+  };
+  watch(&m.tp_group(), "tp"), watch(&m.dp_group(), "dp"), watch(&m.pp_group(), "pp");
+  watch(m.embedding_group(), "embedding");
 }
 
 // The graph's layers go before the GPU side they enqueue on: a tensor-parallel layer keeps
@@ -611,6 +653,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   if (resume_) hooks_->set_epoch(resume_->epoch);
   double last_save = now_seconds();
   double t_measure = 0, measured_step_seconds = 0, measured_wait = 0;
+  StepBreakdown spent;  // summed over the measured steps
   std::unique_ptr<GpuSampler> sampler;
   if (on_gpu()) {
     std::string bus_id;
@@ -634,9 +677,10 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     const double t0 = now_seconds();
     if (step - start == r.warmup_excluded) {
       t_measure = t0;
-      engine_->set_profiling(cfg_.profile && !on_gpu());  // time layers after warm-up only
       reducer_->reset_timing();
     }
+    const bool measured = step - start >= r.warmup_excluded;
+    if (profiler_) engine_->set_node_timer(profiler_->begin_step(step + 1, measured) ? profiler_.get() : nullptr);
     const float lr = schedule_lr(cfg_.schedule, cfg_.optim.lr, step, total);
     hooks_->begin_step();
     StepStats st = exec_->run_step([&](int micro) { return mix_seed(cfg_.seed, uint64_t(step * cfg_.accum + micro)); },
@@ -647,7 +691,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (on_gpu() && cfg_.cuda_graph && step == 0) engine_->set_graphs(true);  // the first step runs eagerly
     SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), diverged_message(step + 1, loss));
     const double dt = now_seconds() - t0;
-    if (step - start >= r.warmup_excluded) measured_step_seconds += dt, measured_wait += wait;
+    if (profiler_) profiler_->end_step(t0, t0 + dt);
+    if (measured) measured_step_seconds += dt, measured_wait += wait, add_breakdown(spent, st, wait - st.wait_seconds, dt);
     StepMetrics sm{step + 1, loss, lr, dt, double(global_batch) / dt};
     if (cfg_.measure_noise) {
       // A step without norms (fp16: skipped for inf/NaN gradients) leaves the estimate as it was.
@@ -682,7 +727,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     if (sampler->available() && sampler->stats().util_samples > 0) r.gpu_utilization_mean = sampler->stats().mean_util_pct;
   }
   const double t_end = now_seconds();
-  engine_->set_profiling(false);
+  engine_->set_node_timer(nullptr);
+  if (profiler_) profiler_->finish();
   r.noise_scale = noise.estimate();
   if (cfg_.measure_noise) r.noise_interval = noise.interval();
   r.steps = total;
@@ -714,7 +760,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   }
 #endif
   gather_ranks(r, measured > 0 ? measured_step_seconds / double(measured) : 0,
-               measured > 0 ? measured_wait / double(measured) : 0);
+               measured > 0 ? measured_wait / double(measured) : 0, split_tp_comm(per_step(spent, measured)));
   r.wall_seconds = now_seconds() - t_start;
   return r;
 }
@@ -779,13 +825,24 @@ void Trainer::sync_states_from_first_replica() {
   }
 }
 
-// Every rank's place, memory and step time, gathered on every rank.
-void Trainer::gather_ranks(TrainResult& r, double step_seconds, double wait_seconds) {
+// With layers timed (--profile), the tensor-parallel collectives' layers move from compute
+// to tp_comm.
+StepBreakdown Trainer::split_tp_comm(StepBreakdown b) const {
+  if (!profiler_ || profiler_->measured_steps() == 0) return b;
+  b.tp_comm = std::min(b.compute, profiler_->tp_comm_seconds());
+  b.compute -= b.tp_comm;
+  return b;
+}
+
+// Every rank's place, memory, step time and its breakdown, gathered on every rank.
+void Trainer::gather_ranks(TrainResult& r, double step_seconds, double wait_seconds, const StepBreakdown& t) {
   const dist::Mesh& m = *mesh_;
   const GroupBytes& c = r.comm_bytes_per_step;
   std::vector<double> mine{double(m.rank()), double(m.pp_rank()), double(m.dp_rank()), double(m.tp_rank()),
                            double(r.predicted_memory_bytes), double(r.peak_memory_bytes), step_seconds, wait_seconds,
-                           c.tp, c.dp, c.pp, c.embedding};
+                           c.tp, c.dp, c.pp, c.embedding, t.compute, t.tp_comm, t.grad_sync, t.pipeline_wait, t.data,
+                           t.optimizer, t.other};
+  constexpr size_t kFixed = 19;
   for (size_t b : plan_.memory.by_kind) mine.push_back(double(b));
   const size_t n = mine.size();
   std::vector<double> all(n * size_t(m.size()));
@@ -798,7 +855,8 @@ void Trainer::gather_ranks(TrainResult& r, double step_seconds, double wait_seco
     rr.predicted_memory_bytes = size_t(a[4]), rr.peak_memory_bytes = size_t(a[5]);
     rr.step_seconds = a[6], rr.wait_seconds = a[7];
     rr.comm_bytes_per_step = {a[8], a[9], a[10], a[11]};
-    for (size_t i = 12; i < n; ++i) rr.memory_by_kind.push_back(size_t(a[i]));
+    rr.breakdown = {a[12], a[13], a[14], a[15], a[16], a[17], a[18]};
+    for (size_t i = kFixed; i < n; ++i) rr.memory_by_kind.push_back(size_t(a[i]));
     r.ranks.push_back(rr);
     r.rank_step_seconds.push_back(rr.step_seconds);
     bubble += rr.step_seconds > 0 ? rr.wait_seconds / rr.step_seconds : 0;

@@ -18,6 +18,7 @@
 #include "nn/models.h"
 #include "nn/params.h"
 #include "optim/optimizer.h"
+#include "profile/profiler.h"
 #include "train/config.h"
 #include "train/data_parallel.h"
 #include "train/executor.h"
@@ -67,7 +68,11 @@ class Trainer {
 
   TrainResult run(const std::function<void(const StepMetrics&)>& on_step = {});
   EvalResult evaluate();
-  std::string profile_report() const { return engine_->profile_report(); }
+  // --profile: every layer's time per measured step, slowest first (gemm_peak: FLOP/s of
+  // this machine's GEMMs, for each layer's share of it; 0: not shown). "" without --profile.
+  std::string profile_table(double gemm_peak) const { return profiler_ ? profiler_->table(gemm_peak) : ""; }
+  // --trace: the files written so far.
+  std::vector<std::string> trace_files() const { return profiler_ ? profiler_->files() : std::vector<std::string>{}; }
   // Loads parameters (and states) by name from a safetensors file into every stage.
   void load_weights(const std::string& path);
   // Writes the whole model's parameters and states (gathered from the pipeline stages) to
@@ -100,7 +105,9 @@ class Trainer {
   const ParamStore& unsharded(std::unique_ptr<ParamStore>& keep);
   double step_loss(double loss_sum, int losses, double& wait);
   void finish(TrainResult& r, int64_t total);
-  void gather_ranks(TrainResult& r, double step_seconds, double wait_seconds);
+  void gather_ranks(TrainResult& r, double step_seconds, double wait_seconds, const StepBreakdown& b);
+  void setup_profiler();
+  StepBreakdown split_tp_comm(StepBreakdown b) const;
   GroupBytes traffic() const;
   void sync_states_from_first_replica();
   std::unique_ptr<ParamStore> gather_whole_model(const ParamStore& mine);
@@ -143,6 +150,7 @@ class Trainer {
   ShardedDP* sharded_ = nullptr;           // ZeRO-2/3: the reducer, also the engine's node hooks
   std::unique_ptr<GradSync> reducer_;       // data-parallel reduction (GradReducer, or sharded_)
   std::unique_ptr<Executor> exec_;
+  std::unique_ptr<Profiler> profiler_;  // --profile, --trace
   std::unique_ptr<Hooks> hooks_;
   std::string comm_backend_;
   std::optional<ResumeState> resume_;
