@@ -371,7 +371,7 @@ class ObservedWork final : public Work {
   }
   WorkPtr inner_;
   CommObserver* o_;
-  const std::string& group_;
+  std::string group_;  // a copy: a Work may outlive its communicator's name
   CommEvent e_;
   bool reported_ = false;
 };
