@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "mpi_job.h"
+#include "run_command.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -32,10 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Cmd {
-  int status = -1;
-  std::string out;
-};
+using Cmd = sat::test::CmdResult;
 
 // `saturate ARGS` (np > 1: under mpirun), waited for.
 Cmd run(const std::string& args, int np = 1) {
@@ -43,15 +41,7 @@ Cmd run(const std::string& args, int np = 1) {
   if (np > 1)
     launcher = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 300 " SAT_MPIEXEC " -np " +
                std::to_string(np) + " ";
-  const std::string cmd = "OMP_WAIT_POLICY=passive " + launcher + SAT_BINARY + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Cmd r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  return sat::test::run_command("OMP_WAIT_POLICY=passive " + launcher + SAT_BINARY + " " + args);
 }
 
 // `saturate ARGS` as a child process of its own (its pid is saturate's), output to `log`.

@@ -13,27 +13,17 @@
 #include <string>
 
 #include "backend/device.h"
+#include "run_command.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CmdResult {
-  int status;
-  std::string out;
-};
+using sat::test::CmdResult;
 
 // env: extra NAME=VALUE assignments for the command, each followed by a space.
 CmdResult saturate(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + "OMP_WAIT_POLICY=passive " + SAT_BINARY + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CmdResult r{-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  return sat::test::run_command(env + "OMP_WAIT_POLICY=passive " + SAT_BINARY + " " + args);
 }
 
 fs::path tmpdir(const std::string& name) {
@@ -611,15 +601,7 @@ TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
   fs::path d = tmpdir("agree");
   const std::string run = " train --model mlp --data synthetic --steps 1 --batch 8 --threads 1 --eval off";
   auto both = [&](const std::string& a0, const std::string& a1) {
-    std::string cmd = env + launch + bin + run + a0 + " : -np 1 " + bin + run + a1 + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    CmdResult r{-1, ""};
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int st = pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return r;
+    return sat::test::run_command(env + launch + bin + run + a0 + " : -np 1 " + bin + run + a1);
   };
   CmdResult lr = both(" --lr 0.01", " --lr 0.02");
   EXPECT_EQ(lr.status, 2) << lr.out;

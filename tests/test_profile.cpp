@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mpi_job.h"
+#include "run_command.h"
 #include "train/schedule.h"
 
 namespace fs = std::filesystem;
@@ -26,21 +27,8 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Cmd {
-  int status = -1;
-  std::string out;
-};
-
-Cmd run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  Cmd r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using Cmd = sat::test::CmdResult;
+Cmd run(const std::string& cmd) { return sat::test::run_command(cmd); }
 
 Cmd saturate(const std::string& args) { return run("OMP_WAIT_POLICY=passive " SAT_BINARY " " + args); }
 
@@ -95,7 +83,7 @@ struct Step {
   int64_t n;
   double ts, dur;
   std::multiset<std::string> actions;
-  std::vector<std::pair<double, double>> action_spans;
+  std::vector<std::pair<double, double>> action_spans;  // and the collectives'
   double actions_time = 0, layers_time = 0, compute_time = 0, data_time = 0;
   std::map<std::string, double> comm_bytes;  // per group
 };
@@ -127,13 +115,16 @@ std::vector<Step> steps_of(const json& file) {
           s.compute_time += dur;
       } else if (e["cat"] == "cpu_op" && track == "main") {
         s.layers_time += dur;
-      } else if (e["name"].get<std::string>().starts_with("enumerate(DataLoader)")) {
-        s.data_time += dur;
+      } else if (e["name"].get<std::string>().starts_with("enumerate(DataLoader)") ||
+                 e["name"] == "grad buckets launched") {
+        s.data_time += dur;  // the loader's hand-off, data parallelism's bucket launches
       } else if (track.starts_with("comm ")) {
         s.comm_bytes[track.substr(5)] += a["bytes"].get<double>();
+        s.action_spans.push_back({ts, std::min(ts + dur, s.ts + s.dur)});  // the loss's agreement, after the actions
       }
     }
-    // The time the actions cover (a send/receive group's actions share one interval).
+    // The time the actions and the collectives cover (a send/receive group's actions share one
+    // interval, which its transfer's span repeats).
     std::sort(s.action_spans.begin(), s.action_spans.end());
     double end = -1;
     for (auto [a, b] : s.action_spans) {
@@ -172,9 +163,10 @@ void check_job_traces(const fs::path& trace, const fs::path& out, const sat::Sch
     const json& per_step = summary["ranks"][rank]["comm_bytes_per_step"];
     for (const Step& s : steps) {
       EXPECT_EQ(s.actions, expected) << "rank " << rank << " step " << s.n << ": every action once";
-      // The actions make up the step (the rest: the loss's agreement, metrics).
+      // The actions and the collectives make up the step (the rest: metrics, progress).
       EXPECT_GE(s.actions_time, 0.95 * s.dur) << "rank " << rank << " step " << s.n;
-      // The layers (and the loader's hand-off) account for the forward and backward actions.
+      // The layers (and the loader's hand-off, the gradient buckets' launches) account for the
+      // forward and backward actions.
       EXPECT_NEAR(s.layers_time + s.data_time, s.compute_time, 0.05 * s.compute_time) << "rank " << rank;
       // Each collective once: their payloads add up to what the communicators counted per step.
       for (const char* g : {"tp", "dp", "pp", "embedding"}) {

@@ -295,7 +295,11 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
     }
     if (timer_) timer_->node_timed(i, NodePhase::backward, t0, now_seconds());
     if (node_hooks_) node_hooks_->after_backward(i);
-    if (hook && *hook) (*hook)(i);
+    if (hook && *hook) {
+      const double h0 = timer_ ? now_seconds() : 0;
+      (*hook)(i);
+      if (timer_) timer_->node_timed(i, NodePhase::grad_hook, h0, now_seconds());
+    }
   }
 }
 

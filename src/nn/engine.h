@@ -46,8 +46,9 @@ class NodeHooks {
 
 // Told how long every node's call took on the CPU: the seam per-layer profiles and traces
 // plug into (null: nothing is timed, nothing is read from the clock). A recompute is the
-// forward of a node run again inside a backward (full recomputation).
-enum class NodePhase : uint8_t { forward, backward, recompute };
+// forward of a node run again inside a backward (full recomputation); grad_hook the
+// backward's hook after the node (data parallelism launching the buckets it completed).
+enum class NodePhase : uint8_t { forward, backward, recompute, grad_hook };
 class NodeTimer {
  public:
   virtual ~NodeTimer() = default;

@@ -99,6 +99,7 @@ void Profiler::finish() {
 }
 
 void Profiler::node_timed(int node, NodePhase phase, double t0, double t1) {
+  if (phase == NodePhase::grad_hook) return hook_timed(names_[size_t(node)], t0, t1);
   if (measuring_) {
     Totals& t = totals_[size_t(node)];
     (phase == NodePhase::forward ? t.fwd : t.bwd) += t1 - t0;
@@ -119,6 +120,13 @@ void Profiler::node_timed(int node, NodePhase phase, double t0, double t1) {
   }
 }
 
+// The gradient buckets a node's backward completed, launched (data parallelism). Most nodes
+// complete none and their hook returns at once: spans of under a microsecond are not kept.
+void Profiler::hook_timed(const std::string& after, double t0, double t1) {
+  if (now_ == TraceSchedule::Action::none || t1 - t0 < 1e-6) return;
+  ev_.span(main_, "user_annotation", "grad buckets launched", t0, t1, {TraceArg::str("after", after)});
+}
+
 void Profiler::action_begins(int index) {
   action_ = index;
   if (now_ != TraceSchedule::Action::none) memory_sample(index * units_, now_seconds());
@@ -133,8 +141,9 @@ void Profiler::action_timed(int index, const Action& a, double t0, double t1) {
   ev_.span(main_, "user_annotation", shown, t0, t1, {TraceArg::str("action", name), TraceArg::num("index", index)});
 }
 
-void Profiler::data_timed(double t0, double t1) {
+void Profiler::part_timed(StepPart part, double t0, double t1) {
   if (now_ == TraceSchedule::Action::none) return;
+  if (part == StepPart::grad_buckets) return hook_timed("the backward", t0, t1);
   // PyTorch's name for a DataLoader's next batch: TensorBoard counts it as data loading.
   ev_.span(main_, "user_annotation", "enumerate(DataLoader)#BatchLoader.__next__", t0, t1);
 }

@@ -60,7 +60,7 @@ class Profiler final : public NodeTimer, public StepObserver, public dist::CommO
   void node_timed(int node, NodePhase phase, double t0, double t1) override;
   void action_begins(int index) override;
   void action_timed(int index, const Action& a, double t0, double t1) override;
-  void data_timed(double t0, double t1) override;
+  void part_timed(StepPart part, double t0, double t1) override;
   void comm_timed(const std::string& group, const dist::CommEvent& e) override;
 
   // --profile: every layer, slowest first: calls, forward and backward ms per step, share,
@@ -73,6 +73,7 @@ class Profiler final : public NodeTimer, public StepObserver, public dist::CommO
 
  private:
   void memory_sample(int unit, double t);
+  void hook_timed(const std::string& after, double t0, double t1);
   void save();
 
   const Graph& g_;

@@ -73,7 +73,7 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
     case ActionKind::forward: {
       std::vector<Tensor> in = hooks.data(a.chunk, a.micro);
       data = now_seconds() - t0;
-      if (observer_) observer_->data_timed(t0, t0 + data);
+      if (observer_) observer_->part_timed(StepPart::data, t0, t0 + data);
       engine_.forward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, true, seed(a.micro), in);
       break;
     }
@@ -81,7 +81,9 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
       const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk,
                                              a.micro == 0 || !hooks.accumulates_grads(),
                                              hooks.node_hook(a.chunk, a.micro));
+      const double h0 = observer_ ? now_seconds() : 0;
       hooks.after_backward(a.chunk, a.micro, replayed);
+      if (observer_) observer_->part_timed(StepPart::grad_buckets, h0, now_seconds());
       break;
     }
     case ActionKind::reduce_grads:

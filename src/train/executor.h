@@ -51,13 +51,16 @@ struct StepStats {
 
 // Told of every action of a step as it runs (traces; null: nothing): its index in the
 // rank's list (the memory plan's timeline counts actions so), when it began, and when it
-// ended; a send/receive group ends when it has been waited for.
+// ended; a send/receive group ends when it has been waited for. Within an action, the
+// hooks' parts: a micro-batch's hand-off before a forward, and the gradient buckets
+// after_backward launches.
+enum class StepPart : uint8_t { data, grad_buckets };
 class StepObserver {
  public:
   virtual ~StepObserver() = default;
   virtual void action_begins(int index) = 0;
   virtual void action_timed(int index, const Action& a, double t0, double t1) = 0;
-  virtual void data_timed(double t0, double t1) = 0;  // a micro-batch's hand-off inside a forward
+  virtual void part_timed(StepPart part, double t0, double t1) = 0;
 };
 
 class Executor {
