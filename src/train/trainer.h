@@ -139,6 +139,9 @@ class Trainer {
   std::unique_ptr<dist::Comm> own_comm_;
   dist::Comm* world_ = nullptr;
   std::unique_ptr<dist::Mesh> mesh_;
+  // --profile, --trace: after the mesh, whose groups report to it, and before everything whose
+  // communication it observes (so that it outlives their last Work).
+  std::unique_ptr<Profiler> profiler_;
   RankPlan plan_;
   size_t mem_base_ = 0;
   std::unique_ptr<ParamStore> params_;
@@ -150,7 +153,6 @@ class Trainer {
   ShardedDP* sharded_ = nullptr;           // ZeRO-2/3: the reducer, also the engine's node hooks
   std::unique_ptr<GradSync> reducer_;       // data-parallel reduction (GradReducer, or sharded_)
   std::unique_ptr<Executor> exec_;
-  std::unique_ptr<Profiler> profiler_;  // --profile, --trace
   std::unique_ptr<Hooks> hooks_;
   std::string comm_backend_;
   std::optional<ResumeState> resume_;

@@ -16,6 +16,7 @@ TrainConfig timed_config(const TrainConfig& base, int64_t max_steps, double seco
   c.evaluate = false;
   c.out_dir.clear();
   c.profile = false;
+  c.trace_dir.clear();
   c.progress = 0;
   c.warmup_excluded = 1;
   c.schedule = ScheduleConfig{};

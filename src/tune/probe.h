@@ -29,7 +29,8 @@ struct TimedRun {
 
 // The configuration a probe trains: `base` (layout, micro-batch, accumulation, optimizer)
 // for at most max_steps steps, stopping once `seconds` of timed steps have run, with one
-// warm-up step and no evaluation, output, profile, learning-rate schedule or noise scale.
+// warm-up step and no evaluation, output, profile, trace, learning-rate schedule or noise scale
+// (seconds 0: no time limit).
 TrainConfig timed_config(const TrainConfig& base, int64_t max_steps, double seconds);
 
 // The median of a list of seconds (0 for none).

@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "tune/probe.h"
 
 namespace sat {
 
@@ -39,19 +40,9 @@ struct Probe {
 };
 
 TrainConfig probe_config(const TrainConfig& base, int64_t micro, int64_t accum, int64_t steps) {
-  TrainConfig c = base;
+  TrainConfig c = timed_config(base, steps, 0);
   c.batch = micro;
   c.accum = accum;
-  c.steps = steps;
-  c.epochs = 0;
-  c.evaluate = false;
-  c.out_dir.clear();
-  c.profile = false;
-  c.progress = 0;
-  c.warmup_excluded = 1;
-  c.schedule = ScheduleConfig{};
-  c.time_limit = 0;
-  c.measure_noise = false;
   return c;
 }
 
