@@ -13,6 +13,7 @@
 #include "core/timer.h"
 #include "dist/comm.h"
 #include "tune/probe.h"
+#include "tune/tune.h"
 
 namespace sat {
 
@@ -121,16 +122,11 @@ bool shared_layout_choice(dist::Comm* comm, const std::string& path, Layout& l, 
 
 namespace {
 
-// The batch tuner's default budget (tune.cpp): on the CPU the available host memory less
-// 20%, shared by the ranks. Every rank takes rank 0's.
+// --memory-budget, or the batch tuner's default (tune.h). Every rank takes rank 0's.
 size_t default_budget(size_t given, dist::Comm* comm, std::string& source) {
-  const int world = comm ? comm->size() : 1;
   double b = double(given);
   source = "--memory-budget";
-  if (!given) {
-    b = double(host_available_memory()) * 0.8 / world;
-    source = world > 1 ? "available host memory less 20%, shared by the ranks" : "available host memory less 20%";
-  }
+  if (!given) b = double(default_host_budget(comm ? comm->size() : 1, source));
   if (comm && comm->size() > 1) comm->broadcast_sync(&b, 1, DType::f64, 0);
   SAT_CHECK(b > 0, "--memory-budget: could not tell how much memory is free; give a budget in bytes");
   return size_t(b);

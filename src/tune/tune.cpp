@@ -30,6 +30,11 @@ float scale_lr(const std::string& optimizer, float lr, int64_t ref, int64_t batc
   return float(double(lr) * k);
 }
 
+size_t default_host_budget(int world, std::string& source) {
+  source = world > 1 ? "available host memory less 20%, shared by the ranks" : "available host memory less 20%";
+  return size_t(double(host_available_memory()) * 0.8 / std::max(1, world));
+}
+
 namespace {
 
 struct Probe {
@@ -213,9 +218,7 @@ void Tuner::set_budget() {
     r_.budget = size_t(double(cuda_free_memory(dev_index_)) * 0.95);
     r_.budget_source = "free GPU memory less 5%";
   } else {
-    r_.budget = size_t(double(host_available_memory()) * 0.8 / world_);
-    r_.budget_source =
-        world_ > 1 ? "available host memory less 20%, shared by the ranks" : "available host memory less 20%";
+    r_.budget = default_host_budget(world_, r_.budget_source);
   }
   SAT_CHECK(r_.budget > 0, "--memory-budget: could not tell how much memory is free; give a budget in bytes");
   agree(comm_, &r_.budget, 1, DType::i64);

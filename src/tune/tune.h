@@ -156,6 +156,10 @@ struct TuneResult {
 // (noise + ref) / (noise + batch); 1 when the noise scale is unknown (0).
 double statistical_efficiency(double noise_scale, int64_t ref, int64_t batch);
 
+// The tuners' default memory budget on the CPU without --memory-budget: the available host
+// memory less 20%, shared by the `world` ranks of the host; `source` says so.
+size_t default_host_budget(int world, std::string& source);
+
 // Runs the whole tuning. `base` supplies everything but batch/accum/steps (optimizer,
 // seed, device, precision, comm). Throws sat::Error on bad settings (exit 2 in the CLI),
 // e.g. when not even a micro-batch of 1 fits the budget.
