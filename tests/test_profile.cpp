@@ -163,8 +163,9 @@ void check_job_traces(const fs::path& trace, const fs::path& out, const sat::Sch
     const json& per_step = summary["ranks"][rank]["comm_bytes_per_step"];
     for (const Step& s : steps) {
       EXPECT_EQ(s.actions, expected) << "rank " << rank << " step " << s.n << ": every action once";
-      // The actions and the collectives make up the step (the rest: metrics, progress).
-      EXPECT_GE(s.actions_time, 0.95 * s.dur) << "rank " << rank << " step " << s.n;
+      // The actions and the collectives make up the step (the rest: metrics, progress, and the
+      // moments a rank waits for a core: two ranks and their communication threads share two).
+      EXPECT_GE(s.actions_time, 0.90 * s.dur) << "rank " << rank << " step " << s.n;
       // The layers (and the loader's hand-off, the gradient buckets' launches) account for the
       // forward and backward actions.
       EXPECT_NEAR(s.layers_time + s.data_time, s.compute_time, 0.05 * s.compute_time) << "rank " << rank;

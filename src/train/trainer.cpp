@@ -652,7 +652,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   if (train_loader_) train_loader_->start_epoch(resume_ ? resume_->epoch : 0, resume_ ? resume_->step_in_epoch * cfg_.accum : 0);
   if (resume_) hooks_->set_epoch(resume_->epoch);
   double last_save = now_seconds();
-  double t_measure = 0, measured_step_seconds = 0, measured_wait = 0;
+  double t_measure = 0;
   StepBreakdown spent;  // summed over the measured steps
   std::unique_ptr<GpuSampler> sampler;
   if (on_gpu()) {
@@ -692,7 +692,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     SAT_CHECK(std::isfinite(loss) || (on_gpu() && cfg_.precision == Precision::fp16), diverged_message(step + 1, loss));
     const double dt = now_seconds() - t0;
     if (profiler_) profiler_->end_step(t0, t0 + dt);
-    if (measured) measured_step_seconds += dt, measured_wait += wait, add_breakdown(spent, st, wait - st.wait_seconds, dt);
+    if (measured) add_breakdown(spent, st, wait - st.wait_seconds, dt);
     StepMetrics sm{step + 1, loss, lr, dt, double(global_batch) / dt};
     if (cfg_.measure_noise) {
       // A step without norms (fp16: skipped for inf/NaN gradients) leaves the estimate as it was.
@@ -759,8 +759,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     r.peak_memory_bytes = cuda_mem_stats().peak;
   }
 #endif
-  gather_ranks(r, measured > 0 ? measured_step_seconds / double(measured) : 0,
-               measured > 0 ? measured_wait / double(measured) : 0, split_tp_comm(per_step(spent, measured)));
+  gather_ranks(r, split_tp_comm(per_step(spent, measured)));
   r.wall_seconds = now_seconds() - t_start;
   return r;
 }
@@ -834,12 +833,13 @@ StepBreakdown Trainer::split_tp_comm(StepBreakdown b) const {
   return b;
 }
 
-// Every rank's place, memory, step time and its breakdown, gathered on every rank.
-void Trainer::gather_ranks(TrainResult& r, double step_seconds, double wait_seconds, const StepBreakdown& t) {
+// Every rank's place, memory, step time and its breakdown (t: this rank's, per measured
+// step; its parts add up to the step), gathered on every rank.
+void Trainer::gather_ranks(TrainResult& r, const StepBreakdown& t) {
   const dist::Mesh& m = *mesh_;
   const GroupBytes& c = r.comm_bytes_per_step;
   std::vector<double> mine{double(m.rank()), double(m.pp_rank()), double(m.dp_rank()), double(m.tp_rank()),
-                           double(r.predicted_memory_bytes), double(r.peak_memory_bytes), step_seconds, wait_seconds,
+                           double(r.predicted_memory_bytes), double(r.peak_memory_bytes), t.total(), t.pipeline_wait,
                            c.tp, c.dp, c.pp, c.embedding, t.compute, t.tp_comm, t.grad_sync, t.pipeline_wait, t.data,
                            t.optimizer, t.other};
   constexpr size_t kFixed = 19;

@@ -105,7 +105,7 @@ class Trainer {
   const ParamStore& unsharded(std::unique_ptr<ParamStore>& keep);
   double step_loss(double loss_sum, int losses, double& wait);
   void finish(TrainResult& r, int64_t total);
-  void gather_ranks(TrainResult& r, double step_seconds, double wait_seconds, const StepBreakdown& b);
+  void gather_ranks(TrainResult& r, const StepBreakdown& t);
   void setup_profiler();
   StepBreakdown split_tp_comm(StepBreakdown b) const;
   GroupBytes traffic() const;
