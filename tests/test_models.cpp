@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "backend/cpu/blas.h"
 #include "core/alloc.h"
 #include "data/dataset.h"
 #include "nn/models.h"
@@ -94,6 +95,113 @@ TEST(ModelFamilies, PresetsAreFamilyMembers) {
   expect_same_model("resnet18", "resnet:18");
   EXPECT_EQ(sat::build_model(sat::model_config("gpt2-124m"), 1).graph->param_count(), 124439808);
   EXPECT_EQ(sat::build_model(sat::model_config("mlp"), 1).graph->param_count(), 1863690);
+}
+
+// ---- model files (--model file:NET.json) -----------------------------------------------
+
+std::string model_file(const std::string& name) { return std::string(SAT_SOURCE_DIR) + "/models/" + name + ".json"; }
+
+// The node names of one rank's graph under a layout: the file inserts the same
+// tensor-parallel communication and splits as the builder.
+std::vector<std::string> node_names(sat::ModelConfig mc, int tp, bool sp, int rank) {
+  mc.tp = tp, mc.tp_rank = rank, mc.sequence_parallel = sp;
+  std::vector<std::string> names;
+  const sat::BuiltModel m = sat::build_model(mc, 2);
+  for (auto& n : m.graph->nodes()) names.push_back(n.name + ":" + n.setup.output.shape.str());
+  for (auto& p : m.graph->params()) names.push_back(p.name + ":" + p.spec.shape.str());
+  return names;
+}
+
+// Every built-in model written as a file (models/) is the same model: layers, shapes,
+// parameters, blocks, FLOPs and plan, and the same rank graphs under tensor parallelism.
+TEST(ModelFile, BuiltinModelsRebuiltFromTheirFiles) {
+  for (const char* m : {"mlp", "convnet", "resnet18", "gpt-mini"}) expect_same_model(m, "file:" + model_file(m));
+  expect_same_model("gpt2-124m", "file:" + model_file("gpt2-124m"), 1);
+  EXPECT_EQ(sat::build_model(sat::model_config("file:" + model_file("gpt2-124m")), 1).graph->param_count(), 124439808);
+  for (auto [m, sp] : {std::pair{"gpt-mini", false}, {"gpt-mini", true}, {"mlp", false}})
+    for (int rank : {0, 1})
+      EXPECT_EQ(node_names(sat::model_config(m), 2, sp, rank),
+                node_names(sat::model_config("file:" + model_file(m)), 2, sp, rank))
+          << m << (sp ? " sequence-parallel" : "") << " rank " << rank;
+}
+
+// ... and trains the same 20 steps, bitwise on the CPU.
+TEST(ModelFile, BuiltinModelsTrainTheSameTrajectory) {
+  sat::cpu::set_num_threads(2);
+  auto losses = [](const std::string& model, int64_t batch) {
+    const sat::ModelConfig mc = sat::model_config(model);
+    sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
+    sat::TrainConfig cfg;
+    cfg.batch = batch;
+    cfg.steps = 20;
+    cfg.optim.name = "adamw";
+    cfg.optim.lr = 1e-3f;
+    cfg.evaluate = false;
+    cfg.progress = 0;
+    sat::Trainer t(mc, cfg, *data.train, nullptr);
+    return t.run().losses;
+  };
+  for (auto [m, batch] : {std::pair{"mlp", 16}, {"convnet", 8}, {"resnet18", 1}, {"gpt-mini", 2}}) {
+    const std::vector<double> a = losses(m, batch), b = losses("file:" + model_file(m), batch);
+    ASSERT_EQ(a.size(), 20u) << m;
+    EXPECT_EQ(a, b) << m;
+    EXPECT_LT(a.back(), a.front()) << m;
+  }
+}
+
+// A file written to a temporary directory, and the error it gives ("" if none).
+std::string file_error(const std::string& text) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / ("sat_model_" + std::to_string(getpid()) + ".json");
+  std::ofstream(p) << text;
+  const std::string e = config_error("file:" + p.string());
+  std::filesystem::remove(p);
+  return e;
+}
+
+// Each mistake in a model file is one sat::Error naming the layer and the field.
+TEST(ModelFile, MistakesNameTheLayerAndTheField) {
+  const std::string head = R"({"inputs": {"x": {"shape": [1, 28, 28]}, "y": {"shape": [], "dtype": "int32"}}, "layers": [)";
+  auto net = [&](const std::string& layers) { return head + layers + "]}"; };
+  const std::string flat = R"({"name": "flat", "type": "flatten"}, )";
+  const std::string loss = R"({"name": "loss", "type": "cross_entropy", "inputs": ["fc", "y"]})";
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {net(flat + R"({"name": "fc", "type": "dense", "out": 10}, )" + loss), {"layer 'fc'", "unknown type 'dense'", "linear"}},
+      {net(flat + R"({"name": "fc", "type": "linear"}, )" + loss), {"layer 'fc' (linear)", "missing field 'out'"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "outs": 10}, )" + loss), {"layer 'fc' (linear)", "unknown field 'outs'"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 10, "in": 100}, )" + loss),
+       {"layer 'fc' (linear)", "'in' is 100 but its input 'flat' has 784 features"}},
+      {net(flat + R"({"name": "conv", "type": "conv2d", "out_channels": 8, "kernel": 3}, )"
+           R"({"name": "fc", "type": "linear", "out": 10}, )" + loss),
+       {"layer 'conv' (conv2d)", "expected images [B, C, H, W] as input, got [1, 784]"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 10, "inputs": ["flt"]}, )" + loss),
+       {"layer 'fc' (linear)", "field 'inputs'", "'flt'", "dangling"}},
+      {net(R"({"name": "a", "type": "relu", "inputs": ["b"]}, {"name": "b", "type": "relu", "inputs": ["a"]}, )"
+           R"({"name": "fc", "type": "linear", "out": 10}, )" + loss),
+       {"layer 'a' (relu)", "field 'inputs'", "cyclic"}},
+      {net(flat + R"({"name": "flat", "type": "linear", "out": 10}, )" + loss), {"layer 'flat' (linear)", "used twice"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 10})"), {"layer 'fc' (linear)", "loss must be a scalar"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 10, "tp": "row"}, )" + loss),
+       {"layer 'fc' (linear)", "\"tp\": \"row\"", "'flat' is whole"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 10, "weight_init": "gauss"}, )" + loss),
+       {"layer 'fc' (linear)", "field 'weight_init'", "'gauss'"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 2.5}, )" + loss), {"layer 'fc' (linear)", "field 'out'"}},
+      {net(flat + R"({"name": "fc", "type": "linear", "out": 10}, {"name": "loss", "type": "cross_entropy"})"),
+       {"layer 'loss' (cross_entropy)", "field 'inputs'"}},
+      {net(flat + R"({"type": "linear", "out": 10}, )" + loss), {"layers[1]", "\"name\""}},
+      {net(flat + R"({"repeat": 1e12, "layers": []}, )" + loss), {"layers[1].repeat"}},
+      {head + "]", {"1:", "expected"}},
+  };
+  for (auto& [text, wants] : cases) {
+    const std::string e = file_error(text);
+    for (auto& want : wants) EXPECT_NE(e.find(want), std::string::npos) << "want '" << want << "' in: " << e << "\nfile: " << text;
+  }
+  EXPECT_EQ(file_error(net(flat + R"({"name": "fc", "type": "linear", "out": 10}, )" + loss)), "");
+  // Tensor-parallel splits that do not divide name the layer too.
+  const sat::ModelConfig mc = sat::model_config("file:" + model_file("mlp"));
+  const std::string e = error_of([&] { sat::check_tensor_parallel(mc, 3, false); });
+  EXPECT_NE(e.find("--tp 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("layer 'fc1' (linear)"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { sat::check_tensor_parallel(mc, 2, true); }).find("--sequence-parallel"), std::string::npos);
 }
 
 TEST(ModelFamilies, SpecOfEveryModel) {

@@ -1,8 +1,10 @@
 // --model strings: the preset names and FAMILY:SPEC (models.h).
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 
+#include "nn/model_file.h"
 #include "nn/models.h"
 
 namespace sat {
@@ -14,7 +16,8 @@ namespace {
 constexpr int64_t kMaxCount = 100'000'000;
 
 const char* const kFamilies =
-    "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], mlp:IN-HIDDEN...-CLASSES, resnet:18|34";
+    "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], mlp:IN-HIDDEN...-CLASSES, resnet:18|34, "
+    "file:NET.json";
 
 // A positive integer, the whole of `text`; sat::Error naming the spec and `what` otherwise.
 int64_t positive(const std::string& spec, const std::string& what, const std::string& text) {
@@ -126,6 +129,7 @@ ModelConfig parse_family(const std::string& spec) {
   c.name = spec;
   const size_t colon = spec.find(':');
   const std::string family = spec.substr(0, colon), body = spec.substr(colon + 1);
+  if (family == "file") return model_file_config(spec, body);
   if (family == "gpt") parse_gpt(c, spec, body);
   else if (family == "mlp") parse_mlp(c, spec, body);
   else if (family == "resnet") parse_resnet(c, spec, body);
@@ -146,6 +150,7 @@ const char* family_name(ModelFamily f) {
     case ModelFamily::convnet: return "convnet";
     case ModelFamily::resnet: return "resnet";
     case ModelFamily::gpt: return "gpt";
+    case ModelFamily::file: return "file";
   }
   return "?";
 }
@@ -181,6 +186,7 @@ std::string float_text(float x) {
 
 std::string model_spec(const ModelConfig& c) {
   switch (c.family) {
+    case ModelFamily::file: return "file:" + c.file->path;
     case ModelFamily::convnet: return "convnet";
     case ModelFamily::resnet: return str_cat("resnet:", c.resnet_depth);
     case ModelFamily::mlp: {
@@ -197,6 +203,13 @@ std::string model_spec(const ModelConfig& c) {
 
 std::string describe_model(const ModelConfig& c) {
   switch (c.family) {
+    case ModelFamily::file: {
+      char crc[16];
+      std::snprintf(crc, sizeof crc, "%08x", c.file->crc);
+      return str_cat(c.file->layers.size(), " layers from ", c.file->path, " (hash ", crc, "); input ",
+                     c.tokens ? str_cat(c.seq_len, " tokens") : c.image.str(), ", ", c.classes,
+                     c.tokens ? " vocabulary" : " classes");
+    }
     case ModelFamily::convnet: return str_cat("input ", c.image.str(), ", ", c.classes, " classes");
     case ModelFamily::resnet:
       return str_cat("ResNet-", c.resnet_depth, ": BasicBlocks ", c.resnet_depth == 18 ? "2, 2, 2, 2" : "3, 4, 6, 3",

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "nn/blocks.h"
+#include "nn/model_file.h"
 #include "nn/layers/activation.h"
 #include "nn/layers/attention.h"
 #include "nn/layers/batchnorm.h"
@@ -47,9 +49,24 @@ void check_gpt_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             " does not divide by --tp ", tp);
 }
 
+// A model file's layers check their own splits: one rank's graph is built for one sample.
+void check_file_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
+  SAT_CHECK(!sp || c.tokens, "--sequence-parallel: ", c.name, " has no token sequence to split");
+  SAT_CHECK(!sp || c.seq_len % tp == 0, "--sequence-parallel: ", c.name, "'s sequence length ", c.seq_len,
+            " does not divide by --tp ", tp);
+  ModelConfig one = c;
+  one.tp = tp, one.tp_rank = 0, one.sequence_parallel = sp;
+  try {
+    build_model(one, 1);
+  } catch (const Error& e) {
+    fail("--tp ", tp, ": ", e.what());
+  }
+}
+
 }  // namespace
 
 bool has_tensor_parallel_form(const ModelConfig& c) {
+  if (c.family == ModelFamily::file) return file_has_tensor_parallel(*c.file);
   return c.family == ModelFamily::gpt || (c.family == ModelFamily::mlp && c.mlp_widths.size() >= 4);
 }
 
@@ -62,7 +79,8 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             "mlp with two hidden layers or more, such as mlp, and gpt, such as gpt-mini and gpt2-124m; use --tp 1, or "
             "--pp / data parallelism)");
   if (c.family == ModelFamily::mlp) check_mlp_tensor_parallel(c, tp, sp);
-  else check_gpt_tensor_parallel(c, tp, sp);
+  else if (c.family == ModelFamily::gpt) check_gpt_tensor_parallel(c, tp, sp);
+  else check_file_tensor_parallel(c, tp, sp);
 }
 
 Recompute parse_recompute(const std::string& s) {
@@ -79,6 +97,12 @@ const char* recompute_name(Recompute r) {
 void check_recompute(const ModelConfig& c) {
   if (c.recompute == Recompute::none) return;
   const std::string mode = recompute_name(c.recompute);
+  if (c.family == ModelFamily::file) {
+    const bool ok = c.recompute == Recompute::full ? file_has_recompute_units(*c.file) : file_has_attention(*c.file);
+    SAT_CHECK(ok, "--recompute ", mode, ": ", c.name, " has no ", c.recompute == Recompute::full ?
+              "recompute units (the composites transformer_block and basic_block are)" : "attention to recompute");
+    return;
+  }
   const bool gpt = c.family == ModelFamily::gpt, resnet = c.family == ModelFamily::resnet;
   if (c.recompute == Recompute::selective)
     SAT_CHECK(gpt, "--recompute selective: ", c.name, " has no attention to recompute (models with attention: gpt, "
@@ -88,15 +112,6 @@ void check_recompute(const ModelConfig& c) {
 }
 
 namespace {
-
-int conv_bn(Graph& g, const std::string& conv, const std::string& bn, int x, int64_t cin, int64_t cout,
-            int64_t k, int64_t stride, int64_t pad, ParamInit w) {
-  x = g.add<Conv2d>(conv, {x}, cin, cout, k, stride, pad, false, w);
-  return g.add<BatchNorm2d>(bn, {x}, cout);
-}
-
-// torchvision's ResNet init: kaiming_normal_(mode="fan_out", nonlinearity="relu").
-ParamInit kaiming_fan_out(int64_t cout, int64_t k) { return ParamInit::normal(std::sqrt(2.0f / float(cout * k * k))); }
 
 // flatten, then per hidden width i fc i and relu i, then the output layer fc k+1. Tensor
 // parallel (tp > 1): the hidden layers in pairs (mlp_split), a column-parallel fc whose
@@ -161,25 +176,15 @@ void build_resnet(BuiltModel& m, Graph& g) {
   const int* blocks = per_stage[c.resnet_depth == 18 ? 0 : 1];
   // Blocks: the stem, each BasicBlock (a recompute unit), the head.
   g.begin_block();
-  int x = conv_bn(g, "conv1", "bn1", m.x, C, 64, 3, 1, 1, kaiming_fan_out(64, 3));
+  int x = add_conv_bn(g, "conv1", "bn1", m.x, C, 64, 3, 1, 1);
   x = g.add<ReLU>("relu", {x});
   int64_t cin = 64;
   const int64_t widths[4] = {64, 128, 256, 512};
   for (int l = 0; l < 4; ++l) {
     for (int b = 0; b < blocks[l]; ++b) {
-      std::string p = "layer" + std::to_string(l + 1) + "." + std::to_string(b) + ".";
-      int64_t w = widths[l], stride = (l > 0 && b == 0) ? 2 : 1;
+      const int64_t w = widths[l], stride = (l > 0 && b == 0) ? 2 : 1;
       g.begin_block();
-      g.begin_recompute();
-      int h = conv_bn(g, p + "conv1", p + "bn1", x, cin, w, 3, stride, 1, kaiming_fan_out(w, 3));
-      h = g.add<ReLU>(p + "relu1", {h});
-      h = conv_bn(g, p + "conv2", p + "bn2", h, w, w, 3, 1, 1, kaiming_fan_out(w, 3));
-      int shortcut = x;
-      if (stride != 1 || cin != w)
-        shortcut = conv_bn(g, p + "downsample.0", p + "downsample.1", x, cin, w, 1, stride, 0, kaiming_fan_out(w, 1));
-      x = g.add<Add>(p + "add", {h, shortcut});
-      x = g.add<ReLU>(p + "relu2", {x});
-      g.end_recompute();
+      x = add_basic_block(g, "layer" + std::to_string(l + 1) + "." + std::to_string(b), x, cin, w, stride);
       cin = w;
     }
   }
@@ -189,25 +194,6 @@ void build_resnet(BuiltModel& m, Graph& g) {
   m.logits = g.add<Linear>("fc", {x}, 512, c.classes);
 }
 
-// The entry and exit of a tensor-parallel region of GPT (Megatron's conjugate operators):
-// with sequence parallelism the residual stream is this rank's rows, gathered on entry and
-// reduce-scattered on exit; without it the stream is whole on every rank, copied on entry
-// (all-reduce of its gradient) and all-reduced on exit.
-struct GptRegions {
-  Graph& g;
-  TPRank tp;
-  bool sp;
-  Shape full;  // [B, T, C]
-  int enter(const std::string& name, int x) {
-    if (!tp.on()) return x;
-    return sp ? g.add<TPAllGather>(name + ".all_gather", {x}, tp, full) : g.add<TPCopy>(name + ".copy", {x}, tp);
-  }
-  int leave(const std::string& name, int x) {
-    if (!tp.on()) return x;
-    return sp ? g.add<TPReduceScatter>(name + ".reduce_scatter", {x}, tp) : g.add<TPAllReduce>(name + ".all_reduce", {x}, tp);
-  }
-};
-
 // nanoGPT's GPT-2: pre-LayerNorm blocks, learned positions, tied lm_head, N(0, 0.02)
 // init with the residual projections scaled by 1/sqrt(2 * n_layer). Tensor parallel as
 // Megatron-LM: a vocabulary-parallel embedding and head, per block qkv column-parallel
@@ -215,54 +201,29 @@ struct GptRegions {
 // projection row-parallel, the MLP's c_fc column- and c_proj row-parallel.
 void build_gpt(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
-  const int64_t C = c.n_embd;
-  const TPRank tp{c.tp, c.tp_rank};
-  const bool sp = tp.on() && c.sequence_parallel;
-  GptRegions region{g, tp, sp, Shape{m.x_shape[0], m.x_shape[1], C}};
-  const LinearTP col{LinearTP::Split::column, tp}, qkv{LinearTP::Split::column, tp, 3}, row{LinearTP::Split::row, tp};
-  const TPRank rows = sp ? tp : TPRank{};  // dropout on this rank's rows
-  ParamInit w02 = ParamInit::normal(0.02f), zero = ParamInit::zeros();
-  ParamInit wproj = ParamInit::normal(0.02f / std::sqrt(2.0f * float(c.n_layer)));
+  TokenRegions region = token_regions(g, c, m.x_shape);
   // Blocks: the transformer layers (Megatron's); the embedding belongs to the first and
-  // the final LayerNorm and output head to the last. Each transformer layer proper (ln_1
-  // to add2) is a recompute unit.
+  // the final LayerNorm and output head to the last.
   g.begin_block();
-  int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f, tp);
-  x = region.leave("transformer", x);
-  if (c.dropout > 0) x = g.add<Dropout>("transformer.drop", {x}, c.dropout, rows);
+  int x = add_gpt_embedding(g, region, "transformer", m.x, c.vocab, c.seq_len, c.n_embd, c.dropout);
+  const TransformerBlock block{c.n_head, c.dropout, c.n_layer, c.recompute == Recompute::selective};
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    std::string p = "transformer.h." + std::to_string(l) + ".";
     if (l > 0) g.begin_block();
-    g.begin_recompute();
-    int h = g.add<LayerNorm>(p + "ln_1", {x}, C, 1e-5f, sp);
-    h = region.enter(p + "attn", h);
-    h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero, "", qkv);
-    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, c.n_head / tp.parts,
-                                   c.recompute == Recompute::selective);
-    h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero, "", row);
-    h = region.leave(p + "attn", h);
-    if (c.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, c.dropout, rows);
-    x = g.add<Add>(p + "add1", {x, h});
-    h = g.add<LayerNorm>(p + "ln_2", {x}, C, 1e-5f, sp);
-    h = region.enter(p + "mlp", h);
-    h = g.add<Linear>(p + "mlp.c_fc", {h}, C, 4 * C, true, w02, zero, "", col);
-    h = g.add<GELU>(p + "mlp.gelu", {h});
-    h = g.add<Linear>(p + "mlp.c_proj", {h}, 4 * C, C, true, wproj, zero, "", row);
-    h = region.leave(p + "mlp", h);
-    if (c.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, c.dropout, rows);
-    x = g.add<Add>(p + "add2", {x, h});
-    g.end_recompute();
+    x = add_transformer_block(g, region, "transformer.h." + std::to_string(l), x, block);
   }
-  x = g.add<LayerNorm>("transformer.ln_f", {x}, C, 1e-5f, sp);
+  x = g.add<LayerNorm>("transformer.ln_f", {x}, c.n_embd, 1e-5f, region.sp);
   x = region.enter("lm_head", x);
-  m.logits = g.add<Linear>("lm_head", {x}, C, c.vocab, false, w02, zero, "transformer.wte.weight", col);
+  const LinearTP col{LinearTP::Split::column, region.tp};
+  m.logits = g.add<Linear>("lm_head", {x}, c.n_embd, c.vocab, false, ParamInit::normal(0.02f), ParamInit::zeros(),
+                           "transformer.wte.weight", col);
 }
 
 }  // namespace
 
 BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
-  check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);
+  const bool file = cfg.family == ModelFamily::file;
+  if (!file) check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);  // a file's layers check it as they are built
   check_recompute(cfg);
   BuiltModel m;
   m.config = cfg;
@@ -270,7 +231,13 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
   Graph& g = *m.graph;
   g.set_recompute(training && cfg.recompute == Recompute::full);
   if (!stage.empty()) g.keep_nodes(stage);
-  if (cfg.tokens) {
+  if (file) {
+    std::vector<int64_t> dims{B};
+    for (int64_t d : cfg.file->inputs[0].shape.vec()) dims.push_back(d);
+    m.x_shape = Shape(dims);
+    m.y_shape = cfg.tokens ? Shape{B, cfg.seq_len} : Shape{B};
+    m.x_dtype = cfg.file->inputs[0].dtype;
+  } else if (cfg.tokens) {
     m.x_shape = Shape{B, cfg.seq_len};
     m.y_shape = Shape{B, cfg.seq_len};
     m.x_dtype = DType::i32;
@@ -278,13 +245,19 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
     m.x_shape = Shape{B, cfg.image[0], cfg.image[1], cfg.image[2]};
     m.y_shape = Shape{B};
   }
-  m.x = g.input("x", m.x_shape, m.x_dtype);
-  m.y = g.input("y", m.y_shape, DType::i32);
+  m.x = g.input(file ? cfg.file->inputs[0].name : "x", m.x_shape, m.x_dtype);
+  m.y = g.input(file ? cfg.file->inputs[1].name : "y", m.y_shape, DType::i32);
   switch (cfg.family) {
     case ModelFamily::mlp: build_mlp(m, g); break;
     case ModelFamily::convnet: build_convnet(m, g); break;
     case ModelFamily::resnet: build_resnet(m, g); break;
     case ModelFamily::gpt: build_gpt(m, g); break;
+    case ModelFamily::file: build_from_file(m, g); break;
+  }
+  if (file) {
+    g.set_logits(m.logits);
+    g.set_loss(m.loss);
+    return m;
   }
   m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y}, cfg.tokens ? TPRank{cfg.tp, cfg.tp_rank} : TPRank{});
   g.set_logits(m.logits);

@@ -23,7 +23,8 @@ const char* recompute_name(Recompute r);
 
 // The families --model builds: a preset name (model_names()) or FAMILY:SPEC (see
 // model_config).
-enum class ModelFamily { mlp, convnet, resnet, gpt };
+enum class ModelFamily { mlp, convnet, resnet, gpt, file };
+struct ModelFile;  // model_file.h: --model file:NET.json
 
 struct ModelConfig {
   std::string name;           // as given to --model: printed, and written to summary.json
@@ -44,6 +45,7 @@ struct ModelConfig {
   int tp = 1, tp_rank = 0;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
+  std::shared_ptr<const ModelFile> file;  // ModelFamily::file: the checked file
 };
 
 // The preset names: mlp, convnet, resnet18, gpt-mini, gpt2-124m.
@@ -53,6 +55,7 @@ const std::vector<std::string>& model_names();
 //   gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]  (keys in any order)
 //   mlp:IN-HIDDEN...-CLASSES                                    (any number of hidden layers)
 //   resnet:18 | resnet:34                                       (CIFAR stem: 3x3 conv, no max-pool)
+//   file:NET.json                                               (any network of saturate's layers: model_file.h)
 // The presets are family members: mlp = mlp:784-1024-1024-10, resnet18 = resnet:18,
 // gpt-mini = gpt:layers=4,heads=4,width=256,context=128,vocab=4096, gpt2-124m =
 // gpt:layers=12,heads=12,width=768,context=1024,vocab=50257.

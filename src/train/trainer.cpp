@@ -154,6 +154,11 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
 void fit_to_data(ModelConfig& mc, const Dataset& train) {
   if (mc.tokens) return;
   const Shape sample = train.sample_shape();
+  if (mc.family == ModelFamily::file) {  // the file fixes its input
+    SAT_CHECK(sample == mc.image, "--data ", train.name(), " has samples of shape ", sample.str(), " but --model ",
+              mc.name, " declares its input as ", mc.image.str());
+    return;
+  }
   if (mc.family != ModelFamily::mlp) {
     mc.image = sample;
     mc.classes = train.num_classes();
