@@ -125,30 +125,6 @@ TEST(ModelFile, BuiltinModelsRebuiltFromTheirFiles) {
           << m << (sp ? " sequence-parallel" : "") << " rank " << rank;
 }
 
-// ... and trains the same 20 steps, bitwise on the CPU.
-TEST(ModelFile, BuiltinModelsTrainTheSameTrajectory) {
-  sat::cpu::set_num_threads(2);
-  auto losses = [](const std::string& model, int64_t batch) {
-    const sat::ModelConfig mc = sat::model_config(model);
-    sat::DataSplit data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));
-    sat::TrainConfig cfg;
-    cfg.batch = batch;
-    cfg.steps = 20;
-    cfg.optim.name = "adamw";
-    cfg.optim.lr = 1e-3f;
-    cfg.evaluate = false;
-    cfg.progress = 0;
-    sat::Trainer t(mc, cfg, *data.train, nullptr);
-    return t.run().losses;
-  };
-  for (auto [m, batch] : {std::pair{"mlp", 16}, {"convnet", 8}, {"resnet18", 1}, {"gpt-mini", 2}}) {
-    const std::vector<double> a = losses(m, batch), b = losses("file:" + model_file(m), batch);
-    ASSERT_EQ(a.size(), 20u) << m;
-    EXPECT_EQ(a, b) << m;
-    EXPECT_LT(a.back(), a.front()) << m;
-  }
-}
-
 // A file written to a temporary directory, and the error it gives ("" if none).
 std::string file_error(const std::string& text) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() / ("sat_model_" + std::to_string(getpid()) + ".json");

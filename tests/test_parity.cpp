@@ -86,7 +86,10 @@ void check_checksums(const sat::ParamStore& ps, const json& sums, const std::str
 void run_parity(const std::string& golden_name) {
   sat::cpu::set_num_threads(2);
   json g = load_golden(golden_name);
-  sat::ModelConfig mc = sat::model_config(g["model"]);
+  // A model file's path is relative to the repository.
+  std::string model = g["model"];
+  if (model.rfind("file:", 0) == 0) model = "file:" + std::string(SAT_SOURCE_DIR) + "/" + model.substr(5);
+  sat::ModelConfig mc = sat::model_config(model);
   if (!mc.tokens) {
     auto chw = g["input"]["chw"];
     mc.image = sat::Shape{chw[0].get<int64_t>(), chw[1].get<int64_t>(), chw[2].get<int64_t>()};
@@ -185,3 +188,6 @@ TEST(Parity, Resnet18Sgd) { run_parity("resnet18_sgd"); }
 TEST(Parity, Resnet18Adamw) { run_parity("resnet18_adamw"); }
 TEST(Parity, GptMiniSgd) { run_parity("gpt-mini_sgd"); }
 TEST(Parity, GptMiniAdamw) { run_parity("gpt-mini_adamw"); }
+// A network that exists only as a model file (models/examples/branchnet.json: a branch and
+// a 1x1 shortcut merged by add), against bench/peer/model_file.py's module of the file.
+TEST(Parity, ModelFileBranchnetAdamw) { run_parity("branchnet_adamw"); }

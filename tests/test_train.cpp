@@ -322,3 +322,15 @@ TEST(NoiseDuringTraining, StepMetricsFollowTheMovingAverageOfTheNorms) {
   EXPECT_GT(r.noise_scale, 0);
   std::printf("mlp, micro-batch 16 x 2: noise scale %.3g after 25 steps\n", r.noise_scale);
 }
+
+// Every built-in model written as a file (models/, --model file:PATH) trains the same 20
+// steps as the built-in, bitwise on the CPU (test_models checks the graphs and plans).
+TEST(ModelFile, BuiltinModelsTrainTheSameTrajectory) {
+  for (auto [m, batch] : {std::pair{"mlp", 16}, {"convnet", 8}, {"resnet18", 1}, {"gpt-mini", 2}}) {
+    const std::string file = "file:" + std::string(SAT_SOURCE_DIR) + "/models/" + m + ".json";
+    const std::vector<double> a = losses(m, batch, 1, 20, "adamw"), b = losses(file, batch, 1, 20, "adamw");
+    ASSERT_EQ(a.size(), 20u) << m;
+    EXPECT_EQ(a, b) << m;
+    EXPECT_LT(a.back(), a.front()) << m;
+  }
+}
