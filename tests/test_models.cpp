@@ -14,7 +14,6 @@
 #include <map>
 #include <string>
 
-#include "backend/cpu/blas.h"
 #include "core/alloc.h"
 #include "data/dataset.h"
 #include "nn/models.h"

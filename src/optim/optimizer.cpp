@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -93,10 +94,17 @@ ScheduleConfig resolve_schedule(ScheduleConfig s) {
   SAT_CHECK(s.name == "constant" || s.name == "step" || s.name == "cosine",
             "--schedule: expected constant, step or cosine, got '", s.name, "'");
   SAT_CHECK(s.warmup >= 0, "--warmup: expected a number of steps >= 0");
+  SAT_CHECK(s.warmup_fraction >= 0 && s.warmup_fraction <= 1, "--warmup: expected a share of the steps in [0, 1]");
   return s;
 }
 
-float schedule_lr(const ScheduleConfig& s, float base, int64_t step, int64_t total) {
+int64_t warmup_steps(const ScheduleConfig& s, int64_t total) {
+  return std::max<int64_t>(s.warmup, int64_t(std::ceil(s.warmup_fraction * double(std::max<int64_t>(total, 0)))));
+}
+
+float schedule_lr(const ScheduleConfig& schedule, float base, int64_t step, int64_t total) {
+  ScheduleConfig s = schedule;
+  s.warmup = warmup_steps(schedule, total);
   if (s.warmup > 0 && step < s.warmup) return base * float(step + 1) / float(s.warmup);
   if (s.name == "constant") return base;
   if (s.name == "step") {

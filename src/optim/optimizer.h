@@ -41,11 +41,14 @@ class Optimizer {
 struct ScheduleConfig {
   std::string name = "constant";  // constant | step | cosine
   int64_t warmup = 0;             // linear warm-up steps (all schedules)
+  double warmup_fraction = 0;     // or this share of the run's steps, whichever is more
   int64_t step_size = 0;          // step: decay every step_size steps (0: a third of the run)
   float gamma = 0.1f;             // step: factor per decay
   float min_lr_ratio = 0.0f;      // cosine: final lr / base lr
 };
 ScheduleConfig resolve_schedule(ScheduleConfig s);
+// The warm-up steps of a run of `total` optimizer steps.
+int64_t warmup_steps(const ScheduleConfig& s, int64_t total);
 // Learning rate of optimizer step `step` (0-based) out of `total`.
 float schedule_lr(const ScheduleConfig& s, float base_lr, int64_t step, int64_t total);
 

@@ -81,7 +81,7 @@ std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, co
                  ";test_samples=", test ? test->size() : -1, ";batch=", cfg.batch, ";accum=", cfg.accum,
                  ";epochs=", cfg.epochs, ";steps=", cfg.steps, ";optimizer=", o.name, ";lr=", o.lr,
                  ";momentum=", o.momentum, ";nesterov=", o.nesterov, ";weight_decay=", o.weight_decay,
-                 ";betas=", o.beta1, ",", o.beta2, ",", o.eps, ";schedule=", s.name, ";warmup=", s.warmup,
+                 ";betas=", o.beta1, ",", o.beta2, ",", o.eps, ";schedule=", s.name, ";warmup=", s.warmup, ",", s.warmup_fraction,
                  ";step_size=", s.step_size, ";gamma=", s.gamma, ";seed=", cfg.seed, ";shuffle=", cfg.shuffle,
                  ";eval=", cfg.evaluate, ";tp=", cfg.tp, ";sequence_parallel=", cfg.sequence_parallel,
                  ";recompute=", int(cfg.recompute), ";pp=", cfg.pp, ";pp_schedule=", int(cfg.pp_schedule),

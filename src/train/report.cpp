@@ -144,7 +144,8 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["steps"] = r.steps;
   s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
                     {"nesterov", cfg.optim.nesterov}, {"weight_decay", resolve_optim(cfg.optim).weight_decay}};
-  s["schedule"] = {{"name", info.schedule_name}, {"warmup", cfg.schedule.warmup}};
+  s["schedule"] = {{"name", info.schedule_name}, {"warmup", cfg.schedule.warmup},
+                   {"warmup_fraction", cfg.schedule.warmup_fraction}};
   s["seed"] = info.seed;
   s["final_train_loss"] = r.final_train_loss;
   if (r.test) {
