@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "backend/device.h"
 #include "run_command.h"
@@ -618,5 +620,84 @@ TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
   EXPECT_NE(w.out.find("error on rank 0: the data-parallel replicas disagree"), std::string::npos) << w.out;
   // The same flags and file on both: trains.
   CmdResult ok = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "a.safetensors").string());
+  EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+namespace {
+
+// A safetensors file's tensors: name -> shape (its JSON header; __metadata__ left out).
+std::map<std::string, std::vector<int64_t>> safetensors_shapes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  std::map<std::string, std::vector<int64_t>> out;
+  const nlohmann::json j = nlohmann::json::parse(header);  // (items() of a temporary would dangle)
+  for (auto& [name, t] : j.items())
+    if (name != "__metadata__") out[name] = t["shape"].get<std::vector<int64_t>>();
+  return out;
+}
+
+// The predicted bytes of the kind `what` ("activations") in saturate info's plan.
+double info_plan_bytes(const std::string& args, const std::string& what) {
+  CmdResult r = saturate("info " + args);
+  EXPECT_EQ(r.status, 0) << r.out;
+  const size_t at = r.out.find("\n  " + what);
+  if (at == std::string::npos) ADD_FAILURE() << "no '" << what << "' line in:\n" << r.out;
+  return at == std::string::npos ? -1 : std::strtod(r.out.c_str() + r.out.find_first_of("0123456789", at), nullptr);
+}
+
+// Mistakes that are not the parser's: exactly one line, naming the flag or file.
+void expect_one_line_error(const CmdResult& r, const std::string& must_mention) {
+  expect_user_error(r, must_mention);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+}  // namespace
+
+// --seq-len T: gpt-mini learns on windows of 64 of its 128 positions, plans less
+// activation memory for them, and its weights keep the full context's shapes (they load
+// into a run without --seq-len).
+TEST(Cli, SeqLenTrainsOnShorterWindows) {
+  fs::path d = tmpdir("seqlen");
+  CmdResult r = saturate("train --model gpt-mini --data synthetic --seq-len 64 --batch 4 --steps 24 --optimizer adamw "
+                         "--lr 0.003 --threads 1 --eval off --out " + (d / "run").string() + " --save-weights " +
+                         (d / "w64.safetensors").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::vector<double> loss;
+  std::ifstream mf(d / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(mf, line);) loss.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  ASSERT_EQ(loss.size(), 24u);
+  const double first = (loss[0] + loss[1] + loss[2]) / 3, last = (loss[21] + loss[22] + loss[23]) / 3;
+  EXPECT_LT(last, first - 0.5) << "first steps " << first << ", last steps " << last;
+  const double a64 = info_plan_bytes("--model gpt-mini --batch 4 --seq-len 64", "activations");
+  const double a128 = info_plan_bytes("--model gpt-mini --batch 4", "activations");
+  EXPECT_GT(a64, 0);
+  EXPECT_LT(a64, 0.6 * a128) << "activations at T=64: " << a64 << ", at T=128: " << a128;
+  const double s64 = info_plan_bytes("--model gpt-mini --batch 4 --seq-len 64", "saved for backward");
+  EXPECT_LT(s64, 0.6 * info_plan_bytes("--model gpt-mini --batch 4", "saved for backward"));
+  CmdResult full = saturate("train --model gpt-mini --data synthetic --batch 2 --steps 1 --threads 1 --eval off "
+                            "--init-weights " + (d / "w64.safetensors").string() + " --save-weights " +
+                            (d / "w128.safetensors").string());
+  ASSERT_EQ(full.status, 0) << full.out;
+  const auto shapes64 = safetensors_shapes(d / "w64.safetensors"), shapes128 = safetensors_shapes(d / "w128.safetensors");
+  EXPECT_EQ(shapes64, shapes128);
+  ASSERT_TRUE(shapes64.count("transformer.wpe.weight"));
+  EXPECT_EQ(shapes64.at("transformer.wpe.weight"), (std::vector<int64_t>{128, 256}));
+}
+
+TEST(Cli, SeqLenMistakesAreRefused) {
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --seq-len 129"), "--seq-len");
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --seq-len 0"), "--seq-len");
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --seq-len x"), "--seq-len");
+  expect_one_line_error(saturate("train --model mlp --data synthetic --steps 1 --seq-len 64"),
+                        "--seq-len applies to the GPT models only");
+  expect_one_line_error(saturate("tune --model convnet --data synthetic --seq-len 8"), "--seq-len");
+  expect_one_line_error(saturate("info --model gpt-mini --seq-len 200"), "--seq-len: expected a window of 1 to 128");
+  // Sequence parallelism splits the window, not the context.
+  expect_one_line_error(saturate("info --model gpt-mini --tp 2 --sequence-parallel --seq-len 63"),
+                        "sequence length 63 (--seq-len) does not divide by --tp 2");
+  CmdResult ok = saturate("info --model gpt-mini --tp 2 --sequence-parallel --seq-len 64");
   EXPECT_EQ(ok.status, 0) << ok.out;
 }

@@ -78,6 +78,7 @@ struct TrainArgs {
   std::string model = "mlp", data = "fashion-mnist", optimizer = "sgd", schedule = "constant", shuffle = "on";
   std::string batch = "64";  // a number or "auto"
   int64_t accum = 1, epochs = 1, steps = 0, warmup = 0, step_size = 0, vocab = 0;
+  int64_t seq_len = 0;  // --seq-len: GPT models' window (0: the context)
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
   bool nesterov = false, profile = false, noise_scale = false, overwrite = false;
@@ -155,6 +156,7 @@ sat::ModelConfig model_for(const TrainArgs& a) {
     SAT_CHECK(mc.tokens, "--vocab applies to the GPT models only, not --model ", a.model);
     mc.vocab = mc.classes = a.vocab;
   }
+  sat::set_seq_len(mc, a.seq_len);
   return mc;
 }
 
@@ -275,6 +277,10 @@ std::string tune_cache_dir(const std::string& key) {
   return base + "/saturate/tune/" + hex;
 }
 
+// A window other than the context is another tuning problem; without --seq-len the key
+// (and so every existing cache entry) stays as it was.
+std::string seq_len_key(const TrainArgs& a) { return a.seq_len > 0 ? sat::str_cat("|seq_len ", a.seq_len) : ""; }
+
 // A cached report goes with this run's output too (best effort: the cache is only a copy).
 void copy_tune_files(const std::filesystem::path& from, const std::string& to) {
   try {
@@ -319,7 +325,7 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
                                        "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
                                        a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
                                        sat::cpu::num_threads(),
-                                       a.recompute == "none" ? "" : "|recompute " + a.recompute);
+                                       a.recompute == "none" ? "" : "|recompute " + a.recompute, seq_len_key(a));
   const std::filesystem::path cache = tune_cache_dir(key);
   if (!tune_only) {
     // Rank 0 reads the cache (input like any other: sat::read_tune_choice refuses what
@@ -464,7 +470,7 @@ std::filesystem::path layout_cache(const TrainArgs& a, const sat::ModelConfig& m
                                    const sat::LayoutTuneConfig& t, const sat::TrainConfig& cfg, int world) {
   return tune_cache_dir(sat::str_cat("layout|", mc.name, "|", data.description, "|", world, "|", a.memory_budget, "|",
                                      t.global_batch, "|", sat::filter_str(t.filter), "|", t.candidates, "|",
-                                     cfg.optim.name, "|", cfg.optim.momentum, "|", sat::cpu::num_threads()));
+                                     cfg.optim.name, "|", cfg.optim.momentum, "|", sat::cpu::num_threads(), seq_len_key(a)));
 }
 
 // --layout (train and tune): the planner's best layouts for these ranks, timed, or train's
@@ -750,7 +756,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
 
 struct InfoArgs {
   std::string model = "mlp", optimizer = "sgd", pp_schedule = "1f1b", pp_split;
-  int64_t batch = 64, vocab = 0, accum = 1;
+  int64_t batch = 64, vocab = 0, accum = 1, seq_len = 0;
   double momentum = 0;
   int ranks = 1, zero = 0, pp = 1, virtual_stages = 1, tp = 1;
   bool sequence_parallel = false;
@@ -830,6 +836,7 @@ int run_info(const InfoArgs& ia) {
   TrainArgs a;
   a.model = ia.model;
   a.vocab = ia.vocab;
+  a.seq_len = ia.seq_len;
   a.pp = ia.pp;
   a.tp = ia.tp;
   a.sequence_parallel = ia.sequence_parallel;
@@ -951,6 +958,8 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255");
   t->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
   t->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
+  t->add_option("--seq-len", a.seq_len, "GPT models: train on windows of T tokens, T <= the model's context "
+                "(default: the context; the weights keep the context's shapes)");
   t->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
   t->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
   t->add_option("--checkpoint-dir", a.checkpoint_dir, "write checkpoints (parameters, optimizer, data position) here");
@@ -1013,6 +1022,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--accum", {1, 1 << 20}},         {"--epochs", {1, 1000000}},
       {"--steps", {1, 1LL << 40}},       {"--warmup", {0, 1LL << 40}},
       {"--step-size", {0, 1LL << 40}},   {"--vocab", {0, 1 << 30}},
+      {"--seq-len", {1, 1 << 30}},
       {"--threads", {0, 1024}},          {"--zero", {0, 3}},
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
@@ -1103,6 +1113,7 @@ int main(int argc, char** argv) {
   info->add_option("--optimizer", ia.optimizer, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
   info->add_option("--momentum", ia.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ia.vocab, "GPT models: vocabulary size");
+  info->add_option("--seq-len", ia.seq_len, "GPT models: the plan for windows of T <= context tokens");
   info->add_option("--ranks", ia.ranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
   info->add_option("--zero", ia.zero, "ZeRO stage over the ranks: 1 optimizer state, 2 + gradients, 3 + parameters")->capture_default_str();
   info->add_option("--pp", ia.pp, "pipeline stages: print every stage's plan")->capture_default_str();

@@ -43,8 +43,9 @@ void check_gpt_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   SAT_CHECK(c.vocab % tp == 0, "--tp ", tp, ": ", c.name, "'s vocabulary of ", c.vocab, " tokens does not divide by ",
             tp, " (the embedding and output head are split by vocabulary): pad it, as Megatron-LM does, with --vocab ",
             padded);
+  // The window is what is split (the graph's T), not the context.
   SAT_CHECK(!sp || c.seq_len % tp == 0, "--sequence-parallel: ", c.name, "'s sequence length ", c.seq_len,
-            " does not divide by --tp ", tp);
+            c.seq_len < c.context ? " (--seq-len)" : "", " does not divide by --tp ", tp);
 }
 
 }  // namespace
@@ -85,6 +86,14 @@ void check_recompute(const ModelConfig& c) {
               "such as gpt-mini and gpt2-124m; resnet supports --recompute full)");
   SAT_CHECK(gpt || resnet, "--recompute ", mode, ": ", c.name, " has no recomputable blocks (--recompute full: gpt "
             "and resnet, such as gpt-mini, gpt2-124m and resnet18; selective: gpt)");
+}
+
+void set_seq_len(ModelConfig& c, int64_t T) {
+  if (T == 0) return;
+  SAT_CHECK(c.tokens, "--seq-len applies to the GPT models only, not --model ", c.name);
+  SAT_CHECK(T >= 1 && T <= c.context, "--seq-len: expected a window of 1 to ", c.context, " tokens (", c.name,
+            "'s context), got ", T);
+  c.seq_len = T;
 }
 
 namespace {
@@ -227,7 +236,7 @@ void build_gpt(BuiltModel& m, Graph& g) {
   // the final LayerNorm and output head to the last. Each transformer layer proper (ln_1
   // to add2) is a recompute unit.
   g.begin_block();
-  int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.seq_len, C, 0.02f, tp);
+  int x = g.add<GPTEmbedding>("transformer", {m.x}, c.vocab, c.context, C, 0.02f, tp);
   x = region.leave("transformer", x);
   if (c.dropout > 0) x = g.add<Dropout>("transformer.drop", {x}, c.dropout, rows);
   for (int64_t l = 0; l < c.n_layer; ++l) {
