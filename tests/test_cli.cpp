@@ -648,6 +648,11 @@ double info_plan_bytes(const std::string& args, const std::string& what) {
   return at == std::string::npos ? -1 : std::strtod(r.out.c_str() + r.out.find_first_of("0123456789", at), nullptr);
 }
 
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
 // Mistakes that are not the parser's: exactly one line, naming the flag or file.
 void expect_one_line_error(const CmdResult& r, const std::string& must_mention) {
   expect_user_error(r, must_mention);
@@ -700,4 +705,128 @@ TEST(Cli, SeqLenMistakesAreRefused) {
                         "sequence length 63 (--seq-len) does not divide by --tp 2");
   CmdResult ok = saturate("info --model gpt-mini --tp 2 --sequence-parallel --seq-len 64");
   EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+// eval on the weights train saved gives train's final evaluation exactly (the same
+// Trainer::evaluate, the same batch); predict's rows are that evaluation's samples.
+TEST(Cli, EvalAndPredictMatchTrainsFinalEvaluation) {
+  fs::path d = tmpdir("eval");
+  const std::string w = (d / "mlp.safetensors").string();
+  CmdResult t = saturate("train --model mlp --data synthetic --batch 32 --steps 20 --lr 0.05 --threads 1 --seed 3 "
+                         "--out " + (d / "run").string() + " --save-weights " + w + " --checkpoint-dir " +
+                         (d / "ckpt").string());
+  ASSERT_EQ(t.status, 0) << t.out;
+  const nlohmann::json s = read_json(d / "run" / "summary.json");
+  for (const std::string& weights : {w, (d / "ckpt").string()}) {
+    CmdResult e = saturate("eval --model mlp --data synthetic --seed 3 --batch 32 --threads 1 --init-weights " + weights +
+                           " --json " + (d / "eval.json").string());
+    ASSERT_EQ(e.status, 0) << e.out;
+    EXPECT_NE(e.out.find("test loss"), std::string::npos) << e.out;
+    const nlohmann::json j = read_json(d / "eval.json");
+    EXPECT_EQ(j["test_loss"].get<double>(), s["test_loss"].get<double>()) << weights;
+    EXPECT_EQ(j["test_accuracy"].get<double>(), s["test_accuracy"].get<double>()) << weights;
+    EXPECT_EQ(j["samples"].get<int64_t>(), s["test_samples"].get<int64_t>()) << weights;
+  }
+  const int64_t n = s["test_samples"].get<int64_t>();
+  CmdResult p = saturate("predict --model mlp --data synthetic --seed 3 --batch 32 --threads 1 --init-weights " + w +
+                         " --out " + (d / "pred.csv").string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  std::ifstream f(d / "pred.csv");
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "index,class,probability,label");
+  int64_t rows = 0, correct = 0;
+  while (std::getline(f, line)) {
+    long long index = -1, cls = -1, label = -1;
+    double prob = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lf,%lld", &index, &cls, &prob, &label), 4) << line;
+    EXPECT_EQ(index, rows) << line;
+    EXPECT_TRUE(cls >= 0 && cls < 10) << line;
+    EXPECT_TRUE(label >= 0 && label < 10) << line;
+    // The most likely of 10 classes has at least 1/10 of the probability.
+    EXPECT_TRUE(prob >= 0.1 - 1e-9 && prob <= 1.0) << line;
+    correct += cls == label;
+    ++rows;
+  }
+  EXPECT_EQ(rows, n);
+  // The classes are the argmax train's accuracy counted.
+  EXPECT_EQ(double(correct) / double(n), s["test_accuracy"].get<double>());
+}
+
+// A GPT model's predict: the top-k next tokens after a prompt of token ids, from weights
+// trained with a window shorter than the context.
+TEST(Cli, PredictNextTokensAfterAPrompt) {
+  fs::path d = tmpdir("prompt");
+  const std::string gpt = "gpt:layers=1,heads=2,width=32,context=64,vocab=128";
+  const std::string w = (d / "gpt.safetensors").string();
+  CmdResult t = saturate("train --model " + gpt + " --data synthetic --seq-len 16 --batch 8 --steps 5 --threads 1 "
+                         "--save-weights " + w + " --out " + (d / "run").string());
+  ASSERT_EQ(t.status, 0) << t.out;
+  CmdResult e = saturate("eval --model " + gpt + " --data synthetic --seq-len 16 --batch 8 --threads 1 --init-weights " +
+                         w + " --json " + (d / "eval.json").string());
+  ASSERT_EQ(e.status, 0) << e.out;
+  const nlohmann::json s = read_json(d / "run" / "summary.json"), j = read_json(d / "eval.json");
+  EXPECT_EQ(j["test_loss"].get<double>(), s["test_loss"].get<double>());
+  EXPECT_FALSE(j.contains("test_accuracy"));
+  std::ofstream(d / "prompt.txt") << "5 17 3\n99 0";
+  CmdResult p = saturate("predict --model " + gpt + " --init-weights " + w + " --prompt " + (d / "prompt.txt").string() +
+                         " --top-k 5 --threads 1 --out " + (d / "next.csv").string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  std::ifstream f(d / "next.csv");
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "rank,token,probability,logit");
+  int rows = 0;
+  double prev = 2, sum = 0;
+  while (std::getline(f, line)) {
+    int rank = 0, token = -1;
+    double prob = -1, logit = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%d,%d,%lf,%lf", &rank, &token, &prob, &logit), 4) << line;
+    EXPECT_EQ(rank, ++rows);
+    EXPECT_TRUE(token >= 0 && token < 128) << line;
+    EXPECT_TRUE(prob > 0 && prob <= prev) << line;  // most likely first
+    prev = prob;
+    sum += prob;
+  }
+  EXPECT_EQ(rows, 5);
+  EXPECT_LE(sum, 1.0 + 1e-9);
+}
+
+TEST(Cli, EvalAndPredictMistakes) {
+  fs::path d = tmpdir("evalbad");
+  const std::string w = (d / "mlp.safetensors").string(), cw = (d / "convnet.safetensors").string();
+  ASSERT_EQ(saturate("train --model mlp --data synthetic --steps 1 --batch 4 --eval off --threads 1 --save-weights " + w).status, 0);
+  ASSERT_EQ(saturate("train --model convnet --data synthetic --steps 1 --batch 4 --eval off --threads 1 --save-weights " + cw).status, 0);
+  expect_user_error(saturate("eval --model mlp --data synthetic"), "--init-weights");
+  expect_user_error(saturate("eval --model mlp --data synthetic --init-weights " + w + " --bogus 1"), "--bogus");
+  expect_user_error(saturate("predict --model mlp --data synthetic --init-weights " + w), "--out");
+  expect_one_line_error(saturate("eval --model mlp --init-weights " + w), "--data");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + (d / "none").string()), "none");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + cw), "convnet.safetensors");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + w + " --json /proc/x.json"), "--json");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + w + " --seq-len 4"), "--seq-len");
+  expect_one_line_error(saturate("predict --model mlp --data synthetic --init-weights " + w + " --prompt x --out " +
+                                 (d / "p.csv").string()), "--prompt");
+  // A token file without a validation file has no test split.
+  {
+    std::ofstream tok(d / "train.bin", std::ios::binary);
+    int32_t hdr[256] = {20240520, 1, 300};
+    tok.write(reinterpret_cast<char*>(hdr), sizeof hdr);
+    for (uint16_t i = 0; i < 300; ++i) tok.write(reinterpret_cast<char*>(&i), 2);
+  }
+  const std::string gpt = "gpt:layers=1,heads=2,width=32,context=16,vocab=512";
+  const std::string gw = (d / "gpt.safetensors").string();
+  ASSERT_EQ(saturate("train --model " + gpt + " --data tokens:" + (d / "train.bin").string() +
+                     " --steps 1 --batch 2 --threads 1 --save-weights " + gw).status, 0);
+  expect_one_line_error(saturate("eval --model " + gpt + " --data tokens:" + (d / "train.bin").string() +
+                                 " --init-weights " + gw), "has no test split");
+  const std::string out = " --out " + (d / "n.csv").string();
+  expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + out), "--prompt FILE is required");
+  std::ofstream(d / "bad.txt") << "1 2 512";
+  expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + " --prompt " +
+                                 (d / "bad.txt").string() + out), "bad.txt: token 3 is '512'");
+  std::ofstream(d / "long.txt") << "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17";
+  expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + " --prompt " +
+                                 (d / "long.txt").string() + out), "17 tokens, more than");
+  EXPECT_FALSE(fs::exists(d / "n.csv"));
 }

@@ -1,4 +1,4 @@
-// The `saturate` command: train, tune, info, hardware, launch and bench. User mistakes print one clear line and
+// The `saturate` command: train, tune, eval, predict, info, hardware, launch and bench. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
 #include <unistd.h>
@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "backend/cpu/blas.h"
+#include "cli/eval.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/io.h"
@@ -1008,6 +1009,29 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, sqrt AdamW)")->capture_default_str();
 }
 
+// eval and predict: the model, weights and data as train was given them.
+void add_eval_options(CLI::App* c, sat::EvalArgs& a, bool predict) {
+  c->add_option("--model", a.model, kModelHelp)->capture_default_str();
+  c->add_option("--init-weights", a.init_weights, "the trained weights: a safetensors file (train --save-weights) or a "
+                "checkpoint directory")->required();
+  c->add_option("--data", a.data, predict ? "the data whose test split is predicted (classifiers)"
+                                          : "the data whose test split is evaluated (as given to train)");
+  c->add_option("--batch", a.batch, "micro-batch size (train's gives train's figures exactly)")->capture_default_str();
+  c->add_option("--seed", a.seed, "train's --seed (synthetic data is generated from it)")->capture_default_str();
+  c->add_option("--normalize", a.normalize, "train's --normalize");
+  c->add_option("--vocab", a.vocab, "GPT models: train's --vocab");
+  c->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  if (!predict) {
+    c->add_option("--seq-len", a.seq_len, "GPT models: evaluate on windows of T <= context tokens");
+    c->add_option("--json", a.json, "write the test loss and accuracy to this JSON file");
+    return;
+  }
+  c->add_option("--out", a.out, "the CSV written: index,class,probability,label (classifiers) or "
+                "rank,token,probability,logit (GPT models with --prompt)")->required();
+  c->add_option("--prompt", a.prompt, "GPT models: a text file of token ids separated by whitespace");
+  c->add_option("--top-k", a.top_k, "GPT models: how many of the most likely next tokens to write")->capture_default_str();
+}
+
 // Every number from a flag of every command is checked where CLI11 parses it, by the
 // option's type (so an option added later is covered too): a floating-point value must be
 // finite and within float's range (NaN, inf and 1e999 would otherwise pass every `x > 0`
@@ -1022,7 +1046,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--accum", {1, 1 << 20}},         {"--epochs", {1, 1000000}},
       {"--steps", {1, 1LL << 40}},       {"--warmup", {0, 1LL << 40}},
       {"--step-size", {0, 1LL << 40}},   {"--vocab", {0, 1 << 30}},
-      {"--seq-len", {1, 1 << 30}},
+      {"--seq-len", {1, 1 << 30}},       {"--top-k", {1, 1 << 30}},
       {"--threads", {0, 1024}},          {"--zero", {0, 3}},
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
@@ -1136,6 +1160,13 @@ int main(int argc, char** argv) {
   hw->add_option("--threads", hw_threads, "with --gpu this: CPU threads per process, as saturate train's (0: all cores)")
       ->capture_default_str();
 
+  sat::EvalArgs ea, pa_;
+  auto* eval = app.add_subcommand("eval", "test loss and accuracy of trained weights (train's final evaluation)");
+  add_eval_options(eval, ea, false);
+  auto* predict = app.add_subcommand("predict", "the model's outputs: each test sample's class and probability "
+                                     "(CSV), or a GPT model's top-k next tokens after --prompt");
+  add_eval_options(predict, pa_, true);
+
   sat::ScheduleSpec sspec;
   std::string sched_kind = "1f1b";
   auto* schedule = app.add_subcommand("schedule", "print a pipeline schedule as a per-rank grid (time runs left to right)");
@@ -1229,7 +1260,8 @@ int main(int argc, char** argv) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
     std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(), e.what(),
-                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware "
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : eval->parsed() ? "eval " : predict->parsed() ? "predict "
+                 : info->parsed() ? "info " : hw->parsed() ? "hardware "
                  : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm "
                  : report->parsed() ? "report " : "");
     return 2;
@@ -1248,6 +1280,8 @@ int main(int argc, char** argv) {
                 "--batch/--accum: saturate tune chooses them (give --global-batch to keep a global batch)");
       return run_train(ta, true);
     }
+    if (eval->parsed()) return sat::run_eval(ea);
+    if (predict->parsed()) return sat::run_predict(pa_);
     if (info->parsed()) return run_info(ia);
     if (hw->parsed()) return run_hardware(hw_gpu, hw_json, hw_threads);
     if (plan->parsed()) return sat::run_plan(pa);
