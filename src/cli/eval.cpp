@@ -124,15 +124,24 @@ std::vector<int32_t> read_prompt(const std::string& path, const ModelConfig& mc)
   return tok;
 }
 
-// GPT models: the top-k next tokens after the prompt, from the logits at its last position.
-int predict_next_tokens(const EvalArgs& a, ModelConfig mc) {
-  SAT_CHECK(!a.prompt.empty(), "--prompt FILE is required for a GPT model (token ids separated by whitespace): "
-            "predict writes the next token's top-k");
-  SAT_CHECK(a.data.empty(), "--data: predict with --prompt reads no data (the prompt is the input)");
-  const std::vector<int32_t> tok = read_prompt(a.prompt, mc);
+// The k largest logits' indices, largest first (ties: the smaller token first).
+std::vector<int64_t> top_k(const std::vector<float>& l, int64_t k) {
+  std::vector<int64_t> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  k = std::min<int64_t>(k, int64_t(order.size()));
+  auto before = [&](int64_t i, int64_t j) {
+    return l[size_t(i)] > l[size_t(j)] || (l[size_t(i)] == l[size_t(j)] && i < j);
+  };
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), before);
+  order.resize(size_t(k));
+  return order;
+}
+
+// The logits after the prompt's last token: the prompt is one sample, the graph built for
+// its length, and its labels are its own next tokens (-1 past the end).
+std::vector<float> next_token_logits(const EvalArgs& a, ModelConfig mc, const std::vector<int32_t>& tok) {
   const int64_t n = int64_t(tok.size());
   set_seq_len(mc, n);
-  // The prompt is one sample whose labels are its own next tokens (-1 past the end).
   std::vector<int32_t> next(tok.begin() + 1, tok.end());
   next.push_back(-1);
   std::unique_ptr<Dataset> ds = make_tensor_dataset(Shape{n}, tok, next, Shape{n}, mc.vocab, "prompt");
@@ -142,39 +151,31 @@ int predict_next_tokens(const EvalArgs& a, ModelConfig mc) {
     const float* l = e.logits + (n - 1) * e.classes;
     last.assign(l, l + e.classes);
   });
-  const std::vector<double> p = softmax(last.data(), int64_t(last.size()));
-  std::vector<int64_t> order(last.size());
-  std::iota(order.begin(), order.end(), 0);
-  const size_t k = size_t(std::min<int64_t>(a.top_k, int64_t(order.size())));
-  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(),
-                    [&](int64_t i, int64_t j) { return last[size_t(i)] > last[size_t(j)] || (last[size_t(i)] == last[size_t(j)] && i < j); });
+  return last;
+}
+
+// GPT models: the top-k next tokens after the prompt.
+int predict_next_tokens(const EvalArgs& a, const ModelConfig& mc) {
+  SAT_CHECK(!a.prompt.empty(), "--prompt FILE is required for a GPT model (token ids separated by whitespace): "
+            "predict writes the next token's top-k");
+  SAT_CHECK(a.data.empty(), "--data: predict with --prompt reads no data (the prompt is the input)");
+  const std::vector<float> logits = next_token_logits(a, mc, read_prompt(a.prompt, mc));
+  const std::vector<double> p = softmax(logits.data(), int64_t(logits.size()));
   std::ostringstream csv;
   csv << "rank,token,probability,logit\n";
   char line[128];
-  for (size_t r = 0; r < k; ++r) {
-    const int64_t i = order[r];
-    std::snprintf(line, sizeof line, "%zu,%lld,%.9g,%.9g\n", r + 1, (long long)i, p[size_t(i)], double(last[size_t(i)]));
+  const std::vector<int64_t> best = top_k(logits, a.top_k);
+  for (size_t r = 0; r < best.size(); ++r) {
+    const size_t i = size_t(best[r]);
+    std::snprintf(line, sizeof line, "%zu,%zu,%.9g,%.9g\n", r + 1, i, p[i], double(logits[i]));
     csv << line;
   }
   write_csv(a.out, csv.str());
   return 0;
 }
 
-}  // namespace
-
-int run_eval(const EvalArgs& a) {
-  check_common(a);
-  if (!a.json.empty()) check_output_file("--json", a.json);
-  ModelConfig mc = model_of(a);
-  DataSplit d = open_test_split(a, mc);
-  std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
-  // After the weights loaded: a mistake is then the one line the user sees.
-  std::fprintf(stderr, "saturate eval: %s (%s) on %s\n", mc.name.c_str(), a.init_weights.c_str(), d.description.c_str());
-  const EvalResult r = t->evaluate();
-  std::printf("test loss %.4f", r.loss);
-  if (r.accuracy >= 0) std::printf(", test accuracy %.2f%%", 100 * r.accuracy);
-  std::printf(" (%lld samples)\n", (long long)r.samples);
-  if (a.json.empty()) return 0;
+// eval.json: what was evaluated and the figures, under summary.json's names.
+void write_eval_json(const EvalArgs& a, const ModelConfig& mc, const DataSplit& d, const EvalResult& r) {
   nlohmann::ordered_json j;
   j["model"] = mc.name;
   j["weights"] = a.init_weights;
@@ -186,6 +187,24 @@ int run_eval(const EvalArgs& a) {
   if (r.accuracy >= 0) j["test_accuracy"] = r.accuracy;
   write_file_atomic("--json", a.json, j.dump(2) + "\n");
   std::fprintf(stderr, "wrote %s\n", a.json.c_str());
+}
+
+}  // namespace
+
+int run_eval(const EvalArgs& a) {
+  check_common(a);
+  if (!a.json.empty()) check_output_file("--json", a.json);
+  ModelConfig mc = model_of(a);
+  DataSplit d = open_test_split(a, mc);
+  std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
+  // After the weights loaded: a mistake is then the one line the user sees.
+  std::fprintf(stderr, "saturate eval: %s (%s) on %s\n", mc.name.c_str(), a.init_weights.c_str(),
+               d.description.c_str());
+  const EvalResult r = t->evaluate();
+  std::printf("test loss %.4f", r.loss);
+  if (r.accuracy >= 0) std::printf(", test accuracy %.2f%%", 100 * r.accuracy);
+  std::printf(" (%lld samples)\n", (long long)r.samples);
+  if (!a.json.empty()) write_eval_json(a, mc, d, r);
   return 0;
 }
 
