@@ -707,6 +707,24 @@ TEST(Cli, SeqLenMistakesAreRefused) {
   EXPECT_EQ(ok.status, 0) << ok.out;
 }
 
+// A checkpoint of a --seq-len run: its weights load into a full-context run (--init-weights
+// DIR), but resuming it at another window is refused (the data position would move).
+TEST(Cli, SeqLenCheckpointsResumeOnlyAtTheirWindow) {
+  fs::path d = tmpdir("seqlen_ckpt");
+  const std::string run = "train --model gpt:layers=1,heads=2,width=32,context=64,vocab=128 --data synthetic --batch 8 "
+                          "--threads 1 --eval off ";
+  const std::string ck = (d / "ck").string();
+  ASSERT_EQ(saturate(run + "--seq-len 16 --steps 2 --checkpoint-dir " + ck).status, 0);
+  CmdResult full = saturate(run + "--steps 1 --init-weights " + ck);
+  EXPECT_EQ(full.status, 0) << full.out;
+  expect_user_error(saturate(run + "--steps 4 --checkpoint-dir " + ck + " --resume auto"),
+                    "written with windows of 16 tokens (--seq-len), this run's are 64");
+  expect_user_error(saturate(run + "--seq-len 32 --steps 4 --checkpoint-dir " + ck + " --resume auto"),
+                    "written with windows of 16 tokens");
+  CmdResult same = saturate(run + "--seq-len 16 --steps 4 --checkpoint-dir " + ck + " --resume auto");
+  EXPECT_EQ(same.status, 0) << same.out;
+}
+
 // eval on the weights train saved gives train's final evaluation exactly (the same
 // Trainer::evaluate, the same batch); predict's rows are that evaluation's samples.
 TEST(Cli, EvalAndPredictMatchTrainsFinalEvaluation) {
