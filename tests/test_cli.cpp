@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "backend/device.h"
 #include "run_command.h"
@@ -619,4 +621,230 @@ TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
   // The same flags and file on both: trains.
   CmdResult ok = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "a.safetensors").string());
   EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+namespace {
+
+// A safetensors file's tensors: name -> shape (its JSON header; __metadata__ left out).
+std::map<std::string, std::vector<int64_t>> safetensors_shapes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  std::map<std::string, std::vector<int64_t>> out;
+  const nlohmann::json j = nlohmann::json::parse(header);  // (items() of a temporary would dangle)
+  for (auto& [name, t] : j.items())
+    if (name != "__metadata__") out[name] = t["shape"].get<std::vector<int64_t>>();
+  return out;
+}
+
+// The predicted bytes of the kind `what` ("activations") in saturate info's plan.
+double info_plan_bytes(const std::string& args, const std::string& what) {
+  CmdResult r = saturate("info " + args);
+  EXPECT_EQ(r.status, 0) << r.out;
+  const size_t at = r.out.find("\n  " + what);
+  if (at == std::string::npos) ADD_FAILURE() << "no '" << what << "' line in:\n" << r.out;
+  return at == std::string::npos ? -1 : std::strtod(r.out.c_str() + r.out.find_first_of("0123456789", at), nullptr);
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+// Mistakes that are not the parser's: exactly one line, naming the flag or file.
+void expect_one_line_error(const CmdResult& r, const std::string& must_mention) {
+  expect_user_error(r, must_mention);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+}  // namespace
+
+// --seq-len T: gpt-mini learns on windows of 64 of its 128 positions, plans less
+// activation memory for them, and its weights keep the full context's shapes (they load
+// into a run without --seq-len).
+TEST(Cli, SeqLenTrainsOnShorterWindows) {
+  fs::path d = tmpdir("seqlen");
+  CmdResult r = saturate("train --model gpt-mini --data synthetic --seq-len 64 --batch 4 --steps 24 --optimizer adamw "
+                         "--lr 0.003 --threads 1 --eval off --out " + (d / "run").string() + " --save-weights " +
+                         (d / "w64.safetensors").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::vector<double> loss;
+  std::ifstream mf(d / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(mf, line);) loss.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  ASSERT_EQ(loss.size(), 24u);
+  const double first = (loss[0] + loss[1] + loss[2]) / 3, last = (loss[21] + loss[22] + loss[23]) / 3;
+  EXPECT_LT(last, first - 0.5) << "first steps " << first << ", last steps " << last;
+  const double a64 = info_plan_bytes("--model gpt-mini --batch 4 --seq-len 64", "activations");
+  const double a128 = info_plan_bytes("--model gpt-mini --batch 4", "activations");
+  EXPECT_GT(a64, 0);
+  EXPECT_LT(a64, 0.6 * a128) << "activations at T=64: " << a64 << ", at T=128: " << a128;
+  const double s64 = info_plan_bytes("--model gpt-mini --batch 4 --seq-len 64", "saved for backward");
+  EXPECT_LT(s64, 0.6 * info_plan_bytes("--model gpt-mini --batch 4", "saved for backward"));
+  CmdResult full = saturate("train --model gpt-mini --data synthetic --batch 2 --steps 1 --threads 1 --eval off "
+                            "--init-weights " + (d / "w64.safetensors").string() + " --save-weights " +
+                            (d / "w128.safetensors").string());
+  ASSERT_EQ(full.status, 0) << full.out;
+  const auto shapes64 = safetensors_shapes(d / "w64.safetensors"), shapes128 = safetensors_shapes(d / "w128.safetensors");
+  EXPECT_EQ(shapes64, shapes128);
+  ASSERT_TRUE(shapes64.count("transformer.wpe.weight"));
+  EXPECT_EQ(shapes64.at("transformer.wpe.weight"), (std::vector<int64_t>{128, 256}));
+}
+
+TEST(Cli, SeqLenMistakesAreRefused) {
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --seq-len 129"), "--seq-len");
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --seq-len 0"), "--seq-len");
+  expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --seq-len x"), "--seq-len");
+  expect_one_line_error(saturate("train --model mlp --data synthetic --steps 1 --seq-len 64"),
+                        "--seq-len applies to the GPT models only");
+  expect_one_line_error(saturate("tune --model convnet --data synthetic --seq-len 8"), "--seq-len");
+  expect_one_line_error(saturate("info --model gpt-mini --seq-len 200"), "--seq-len: expected a window of 1 to 128");
+  // Sequence parallelism splits the window, not the context.
+  expect_one_line_error(saturate("info --model gpt-mini --tp 2 --sequence-parallel --seq-len 63"),
+                        "sequence length 63 (--seq-len) does not divide by --tp 2");
+  CmdResult ok = saturate("info --model gpt-mini --tp 2 --sequence-parallel --seq-len 64");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+// A checkpoint of a --seq-len run: its weights load into a full-context run (--init-weights
+// DIR), but resuming it at another window is refused (the data position would move).
+TEST(Cli, SeqLenCheckpointsResumeOnlyAtTheirWindow) {
+  fs::path d = tmpdir("seqlen_ckpt");
+  const std::string run = "train --model gpt:layers=1,heads=2,width=32,context=64,vocab=128 --data synthetic --batch 8 "
+                          "--threads 1 --eval off ";
+  const std::string ck = (d / "ck").string();
+  ASSERT_EQ(saturate(run + "--seq-len 16 --steps 2 --checkpoint-dir " + ck).status, 0);
+  CmdResult full = saturate(run + "--steps 1 --init-weights " + ck);
+  EXPECT_EQ(full.status, 0) << full.out;
+  expect_user_error(saturate(run + "--steps 4 --checkpoint-dir " + ck + " --resume auto"),
+                    "written with windows of 16 tokens (--seq-len), this run's are 64");
+  expect_user_error(saturate(run + "--seq-len 32 --steps 4 --checkpoint-dir " + ck + " --resume auto"),
+                    "written with windows of 16 tokens");
+  CmdResult same = saturate(run + "--seq-len 16 --steps 4 --checkpoint-dir " + ck + " --resume auto");
+  EXPECT_EQ(same.status, 0) << same.out;
+}
+
+// eval on the weights train saved gives train's final evaluation exactly (the same
+// Trainer::evaluate, the same batch); predict's rows are that evaluation's samples.
+TEST(Cli, EvalAndPredictMatchTrainsFinalEvaluation) {
+  fs::path d = tmpdir("eval");
+  const std::string w = (d / "mlp.safetensors").string();
+  CmdResult t = saturate("train --model mlp --data synthetic --batch 32 --steps 20 --lr 0.05 --threads 1 --seed 3 "
+                         "--out " + (d / "run").string() + " --save-weights " + w + " --checkpoint-dir " +
+                         (d / "ckpt").string());
+  ASSERT_EQ(t.status, 0) << t.out;
+  const nlohmann::json s = read_json(d / "run" / "summary.json");
+  for (const std::string& weights : {w, (d / "ckpt").string()}) {
+    CmdResult e = saturate("eval --model mlp --data synthetic --seed 3 --batch 32 --threads 1 --init-weights " + weights +
+                           " --json " + (d / "eval.json").string());
+    ASSERT_EQ(e.status, 0) << e.out;
+    EXPECT_NE(e.out.find("test loss"), std::string::npos) << e.out;
+    const nlohmann::json j = read_json(d / "eval.json");
+    EXPECT_EQ(j["test_loss"].get<double>(), s["test_loss"].get<double>()) << weights;
+    EXPECT_EQ(j["test_accuracy"].get<double>(), s["test_accuracy"].get<double>()) << weights;
+    EXPECT_EQ(j["samples"].get<int64_t>(), s["test_samples"].get<int64_t>()) << weights;
+  }
+  const int64_t n = s["test_samples"].get<int64_t>();
+  CmdResult p = saturate("predict --model mlp --data synthetic --seed 3 --batch 32 --threads 1 --init-weights " + w +
+                         " --out " + (d / "pred.csv").string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  std::ifstream f(d / "pred.csv");
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "index,class,probability,label");
+  int64_t rows = 0, correct = 0;
+  while (std::getline(f, line)) {
+    long long index = -1, cls = -1, label = -1;
+    double prob = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lf,%lld", &index, &cls, &prob, &label), 4) << line;
+    EXPECT_EQ(index, rows) << line;
+    EXPECT_TRUE(cls >= 0 && cls < 10) << line;
+    EXPECT_TRUE(label >= 0 && label < 10) << line;
+    // The most likely of 10 classes has at least 1/10 of the probability.
+    EXPECT_TRUE(prob >= 0.1 - 1e-9 && prob <= 1.0) << line;
+    correct += cls == label;
+    ++rows;
+  }
+  EXPECT_EQ(rows, n);
+  // The classes are the argmax train's accuracy counted.
+  EXPECT_EQ(double(correct) / double(n), s["test_accuracy"].get<double>());
+}
+
+// A GPT model's predict: the top-k next tokens after a prompt of token ids, from weights
+// trained with a window shorter than the context.
+TEST(Cli, PredictNextTokensAfterAPrompt) {
+  fs::path d = tmpdir("prompt");
+  const std::string gpt = "gpt:layers=1,heads=2,width=32,context=64,vocab=128";
+  const std::string w = (d / "gpt.safetensors").string();
+  CmdResult t = saturate("train --model " + gpt + " --data synthetic --seq-len 16 --batch 8 --steps 5 --threads 1 "
+                         "--save-weights " + w + " --out " + (d / "run").string());
+  ASSERT_EQ(t.status, 0) << t.out;
+  CmdResult e = saturate("eval --model " + gpt + " --data synthetic --seq-len 16 --batch 8 --threads 1 --init-weights " +
+                         w + " --json " + (d / "eval.json").string());
+  ASSERT_EQ(e.status, 0) << e.out;
+  const nlohmann::json s = read_json(d / "run" / "summary.json"), j = read_json(d / "eval.json");
+  EXPECT_EQ(j["test_loss"].get<double>(), s["test_loss"].get<double>());
+  EXPECT_FALSE(j.contains("test_accuracy"));
+  std::ofstream(d / "prompt.txt") << "5 17 3\n99 0";
+  CmdResult p = saturate("predict --model " + gpt + " --init-weights " + w + " --prompt " + (d / "prompt.txt").string() +
+                         " --top-k 5 --threads 1 --out " + (d / "next.csv").string());
+  ASSERT_EQ(p.status, 0) << p.out;
+  std::ifstream f(d / "next.csv");
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "rank,token,probability,logit");
+  int rows = 0;
+  double prev = 2, sum = 0;
+  while (std::getline(f, line)) {
+    int rank = 0, token = -1;
+    double prob = -1, logit = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%d,%d,%lf,%lf", &rank, &token, &prob, &logit), 4) << line;
+    EXPECT_EQ(rank, ++rows);
+    EXPECT_TRUE(token >= 0 && token < 128) << line;
+    EXPECT_TRUE(prob > 0 && prob <= prev) << line;  // most likely first
+    prev = prob;
+    sum += prob;
+  }
+  EXPECT_EQ(rows, 5);
+  EXPECT_LE(sum, 1.0 + 1e-9);
+}
+
+TEST(Cli, EvalAndPredictMistakes) {
+  fs::path d = tmpdir("evalbad");
+  const std::string w = (d / "mlp.safetensors").string(), cw = (d / "convnet.safetensors").string();
+  ASSERT_EQ(saturate("train --model mlp --data synthetic --steps 1 --batch 4 --eval off --threads 1 --save-weights " + w).status, 0);
+  ASSERT_EQ(saturate("train --model convnet --data synthetic --steps 1 --batch 4 --eval off --threads 1 --save-weights " + cw).status, 0);
+  expect_user_error(saturate("eval --model mlp --data synthetic"), "--init-weights");
+  expect_user_error(saturate("eval --model mlp --data synthetic --init-weights " + w + " --bogus 1"), "--bogus");
+  expect_user_error(saturate("predict --model mlp --data synthetic --init-weights " + w), "--out");
+  expect_one_line_error(saturate("eval --model mlp --init-weights " + w), "--data");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + (d / "none").string()), "none");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + cw), "convnet.safetensors");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + w + " --json /proc/x.json"), "--json");
+  expect_one_line_error(saturate("eval --model mlp --data synthetic --init-weights " + w + " --seq-len 4"), "--seq-len");
+  expect_one_line_error(saturate("predict --model mlp --data synthetic --init-weights " + w + " --prompt x --out " +
+                                 (d / "p.csv").string()), "--prompt");
+  // A token file without a validation file has no test split.
+  {
+    std::ofstream tok(d / "train.bin", std::ios::binary);
+    int32_t hdr[256] = {20240520, 1, 300};
+    tok.write(reinterpret_cast<char*>(hdr), sizeof hdr);
+    for (uint16_t i = 0; i < 300; ++i) tok.write(reinterpret_cast<char*>(&i), 2);
+  }
+  const std::string gpt = "gpt:layers=1,heads=2,width=32,context=16,vocab=512";
+  const std::string gw = (d / "gpt.safetensors").string();
+  ASSERT_EQ(saturate("train --model " + gpt + " --data tokens:" + (d / "train.bin").string() +
+                     " --steps 1 --batch 2 --threads 1 --save-weights " + gw).status, 0);
+  expect_one_line_error(saturate("eval --model " + gpt + " --data tokens:" + (d / "train.bin").string() +
+                                 " --init-weights " + gw), "has no test split");
+  const std::string out = " --out " + (d / "n.csv").string();
+  expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + out), "--prompt FILE is required");
+  std::ofstream(d / "bad.txt") << "1 2 512";
+  expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + " --prompt " +
+                                 (d / "bad.txt").string() + out), "bad.txt: token 3 is '512'");
+  std::ofstream(d / "long.txt") << "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17";
+  expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + " --prompt " +
+                                 (d / "long.txt").string() + out), "17 tokens, more than");
+  EXPECT_FALSE(fs::exists(d / "n.csv"));
 }

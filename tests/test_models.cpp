@@ -463,3 +463,26 @@ TEST(Safetensors, HeaderNumbersMustBeWholeAndInRange) {
     std::filesystem::remove(path);
   }
 }
+
+// --seq-len: the window T is the graph's (its input, FLOPs and activations), the context
+// the parameters' (the position embedding keeps its rows, so weights are interchangeable).
+TEST(ModelFamilies, SeqLenIsTheWindowNotTheContext) {
+  sat::ModelConfig full = sat::model_config("gpt-mini"), window = full;
+  sat::set_seq_len(window, 64);
+  EXPECT_EQ(window.context, 128);
+  EXPECT_EQ(sat::model_spec(window), sat::model_spec(full));
+  const sat::BuiltModel a = sat::build_model(full, 2), b = sat::build_model(window, 2);
+  EXPECT_EQ(b.x_shape, (sat::Shape{2, 64}));
+  EXPECT_EQ(b.y_shape, (sat::Shape{2, 64}));
+  ASSERT_EQ(a.graph->params().size(), b.graph->params().size());
+  for (size_t i = 0; i < a.graph->params().size(); ++i) {
+    EXPECT_EQ(a.graph->params()[i].name, b.graph->params()[i].name);
+    EXPECT_EQ(a.graph->params()[i].spec.shape, b.graph->params()[i].spec.shape) << a.graph->params()[i].name;
+  }
+  EXPECT_LT(b.graph->flops_forward(), 0.55 * a.graph->flops_forward());
+  sat::set_seq_len(window, 0);  // 0: not given, the window stays
+  EXPECT_EQ(window.seq_len, 64);
+  for (int64_t bad : {-1, 129}) EXPECT_THROW(sat::set_seq_len(window, bad), sat::Error) << bad;
+  sat::ModelConfig mlp = sat::model_config("mlp");
+  EXPECT_THROW(sat::set_seq_len(mlp, 8), sat::Error);
+}

@@ -95,7 +95,8 @@ void run_parity(const std::string& golden_name) {
     mc.image = sat::Shape{chw[0].get<int64_t>(), chw[1].get<int64_t>(), chw[2].get<int64_t>()};
     mc.classes = g["classes"];
   } else {
-    mc.seq_len = g["input"]["seq_len"];
+    // The peer's wpe has seq_len rows (bench/peer/models.py build): so has ours.
+    mc.context = mc.seq_len = g["input"]["seq_len"];
     mc.vocab = mc.classes = g["input"]["vocab"];
   }
   const int64_t batch = g["batch"], steps = g["steps"];

@@ -1,4 +1,4 @@
-// The `saturate` command: train, tune, info, hardware, launch and bench. User mistakes print one clear line and
+// The `saturate` command: train, tune, eval, predict, info, hardware, launch and bench. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backend/cpu/blas.h"
+#include "cli/eval.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/io.h"
@@ -84,6 +85,7 @@ struct TrainArgs {
   std::string model = "mlp", data = "fashion-mnist", optimizer = "adamw", schedule = "cosine", shuffle = "on";
   std::string batch = "64";  // a number or "auto"
   int64_t accum = 1, epochs = 1, steps = 0, warmup = kWarmupNotGiven, step_size = 0, vocab = 0;
+  int64_t seq_len = 0;  // --seq-len: GPT models' window (0: the context)
   // NaN: not given (the optimizer's default applies)
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
   bool nesterov = false, profile = false, noise_scale = false, overwrite = false;
@@ -161,6 +163,7 @@ sat::ModelConfig model_for(const TrainArgs& a) {
     SAT_CHECK(mc.tokens, "--vocab applies to the GPT models only, not --model ", a.model);
     mc.vocab = mc.classes = a.vocab;
   }
+  sat::set_seq_len(mc, a.seq_len);
   return mc;
 }
 
@@ -281,6 +284,10 @@ std::string tune_cache_dir(const std::string& key) {
   return base + "/saturate/tune/" + hex;
 }
 
+// A window other than the context is another tuning problem; without --seq-len the key
+// (and so every existing cache entry) stays as it was.
+std::string seq_len_key(const TrainArgs& a) { return a.seq_len > 0 ? sat::str_cat("|seq_len ", a.seq_len) : ""; }
+
 // A cached report goes with this run's output too (best effort: the cache is only a copy).
 void copy_tune_files(const std::filesystem::path& from, const std::string& to) {
   try {
@@ -325,7 +332,7 @@ bool apply_tuning(const TrainArgs& a, bool tune_only, const sat::ModelConfig& mc
                                        "|", a.memory_budget, "|", a.global_batch, "|", a.objective, "|", a.knee, "|",
                                        a.lr_batch, "|", cfg.optim.name, "|", cfg.optim.lr, "|", a.zero, "|", a.eval, "|",
                                        sat::cpu::num_threads(),
-                                       a.recompute == "none" ? "" : "|recompute " + a.recompute);
+                                       a.recompute == "none" ? "" : "|recompute " + a.recompute, seq_len_key(a));
   const std::filesystem::path cache = tune_cache_dir(key);
   if (!tune_only) {
     // Rank 0 reads the cache (input like any other: sat::read_tune_choice refuses what
@@ -470,7 +477,7 @@ std::filesystem::path layout_cache(const TrainArgs& a, const sat::ModelConfig& m
                                    const sat::LayoutTuneConfig& t, const sat::TrainConfig& cfg, int world) {
   return tune_cache_dir(sat::str_cat("layout|", mc.name, "|", data.description, "|", world, "|", a.memory_budget, "|",
                                      t.global_batch, "|", sat::filter_str(t.filter), "|", t.candidates, "|",
-                                     cfg.optim.name, "|", cfg.optim.momentum, "|", sat::cpu::num_threads()));
+                                     cfg.optim.name, "|", cfg.optim.momentum, "|", sat::cpu::num_threads(), seq_len_key(a)));
 }
 
 // --layout (train and tune): the planner's best layouts for these ranks, timed, or train's
@@ -759,7 +766,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
 
 struct InfoArgs {
   std::string model = "mlp", optimizer = "adamw", pp_schedule = "1f1b", pp_split;
-  int64_t batch = 64, vocab = 0, accum = 1;
+  int64_t batch = 64, vocab = 0, accum = 1, seq_len = 0;
   double momentum = 0;
   int ranks = 1, zero = 0, pp = 1, virtual_stages = 1, tp = 1;
   bool sequence_parallel = false;
@@ -839,6 +846,7 @@ int run_info(const InfoArgs& ia) {
   TrainArgs a;
   a.model = ia.model;
   a.vocab = ia.vocab;
+  a.seq_len = ia.seq_len;
   a.pp = ia.pp;
   a.tp = ia.tp;
   a.sequence_parallel = ia.sequence_parallel;
@@ -960,6 +968,8 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255");
   t->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
   t->add_option("--vocab", a.vocab, "GPT models: vocabulary size (default: the model's)");
+  t->add_option("--seq-len", a.seq_len, "GPT models: train on windows of T tokens, T <= the model's context "
+                "(default: the context; the weights keep the context's shapes)");
   t->add_option("--init-weights", a.init_weights, "start from these weights (safetensors)");
   t->add_option("--save-weights", a.save_weights, "save the trained weights (safetensors)");
   t->add_option("--checkpoint-dir", a.checkpoint_dir, "write checkpoints (parameters, optimizer, data position) here");
@@ -1008,6 +1018,29 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, sqrt AdamW)")->capture_default_str();
 }
 
+// eval and predict: the model, weights and data as train was given them.
+void add_eval_options(CLI::App* c, sat::EvalArgs& a, bool predict) {
+  c->add_option("--model", a.model, kModelHelp)->capture_default_str();
+  c->add_option("--init-weights", a.init_weights, "the trained weights: a safetensors file (train --save-weights) or a "
+                "checkpoint directory")->required();
+  c->add_option("--data", a.data, predict ? "the data whose test split is predicted (classifiers)"
+                                          : "the data whose test split is evaluated (as given to train)");
+  c->add_option("--batch", a.batch, "micro-batch size (train's gives train's figures exactly)")->capture_default_str();
+  c->add_option("--seed", a.seed, "train's --seed (synthetic data is generated from it)")->capture_default_str();
+  c->add_option("--normalize", a.normalize, "train's --normalize");
+  c->add_option("--vocab", a.vocab, "GPT models: train's --vocab");
+  c->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  if (!predict) {
+    c->add_option("--seq-len", a.seq_len, "GPT models: evaluate on windows of T <= context tokens");
+    c->add_option("--json", a.json, "write the test loss and accuracy to this JSON file");
+    return;
+  }
+  c->add_option("--out", a.out, "the CSV written: index,class,probability,label (classifiers) or "
+                "rank,token,probability,logit (GPT models with --prompt)")->required();
+  c->add_option("--prompt", a.prompt, "GPT models: a text file of token ids separated by whitespace");
+  c->add_option("--top-k", a.top_k, "GPT models: how many of the most likely next tokens to write")->capture_default_str();
+}
+
 // Every number from a flag of every command is checked where CLI11 parses it, by the
 // option's type (so an option added later is covered too): a floating-point value must be
 // finite and within float's range (NaN, inf and 1e999 would otherwise pass every `x > 0`
@@ -1022,6 +1055,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--accum", {1, 1 << 20}},         {"--epochs", {1, 1000000}},
       {"--steps", {1, 1LL << 40}},       {"--warmup", {0, 1LL << 40}},
       {"--step-size", {0, 1LL << 40}},   {"--vocab", {0, 1 << 30}},
+      {"--seq-len", {1, 1 << 30}},       {"--top-k", {1, 1 << 30}},
       {"--threads", {0, 1024}},          {"--zero", {0, 3}},
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
@@ -1112,6 +1146,7 @@ int main(int argc, char** argv) {
   info->add_option("--optimizer", ia.optimizer, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
   info->add_option("--momentum", ia.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ia.vocab, "GPT models: vocabulary size");
+  info->add_option("--seq-len", ia.seq_len, "GPT models: the plan for windows of T <= context tokens");
   info->add_option("--ranks", ia.ranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
   info->add_option("--zero", ia.zero, "ZeRO stage over the ranks: 1 optimizer state, 2 + gradients, 3 + parameters")->capture_default_str();
   info->add_option("--pp", ia.pp, "pipeline stages: print every stage's plan")->capture_default_str();
@@ -1133,6 +1168,13 @@ int main(int argc, char** argv) {
   hw->add_flag("--json", hw_json, "print the description in the JSON file format (edit it and pass it back as --gpu FILE)");
   hw->add_option("--threads", hw_threads, "with --gpu this: CPU threads per process, as saturate train's (0: all cores)")
       ->capture_default_str();
+
+  sat::EvalArgs ea, pa_;
+  auto* eval = app.add_subcommand("eval", "test loss and accuracy of trained weights (train's final evaluation)");
+  add_eval_options(eval, ea, false);
+  auto* predict = app.add_subcommand("predict", "the model's outputs: each test sample's class and probability "
+                                     "(CSV), or a GPT model's top-k next tokens after --prompt");
+  add_eval_options(predict, pa_, true);
 
   sat::ScheduleSpec sspec;
   std::string sched_kind = "1f1b";
@@ -1227,7 +1269,8 @@ int main(int argc, char** argv) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
     std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(), e.what(),
-                 train->parsed() ? "train " : tune->parsed() ? "tune " : info->parsed() ? "info " : hw->parsed() ? "hardware "
+                 train->parsed() ? "train " : tune->parsed() ? "tune " : eval->parsed() ? "eval " : predict->parsed() ? "predict "
+                 : info->parsed() ? "info " : hw->parsed() ? "hardware "
                  : plan->parsed() ? "plan " : schedule->parsed() ? "schedule " : bcomm->parsed() ? "bench comm "
                  : report->parsed() ? "report " : "");
     return 2;
@@ -1246,6 +1289,8 @@ int main(int argc, char** argv) {
                 "--batch/--accum: saturate tune chooses them (give --global-batch to keep a global batch)");
       return run_train(ta, true);
     }
+    if (eval->parsed()) return sat::run_eval(ea);
+    if (predict->parsed()) return sat::run_predict(pa_);
     if (info->parsed()) return run_info(ia);
     if (hw->parsed()) return run_hardware(hw_gpu, hw_json, hw_threads);
     if (plan->parsed()) return sat::run_plan(pa);

@@ -67,14 +67,14 @@ void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body)
   c.n_layer = take("layers");
   c.n_head = take("heads");
   c.n_embd = take("width");
-  c.seq_len = take("context");
+  c.context = c.seq_len = take("context");
   c.vocab = c.classes = take("vocab");
   SAT_CHECK(c.n_embd % c.n_head == 0, "--model ", spec, ": width ", c.n_embd, " does not divide by heads ", c.n_head,
             " (each head has width / heads channels)");
   // One sample's attention probabilities [heads, T, T]: beyond this, sizes leave int64.
-  SAT_CHECK(double(c.n_head) * double(c.seq_len) * double(c.seq_len) <= 1e15, "--model ", spec, ": heads x context^2 = ",
-            double(c.n_head) * double(c.seq_len) * double(c.seq_len), " attention probabilities per sample is beyond "
-            "1e15 (", c.n_head, " heads, context ", c.seq_len, ")");
+  SAT_CHECK(double(c.n_head) * double(c.context) * double(c.context) <= 1e15, "--model ", spec, ": heads x context^2 = ",
+            double(c.n_head) * double(c.context) * double(c.context), " attention probabilities per sample is beyond "
+            "1e15 (", c.n_head, " heads, context ", c.context, ")");
   if (kv.count("dropout")) {
     const std::string& v = kv.at("dropout");
     char* end = nullptr;
@@ -195,7 +195,7 @@ std::string model_spec(const ModelConfig& c) {
       return s;
     }
     case ModelFamily::gpt:
-      return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.seq_len,
+      return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.context,
                      ",vocab=", c.vocab, c.dropout > 0 ? ",dropout=" + float_text(c.dropout) : std::string());
   }
   return c.name;
@@ -222,7 +222,7 @@ std::string describe_model(const ModelConfig& c) {
     }
     case ModelFamily::gpt:
       return str_cat(c.n_layer, " layers, ", c.n_head, " heads of ", c.n_embd / c.n_head, " channels, width ", c.n_embd,
-                     ", context ", c.seq_len, ", vocabulary ", c.vocab,
+                     ", context ", c.context, ", vocabulary ", c.vocab,
                      c.dropout > 0 ? str_cat(", dropout ", c.dropout) : std::string());
   }
   return "";

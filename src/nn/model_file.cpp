@@ -325,7 +325,8 @@ class FileBuilder {
       return g_.add<Embedding>(l.name, {x}, fl.count("vocab"), fl.count("width"),
                                ParamInit::normal(float(fl.number("std", 1.0, 0, 1e6))));
     if (t == "gpt_embedding") {
-      const int64_t T = shape(x).nd == 2 ? shape(x)[1] : 1;
+      // Positions for the file's declared input length (a --seq-len window uses the first rows).
+      const int64_t T = m_.config.context;
       return add_gpt_embedding(g_, r_, l.name, x, fl.count("vocab"), fl.count("context", T), fl.count("width"),
                                float(fl.number("dropout", 0, 0, 1)));
     }
@@ -482,7 +483,7 @@ ModelConfig model_file_config(const std::string& spec, const std::string& path) 
     SAT_CHECK(x.shape.nd == 1 && y.shape == x.shape, where, ": token input '", x.name, "' must be [T] and its target '",
               y.name, "' the same [T], got ", x.shape.str(), " and ", y.shape.str());
     c.tokens = true;
-    c.seq_len = x.shape[0];
+    c.context = c.seq_len = x.shape[0];  // --seq-len may shorten the window
   } else {
     SAT_CHECK(x.shape.nd == 3 && y.shape.nd == 0, where, ": image input '", x.name, "' must be [C, H, W] (as the data "
               "readers give images) and its target '", y.name, "' a class index [], got ", x.shape.str(), " and ",

@@ -45,8 +45,9 @@ void check_gpt_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   SAT_CHECK(c.vocab % tp == 0, "--tp ", tp, ": ", c.name, "'s vocabulary of ", c.vocab, " tokens does not divide by ",
             tp, " (the embedding and output head are split by vocabulary): pad it, as Megatron-LM does, with --vocab ",
             padded);
+  // The window is what is split (the graph's T), not the context.
   SAT_CHECK(!sp || c.seq_len % tp == 0, "--sequence-parallel: ", c.name, "'s sequence length ", c.seq_len,
-            " does not divide by --tp ", tp);
+            c.seq_len < c.context ? " (--seq-len)" : "", " does not divide by --tp ", tp);
 }
 
 // A model file's layers check their own splits: one rank's graph is built for one sample.
@@ -109,6 +110,14 @@ void check_recompute(const ModelConfig& c) {
               "such as gpt-mini and gpt2-124m; resnet supports --recompute full)");
   SAT_CHECK(gpt || resnet, "--recompute ", mode, ": ", c.name, " has no recomputable blocks (--recompute full: gpt "
             "and resnet, such as gpt-mini, gpt2-124m and resnet18; selective: gpt)");
+}
+
+void set_seq_len(ModelConfig& c, int64_t T) {
+  if (T == 0) return;
+  SAT_CHECK(c.tokens, "--seq-len applies to the GPT models only, not --model ", c.name);
+  SAT_CHECK(T >= 1 && T <= c.context, "--seq-len: expected a window of 1 to ", c.context, " tokens (", c.name,
+            "'s context), got ", T);
+  c.seq_len = T;
 }
 
 namespace {
@@ -205,7 +214,7 @@ void build_gpt(BuiltModel& m, Graph& g) {
   // Blocks: the transformer layers (Megatron's); the embedding belongs to the first and
   // the final LayerNorm and output head to the last.
   g.begin_block();
-  int x = add_gpt_embedding(g, region, "transformer", m.x, c.vocab, c.seq_len, c.n_embd, c.dropout);
+  int x = add_gpt_embedding(g, region, "transformer", m.x, c.vocab, c.context, c.n_embd, c.dropout);
   const TransformerBlock block{c.n_head, c.dropout, c.n_layer, c.recompute == Recompute::selective};
   for (int64_t l = 0; l < c.n_layer; ++l) {
     if (l > 0) g.begin_block();
@@ -234,6 +243,7 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
   if (file) {
     std::vector<int64_t> dims{B};
     for (int64_t d : cfg.file->inputs[0].shape.vec()) dims.push_back(d);
+    if (cfg.tokens) dims = {B, cfg.seq_len};  // the window (--seq-len), the file's length by default
     m.x_shape = Shape(dims);
     m.y_shape = cfg.tokens ? Shape{B, cfg.seq_len} : Shape{B};
     m.x_dtype = cfg.file->inputs[0].dtype;

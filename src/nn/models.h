@@ -36,7 +36,11 @@ struct ModelConfig {
   // (in = image.numel(), classes = the last).
   std::vector<int64_t> mlp_widths{784, 1024, 1024, 10};
   int resnet_depth = 18;      // resnet: 18 or 34 (BasicBlocks per stage 2,2,2,2 or 3,4,6,3)
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0, vocab = 0;  // GPT family
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;  // GPT family
+  // GPT family: `context` is the model's (the position embedding's rows, part of its
+  // parameters and of --model); `seq_len` is the window T the step's graph is built for
+  // and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.
+  int64_t context = 0, seq_len = 0;
   float dropout = 0.0f;
   Device device = Device::cpu;  // where the step runs (building a graph never touches it)
   DType act = DType::f32;       // floating activations: f32, or bf16/f16 on the GPU
@@ -76,6 +80,9 @@ void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_paralle
 // the mode (full: gpt and resnet; selective: gpt). The model alone: whether the device
 // recomputes is the trainer's check.
 void check_recompute(const ModelConfig& cfg);
+// --seq-len T: GPT models train on windows of T <= context tokens (sat::Error naming
+// --seq-len for other models or a T out of range). T = 0 keeps the context.
+void set_seq_len(ModelConfig& cfg, int64_t T);
 
 struct BuiltModel {
   ModelConfig config;

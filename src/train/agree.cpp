@@ -76,7 +76,7 @@ std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, co
   const ScheduleConfig& s = cfg.schedule;
   std::string split;
   for (int c : cfg.pp_split) split += str_cat(split.empty() ? "" : ",", c);
-  return str_cat("model=", model_spec(mc), ";model_config=", describe_model(mc), ";vocab=", mc.vocab,
+  return str_cat("model=", model_spec(mc), ";model_config=", describe_model(mc), ";vocab=", mc.vocab, ";seq_len=", mc.seq_len,
                  ";classes=", mc.classes, ";data=", train.name(), ";train_samples=", train.size(),
                  ";test_samples=", test ? test->size() : -1, ";batch=", cfg.batch, ";accum=", cfg.accum,
                  ";epochs=", cfg.epochs, ";steps=", cfg.steps, ";optimizer=", o.name, ";lr=", o.lr,

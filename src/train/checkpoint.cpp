@@ -268,6 +268,7 @@ std::string manifest_json(const Manifest& m) {
             {"losses", m.losses},
             {"files", files},
             {"tensors", tensors_json(m.tensors)}};
+  if (m.seq_len > 0) j["seq_len"] = m.seq_len;
   return j.dump(1);
 }
 
@@ -295,6 +296,10 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   m.accum = r.get<int64_t>(j, "accum", "");
   m.seed = r.get<uint64_t>(j, "seed", "");
   m.shuffle = r.get<bool>(j, "shuffle", "");
+  if (j.contains("seq_len")) {
+    m.seq_len = r.get<int64_t>(j, "seq_len", "");
+    SAT_CHECK(m.seq_len >= 1, where, ": key 'seq_len' must be a positive window of tokens");
+  }
   SAT_CHECK(m.step >= 1 && m.step <= (int64_t(1) << 40) && m.epoch >= 0 && m.step_in_epoch >= 0 &&
                 m.global_batch >= 1 && m.micro_batch >= 1 && m.accum >= 1 && m.parameters >= 0,
             where, ": the run's position (step, epoch, batch sizes) is out of range");

@@ -59,6 +59,9 @@ struct Manifest {
   int64_t step_in_epoch = 0;
   int64_t global_batch = 0;
   int64_t micro_batch = 0, accum = 1;
+  // GPT models trained with --seq-len: the window; 0 (and absent from the file) when it is
+  // the context, so that manifests without --seq-len are as they always were.
+  int64_t seq_len = 0;
   uint64_t seed = 0;
   bool shuffle = true;
   std::string optimizer;      // sgd | adamw

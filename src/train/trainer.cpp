@@ -890,9 +890,10 @@ GroupBytes Trainer::traffic() const {
 // Every test sample once, through the pipeline: each batch's forward runs stage after
 // stage (virtual stage after virtual stage), the stage with the loss counts, the sums
 // are added over the data-parallel ranks and broadcast along the pipeline.
-EvalResult Trainer::evaluate() {
+EvalResult Trainer::evaluate(const EvalSink& sink) {
   SAT_CHECK(test_, "internal error: no test split to evaluate");
   const dist::Mesh& m = *mesh_;
+  SAT_CHECK(!sink || m.dp() == 1, "internal error: predictions of a data-parallel rank's shard");
   const Graph& g = *plan_.model.graph;
   const int P = m.pp(), V = cfg_.virtual_stages, s = m.pp_rank();
   dist::Comm* pp = m.pp() > 1 ? &m.pp_group() : nullptr;
@@ -933,9 +934,11 @@ EvalResult Trainer::evaluate() {
       if (valid > 0) sums[0] += double(loss) * double(valid);
       sums[1] += double(valid);
       sums[4] += double(b.valid);
-      if (!classify || valid == 0) continue;
+      if (!sink && (!classify || valid == 0)) continue;
       std::vector<float> host = engine_->read_f32(0, plan_.model.logits);
       const int64_t C = engine_->value(0, plan_.model.logits).shape[-1];
+      if (sink) sink(EvalBatch{b, i * cfg_.batch, host.data(), C});
+      if (!classify) continue;
       for (int64_t k = 0; k < rows; ++k) {
         if (y[k] < 0) continue;
         const float* l = host.data() + k * C;

@@ -41,6 +41,17 @@ void check_zero(const TrainConfig& cfg, bool cuda, int dp);
 struct Manifest;
 struct CheckpointWrite;
 
+// One evaluated micro-batch as the stage with the loss sees it (saturate predict): rows
+// [0, batch.valid) are test samples first, first + 1, ...; logits are the model's output
+// on the host, [rows of batch.y, classes] (a token model's rows are its B x T positions).
+struct EvalBatch {
+  const Batch& batch;
+  int64_t first = 0;
+  const float* logits = nullptr;
+  int64_t classes = 0;
+};
+using EvalSink = std::function<void(const EvalBatch&)>;
+
 // Where a run resumed from a checkpoint goes on (Trainer::resume).
 struct ResumeState {
   int64_t step = 0, epoch = 0, step_in_epoch = 0;
@@ -67,7 +78,9 @@ class Trainer {
   const dist::Mesh& mesh() const { return *mesh_; }
 
   TrainResult run(const std::function<void(const StepMetrics&)>& on_step = {});
-  EvalResult evaluate();
+  // The test split's loss (and accuracy for classifiers); `sink` (one data-parallel rank
+  // only) also sees every batch's logits, so predictions come from the same forward pass.
+  EvalResult evaluate(const EvalSink& sink = {});
   // --profile: every layer's time per measured step, slowest first (gemm_peak: FLOP/s of
   // this machine's GEMMs, for each layer's share of it; 0: not shown). "" without --profile.
   std::string profile_table(double gemm_peak) const { return profiler_ ? profiler_->table(gemm_peak) : ""; }

@@ -125,6 +125,7 @@ Manifest Trainer::checkpoint_header(int64_t step, int64_t total, const std::vect
   man.accum = cfg_.accum;
   man.seed = cfg_.seed;
   man.shuffle = cfg_.shuffle;
+  if (mc_.tokens && mc_.seq_len != mc_.context) man.seq_len = mc_.seq_len;
   man.optimizer = opt_ ? opt_->config().name : cfg_.optim.name;
   man.optimizer_steps = opt_ ? opt_->steps() : step;
   man.slots = slot_names(man.optimizer, params_->optimizer_slots());
@@ -331,6 +332,10 @@ void Trainer::check_resumable(const std::string& dir, const Manifest& man) const
               cfg_.shuffle ? "on" : "off");
     const std::string opt = opt_ ? opt_->config().name : cfg_.optim.name;
     SAT_CHECK(man.optimizer == opt, dir, ": written with --optimizer ", man.optimizer, ", this run uses ", opt);
+    // Another window cuts the data into other samples: the position would point elsewhere.
+    const int64_t window = man.seq_len > 0 ? man.seq_len : mc_.context;
+    SAT_CHECK(!mc_.tokens || window == mc_.seq_len, dir, ": written with windows of ", window, " tokens (--seq-len), "
+              "this run's are ", mc_.seq_len, ": the data position would not carry over");
   }
 }
 

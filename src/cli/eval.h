@@ -1,0 +1,27 @@
+// `saturate eval` and `saturate predict`: a trained model's weights on the test split,
+// through the trainer's own evaluation (Trainer::evaluate), so that eval's figures are
+// train's final evaluation's, bit for bit, for the same weights, data and --batch.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace sat {
+
+struct EvalArgs {
+  std::string model = "mlp", data, init_weights, normalize;
+  std::string json;    // eval: --json FILE
+  std::string out;     // predict: --out FILE (CSV)
+  std::string prompt;  // predict, GPT models: --prompt FILE of token ids
+  int64_t batch = 64, vocab = 0, seq_len = 0, top_k = 10;
+  uint64_t seed = 0;  // synthetic data is generated from it, as in train
+  int threads = 0;
+};
+
+// Prints the test loss (and accuracy for classifiers); with --json writes them. Returns
+// the exit status; user mistakes are sat::Error naming the flag or file.
+int run_eval(const EvalArgs& a);
+// Classifiers: a CSV index,class,probability,label of the test split. GPT models: the
+// top-k next tokens after --prompt, a CSV rank,token,probability,logit.
+int run_predict(const EvalArgs& a);
+
+}  // namespace sat
