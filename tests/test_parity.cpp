@@ -185,3 +185,6 @@ TEST(Parity, Resnet18Sgd) { run_parity("resnet18_sgd"); }
 TEST(Parity, Resnet18Adamw) { run_parity("resnet18_adamw"); }
 TEST(Parity, GptMiniSgd) { run_parity("gpt-mini_sgd"); }
 TEST(Parity, GptMiniAdamw) { run_parity("gpt-mini_adamw"); }
+// Llama (RMSNorm, rotary embeddings, grouped-query attention with 8 query and 2 key/value
+// heads, SwiGLU, untied head), the golden's model being its family string.
+TEST(Parity, LlamaTinyAdamw) { run_parity("llama-tiny_adamw"); }
