@@ -238,10 +238,6 @@ void CausalSelfAttention::setup(LayerSetup& s) {
   const int64_t hs = head_size(s, n_head_, n_kv_head_);
   const Shape& x = s.in_shape(0);
   const int64_t B = x[0], T = x[1], C = n_head_ * hs;
-  // The GPU kernels copy heads out of one fused [B, T, 3C] input.
-  SAT_CHECK(s.device != Device::cuda || (s.inputs.size() == 1 && n_kv_head_ == n_head_), s.name,
-            ": CausalSelfAttention on the GPU takes one fused qkv input with n_kv_head = n_head (grouped-query or "
-            "separate q, k, v inputs run on the CPU engine)");
   s.set_output(Shape{B, T, C}, s.act);
 
   const bool keep = s.training && !recompute_;  // P saved for backward
@@ -249,6 +245,9 @@ void CausalSelfAttention::setup(LayerSetup& s) {
     // GPU (attention.cu): per-head copies of q, k, v and batched GEMMs over all heads.
     // Selective recomputation is planned here (P not kept, recomputed into backward
     // scratch) so that a plan for the GPU can weigh it, but the GPU kernels refuse it yet.
+    // So is grouped-query attention (and three inputs): planned as if each key/value head
+    // were copied once per query head (HF's repeat_kv), refused by the kernels yet, so
+    // that the planner can lay out Llama on GPUs.
     const Shape heads3{3, B, n_head_, T, hs}, heads1{B, n_head_, T, hs}, probs{B, n_head_, T, T};
     const bool f32 = s.act == DType::f32;
     if (keep) s.save(probs, s.act);                       // P, kept for backward

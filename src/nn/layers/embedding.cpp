@@ -70,8 +70,6 @@ void Embedding::setup(LayerSetup& s) {
   const TensorSpec& x = s.inputs[0];
   SAT_CHECK(x.dtype == DType::i32, "Embedding ", s.name, ": expected i32 indices, got ", dtype_name(x.dtype));
   SAT_CHECK(x.shape.nd < Shape::kMaxDims, "Embedding ", s.name, ": input ", x.shape.str(), " has too many dims");
-  SAT_CHECK(!tp_.on() || s.device == Device::cpu, "Embedding ", s.name,
-            ": the vocabulary-parallel embedding runs on the CPU engine only");
   Shape y = x.shape;
   y.d[size_t(y.nd++)] = dim_;
   s.set_output(y, s.act);

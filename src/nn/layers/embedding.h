@@ -2,7 +2,7 @@
 //   Embedding(num, dim): input idx i32 [...] -> output [..., dim], out[i] = weight[idx[i]];
 //     param "weight" [num, dim], init N(0, 1) like PyTorch. Backward scatter-adds dout rows into
 //     the weight gradient (repeated indices add up); indices get no gradient.
-//     With tp.parts > 1 (Llama's vocabulary-parallel embed_tokens, CPU only) it splits as
+//     With tp.parts > 1 (Llama's vocabulary-parallel embed_tokens) it splits as
 //     GPTEmbedding's wte below: rank `index` holds rows [index * num/parts, ...) and outputs
 //     zero rows for the tokens outside them, a partial sum completed by a TPAllReduce.
 //   GPTEmbedding(vocab, max_t, dim, std): input tokens i32 [B, T] (T <= max_t) -> [B, T, dim],
