@@ -9,7 +9,7 @@
 //                        of each, hs = C / n_head.
 //   out  y   [B, T, C]   y[b, t, h*hs + j] = sum_{s <= t} P[b, h, t, s] v[b, s, h*hs + j],
 //                        P = softmax(q k^T / sqrt(hs) + causal mask) per row.
-// Grouped (CPU only), either input form:
+// Grouped (CPU only: a GPU setup plans it, the GPU kernels refuse it yet), either input form:
 //   in   qkv [B, T, (n_head + 2 n_kv_head) hs]  q, then k, then v, each head-major;
 //   or   q [B, T, n_head hs], k [B, T, n_kv_head hs], v [B, T, n_kv_head hs] (three
 //        inputs: Llama's separate q_proj, k_proj, v_proj, which tensor parallelism splits
