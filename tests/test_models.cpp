@@ -195,6 +195,34 @@ TEST(ModelFamilies, SpecOfEveryModel) {
   EXPECT_EQ(sat::model_config(spec).dropout, 0.99999994f);
 }
 
+// Llama's spec in its own order whatever the order given, and its parameters under
+// HuggingFace LlamaForCausalLM's names and shapes (untied lm_head, no biases).
+TEST(ModelFamilies, LlamaHasHuggingFacesNames) {
+  const std::string spec = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256";
+  EXPECT_EQ(sat::model_spec(sat::model_config("llama:vocab=256,context=32,ffn=96,width=64,kv_heads=2,heads=4,layers=2")),
+            spec);
+  EXPECT_EQ(sat::describe_model(sat::model_config(spec)), "Llama: 2 layers, 4 heads of 16 channels (2 key/value heads), "
+                                                           "width 64, SwiGLU width 96, context 32, vocabulary 256");
+  const sat::BuiltModel m = sat::build_model(sat::model_config(spec), 2);
+  std::map<std::string, sat::Shape> shapes;
+  for (auto& p : m.graph->params()) shapes[p.name] = p.spec.shape;
+  const std::string l1 = "model.layers.1.";
+  const std::map<std::string, sat::Shape> want_some{
+      {"model.embed_tokens.weight", {256, 64}},       {l1 + "input_layernorm.weight", {64}},
+      {l1 + "self_attn.q_proj.weight", {64, 64}},     {l1 + "self_attn.k_proj.weight", {32, 64}},
+      {l1 + "self_attn.v_proj.weight", {32, 64}},     {l1 + "self_attn.o_proj.weight", {64, 64}},
+      {l1 + "post_attention_layernorm.weight", {64}}, {l1 + "mlp.gate_proj.weight", {96, 64}},
+      {l1 + "mlp.up_proj.weight", {96, 64}},          {l1 + "mlp.down_proj.weight", {64, 96}},
+      {"model.norm.weight", {64}},                    {"lm_head.weight", {256, 64}}};
+  for (auto& [name, shape] : want_some) {
+    ASSERT_TRUE(shapes.count(name)) << name;
+    EXPECT_EQ(shapes.at(name), shape) << name;
+  }
+  EXPECT_EQ(shapes.size(), 2u * 9 + 3);
+  const int64_t per_layer = 64 * 64 * 2 + 32 * 64 * 2 + 96 * 64 * 3 + 2 * 64;
+  EXPECT_EQ(m.graph->param_count(), 2 * per_layer + 2 * 256 * 64 + 64);
+}
+
 // Hidden layers fc1..fcN-1 with relu1..reluN-1, the output layer fcN; none hidden: fc1 alone.
 TEST(ModelFamilies, MlpHasTheLayersOfItsWidths) {
   const sat::BuiltModel m = sat::build_model(sat::model_config("mlp:784-300-200-100-10"), 4);
@@ -265,6 +293,14 @@ TEST(ModelFamilies, MistakesAreClearErrors) {
       {"gpt:layers=4,heads=4,width=256,context=128,vocab=64,dropout=0.99999999", "'dropout' must be a probability"},
       {"gpt:layers=1,heads=256,width=256,context=10000000,vocab=64", "heads x context^2 = 2.56e+16 attention "
                                                                      "probabilities per sample is beyond 1e15"},
+      {"llama:layers=2,heads=4,width=64,ffn=96,context=32,vocab=256", "missing 'kv_heads' (llama:layers=L,heads=H,"
+                                                                      "kv_heads=K,width=C,ffn=F,context=T,vocab=V)"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,context=32,vocab=256", "missing 'ffn'"},
+      {"llama:layers=2,heads=4,kv_heads=3,width=64,ffn=96,context=32,vocab=256", "heads 4 does not divide by kv_heads 3"},
+      {"llama:layers=2,heads=4,kv_heads=0,width=64,ffn=96,context=32,vocab=256", "'kv_heads' must be a positive"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=12,ffn=96,context=32,vocab=256", "width / heads = 3 channels per head "
+                                                                                 "is odd"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,dropout=0.1", "unknown key 'dropout'"},
       {"resnet:50", "--model resnet:50: expected a depth of 18 or 34"},
       {"resnet:eighteen", "expected a depth of 18 or 34"},
       {"mlp:784", "expected the widths IN-HIDDEN...-CLASSES"},
@@ -352,6 +388,9 @@ TEST(ModelFamilies, RecomputeFollowsTheFamily) {
   const std::string gpt = "gpt:layers=2,heads=2,width=16,context=8,vocab=32";
   EXPECT_EQ(error_with(gpt, sat::Recompute::selective), "");
   EXPECT_EQ(error_with(gpt, sat::Recompute::full), "");
+  const std::string llama = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256";
+  EXPECT_EQ(error_with(llama, sat::Recompute::selective), "");
+  EXPECT_EQ(error_with(llama, sat::Recompute::full), "");
   EXPECT_EQ(error_with("resnet:34", sat::Recompute::full), "");
   EXPECT_NE(error_with("resnet:34", sat::Recompute::selective).find("--recompute selective: resnet:34 has no attention"),
             std::string::npos);

@@ -189,6 +189,9 @@ TEST(Parity, Resnet18Sgd) { run_parity("resnet18_sgd"); }
 TEST(Parity, Resnet18Adamw) { run_parity("resnet18_adamw"); }
 TEST(Parity, GptMiniSgd) { run_parity("gpt-mini_sgd"); }
 TEST(Parity, GptMiniAdamw) { run_parity("gpt-mini_adamw"); }
+// Llama (RMSNorm, rotary embeddings, grouped-query attention with 8 query and 2 key/value
+// heads, SwiGLU, untied head), the golden's model being its family string.
+TEST(Parity, LlamaTinyAdamw) { run_parity("llama-tiny_adamw"); }
 // A network that exists only as a model file (models/examples/branchnet.json: a branch and
 // a 1x1 shortcut merged by add), against bench/peer/model_file.py's module of the file.
 TEST(Parity, ModelFileBranchnetAdamw) { run_parity("branchnet_adamw"); }

@@ -58,7 +58,9 @@ TEST(StageGraphs, StagesPartitionTheModel) {
   for (Case c : {Case{"mlp", 2, PipeSchedule::one_f_one_b, 1}, Case{"mlp", 4, PipeSchedule::gpipe, 1},
                  Case{"mlp", 2, PipeSchedule::interleaved, 3}, Case{"convnet", 4, PipeSchedule::interleaved, 3},
                  Case{"resnet18", 3, PipeSchedule::one_f_one_b, 1}, Case{"gpt-mini", 2, PipeSchedule::one_f_one_b, 1},
-                 Case{"gpt-mini", 2, PipeSchedule::interleaved, 2}, Case{"gpt-mini", 4, PipeSchedule::gpipe, 1}}) {
+                 Case{"gpt-mini", 2, PipeSchedule::interleaved, 2}, Case{"gpt-mini", 4, PipeSchedule::gpipe, 1},
+                 Case{"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256", 2,
+                      PipeSchedule::one_f_one_b, 1}}) {
     const auto mc = sat::model_config(c.model);
     const sat::BuiltModel whole = sat::build_model(mc, 2);
     sat::TrainConfig cfg = layout(c.pp, c.kind, 4, c.v);
@@ -293,6 +295,13 @@ TEST(Pipeline, GptMiniWithTiedEmbeddingsEverySchedule) {
     for (int pp : {2, 4}) expect_exact({.model = "gpt-mini", .pp = pp, .kind = kind, .batch = 1, .steps = 20}, pp);
   expect_exact({.model = "gpt-mini", .pp = 2, .kind = PipeSchedule::interleaved, .v = 2, .batch = 1, .evaluate = true},
                2);
+}
+
+// Llama's untied embedding and head on the first and last stages.
+TEST(Pipeline, LlamaOneFOneB) {
+  if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
+  expect_exact({.model = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256", .pp = 2,
+                .kind = PipeSchedule::one_f_one_b, .batch = 2, .steps = 20}, 2);
 }
 
 // (A smaller learning rate: at 0.05 the convnet fits the synthetic data to a loss of 0.003

@@ -190,6 +190,11 @@ TEST(Recompute, BitwiseEqualToKeepingEverything) {
   res.dropout = 0;
   res.steps = 3;
   expect_exact(res, {Recompute::full}, "resnet18");
+  Case llama;
+  llama.model = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256";
+  llama.dropout = 0;
+  llama.steps = 5;
+  expect_exact(llama, {Recompute::selective, Recompute::full}, "llama (grouped-query)");
 }
 
 // The plan is exact at two batch sizes, and each mode keeps less than the one before it.

@@ -42,6 +42,9 @@ using sat::test::distributed;
 using sat::test::world_is;
 
 
+// A small Llama (2 kv heads: tp 2 at most) that learns on synthetic tokens in 20 steps.
+const char* const kLlama = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256";
+
 sat::ModelConfig tp_model(const std::string& name, int tp, int rank, bool sp = false) {
   sat::ModelConfig mc = sat::model_config(name);
   mc.tp = tp;
@@ -101,8 +104,9 @@ TEST(Shard, ColumnsRoundTrip) {
 // Every rank of a tp group starts from its part of the one-process weights (both inits),
 // and the parts of the split parameters, put together, are the whole model.
 TEST(TensorParallelGraph, InitIsTheSliceOfOneProcess) {
-  for (const char* name : {"mlp", "mlp:784-64-32-48-16-10", "gpt-mini"})
-    for (int tp : {2, 4})
+  for (const char* name : {"mlp", "mlp:784-64-32-48-16-10", "gpt-mini", kLlama})
+    for (int tp : {2, 4}) {
+      if (name == kLlama && tp == 4) continue;  // 2 key/value heads
       for (bool parity : {false, true}) {
         sat::BuiltModel one = sat::build_model(sat::model_config(name), 2);
         sat::ParamStore whole(one.graph->params(), one.graph->states(), 0);
@@ -129,6 +133,7 @@ TEST(TensorParallelGraph, InitIsTheSliceOfOneProcess) {
         }
         EXPECT_EQ(split_elems + whole_elems, one.graph->param_count()) << name << " tp " << tp;
       }
+    }
 }
 
 // Megatron's layout of GPT: per block one entry and one exit of a tensor-parallel region
@@ -154,6 +159,30 @@ TEST(TensorParallelGraph, GptHasMegatronsCollectives) {
     int partial = 0;
     for (auto& p : g.params()) partial += p.shard.partial_grad;
     EXPECT_EQ(partial, sp ? 2 * (2 * L + 1) : 0) << "LayerNorm weights and biases sum their gradients under sp";
+  }
+}
+
+// Llama under tp 2 has GPT's regions: each rank holds half of the query heads (q 4/2 x 16
+// channels), half of the key/value heads (2/2 x 16), half of SwiGLU's features and of the
+// vocabulary; RMSNorm weights sum their gradients under sequence parallelism.
+TEST(TensorParallelGraph, LlamaHasMegatronsCollectives) {
+  const int L = 2;
+  for (bool sp : {false, true}) {
+    sat::BuiltModel m = sat::build_model(tp_model(kLlama, 2, 1, sp), 2);
+    const sat::Graph& g = *m.graph;
+    EXPECT_EQ(count_kind(g, sp ? "TPAllGather" : "TPCopy"), 2 * L + 1);
+    EXPECT_EQ(count_kind(g, sp ? "TPReduceScatter" : "TPAllReduce"), 2 * L + 1);
+    std::map<std::string, sat::Shape> out;
+    for (auto& n : g.nodes()) out[n.name] = n.setup.output.shape;
+    EXPECT_EQ(out.at("model.layers.0.self_attn.q_proj"), (sat::Shape{2, 32, 2 * 16}));
+    EXPECT_EQ(out.at("model.layers.0.self_attn.k_proj"), (sat::Shape{2, 32, 1 * 16}));
+    EXPECT_EQ(out.at("model.layers.1.self_attn.attn"), (sat::Shape{2, 32, 2 * 16}));
+    EXPECT_EQ(out.at("model.layers.1.mlp.act_fn"), (sat::Shape{2, 32, 96 / 2}));
+    EXPECT_EQ(out.at("lm_head"), (sat::Shape{2, 32, 256 / 2}));
+    EXPECT_EQ(out.at("model.norm").numel(), sp ? 2 * 32 * 64 / 2 : 2 * 32 * 64);  // sp: this rank's tokens
+    int partial = 0;
+    for (auto& p : g.params()) partial += p.shard.partial_grad;
+    EXPECT_EQ(partial, sp ? 2 * L + 1 : 0) << "RMSNorm weights sum their gradients under sp";
   }
 }
 
@@ -202,6 +231,11 @@ TEST(TensorParallelGraph, BadLayoutsAreClearErrors) {
   EXPECT_EQ(error_of("mlp:784-64-65-10", 2, false), "");  // fc2's output is not split
   EXPECT_NE(error_of("mlp:784-64-10", 2, false).find("has no tensor-parallel form"), std::string::npos);
   EXPECT_EQ(error_of("gpt2-124m", 4, true, 50304), "");
+  EXPECT_EQ(error_of(kLlama, 2, true), "");
+  EXPECT_NE(error_of(kLlama, 4, false).find("--tp 4: " + std::string(kLlama) + " has 2 key/value heads, which do not "
+                                            "divide by 4"), std::string::npos);
+  EXPECT_NE(error_of("llama:layers=1,heads=4,kv_heads=4,width=64,ffn=90,context=8,vocab=256", 4, false)
+                .find("MLP width ffn=90"), std::string::npos);
   EXPECT_NE(error_of("gpt2-124m", 2, false).find("vocabulary of 50257 tokens does not divide by 2 (the embedding and "
                                                  "output head are split by vocabulary): pad it, as Megatron-LM does, "
                                                  "with --vocab 50432"),
@@ -357,6 +391,14 @@ TEST(TensorParallel, TwoRanks) {
   expect_exact({.model = "gpt-mini", .evaluate = true});
   expect_exact({.model = "gpt-mini", .sp = true});
   expect_exact({.model = "gpt-mini", .sp = true, .optimizer = "adamw", .lr = 3e-4f, .dropout = 0.1f});
+}
+
+// Llama (RMSNorm, rotary, grouped-query attention, SwiGLU, untied vocabulary-parallel
+// embedding and head) follows one process, with and without sequence parallelism.
+TEST(TensorParallel, LlamaTwoRanks) {
+  if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
+  expect_exact({.model = kLlama, .batch = 4, .optimizer = "adamw", .lr = 3e-3f, .evaluate = true});
+  expect_exact({.model = kLlama, .sp = true, .batch = 4, .optimizer = "adamw", .lr = 3e-3f});
 }
 
 // Deeper mlps: an odd hidden layer left whole between the pair and the head, and a second

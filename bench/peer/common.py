@@ -124,7 +124,8 @@ def parity_init(model):
     norm_types = (torch.nn.BatchNorm2d, torch.nn.LayerNorm)
     norm_weights = set()
     for mname, mod in model.named_modules():
-        if isinstance(mod, norm_types) and getattr(mod, "weight", None) is not None:
+        is_norm = isinstance(mod, norm_types) or getattr(mod, "is_norm", False)  # models.RMSNorm
+        if is_norm and getattr(mod, "weight", None) is not None:
             norm_weights.add(id(mod.weight))
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -2,7 +2,8 @@
 safetensors names, so they must not change.
 
 build(name, ...) takes a preset name or a family string, as saturate's --model does
-(gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], mlp:IN-HIDDEN...-CLASSES,
+(gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P],
+llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V, mlp:IN-HIDDEN...-CLASSES,
 resnet:18|34; dropout is not modelled here), and returns (model, spec) where spec
 describes the input:
   {"kind": "image", "chw": (C,H,W), "classes": n}  or
@@ -172,6 +173,113 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm (HF LlamaRMSNorm in float32): x * rsqrt(mean(x^2) + eps) * weight."""
+    is_norm = True  # common.parity_init: a norm weight (starts near 1)
+
+    def __init__(self, C, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(T, hs, dtype, theta=10000.0):
+    """cos, sin [T, hs] of HF's LlamaRotaryEmbedding, computed in float32 as it does."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2).float() / hs))
+    ang = torch.arange(T).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query causal attention with rotary q and k (HF LlamaAttention, no bias)."""
+
+    def __init__(self, C, n_head, n_kv_head):
+        super().__init__()
+        self.nh, self.nkv, self.hs = n_head, n_kv_head, C // n_head
+        self.q_proj = nn.Linear(C, n_head * self.hs, bias=False)
+        self.k_proj = nn.Linear(C, n_kv_head * self.hs, bias=False)
+        self.v_proj = nn.Linear(C, n_kv_head * self.hs, bias=False)
+        self.o_proj = nn.Linear(n_head * self.hs, C, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hs).transpose(1, 2)  # [B, nh, T, hs]
+        k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)  # [B, nkv, T, hs]
+        v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
+        cos, sin = rope_tables(T, self.hs, x.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # HF's repeat_kv
+        v = v.repeat_interleave(self.nh // self.nkv, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hs))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, self.nh * self.hs)
+        return self.o_proj(y)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, C, ffn):
+        super().__init__()
+        self.gate_proj = nn.Linear(C, ffn, bias=False)
+        self.up_proj = nn.Linear(C, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, C, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, C, n_head, n_kv_head, ffn):
+        super().__init__()
+        self.input_layernorm = RMSNorm(C)
+        self.self_attn = LlamaAttention(C, n_head, n_kv_head)
+        self.post_attention_layernorm = RMSNorm(C)
+        self.mlp = LlamaMLP(C, ffn)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, V):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(V, C)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(C, n_head, n_kv_head, ffn) for _ in range(n_layer)])
+        self.norm = RMSNorm(C)
+
+
+class Llama(nn.Module):
+    """HF LlamaForCausalLM's layout and names (model.embed_tokens, model.layers.N.self_attn.q_proj,
+    ..., model.norm, lm_head untied); every weight N(0, 0.02), norms ones; rope theta 10000,
+    RMSNorm eps 1e-5. T: the context, for the spec only (rotary embeddings have no table)."""
+
+    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, T, V):
+        super().__init__()
+        self.T, self.V = T, V
+        self.model = LlamaModel(n_layer, n_head, n_kv_head, C, ffn, V)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x)
+        return self.lm_head(self.model.norm(x))
+
+
 GPT_CONFIGS = {
     # name: (n_layer, n_head, C, T, V)
     "gpt-mini": (4, 4, 256, 128, 4096),
@@ -185,6 +293,8 @@ PRESETS = {
     "gpt-mini": "gpt:layers=4,heads=4,width=256,context=128,vocab=4096",
     "gpt2-124m": "gpt:layers=12,heads=12,width=768,context=1024,vocab=50257",
 }
+
+LLAMA_KEYS = ("layers", "heads", "kv_heads", "width", "ffn", "context", "vocab")
 
 MODEL_NAMES = ["mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"]
 
@@ -201,6 +311,11 @@ def parse_family(name):
             if sorted(kv) != sorted(keys):
                 raise ValueError(f"expected the keys {', '.join(keys)}")
             return "gpt", tuple(int(kv[k]) for k in keys)
+        if family == "llama":
+            kv = dict(item.split("=", 1) for item in body.split(","))
+            if sorted(kv) != sorted(LLAMA_KEYS):
+                raise ValueError(f"expected the keys {', '.join(LLAMA_KEYS)}")
+            return "llama", tuple(int(kv[k]) for k in LLAMA_KEYS)
         if family == "mlp":
             widths = [int(w) for w in body.split("-")]
             if len(widths) < 2 or min(widths) < 1:
@@ -210,7 +325,7 @@ def parse_family(name):
             return "resnet", int(body)
     except ValueError as e:
         raise ValueError(f"model {name!r}: {e}") from None
-    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}, or gpt:..., mlp:..., resnet:18|34")
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}, or gpt:..., llama:..., mlp:..., resnet:18|34")
 
 
 def model_arg(name):
@@ -241,6 +356,10 @@ def build(name, chw=None, classes=10, seq_len=None):
     if family == "resnet":
         C, H, W = tuple(chw) if chw else (3, 32, 32)
         return ResNet(C, classes, cfg), {"kind": "image", "chw": (C, H, W), "classes": classes}
+    if family == "llama":
+        L, nh, nkv, C, ffn, T, V = cfg
+        T = seq_len or T
+        return Llama(L, nh, nkv, C, ffn, T, V), {"kind": "tokens", "T": T, "V": V}
     L, nh, C, T, V = cfg
     if seq_len:
         T = seq_len

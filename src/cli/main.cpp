@@ -160,7 +160,7 @@ std::string resume_from(const TrainArgs& a, bool lead) {
 sat::ModelConfig model_for(const TrainArgs& a) {
   sat::ModelConfig mc = sat::model_config(a.model);
   if (a.vocab > 0) {
-    SAT_CHECK(mc.tokens, "--vocab applies to the GPT models only, not --model ", a.model);
+    SAT_CHECK(mc.tokens, "--vocab applies to the GPT and Llama models only, not --model ", a.model);
     mc.vocab = mc.classes = a.vocab;
   }
   sat::set_seq_len(mc, a.seq_len);
@@ -924,7 +924,8 @@ int run_info(const InfoArgs& ia) {
 
 const char* const kModelHelp =
     "mlp | convnet | resnet18 | gpt-mini | gpt2-124m, or a family: gpt:layers=L,heads=H,width=C,context=T,vocab=V"
-    "[,dropout=P] | mlp:IN-HIDDEN...-CLASSES | resnet:18|34";
+    "[,dropout=P] | llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V | mlp:IN-HIDDEN...-CLASSES | "
+    "resnet:18|34";
 
 // saturate hardware: a kind, a cluster's file or this machine (measured by every rank of the
 // job at once), as a table or in the file format; rank 0 prints.

@@ -1,4 +1,5 @@
 // --model strings: the preset names and FAMILY:SPEC (models.h).
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +17,8 @@ namespace {
 constexpr int64_t kMaxCount = 100'000'000;
 
 const char* const kFamilies =
-    "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], mlp:IN-HIDDEN...-CLASSES, resnet:18|34, "
+    "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], "
+    "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V, mlp:IN-HIDDEN...-CLASSES, resnet:18|34, "
     "file:NET.json";
 
 // A positive integer, the whole of `text`; sat::Error naming the spec and `what` otherwise.
@@ -49,34 +51,50 @@ std::map<std::string, std::string> key_values(const std::string& spec, const std
   return kv;
 }
 
-// gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]
-void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body) {
-  std::map<std::string, std::string> kv = key_values(spec, body);
-  for (auto& [key, value] : kv)
-    SAT_CHECK(key == "layers" || key == "heads" || key == "width" || key == "context" || key == "vocab" ||
-                  key == "dropout",
-              "--model ", spec, ": unknown key '", key, "' (expected layers, heads, width, context, vocab and "
-              "optionally dropout)");
-  auto take = [&](const char* key) {
-    SAT_CHECK(kv.count(key), "--model ", spec, ": missing '", key, "' (", "gpt:layers=L,heads=H,width=C,context=T,"
-              "vocab=V[,dropout=P])");
+// The sizes GPT and Llama share (layers, heads, width, context, vocab), each a positive
+// integer under its key; `keys` lists every key the family accepts, `syntax` is its form.
+struct Spec {
+  const std::string& spec;
+  std::map<std::string, std::string> kv;
+  const char* syntax;
+  int64_t take(const char* key) const {
+    SAT_CHECK(kv.count(key), "--model ", spec, ": missing '", key, "' (", syntax, ")");
     return positive(spec, std::string("'") + key + "'", kv.at(key));
-  };
-  c.family = ModelFamily::gpt;
+  }
+};
+
+Spec parse_spec(const std::string& spec, const std::string& body, const std::vector<std::string>& keys,
+                const char* syntax) {
+  Spec s{spec, key_values(spec, body), syntax};
+  for (auto& [key, value] : s.kv)
+    SAT_CHECK(std::find(keys.begin(), keys.end(), key) != keys.end(), "--model ", spec, ": unknown key '", key,
+              "' (", syntax, ")");
+  return s;
+}
+
+void take_transformer(ModelConfig& c, const Spec& s) {
   c.tokens = true;
-  c.n_layer = take("layers");
-  c.n_head = take("heads");
-  c.n_embd = take("width");
-  c.context = c.seq_len = take("context");
-  c.vocab = c.classes = take("vocab");
-  SAT_CHECK(c.n_embd % c.n_head == 0, "--model ", spec, ": width ", c.n_embd, " does not divide by heads ", c.n_head,
+  c.n_layer = s.take("layers");
+  c.n_head = s.take("heads");
+  c.n_embd = s.take("width");
+  c.context = c.seq_len = s.take("context");
+  c.vocab = c.classes = s.take("vocab");
+  SAT_CHECK(c.n_embd % c.n_head == 0, "--model ", s.spec, ": width ", c.n_embd, " does not divide by heads ", c.n_head,
             " (each head has width / heads channels)");
   // One sample's attention probabilities [heads, T, T]: beyond this, sizes leave int64.
-  SAT_CHECK(double(c.n_head) * double(c.context) * double(c.context) <= 1e15, "--model ", spec, ": heads x context^2 = ",
-            double(c.n_head) * double(c.context) * double(c.context), " attention probabilities per sample is beyond "
-            "1e15 (", c.n_head, " heads, context ", c.context, ")");
-  if (kv.count("dropout")) {
-    const std::string& v = kv.at("dropout");
+  SAT_CHECK(double(c.n_head) * double(c.context) * double(c.context) <= 1e15, "--model ", s.spec,
+            ": heads x context^2 = ", double(c.n_head) * double(c.context) * double(c.context),
+            " attention probabilities per sample is beyond 1e15 (", c.n_head, " heads, context ", c.context, ")");
+}
+
+// gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]
+void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body) {
+  const Spec s = parse_spec(spec, body, {"layers", "heads", "width", "context", "vocab", "dropout"},
+                            "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]");
+  c.family = ModelFamily::gpt;
+  take_transformer(c, s);
+  if (s.kv.count("dropout")) {
+    const std::string& v = s.kv.at("dropout");
     char* end = nullptr;
     const double p = std::strtod(v.c_str(), &end);
     // In float, as the layers keep it: 0.99999999 rounds to 1 (every activation dropped).
@@ -84,6 +102,20 @@ void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body)
               ": 'dropout' must be a probability in [0, 1), got '", v, "'");
     c.dropout = float(p);
   }
+}
+
+// llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V
+void parse_llama(ModelConfig& c, const std::string& spec, const std::string& body) {
+  const Spec s = parse_spec(spec, body, {"layers", "heads", "kv_heads", "width", "ffn", "context", "vocab"},
+                            "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V");
+  c.family = ModelFamily::llama;
+  take_transformer(c, s);
+  c.n_kv_head = s.take("kv_heads");
+  c.ffn = s.take("ffn");
+  SAT_CHECK(c.n_head % c.n_kv_head == 0, "--model ", spec, ": heads ", c.n_head, " does not divide by kv_heads ",
+            c.n_kv_head, " (each key/value head serves a group of heads / kv_heads query heads)");
+  SAT_CHECK((c.n_embd / c.n_head) % 2 == 0, "--model ", spec, ": width / heads = ", c.n_embd / c.n_head,
+            " channels per head is odd (rotary embeddings rotate pairs of channels)");
 }
 
 // mlp:IN-HIDDEN...-CLASSES
@@ -131,6 +163,7 @@ ModelConfig parse_family(const std::string& spec) {
   const std::string family = spec.substr(0, colon), body = spec.substr(colon + 1);
   if (family == "file") return model_file_config(spec, body);
   if (family == "gpt") parse_gpt(c, spec, body);
+  else if (family == "llama") parse_llama(c, spec, body);
   else if (family == "mlp") parse_mlp(c, spec, body);
   else if (family == "resnet") parse_resnet(c, spec, body);
   else fail("--model ", spec, ": unknown model family '", family, "' (families: ", kFamilies, ")");
@@ -150,6 +183,7 @@ const char* family_name(ModelFamily f) {
     case ModelFamily::convnet: return "convnet";
     case ModelFamily::resnet: return "resnet";
     case ModelFamily::gpt: return "gpt";
+    case ModelFamily::llama: return "llama";
     case ModelFamily::file: return "file";
   }
   return "?";
@@ -197,6 +231,9 @@ std::string model_spec(const ModelConfig& c) {
     case ModelFamily::gpt:
       return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.context,
                      ",vocab=", c.vocab, c.dropout > 0 ? ",dropout=" + float_text(c.dropout) : std::string());
+    case ModelFamily::llama:
+      return str_cat("llama:layers=", c.n_layer, ",heads=", c.n_head, ",kv_heads=", c.n_kv_head, ",width=", c.n_embd,
+                     ",ffn=", c.ffn, ",context=", c.context, ",vocab=", c.vocab);
   }
   return c.name;
 }
@@ -224,6 +261,10 @@ std::string describe_model(const ModelConfig& c) {
       return str_cat(c.n_layer, " layers, ", c.n_head, " heads of ", c.n_embd / c.n_head, " channels, width ", c.n_embd,
                      ", context ", c.context, ", vocabulary ", c.vocab,
                      c.dropout > 0 ? str_cat(", dropout ", c.dropout) : std::string());
+    case ModelFamily::llama:
+      return str_cat("Llama: ", c.n_layer, " layers, ", c.n_head, " heads of ", c.n_embd / c.n_head, " channels (",
+                     c.n_kv_head, " key/value heads), width ", c.n_embd, ", SwiGLU width ", c.ffn, ", context ",
+                     c.context, ", vocabulary ", c.vocab);
   }
   return "";
 }

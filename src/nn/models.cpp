@@ -14,6 +14,9 @@
 #include "nn/layers/layernorm.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/pool.h"
+#include "nn/layers/rmsnorm.h"
+#include "nn/layers/rotary.h"
+#include "nn/layers/swiglu.h"
 #include "nn/layers/tensor_parallel.h"
 
 namespace sat {
@@ -64,11 +67,21 @@ void check_file_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   }
 }
 
+// GPT's conditions, and the key/value heads and the SwiGLU width also split over the ranks.
+void check_llama_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
+  check_gpt_tensor_parallel(c, tp, sp);
+  SAT_CHECK(c.n_kv_head % tp == 0, "--tp ", tp, ": ", c.name, " has ", c.n_kv_head, " key/value heads, which do not "
+            "divide by ", tp, " (each rank computes n_kv_head / tp of them with their query heads)");
+  SAT_CHECK(c.ffn % tp == 0, "--tp ", tp, ": ", c.name, "'s MLP width ffn=", c.ffn, " (gate_proj's and up_proj's "
+            "output, split by columns) does not divide by ", tp);
+}
+
 }  // namespace
 
 bool has_tensor_parallel_form(const ModelConfig& c) {
   if (c.family == ModelFamily::file) return file_has_tensor_parallel(*c.file);
-  return c.family == ModelFamily::gpt || (c.family == ModelFamily::mlp && c.mlp_widths.size() >= 4);
+  return c.family == ModelFamily::gpt || c.family == ModelFamily::llama ||
+         (c.family == ModelFamily::mlp && c.mlp_widths.size() >= 4);
 }
 
 void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
@@ -77,10 +90,11 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             "LayerNorm and dropout regions along the sequence)");
   if (tp == 1) return;
   SAT_CHECK(has_tensor_parallel_form(c), "--tp ", tp, ": ", c.name, " has no tensor-parallel form (models with one: "
-            "mlp with two hidden layers or more, such as mlp, and gpt, such as gpt-mini and gpt2-124m; use --tp 1, or "
+            "mlp with two hidden layers or more, such as mlp, gpt, such as gpt-mini and gpt2-124m, and llama; use --tp 1, or "
             "--pp / data parallelism)");
   if (c.family == ModelFamily::mlp) check_mlp_tensor_parallel(c, tp, sp);
   else if (c.family == ModelFamily::gpt) check_gpt_tensor_parallel(c, tp, sp);
+  else if (c.family == ModelFamily::llama) check_llama_tensor_parallel(c, tp, sp);
   else check_file_tensor_parallel(c, tp, sp);
 }
 
@@ -104,12 +118,13 @@ void check_recompute(const ModelConfig& c) {
               "recompute units (the composites transformer_block and basic_block are)" : "attention to recompute");
     return;
   }
-  const bool gpt = c.family == ModelFamily::gpt, resnet = c.family == ModelFamily::resnet;
+  const bool attention = c.family == ModelFamily::gpt || c.family == ModelFamily::llama;
+  const bool resnet = c.family == ModelFamily::resnet;
   if (c.recompute == Recompute::selective)
-    SAT_CHECK(gpt, "--recompute selective: ", c.name, " has no attention to recompute (models with attention: gpt, "
-              "such as gpt-mini and gpt2-124m; resnet supports --recompute full)");
-  SAT_CHECK(gpt || resnet, "--recompute ", mode, ": ", c.name, " has no recomputable blocks (--recompute full: gpt "
-            "and resnet, such as gpt-mini, gpt2-124m and resnet18; selective: gpt)");
+    SAT_CHECK(attention, "--recompute selective: ", c.name, " has no attention to recompute (models with attention: "
+              "gpt, such as gpt-mini and gpt2-124m, and llama; resnet supports --recompute full)");
+  SAT_CHECK(attention || resnet, "--recompute ", mode, ": ", c.name, " has no recomputable blocks (--recompute full: "
+            "gpt, llama and resnet, such as gpt-mini, gpt2-124m and resnet18; selective: gpt and llama)");
 }
 
 void set_seq_len(ModelConfig& c, int64_t T) {
@@ -227,6 +242,60 @@ void build_gpt(BuiltModel& m, Graph& g) {
                            "transformer.wte.weight", col);
 }
 
+// HuggingFace's LlamaForCausalLM (parameter names included, so safetensors interchange):
+// per layer RMSNorm, q/k/v projections without bias (separate Linears, as HF's q_proj,
+// k_proj, v_proj), rotary embeddings on q and k, grouped-query causal attention, o_proj,
+// residual add; RMSNorm, SwiGLU MLP (gate_proj, up_proj, down_proj), residual add; a final
+// RMSNorm and an untied lm_head. Every weight N(0, 0.02) (HF's initializer_range), the
+// norms ones; RMSNorm eps 1e-5 and rope theta 10000 (Llama 2's). Blocks, recompute units
+// and tensor-parallel regions as build_gpt's: embed_tokens vocabulary-parallel, q/k/v,
+// gate and up column-parallel (each rank: n_head / tp query heads, n_kv_head / tp kv heads,
+// ffn / tp features), o_proj and down_proj row-parallel, lm_head vocabulary-parallel.
+void build_llama(BuiltModel& m, Graph& g) {
+  const auto& c = m.config;
+  const int64_t C = c.n_embd, hs = C / c.n_head, F = c.ffn;
+  const TPRank tp{c.tp, c.tp_rank};
+  const bool sp = tp.on() && c.sequence_parallel;
+  GptRegions region{g, tp, sp, Shape{m.x_shape[0], m.x_shape[1], C}};
+  const LinearTP col{LinearTP::Split::column, tp}, row{LinearTP::Split::row, tp};
+  const ParamInit w02 = ParamInit::normal(0.02f);
+  auto linear = [&](const std::string& name, int x, int64_t in, int64_t out, const LinearTP& split) {
+    return g.add<Linear>(name, {x}, in, out, false, w02, std::nullopt, "", split);
+  };
+  g.begin_block();
+  int x = g.add<Embedding>("model.embed_tokens", {m.x}, c.vocab, C, w02, tp);
+  x = region.leave("model.embed_tokens", x);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (l > 0) g.begin_block();
+    g.begin_recompute();
+    int h = g.add<RMSNorm>(p + "input_layernorm", {x}, C, 1e-5f, sp);
+    h = region.enter(p + "self_attn", h);
+    int q = linear(p + "self_attn.q_proj", h, C, c.n_head * hs, col);
+    int k = linear(p + "self_attn.k_proj", h, C, c.n_kv_head * hs, col);
+    const int v = linear(p + "self_attn.v_proj", h, C, c.n_kv_head * hs, col);
+    q = g.add<Rotary>(p + "self_attn.rotary_q", {q}, hs);
+    k = g.add<Rotary>(p + "self_attn.rotary_k", {k}, hs);
+    h = g.add<CausalSelfAttention>(p + "self_attn.attn", {q, k, v}, c.n_head / tp.parts,
+                                   c.recompute == Recompute::selective, c.n_kv_head / tp.parts);
+    h = linear(p + "self_attn.o_proj", h, c.n_head * hs, C, row);
+    h = region.leave(p + "self_attn", h);
+    x = g.add<Add>(p + "add1", {x, h});
+    h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, 1e-5f, sp);
+    h = region.enter(p + "mlp", h);
+    const int gate = linear(p + "mlp.gate_proj", h, C, F, col);
+    const int up = linear(p + "mlp.up_proj", h, C, F, col);
+    h = g.add<SwiGLU>(p + "mlp.act_fn", {gate, up});
+    h = linear(p + "mlp.down_proj", h, F, C, row);
+    h = region.leave(p + "mlp", h);
+    x = g.add<Add>(p + "add2", {x, h});
+    g.end_recompute();
+  }
+  x = g.add<RMSNorm>("model.norm", {x}, C, 1e-5f, sp);
+  x = region.enter("lm_head", x);
+  m.logits = linear("lm_head", x, C, c.vocab, col);
+}
+
 }  // namespace
 
 BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
@@ -262,6 +331,7 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
     case ModelFamily::convnet: build_convnet(m, g); break;
     case ModelFamily::resnet: build_resnet(m, g); break;
     case ModelFamily::gpt: build_gpt(m, g); break;
+    case ModelFamily::llama: build_llama(m, g); break;
     case ModelFamily::file: build_from_file(m, g); break;
   }
   if (file) {

@@ -23,23 +23,24 @@ const char* recompute_name(Recompute r);
 
 // The families --model builds: a preset name (model_names()) or FAMILY:SPEC (see
 // model_config).
-enum class ModelFamily { mlp, convnet, resnet, gpt, file };
+enum class ModelFamily { mlp, convnet, resnet, gpt, llama, file };
 struct ModelFile;  // model_file.h: --model file:NET.json
 
 struct ModelConfig {
   std::string name;           // as given to --model: printed, and written to summary.json
   ModelFamily family = ModelFamily::mlp;
-  bool tokens = false;        // GPT family: int32 token input [B,T], targets [B,T]
+  bool tokens = false;        // GPT and Llama families: int32 token input [B,T], targets [B,T]
   Shape image{1, 28, 28};     // image models: C,H,W
   int64_t classes = 10;
   // mlp: the widths of its layers' inputs and of its output, [in, hidden..., classes]
   // (in = image.numel(), classes = the last).
   std::vector<int64_t> mlp_widths{784, 1024, 1024, 10};
   int resnet_depth = 18;      // resnet: 18 or 34 (BasicBlocks per stage 2,2,2,2 or 3,4,6,3)
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;  // GPT family
-  // GPT family: `context` is the model's (the position embedding's rows, part of its
-  // parameters and of --model); `seq_len` is the window T the step's graph is built for
-  // and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;  // GPT and Llama families
+  int64_t n_kv_head = 0, ffn = 0;  // Llama: key/value heads (grouped-query attention), MLP width
+  // GPT and Llama families: `context` is the model's (the position embedding's rows, part
+  // of its parameters and of --model); `seq_len` is the window T the step's graph is built
+  // for and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.
   int64_t context = 0, seq_len = 0;
   float dropout = 0.0f;
   Device device = Device::cpu;  // where the step runs (building a graph never touches it)
@@ -57,6 +58,7 @@ const std::vector<std::string>& model_names();
 // A preset name, or a family with its configuration (sat::Error naming --model, the key
 // and what was expected otherwise):
 //   gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]  (keys in any order)
+//   llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V  (keys in any order)
 //   mlp:IN-HIDDEN...-CLASSES                                    (any number of hidden layers)
 //   resnet:18 | resnet:34                                       (CIFAR stem: 3x3 conv, no max-pool)
 //   file:NET.json                                               (any network of saturate's layers: model_file.h)
@@ -70,14 +72,14 @@ std::string model_spec(const ModelConfig& cfg);
 std::string describe_model(const ModelConfig& cfg);
 const char* family_name(ModelFamily f);
 
-// The models with a tensor-parallel form: mlp with two hidden layers or more, and GPT.
+// The models with a tensor-parallel form: mlp with two hidden layers or more, GPT and Llama.
 bool has_tensor_parallel_form(const ModelConfig& cfg);
 // --tp and --sequence-parallel against the model: sat::Error naming the flag when the
 // model has no tensor-parallel form, its heads, split hidden widths or vocabulary do not
 // divide by tp, or sequence parallelism has nothing to split.
 void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_parallel);
 // --recompute against the model: sat::Error naming the flag and the families that support
-// the mode (full: gpt and resnet; selective: gpt). The model alone: whether the device
+// the mode (full: gpt, llama and resnet; selective: gpt and llama). The model alone: whether the device
 // recomputes is the trainer's check.
 void check_recompute(const ModelConfig& cfg);
 // --seq-len T: GPT models train on windows of T <= context tokens (sat::Error naming

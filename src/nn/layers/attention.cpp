@@ -30,10 +30,11 @@ constexpr int64_t kBlock = 32;
 // (it checks omp_in_parallel()). Calling openblas_set_num_threads(1) instead would be
 // wrong: OpenBLAS 0.3.21 also calls omp_set_num_threads() there, which would make our own
 // parallel loop run on one thread.
+// beta 1 accumulates into C (the dk, dv of a key/value head shared by a query group).
 inline void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float* C, int64_t ldc) {
+                  const float* B, int64_t ldb, float* C, int64_t ldc, float beta = 0.0f) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), alpha, A, int(lda), B, int(ldb), 0.0f, C, int(ldc));
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
 // Row kernels, written with 8-wide vector extensions because GCC does not vectorize the
@@ -143,13 +144,35 @@ void softmax_backward_row(float* g, const float* p, int64_t n, int64_t end, floa
 }
 #undef SAT_INLINE
 
-struct Dims {
-  int64_t B, T, C, nh, hs;
+// Where q, k and v of every head lie: in one fused input (row stride (nh + 2 nkv) hs) or
+// in three (row strides nh hs, nkv hs, nkv hs). Head h of batch b starts at
+// base + b * T * ld + h * hs. The same offsets address the gradients in din.
+struct Layout {
+  int64_t B, T, nh, nkv, hs;
+  int64_t off[3];  // q, k, v: offset of head 0 in its tensor
+  int64_t ld[3];   // row strides
+  int src[3];      // which input (and din) holds q, k, v
+  int64_t group() const { return nh / nkv; }
+  int64_t at(int part, int64_t b, int64_t h) const { return off[part] + b * T * ld[part] + h * hs; }
 };
 
-Dims dims_of(const Tensor& qkv, int64_t nh) {
-  const int64_t C = qkv.shape[2] / 3;
-  return {qkv.shape[0], qkv.shape[1], C, nh, C / nh};
+Layout layout_of(const std::vector<Tensor>& in, int64_t nh, int64_t nkv) {
+  Layout L{};
+  L.B = in[0].shape[0];
+  L.T = in[0].shape[1];
+  L.nh = nh;
+  L.nkv = nkv;
+  if (in.size() == 1) {
+    L.hs = in[0].shape[2] / (nh + 2 * nkv);
+    const int64_t w = in[0].shape[2];
+    L.off[0] = 0, L.off[1] = nh * L.hs, L.off[2] = (nh + nkv) * L.hs;
+    L.ld[0] = L.ld[1] = L.ld[2] = w;
+    L.src[0] = L.src[1] = L.src[2] = 0;
+  } else {
+    L.hs = in[0].shape[2] / nh;
+    for (int p = 0; p < 3; ++p) L.off[p] = 0, L.ld[p] = in[size_t(p)].shape[2], L.src[p] = p;
+  }
+  return L;
 }
 
 // Threads for a loop over B * n_head heads that uses `slots` per-thread scratch slots.
@@ -160,30 +183,61 @@ int threads_for(int64_t heads, int64_t slots) {
 // P[0:T, 0:T] of one head: the scores q k^T / sqrt(hs), block of rows by block, then the
 // causal softmax of each row (zeros above the diagonal). Forward and the recompute of
 // selective recomputation both call it, so they compute bitwise the same P.
-void probs_block(const float* q, const float* k, int64_t ld, int64_t T, int64_t hs, float scale, int64_t i0,
-                 float* P) {
+void probs_block(const float* q, int64_t ldq, const float* k, int64_t ldk, int64_t T, int64_t hs, float scale,
+                 int64_t i0, float* P) {
   const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
   // S[i0:i1, 0:i1] = q[i0:i1] k[0:i1]^T / sqrt(hs)
-  sgemm(false, true, m, i1, hs, scale, q + i0 * ld, ld, k, ld, P + i0 * T, T);
+  sgemm(false, true, m, i1, hs, scale, q + i0 * ldq, ldq, k, ldk, P + i0 * T, T);
   for (int64_t i = i0; i < i1; ++i) softmax_causal_row(P + i * T, i + 1, T);
 }
 
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(int64_t n_head, bool recompute) : n_head_(n_head), recompute_(recompute) {
+CausalSelfAttention::CausalSelfAttention(int64_t n_head, bool recompute, int64_t n_kv_head)
+    : n_head_(n_head), n_kv_head_(n_kv_head == 0 ? n_head : n_kv_head), recompute_(recompute) {
   SAT_CHECK(n_head > 0, "CausalSelfAttention: n_head must be positive, got ", n_head);
+  SAT_CHECK(n_kv_head_ > 0 && n_head % n_kv_head_ == 0, "CausalSelfAttention: n_head=", n_head,
+            " must be a multiple of n_kv_head=", n_kv_head_, " (each key/value head serves a group of query heads)");
 }
 
-void CausalSelfAttention::setup(LayerSetup& s) {
-  SAT_CHECK(s.inputs.size() == 1, s.name, ": CausalSelfAttention takes one input (qkv), got ", s.inputs.size());
+namespace {
+
+// The head size from the one fused qkv input [B, T, (nh + 2 nkv) hs] or the three inputs
+// q [B, T, nh hs], k and v [B, T, nkv hs]; sat::Error naming the layer otherwise.
+int64_t head_size(const LayerSetup& s, int64_t nh, int64_t nkv) {
   const Shape& x = s.in_shape(0);
-  SAT_CHECK(s.inputs[0].dtype == s.act, s.name, ": CausalSelfAttention expects ", dtype_name(s.act), " input");
-  SAT_CHECK(x.nd == 3 && x[2] % 3 == 0 && x[2] > 0 && x[1] > 0,
-            s.name, ": CausalSelfAttention expects qkv [B, T, 3C], got ", x.str());
-  const int64_t B = x[0], T = x[1], C = x[2] / 3;
-  SAT_CHECK(C % n_head_ == 0, s.name, ": CausalSelfAttention: n_embd C=", C, " is not divisible by n_head=",
-            n_head_);
-  const int64_t hs = C / n_head_;
+  for (const TensorSpec& t : s.inputs)
+    SAT_CHECK(t.dtype == s.act, s.name, ": CausalSelfAttention expects ", dtype_name(s.act), " inputs");
+  if (s.inputs.size() == 1) {
+    const int64_t parts = nh + 2 * nkv;
+    SAT_CHECK(x.nd == 3 && x[2] % parts == 0 && x[2] > 0 && x[1] > 0, s.name,
+              ": CausalSelfAttention expects qkv [B, T, ", nh == nkv ? "3C" : str_cat("(", nh, " + 2*", nkv, ") hs"),
+              "], got ", x.str());
+    const int64_t hs = x[2] / parts;
+    if (nh == nkv)
+      SAT_CHECK((x[2] / 3) % nh == 0, s.name, ": CausalSelfAttention: n_embd C=", x[2] / 3,
+                " is not divisible by n_head=", nh);
+    return hs;
+  }
+  SAT_CHECK(s.inputs.size() == 3, s.name, ": CausalSelfAttention takes one input (qkv) or three (q, k, v), got ",
+            s.inputs.size());
+  SAT_CHECK(x.nd == 3 && x[1] > 0 && x[2] > 0 && x[2] % nh == 0, s.name, ": CausalSelfAttention expects q [B, T, ",
+            nh, " heads x hs], got ", x.str());
+  const int64_t hs = x[2] / nh;
+  for (int i = 1; i < 3; ++i)
+    SAT_CHECK(s.in_shape(i) == (Shape{x[0], x[1], nkv * hs}), s.name, ": CausalSelfAttention expects ",
+              i == 1 ? "k" : "v", " [", x[0], ", ", x[1], ", ", nkv * hs, "] (", nkv, " heads of ", hs, "), got ",
+              s.in_shape(i).str());
+  return hs;
+}
+
+}  // namespace
+
+void CausalSelfAttention::setup(LayerSetup& s) {
+  SAT_CHECK(!s.inputs.empty(), s.name, ": CausalSelfAttention takes one input (qkv) or three (q, k, v), got none");
+  const int64_t hs = head_size(s, n_head_, n_kv_head_);
+  const Shape& x = s.in_shape(0);
+  const int64_t B = x[0], T = x[1], C = n_head_ * hs;
   s.set_output(Shape{B, T, C}, s.act);
 
   const bool keep = s.training && !recompute_;  // P saved for backward
@@ -191,6 +245,9 @@ void CausalSelfAttention::setup(LayerSetup& s) {
     // GPU (attention.cu): per-head copies of q, k, v and batched GEMMs over all heads.
     // Selective recomputation is planned here (P not kept, recomputed into backward
     // scratch) so that a plan for the GPU can weigh it, but the GPU kernels refuse it yet.
+    // So is grouped-query attention (and three inputs): planned as if each key/value head
+    // were copied once per query head (HF's repeat_kv), refused by the kernels yet, so
+    // that the planner can lay out Llama on GPUs.
     const Shape heads3{3, B, n_head_, T, hs}, heads1{B, n_head_, T, hs}, probs{B, n_head_, T, T};
     const bool f32 = s.act == DType::f32;
     if (keep) s.save(probs, s.act);                       // P, kept for backward
@@ -226,10 +283,12 @@ void CausalSelfAttention::setup(LayerSetup& s) {
 }
 
 void CausalSelfAttention::forward(LayerCtx& c) {
-  const Dims d = dims_of(c.in[0], n_head_);
-  const int64_t T = d.T, C = d.C, hs = d.hs, ld = 3 * C, heads = d.B * d.nh;
+  const Layout L = layout_of(c.in, n_head_, n_kv_head_);
+  const int64_t T = L.T, hs = L.hs, C = L.nh * hs, heads = L.B * L.nh;
   const float scale = 1.0f / std::sqrt(float(hs));
-  const float* qkv = c.in[0].f32();
+  const float* q_all = c.in[size_t(L.src[0])].f32();
+  const float* k_all = c.in[size_t(L.src[1])].f32();
+  const float* v_all = c.in[size_t(L.src[2])].f32();
   float* y = c.out.f32();
   // P lives in the saved buffer [B, nh, T, T] when training, else in per-thread scratch.
   const bool keep = !c.saved.empty();
@@ -238,75 +297,79 @@ void CausalSelfAttention::forward(LayerCtx& c) {
 
 #pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
   for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / d.nh, h = bh % d.nh;
-    const float* q = qkv + b * T * ld + h * hs;  // [T, hs], row stride 3C
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const int64_t b = bh / L.nh, h = bh % L.nh, kvh = h / L.group();
+    const float* q = q_all + L.at(0, b, h);  // [T, hs], row stride ld[0]
+    const float* k = k_all + L.at(1, b, kvh);
+    const float* v = v_all + L.at(2, b, kvh);
     float* P = P_all + (keep ? bh : int64_t(omp_get_thread_num())) * T * T;  // [T, T]
     float* yh = y + b * T * C + h * hs;  // [T, hs], row stride C
     for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
       const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-      probs_block(q, k, ld, T, hs, scale, i0, P);
+      probs_block(q, L.ld[0], k, L.ld[1], T, hs, scale, i0, P);
       // y[i0:i1] = P[i0:i1, 0:i1] v[0:i1]
-      sgemm(false, false, m, hs, i1, 1.0f, P + i0 * T, T, v, ld, yh + i0 * C, C);
+      sgemm(false, false, m, hs, i1, 1.0f, P + i0 * T, T, v, L.ld[2], yh + i0 * C, C);
     }
   }
 }
 
 void CausalSelfAttention::backward(LayerCtx& c) {
-  if (!c.din[0].defined()) return;
+  const size_t needed = size_t(std::count_if(c.din.begin(), c.din.end(), [](const Tensor& t) { return t.defined(); }));
+  if (needed == 0) return;
+  SAT_CHECK(needed == c.din.size(), "CausalSelfAttention: the gradients of q, k and v are needed together");
   SAT_CHECK(!c.saved.empty() || c.scratch.size() == 2,
             "CausalSelfAttention: backward called on a layer set up without training");
   const bool kept = !c.saved.empty();  // else recomputed per head into scratch[1]
-  const Dims d = dims_of(c.in[0], n_head_);
-  const int64_t T = d.T, C = d.C, hs = d.hs, ld = 3 * C, heads = d.B * d.nh;
+  const Layout L = layout_of(c.in, n_head_, n_kv_head_);
+  const int64_t T = L.T, hs = L.hs, C = L.nh * hs, G = L.group(), kv_heads = L.B * L.nkv;
+  const int64_t ldq = L.ld[0], ldk = L.ld[1], ldv = L.ld[2];
   const float scale = 1.0f / std::sqrt(float(hs));
-  const float* qkv = c.in[0].f32();
   const float* dy = c.dout.f32();
-  float* dx = c.din[0].f32();
   const float* P_all = kept ? c.saved[0].f32() : nullptr;
   float* Pr_all = kept ? nullptr : c.scratch[1].f32();
   float* dS_all = c.scratch[0].f32();
-  const int nthr = threads_for(heads, c.scratch[0].shape[0]);
+  const int nthr = threads_for(kv_heads, c.scratch[0].shape[0]);
 
+  // One iteration per (batch, key/value head): its query heads in turn, the first
+  // overwriting dk and dv and the others adding to them (beta 1).
 #pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t b = bh / d.nh, h = bh % d.nh;
-    const int64_t off = b * T * ld + h * hs;
-    const float* q = qkv + off;  // [T, hs], row stride 3C (and k, v after it)
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dx + off;  // same layout as q, k, v
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* dyh = dy + b * T * C + h * hs;  // [T, hs], row stride C
+  for (int64_t bk = 0; bk < kv_heads; ++bk) {
+    const int64_t b = bk / L.nkv, kvh = bk % L.nkv;
+    const float* k = c.in[size_t(L.src[1])].f32() + L.at(1, b, kvh);  // [T, hs], row stride ldk
+    const float* v = c.in[size_t(L.src[2])].f32() + L.at(2, b, kvh);
+    float* dk = c.din[size_t(L.src[1])].f32() + L.at(1, b, kvh);
+    float* dv = c.din[size_t(L.src[2])].f32() + L.at(2, b, kvh);
     const int64_t slot = int64_t(omp_get_thread_num());
     float* dS = dS_all + slot * T * T;  // [T, T]
-    const float* P;                     // [T, T], zero above the diagonal
-    if (kept) {
-      P = P_all + bh * T * T;
-    } else {
-      float* Pr = Pr_all + slot * T * T;
-      for (int64_t i0 = 0; i0 < T; i0 += kBlock) probs_block(q, k, ld, T, hs, scale, i0, Pr);
-      P = Pr;
-    }
-
-    for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
-      const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-      // dP[i0:i1, 0:i1] = dY[i0:i1] v[0:i1]^T
-      sgemm(false, true, m, i1, hs, 1.0f, dyh + i0 * C, C, v, ld, dS + i0 * T, T);
-      // dS = P * (dP - rowsum(dP * P)) / sqrt(hs) on the triangle, 0 above it (in this block).
-      for (int64_t i = i0; i < i1; ++i) softmax_backward_row(dS + i * T, P + i * T, i + 1, i1, scale);
-      // dq[i0:i1] = dS[i0:i1, 0:i1] k[0:i1]
-      sgemm(false, false, m, hs, i1, 1.0f, dS + i0 * T, T, k, ld, dq + i0 * ld, ld);
-    }
-    // Keys/values j in [j0, j1) get contributions from queries i >= j0 only.
-    for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
-      const int64_t j1 = std::min(T, j0 + kBlock), m = j1 - j0;
-      // dv[j0:j1] = P[j0:T, j0:j1]^T dY[j0:T]
-      sgemm(true, false, m, hs, T - j0, 1.0f, P + j0 * T + j0, T, dyh + j0 * C, C, dv + j0 * ld, ld);
-      // dk[j0:j1] = dS[j0:T, j0:j1]^T q[j0:T]
-      sgemm(true, false, m, hs, T - j0, 1.0f, dS + j0 * T + j0, T, q + j0 * ld, ld, dk + j0 * ld, ld);
+    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+      const float beta = h == kvh * G ? 0.0f : 1.0f;
+      const float* q = c.in[size_t(L.src[0])].f32() + L.at(0, b, h);  // [T, hs], row stride ldq
+      float* dq = c.din[size_t(L.src[0])].f32() + L.at(0, b, h);
+      const float* dyh = dy + b * T * C + h * hs;  // [T, hs], row stride C
+      const float* P;                              // [T, T], zero above the diagonal
+      if (kept) {
+        P = P_all + (b * L.nh + h) * T * T;
+      } else {
+        float* Pr = Pr_all + slot * T * T;
+        for (int64_t i0 = 0; i0 < T; i0 += kBlock) probs_block(q, ldq, k, ldk, T, hs, scale, i0, Pr);
+        P = Pr;
+      }
+      for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
+        const int64_t i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+        // dP[i0:i1, 0:i1] = dY[i0:i1] v[0:i1]^T
+        sgemm(false, true, m, i1, hs, 1.0f, dyh + i0 * C, C, v, ldv, dS + i0 * T, T);
+        // dS = P * (dP - rowsum(dP * P)) / sqrt(hs) on the triangle, 0 above it (in this block).
+        for (int64_t i = i0; i < i1; ++i) softmax_backward_row(dS + i * T, P + i * T, i + 1, i1, scale);
+        // dq[i0:i1] = dS[i0:i1, 0:i1] k[0:i1]
+        sgemm(false, false, m, hs, i1, 1.0f, dS + i0 * T, T, k, ldk, dq + i0 * ldq, ldq);
+      }
+      // Keys/values j in [j0, j1) get contributions from queries i >= j0 only.
+      for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
+        const int64_t j1 = std::min(T, j0 + kBlock), m = j1 - j0;
+        // dv[j0:j1] (+)= P[j0:T, j0:j1]^T dY[j0:T]
+        sgemm(true, false, m, hs, T - j0, 1.0f, P + j0 * T + j0, T, dyh + j0 * C, C, dv + j0 * ldv, ldv, beta);
+        // dk[j0:j1] (+)= dS[j0:T, j0:j1]^T q[j0:T]
+        sgemm(true, false, m, hs, T - j0, 1.0f, dS + j0 * T + j0, T, q + j0 * ldq, ldq, dk + j0 * ldk, ldk, beta);
+      }
     }
   }
 }

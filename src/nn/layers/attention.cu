@@ -119,6 +119,8 @@ void* at(void* p, DType t, int64_t i) { return static_cast<char*>(p) + i * int64
 }  // namespace
 
 void CausalSelfAttention::forward_cuda(LayerCtx& c) {
+  SAT_CHECK(c.in.size() == 1 && n_kv_head_ == n_head_, "CausalSelfAttention: grouped-query attention (n_kv_head < "
+            "n_head) and separate q, k, v inputs need the CPU engine for now (the GPU kernels take one fused qkv)");
   const Dims d = dims_of(c.in[0], n_head_);
   const DType t = c.in[0].dtype;
   SAT_CHECK(c.out.dtype == t, "CausalSelfAttention: GPU output dtype differs from the input's");
@@ -160,6 +162,8 @@ void CausalSelfAttention::forward_cuda(LayerCtx& c) {
 }
 
 void CausalSelfAttention::backward_cuda(LayerCtx& c) {
+  SAT_CHECK(c.in.size() == 1 && n_kv_head_ == n_head_, "CausalSelfAttention: grouped-query attention (n_kv_head < "
+            "n_head) and separate q, k, v inputs need the CPU engine for now (the GPU kernels take one fused qkv)");
   if (!c.din[0].defined()) return;
   SAT_CHECK(!recompute_, "CausalSelfAttention: selective recomputation (--recompute selective) needs the CPU engine "
             "for now (the GPU kernels do not recompute the probabilities yet)");

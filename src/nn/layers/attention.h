@@ -1,11 +1,23 @@
 // Causal multi-head self-attention, the core of GPT-2 / nanoGPT's CausalSelfAttention
-// (without its two Linear projections and without dropout):
+// (without its two Linear projections and without dropout), generalized to grouped-query
+// attention (Llama): n_kv_head key/value heads shared by groups of n_head / n_kv_head
+// query heads (query head h reads key/value head h / (n_head / n_kv_head)). n_kv_head =
+// n_head (the default) is ordinary multi-head attention, computed exactly as before.
 //
 //   in   qkv [B, T, 3C]  the output of c_attn: q = qkv[..., 0:C], k = qkv[..., C:2C],
 //                        v = qkv[..., 2C:3C]; head h uses channels h*hs .. (h+1)*hs
 //                        of each, hs = C / n_head.
 //   out  y   [B, T, C]   y[b, t, h*hs + j] = sum_{s <= t} P[b, h, t, s] v[b, s, h*hs + j],
 //                        P = softmax(q k^T / sqrt(hs) + causal mask) per row.
+// Grouped (CPU only: a GPU setup plans it, the GPU kernels refuse it yet), either input form:
+//   in   qkv [B, T, (n_head + 2 n_kv_head) hs]  q, then k, then v, each head-major;
+//   or   q [B, T, n_head hs], k [B, T, n_kv_head hs], v [B, T, n_kv_head hs] (three
+//        inputs: Llama's separate q_proj, k_proj, v_proj, which tensor parallelism splits
+//        column-wise with stride 1; a fused GQA projection's q, k and v blocks differ in
+//        width, which ParamShard's equal-block stride cannot describe);
+//   out  y [B, T, n_head hs].
+// Backward loops over (batch, key/value head) and the group's query heads in turn, so
+// that dk and dv accumulate over the group without atomics.
 //
 // No parameters. Memory:
 //  * training: the probabilities P [B, n_head, T, T] f32 are saved for backward
@@ -43,17 +55,19 @@ namespace sat {
 
 class CausalSelfAttention : public Layer {
  public:
-  explicit CausalSelfAttention(int64_t n_head, bool recompute = false);
+  // n_kv_head 0: n_head (multi-head attention); else n_head % n_kv_head == 0.
+  explicit CausalSelfAttention(int64_t n_head, bool recompute = false, int64_t n_kv_head = 0);
   const char* kind() const override { return "CausalSelfAttention"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
   SAT_CUDA_LAYER
   int64_t n_head() const { return n_head_; }
+  int64_t n_kv_head() const { return n_kv_head_; }
   bool recompute() const { return recompute_; }
 
  private:
-  int64_t n_head_;
+  int64_t n_head_, n_kv_head_;
   bool recompute_;
 };
 

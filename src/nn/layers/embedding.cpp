@@ -55,8 +55,13 @@ void scatter_add_rows(const int32_t* idx, const float* dy, int64_t n, int64_t D,
 
 // ---- Embedding ----
 
-Embedding::Embedding(int64_t num, int64_t dim, ParamInit init) : num_(num), dim_(dim), init_(init) {
+Embedding::Embedding(int64_t num, int64_t dim, ParamInit init, TPRank tp)
+    : num_(num), dim_(dim), init_(init), tp_(tp) {
   SAT_CHECK(num > 0 && dim > 0, "Embedding: num and dim must be positive, got num=", num, " dim=", dim);
+  SAT_CHECK(num % tp.parts == 0, "Embedding: a vocabulary of ", num, " does not split into ", tp.parts,
+            " equal parts");
+  rows_ = num / tp.parts;
+  lo_ = rows_ * tp.index;
 }
 
 void Embedding::setup(LayerSetup& s) {
@@ -68,7 +73,8 @@ void Embedding::setup(LayerSetup& s) {
   Shape y = x.shape;
   y.d[size_t(y.nd++)] = dim_;
   s.set_output(y, s.act);
-  s.param("weight", {num_, dim_}, init_);  // slot 0
+  const ParamShard rows = tp_.on() ? ParamShard{0, tp_.parts, tp_.index} : ParamShard{};
+  s.param("weight", {rows_, dim_}, init_, rows);  // slot 0
   s.flops_fwd = 0;
   s.flops_bwd = double(y.numel());
 }
@@ -76,17 +82,21 @@ void Embedding::setup(LayerSetup& s) {
 void Embedding::forward(LayerCtx& c) {
   const int64_t n = c.in[0].numel(), D = dim_;
   const int32_t* idx = c.in[0].i32();  // [n]
-  const float* w = c.params[0].f32();  // [num, D]
+  const float* w = c.params[0].f32();  // [rows_, D]
   float* y = c.out.f32();              // [n, D]
   check_indices(idx, n, num_, "Embedding", name_);
 #pragma omp parallel for schedule(static) if (n * D > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * D, w + int64_t(idx[i]) * D, size_t(D) * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = int64_t(idx[i]) - lo_;
+    if (row >= 0 && row < rows_) std::memcpy(y + i * D, w + row * D, size_t(D) * sizeof(float));
+    else std::memset(y + i * D, 0, size_t(D) * sizeof(float));  // another rank's token
+  }
 }
 
 void Embedding::backward(LayerCtx& c) {
-  float* dw = c.grads[0].f32();  // [num, D]
+  float* dw = c.grads[0].f32();  // [rows_, D]
   if (!c.accumulate[0]) parallel_zero(dw, c.grads[0].numel());
-  scatter_add_rows(c.in[0].i32(), c.dout.f32(), c.in[0].numel(), dim_, dw);
+  scatter_add_rows(c.in[0].i32(), c.dout.f32(), c.in[0].numel(), dim_, dw, lo_, rows_);
 }
 
 // ---- GPTEmbedding ----

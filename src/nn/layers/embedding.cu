@@ -98,9 +98,10 @@ void scatter(const LayerCtx& c, int64_t n, int64_t D, int64_t lo, int64_t rows) 
 
 // ---- Embedding ----
 
-void Embedding::forward_cuda(LayerCtx& c) { gather(c, nullptr, c.in[0].numel(), dim_, num_, 1); }
+// Rows [lo_, lo_ + rows_) of the vocabulary (all of it unless vocabulary parallel).
+void Embedding::forward_cuda(LayerCtx& c) { gather(c, nullptr, c.in[0].numel(), dim_, num_, 1, lo_, rows_); }
 
-void Embedding::backward_cuda(LayerCtx& c) { scatter(c, c.in[0].numel(), dim_, 0, num_); }
+void Embedding::backward_cuda(LayerCtx& c) { scatter(c, c.in[0].numel(), dim_, lo_, rows_); }
 
 // ---- GPTEmbedding ----
 

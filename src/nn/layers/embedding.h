@@ -2,6 +2,9 @@
 //   Embedding(num, dim): input idx i32 [...] -> output [..., dim], out[i] = weight[idx[i]];
 //     param "weight" [num, dim], init N(0, 1) like PyTorch. Backward scatter-adds dout rows into
 //     the weight gradient (repeated indices add up); indices get no gradient.
+//     With tp.parts > 1 (Llama's vocabulary-parallel embed_tokens) it splits as
+//     GPTEmbedding's wte below: rank `index` holds rows [index * num/parts, ...) and outputs
+//     zero rows for the tokens outside them, a partial sum completed by a TPAllReduce.
 //   GPTEmbedding(vocab, max_t, dim, std): input tokens i32 [B, T] (T <= max_t) -> [B, T, dim],
 //     out[b, t] = wte[tok[b, t]] + wpe[t]; params "wte.weight" [vocab, dim], "wpe.weight"
 //     [max_t, dim], init N(0, std^2). Named "transformer" by the GPT builder, so the full names
@@ -24,7 +27,7 @@ namespace sat {
 
 class Embedding : public Layer {
  public:
-  Embedding(int64_t num, int64_t dim, ParamInit init = ParamInit::normal(1.0f));
+  Embedding(int64_t num, int64_t dim, ParamInit init = ParamInit::normal(1.0f), TPRank tp = {});
   const char* kind() const override { return "Embedding"; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
@@ -34,6 +37,8 @@ class Embedding : public Layer {
  private:
   int64_t num_, dim_;
   ParamInit init_;
+  TPRank tp_;
+  int64_t lo_ = 0, rows_ = 0;  // this rank's rows [lo_, lo_ + rows_)
   std::string name_;
 };
 
