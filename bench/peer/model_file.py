@@ -36,16 +36,28 @@ def _expand(entries, out, i=None):
     return out
 
 
-def _attention(qkv, heads):
-    """Causal self-attention of a fused q, k, v input [B, T, 3C] (saturate's attention layer)."""
-    B, T, C3 = qkv.shape
-    C = C3 // 3
+def _attention(heads, kv_heads, *xs):
+    """Causal self-attention (saturate's attention layer) of a fused q, k, v input [B, T, 3C]
+    or of q [B, T, heads*hs], k and v [B, T, kv_heads*hs] (grouped-query attention)."""
+    if len(xs) == 1:
+        xs = xs[0].split(xs[0].shape[-1] // 3, dim=2)
+    B, T, C = xs[0].shape
     hs = C // heads
-    q, k, v = (t.view(B, T, heads, hs).transpose(1, 2) for t in qkv.split(C, dim=2))
+    q = xs[0].view(B, T, heads, hs).transpose(1, 2)
+    k, v = (t.view(B, T, kv_heads, hs).transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1) for t in xs[1:])
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
     mask = torch.ones(T, T, dtype=torch.bool, device=qkv.device).tril()
     att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
     return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+
+
+def _rotary(x, hs, theta):
+    """Rotary embeddings of q or k [B, T, heads*hs], rotating each head's halves (HF's rotate_half)."""
+    B, T, C = x.shape
+    cos, sin = models.rope_tables(T, hs, x.dtype, theta)
+    h = x.view(B, T, C // hs, hs).transpose(1, 2)
+    h = h * cos + models.rotate_half(h) * sin
+    return h.transpose(1, 2).reshape(B, T, C)
 
 
 def _init(module, spec, fan_out=None):
@@ -129,6 +141,8 @@ class FileNet(nn.Module):
             return m
         if t == "batchnorm2d":
             return self._put(name, nn.BatchNorm2d(x.shape[1], eps=l.get("eps", 1e-5), momentum=l.get("momentum", 0.1)))
+        if t == "rmsnorm":
+            return self._put(name, models.RMSNorm(x.shape[-1], eps=l.get("eps", 1e-5)))
         if t == "layernorm":
             return self._put(name, nn.LayerNorm(x.shape[-1], eps=l.get("eps", 1e-5)))
         if t == "embedding":
@@ -149,7 +163,9 @@ class FileNet(nn.Module):
             "flatten": lambda a: torch.flatten(a, 1),
             "add": lambda a, b: a + b,
             "dropout": lambda a: F.dropout(a, l.get("p", 0.0), self.training),
-            "attention": lambda a: _attention(a, l.get("heads", 1)),
+            "attention": lambda *a: _attention(l["heads"], l.get("kv_heads", l["heads"]), *a),
+            "rotary": lambda a: _rotary(a, l["head_size"], l.get("theta", 10000.0)),
+            "swiglu": lambda gate, up: F.silu(gate) * up,
             "maxpool2d": lambda a: F.max_pool2d(a, l["kernel"], l.get("stride", l["kernel"]), l.get("padding", 0)),
             "avgpool2d": lambda a: F.adaptive_avg_pool2d(a, tuple(l.get("output", [1, 1]))),
             "cross_entropy": None,

@@ -243,7 +243,7 @@ std::string describe_model(const ModelConfig& c) {
     case ModelFamily::file: {
       char crc[16];
       std::snprintf(crc, sizeof crc, "%08x", c.file->crc);
-      return str_cat(c.file->layers.size(), " layers from ", c.file->path, " (hash ", crc, "); input ",
+      return str_cat(c.file->layers.size(), " file layers from ", c.file->path, " (hash ", crc, "); input ",
                      c.tokens ? str_cat(c.seq_len, " tokens") : c.image.str(), ", ", c.classes,
                      c.tokens ? " vocabulary" : " classes");
     }

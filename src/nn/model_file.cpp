@@ -19,6 +19,9 @@
 #include "nn/layers/layernorm.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/pool.h"
+#include "nn/layers/rmsnorm.h"
+#include "nn/layers/rotary.h"
+#include "nn/layers/swiglu.h"
 #include "nn/layers/tensor_parallel.h"
 
 namespace sat {
@@ -44,7 +47,10 @@ const std::map<std::string, std::vector<std::string>>& layer_types() {
       {"layernorm", {"eps"}},
       {"embedding", {"vocab", "width", "std"}},
       {"gpt_embedding", {"vocab", "width", "context", "dropout"}},
-      {"attention", {"heads"}},
+      {"attention", {"heads", "kv_heads"}},
+      {"rmsnorm", {"eps"}},
+      {"rotary", {"head_size", "theta"}},
+      {"swiglu", {}},
       {"maxpool2d", {"kernel", "stride", "padding"}},
       {"avgpool2d", {"output"}},
       {"cross_entropy", {}},
@@ -60,7 +66,11 @@ std::string type_list() {
   return s;
 }
 
-size_t arity(const std::string& type) { return type == "add" || type == "cross_entropy" ? 2 : 1; }
+// The inputs a type reads: attention one fused qkv or separate q, k, v.
+bool arity_ok(const std::string& type, size_t n) {
+  if (type == "attention") return n == 1 || n == 3;
+  return n == (type == "add" || type == "cross_entropy" || type == "swiglu" ? 2u : 1u);
+}
 
 // The fields of one layer, read with errors that name the file, the layer and the field.
 class Fields {
@@ -233,8 +243,9 @@ void resolve(const std::string& spec, ModelFile& f) {
       if (l.type == "cross_entropy") ::sat::fail(spec, ": layer '", l.name, "' (cross_entropy): field 'inputs' must name the logits and the target (such as [\"fc2\", \"", f.inputs[1].name, "\"])");
       l.inputs.push_back(i == 0 ? f.inputs[0].name : f.layers[i - 1].name);
     }
-    SAT_CHECK(l.inputs.size() == arity(l.type), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': expected ",
-              arity(l.type), " input(s), got ", l.inputs.size());
+    SAT_CHECK(arity_ok(l.type, l.inputs.size()), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': expected ",
+              l.type == "attention" ? "1 (q, k and v fused) or 3 (q, k, v)" : l.type == "swiglu" ? "2 (gate, up)" :
+              arity_ok(l.type, 2) ? "2" : "1", " input(s), got ", l.inputs.size());
     for (const std::string& in : l.inputs) {
       auto it = at.find(in);
       SAT_CHECK(it != at.end(), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': no input or layer is named '",
@@ -300,7 +311,8 @@ class FileBuilder {
   int add(const FileLayer& l, const Fields& fl) {
     for (size_t k = 0; k < l.inputs.size(); ++k)
       if (l.type != "cross_entropy" && l.type != "attention" && l.type != "relu" && l.type != "gelu" &&
-          l.type != "dropout" && !(l.type == "linear" && fl.text("tp", "none") == "row"))
+          l.type != "dropout" && l.type != "rotary" && l.type != "swiglu" &&
+          !(l.type == "linear" && fl.text("tp", "none") == "row"))
         whole_input(l, fl, in(l, k));
     const int x = in(l, 0);
     const std::string& t = l.type;
@@ -321,6 +333,13 @@ class FileBuilder {
     if (t == "flatten") return g_.add<Flatten>(l.name, {x});
     if (t == "add") return g_.add<Add>(l.name, {x, in(l, 1)});
     if (t == "layernorm") return g_.add<LayerNorm>(l.name, {x}, shape(x)[-1], float(fl.number("eps", 1e-5, 0, 1)), r_.sp);
+    if (t == "rmsnorm") return g_.add<RMSNorm>(l.name, {x}, shape(x)[-1], float(fl.number("eps", 1e-5, 0, 1)), r_.sp);
+    if (t == "rotary")
+      return same_split(x, g_.add<Rotary>(l.name, {x}, fl.count("head_size"), float(fl.number("theta", 1e4, 1, 1e12))));
+    if (t == "swiglu") {
+      if (split(x) != split(in(l, 1))) fl.fail("its gate and up inputs must both be split (\"tp\": \"column\") or both whole");
+      return same_split(x, g_.add<SwiGLU>(l.name, {x, in(l, 1)}));
+    }
     if (t == "embedding")
       return g_.add<Embedding>(l.name, {x}, fl.count("vocab"), fl.count("width"),
                                ParamInit::normal(float(fl.number("std", 1.0, 0, 1e6))));
@@ -393,14 +412,19 @@ class FileBuilder {
                           fl.flag("bias", true), fl.init("weight_init", double(cout * k * k)), fl.count("groups", 1));
   }
 
-  int attention(const FileLayer& l, const Fields& fl, int x) {  // a qkv input [B, T, 3C]
-    const int64_t heads = fl.count("heads");
-    int64_t local = heads;
-    if (split(x)) {
-      SAT_CHECK(heads % r_.tp.parts == 0, "--tp ", r_.tp.parts, ": ", heads, " heads do not divide by ", r_.tp.parts);
-      local = heads / r_.tp.parts;
-    }
-    return same_split(x, g_.add<CausalSelfAttention>(l.name, {x}, local, m_.config.recompute == Recompute::selective));
+  // A fused qkv input [B, T, 3C], or q, k, v (grouped-query attention: kv_heads key/value
+  // heads shared by heads / kv_heads query heads each).
+  int attention(const FileLayer& l, const Fields& fl, int x) {
+    const int64_t heads = fl.count("heads"), kv = fl.count("kv_heads", heads);
+    std::vector<int> ins;
+    for (size_t k = 0; k < l.inputs.size(); ++k) ins.push_back(in(l, k));
+    for (int v : ins)
+      if (split(v) != split(x)) fl.fail("its q, k and v inputs must all be split (\"tp\": \"column\") or all whole");
+    const int64_t parts = split(x) ? r_.tp.parts : 1;
+    SAT_CHECK(heads % parts == 0 && kv % parts == 0, "--tp ", parts, ": ", heads, " heads and ", kv,
+              " key/value heads must divide by ", parts);
+    const bool selective = m_.config.recompute == Recompute::selective;
+    return same_split(x, g_.add<CausalSelfAttention>(l.name, ins, heads / parts, selective, kv / parts));
   }
 
   int avgpool(const FileLayer& l, const Fields& fl, int x) {

@@ -63,6 +63,7 @@ void check_file_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   try {
     build_model(one, 1);
   } catch (const Error& e) {
+    if (std::string(e.what()).find("--tp") != std::string::npos) throw;
     fail("--tp ", tp, ": ", e.what());
   }
 }
@@ -254,9 +255,9 @@ void build_gpt(BuiltModel& m, Graph& g) {
 void build_llama(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   const int64_t C = c.n_embd, hs = C / c.n_head, F = c.ffn;
-  const TPRank tp{c.tp, c.tp_rank};
-  const bool sp = tp.on() && c.sequence_parallel;
-  GptRegions region{g, tp, sp, Shape{m.x_shape[0], m.x_shape[1], C}};
+  TokenRegions region = token_regions(g, c, m.x_shape);
+  const TPRank tp = region.tp;
+  const bool sp = region.sp;
   const LinearTP col{LinearTP::Split::column, tp}, row{LinearTP::Split::row, tp};
   const ParamInit w02 = ParamInit::normal(0.02f);
   auto linear = [&](const std::string& name, int x, int64_t in, int64_t out, const LinearTP& split) {
