@@ -302,6 +302,13 @@ class FileBuilder {
   const Shape& shape(int v) const { return g_.value(v).spec.shape; }
   bool split(int v) const { return split_.count(v) > 0; }
 
+  // Layers that work on a column-parallel layer's split features as they are: elementwise
+  // ones, attention (its heads), a row linear, and the loss (vocabulary-parallel logits).
+  static bool may_read_split(const FileLayer& l, const Fields& fl) {
+    static const std::set<std::string> types{"cross_entropy", "attention", "relu", "gelu", "dropout", "rotary", "swiglu"};
+    return types.count(l.type) || (l.type == "linear" && fl.text("tp", "none") == "row");
+  }
+
   void whole_input(const FileLayer& l, const Fields& fl, int v) const {
     if (split(v))
       fl.fail(str_cat("reads '", g_.value(v).name, "', whose features are split over the tensor-parallel group by a "
@@ -309,11 +316,8 @@ class FileBuilder {
   }
 
   int add(const FileLayer& l, const Fields& fl) {
-    for (size_t k = 0; k < l.inputs.size(); ++k)
-      if (l.type != "cross_entropy" && l.type != "attention" && l.type != "relu" && l.type != "gelu" &&
-          l.type != "dropout" && l.type != "rotary" && l.type != "swiglu" &&
-          !(l.type == "linear" && fl.text("tp", "none") == "row"))
-        whole_input(l, fl, in(l, k));
+    if (!may_read_split(l, fl))
+      for (size_t k = 0; k < l.inputs.size(); ++k) whole_input(l, fl, in(l, k));
     const int x = in(l, 0);
     const std::string& t = l.type;
     if (t == "linear") return linear(l, fl);
@@ -389,16 +393,19 @@ class FileBuilder {
       fl.fail(str_cat("'in' is ", fl.count("in"), " but its input '", l.inputs[0], "' has ", in_full, " features"));
     const int64_t stride = fl.count("tp_stride", 1);
     SAT_CHECK(s == LinearTP::Split::column || stride == 1, "field 'tp_stride' applies to \"tp\": \"column\" only");
-    SAT_CHECK(s == LinearTP::Split::none || out % (parts * stride) == 0 || s == LinearTP::Split::row, "--tp ", parts,
-              ": 'out' ", out, " does not divide into ", stride, " block(s) of ", parts, " parts");
-    if (s == LinearTP::Split::column && g_.value(x).needs_grad) x = r_.enter(l.name, x);
-    else if (s == LinearTP::Split::column && r_.sp) x = r_.enter(l.name, x);
+    SAT_CHECK(s != LinearTP::Split::column || out % (parts * stride) == 0, "--tp ", parts, ": 'out' ", out,
+              " does not divide into ", stride, " block(s) of ", parts, " parts");
+    // The region's entry: a copy whose backward all-reduces the input's gradient (none
+    // needed when the input takes none, as the mlp's first layer), or the gathered rows.
+    if (s == LinearTP::Split::column && (g_.value(x).needs_grad || r_.sp)) x = r_.enter(l.name, x);
     const LinearTP ltp{s, r_.tp, int(stride)};
     int y = g_.add<Linear>(l.name, {x}, in_full, out, fl.flag("bias", true), fl.init("weight_init"), fl.init("bias_init"),
                            fl.text("tied_to", ""), ltp);
-    if (s == LinearTP::Split::column) split_.insert(y);
+    if (s == LinearTP::Split::column) {
+      split_.insert(y);
+      column_.insert(y);  // the loss may read these directly: vocabulary-parallel logits
+    }
     if (s == LinearTP::Split::row) y = r_.leave(l.name, y);
-    if (s == LinearTP::Split::column) column_.insert(y);
     return y;
   }
 
