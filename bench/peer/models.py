@@ -10,6 +10,7 @@ describes the input:
   {"kind": "tokens", "T": seq_len, "V": vocab}
 """
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -329,7 +330,11 @@ def parse_family(name):
 
 
 def model_arg(name):
-    """argparse type for --model: a preset name or a family string."""
+    """argparse type for --model: a preset name, a family string or file:NET.json."""
+    if name.startswith("file:"):
+        if not os.path.isfile(name[len("file:"):]):
+            raise ValueError(f"no model file {name[len('file:'):]!r}")
+        return name
     if name not in MODEL_NAMES:
         parse_family(name)
     return name
@@ -340,6 +345,9 @@ def build(name, chw=None, classes=10, seq_len=None):
     per model) and classes (an mlp's family string fixes both widths); GPT models may
     shorten seq_len (wpe keeps T_max = the config's T unless seq_len is given, in which
     case wpe has seq_len rows). Returns (model, spec)."""
+    if name.startswith("file:"):  # a saturate model file: its own inputs and classes
+        import model_file
+        return model_file.build(name[len("file:"):])
     if name == "convnet":
         C, H, W = tuple(chw) if chw else (1, 28, 28)
         return ConvNet(C, H, W, classes), {"kind": "image", "chw": (C, H, W), "classes": classes}
