@@ -8,12 +8,12 @@
 #include <cerrno>
 #include <cfloat>
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -925,7 +925,7 @@ int run_info(const InfoArgs& ia) {
 const char* const kModelHelp =
     "mlp | convnet | resnet18 | gpt-mini | gpt2-124m, or a family: gpt:layers=L,heads=H,width=C,context=T,vocab=V"
     "[,dropout=P] | llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V | mlp:IN-HIDDEN...-CLASSES | "
-    "resnet:18|34";
+    "resnet:18|34, or a model file: file:NET.json (README 'Your own model')";
 
 // saturate hardware: a kind, a cluster's file or this machine (measured by every rank of the
 // job at once), as a table or in the file format; rank 0 prints.
