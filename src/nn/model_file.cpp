@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "core/rng.h"
 #include "nn/blocks.h"
@@ -32,6 +32,7 @@ namespace {
 // count bounds what a "repeat" may expand to.
 constexpr int64_t kMaxCount = 100'000'000;
 constexpr size_t kMaxLayers = 1'000'000;
+constexpr uintmax_t kMaxFileBytes = 64u << 20;
 
 // Each type's fields besides name, type and inputs.
 const std::map<std::string, std::vector<std::string>>& layer_types() {
@@ -469,12 +470,14 @@ class FileBuilder {
 ModelFile read_model_file(const std::string& spec, const std::string& path) {
   ModelFile f;
   f.path = path;
+  // A regular file of a sane size, checked before reading: a device or a huge file is refused.
+  std::error_code ec;
+  SAT_CHECK(std::filesystem::is_regular_file(path, ec), spec, ": ", path, " is not a readable regular file");
+  const auto size = std::filesystem::file_size(path, ec);
+  SAT_CHECK(!ec && size <= kMaxFileBytes, spec, ": ", path, " is over ", kMaxFileBytes >> 20, " MiB");
   std::ifstream in(path, std::ios::binary);
-  SAT_CHECK(in, spec, ": cannot read ", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  SAT_CHECK(!in.bad() && text.size() < (64u << 20), spec, ": cannot read ", path, " (or it is over 64 MiB)");
+  std::string text(size, '\0');
+  SAT_CHECK(in && in.read(text.data(), std::streamsize(size)), spec, ": cannot read ", path);
   f.crc = uint32_t(fnv1a64(text));
   const Json doc = Json::parse(text, path);
   doc.expect_keys({"name", "inputs", "layers", "loss"});
