@@ -90,9 +90,11 @@ struct TrainConfig {
   // many seconds (0: run all steps); at least 3 steps are measured. Used by the tuner's
   // probes; all ranks stop at the same step.
   double time_limit = 0;
-  // Asked after every step but the last with the result so far (steps, losses, gradient
-  // norms): true ends the run there. Rank 0's answer counts; all ranks stop at the same
-  // step. The tuner's noise-scale measurement stops when its interval is tight enough.
+  // Asked after every step but the last (after run()'s on_step has seen it) with the
+  // result so far (steps, losses, gradient norms): true ends the run there. Rank 0's answer
+  // counts; all ranks stop at the same step. The tuner's noise-scale measurement stops when
+  // its interval is tight enough; the library's fit ends its epochs here (it may call
+  // Trainer::evaluate, on every rank, between two steps).
   std::function<bool(const TrainResult&)> stop_early;
   // Measure the gradient noise scale's inputs every step (needs accum >= 2): the squared
   // norm of the first micro-batch's gradient and of the whole global batch's. The noise

@@ -709,6 +709,8 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     }
     r.losses.push_back(loss);
     note_nonfinite_params(step + 1);
+    // Before stop_early is asked, so that it sees this step (the library's epoch ends decide there).
+    if (on_step) on_step(sm);
     const bool timed = cfg_.time_limit > 0 && step - start >= r.warmup_excluded + 2;
     if ((timed || cfg_.stop_early) && step + 1 < total) {
       // Every rank stops at the same step: rank 0's clock (and answer) decides.
@@ -718,7 +720,6 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
       if (stop > 0) total = step + 1;
     }
     reporter.step(sm, total, now_seconds() - t_train);
-    if (on_step) on_step(sm);
     if (!cfg_.checkpoint_dir.empty()) {
       const CkptDecision d = checkpoint_due(step + 1, last_save);
       if (d.finish) finish_checkpoint();

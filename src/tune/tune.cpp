@@ -251,11 +251,11 @@ void Tuner::find_largest() {
 Probe Tuner::run_probe(TrainConfig c, double seconds, int min_steps) {
   Probe p;
   if (min_steps > 0 && seconds > 0) {
-    // Asked before the step's own time is recorded: the step in progress is one more.
+    // Asked after the step's own time is recorded (Trainer::run calls on_step first).
     c.stop_early = [&p, seconds, min_steps](const TrainResult&) {
       double sum = 0;
       for (double x : p.secs) sum += x;
-      return int(p.secs.size()) + 1 >= min_steps && sum >= seconds;
+      return int(p.secs.size()) >= min_steps && sum >= seconds;
     };
   } else {
     c.time_limit = seconds;
