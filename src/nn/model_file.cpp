@@ -279,7 +279,7 @@ void resolve(const std::string& spec, ModelFile& f) {
 class FileBuilder {
  public:
   FileBuilder(BuiltModel& m, Graph& g)
-      : m_(m), g_(g), f_(*m.config.file), spec_("--model " + m.config.name), r_(token_regions(g, m.config, m.x_shape)) {
+      : m_(m), g_(g), f_(*m.config.file), spec_(m.config.file->where), r_(token_regions(g, m.config, m.x_shape)) {
     value_[f_.inputs[0].name] = m.x;
     value_[f_.inputs[1].name] = m.y;
   }
@@ -467,10 +467,8 @@ class FileBuilder {
   std::set<int> split_, column_;
 };
 
-ModelFile read_model_file(const std::string& spec, const std::string& path) {
-  ModelFile f;
-  f.path = path;
-  // A regular file of a sane size, checked before reading: a device or a huge file is refused.
+// A regular file of a sane size, checked before reading: a device or a huge file is refused.
+std::string read_text(const std::string& spec, const std::string& path) {
   std::error_code ec;
   SAT_CHECK(std::filesystem::is_regular_file(path, ec), spec, ": ", path, " is not a readable regular file");
   const auto size = std::filesystem::file_size(path, ec);
@@ -478,6 +476,14 @@ ModelFile read_model_file(const std::string& spec, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string text(size, '\0');
   SAT_CHECK(in && in.read(text.data(), std::streamsize(size)), spec, ": cannot read ", path);
+  return text;
+}
+
+// The model of `text` (from `path`, named in parse errors), checked.
+ModelFile parse_model_file(const std::string& spec, const std::string& text, const std::string& path) {
+  ModelFile f;
+  f.path = path;
+  f.where = spec;
   f.crc = uint32_t(fnv1a64(text));
   const Json doc = Json::parse(text, path);
   doc.expect_keys({"name", "inputs", "layers", "loss"});
@@ -497,17 +503,9 @@ ModelFile read_model_file(const std::string& spec, const std::string& path) {
   return f;
 }
 
-}  // namespace
-
-void build_from_file(BuiltModel& m, Graph& g) {
-  FileBuilder(m, g).build();
-  SAT_CHECK(m.logits >= 0, "internal error: model file without logits");
-  m.loss = int(g.values().size()) - 1;
-}
-
-ModelConfig model_file_config(const std::string& spec, const std::string& path) {
-  const std::string where = "--model " + spec;
-  auto f = std::make_shared<ModelFile>(read_model_file(where, path));
+// The configuration of a checked file: tokens or image input, classes, context, vocabulary.
+ModelConfig config_of(const std::string& spec, const std::string& where, ModelFile file) {
+  auto f = std::make_shared<ModelFile>(std::move(file));
   ModelConfig c;
   c.name = spec;
   c.family = ModelFamily::file;
@@ -531,6 +529,23 @@ ModelConfig model_file_config(const std::string& spec, const std::string& path) 
   c.classes = logits[-1];
   if (c.tokens) c.vocab = c.classes;
   return c;
+}
+
+}  // namespace
+
+void build_from_file(BuiltModel& m, Graph& g) {
+  FileBuilder(m, g).build();
+  SAT_CHECK(m.logits >= 0, "internal error: model file without logits");
+  m.loss = int(g.values().size()) - 1;
+}
+
+ModelConfig model_file_config(const std::string& spec, const std::string& path) {
+  const std::string where = "--model " + spec;
+  return config_of(spec, where, parse_model_file(where, read_text(where, path), path));
+}
+
+ModelConfig model_text_config(const std::string& name, const std::string& text) {
+  return config_of(name, "model '" + name + "'", parse_model_file("model '" + name + "'", text, name));
 }
 
 bool file_has_tensor_parallel(const ModelFile& f) {

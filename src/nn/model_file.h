@@ -51,6 +51,7 @@ struct FileLayer {
 
 struct ModelFile {
   std::string path;
+  std::string where;  // how messages name it: "--model file:NET.json", or "model 'NAME'" from the library
   uint32_t crc = 0;  // of the file's bytes: ranks compare it
   std::vector<FileInput> inputs;  // the sample, then the target
   std::vector<FileLayer> layers;  // expanded, in the order they run
@@ -64,6 +65,10 @@ struct ModelFile {
 // returns the model's configuration: tokens or image input, classes, context and
 // vocabulary filled from the file.
 ModelConfig model_file_config(const std::string& spec, const std::string& path);
+
+// The same for a model file's text (the library's builders write one): messages name it
+// "model 'NAME'".
+ModelConfig model_text_config(const std::string& name, const std::string& text);
 
 // The file's layers into `g` (build_model's part for ModelFamily::file): sets m.logits and
 // m.loss. The graph's inputs m.x and m.y exist already.
