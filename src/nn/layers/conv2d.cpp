@@ -23,7 +23,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/blas.h"
 
@@ -237,7 +239,10 @@ void Conv2d::setup(LayerSetup& s) {
   fwd_col_ = fwd_out_ = fwd_w_ = bwd_col_ = bwd_dout_ = bwd_w_ = bwd_dw_ = bwd_dw_lp_ = -1;
   act_ = s.act;
   dnn_.reset();  // descriptors follow the geometry: made again on the next GPU call
-  if (s.device == Device::cuda) {
+  onednn_.reset();
+  if (s.device == Device::cpu && onednn_chosen()) {
+    setup_onednn(s);
+  } else if (s.device == Device::cuda) {
     // cuDNN needs no scratch of ours, except the filter gradient in a 16-bit act dtype.
     if (s.act != DType::f32) bwd_dw_lp_ = s.scratch_backward(Shape{O_, C_ / groups_, k_, k_}, s.act);
   } else {
@@ -263,7 +268,36 @@ void Conv2d::setup(LayerSetup& s) {
   s.flops_bwd = 2.0 * s.flops_fwd;
 }
 
+// oneDNN or im2col + OpenBLAS for this shape; SAT_CONV=onednn|im2col forces one (for
+// benchmarks and tests). Measured by bench/conv/paths (forward + backward ms per step, best
+// of 2-4, 2 threads, AMD EPYC Zen 3 with AVX2, oneDNN 2.6.3 and OpenBLAS 0.3.21,
+// 2026-11-26): oneDNN's blocked direct convolutions win wherever an image has 8x8 outputs
+// or more, and im2col's grouped GEMMs win on 4x4 maps and below and on the smallest
+// convolutions (one input channel into 16):
+//   ResNet-18 b32  32x32 64->64       im2col 89-92   oneDNN 65-68   (1.31-1.40)
+//                  16x16 128->128     74-76          62-65          (1.17-1.20)
+//                  8x8 256->256       69-70          62-64          (1.09-1.12)
+//                  8x8 128->256 s2    38.3           39.6           (0.97, taken anyway)
+//                  4x4 512->512       67.6-69.8      76.6-83.7      (0.83-0.89)
+//                  4x4 256->512 s2    36.5           46.3           (0.79)
+//                  first, 3->64       8.7            5.1            (1.69)
+//   convnet b64    28x28 1->32        6.39           3.98           (1.60)
+//                  14x14 32->64       15.5           10.6           (1.47)
+//   branchnet b64  28x28 16->16       20.8-21.3      6.7-6.8        (3.05-3.19)
+//                  28x28 1->16        1.68           2.44           (0.69)
+// Over ResNet-18's convolutions the rule gives 1.16x against im2col alone by these rows;
+// whole ResNet-18 b32 training steps, alternated, ran 1.16-1.43x faster (4 pairs).
+bool Conv2d::onednn_chosen() const {
+  if (!onednn_available() || groups_ != 1 || B_ == 0) return false;
+  const char* env = std::getenv("SAT_CONV");  // read at every build: tests set it per case
+  const std::string forced = env ? env : "";
+  if (forced == "onednn") return true;
+  if (forced == "im2col") return false;
+  return Ho_ * Wo_ >= 64 && C_ * O_ >= 32;
+}
+
 void Conv2d::forward(LayerCtx& c) {
+  if (onednn_) return forward_onednn(c);
   const Geo g{C_, H_, W_, k_, s_, p_, Ho_, Wo_, taps_.data(), int64_t(taps_.size())};
   const int64_t HW = g.hw(), K = g.rows(), O = O_;
   const int64_t Kg = K / groups_, Og = O / groups_, Cw = C_ / groups_;  // per channel group
@@ -314,6 +348,7 @@ void Conv2d::forward(LayerCtx& c) {
 }
 
 void Conv2d::backward(LayerCtx& c) {
+  if (onednn_) return backward_onednn(c);
   const Geo g{C_, H_, W_, k_, s_, p_, Ho_, Wo_, taps_.data(), int64_t(taps_.size())};
   const int64_t HW = g.hw(), K = g.rows(), O = O_;
   const int64_t Kg = K / groups_, Og = O / groups_, Cw = C_ / groups_;  // per channel group

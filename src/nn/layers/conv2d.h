@@ -1,6 +1,7 @@
 // 2-D convolution, NCHW (PyTorch's nn.Conv2d with square kernel, stride, padding and
-// groups; no dilation). CPU path: im2col + OpenBLAS GEMMs per group of images (one GEMM
-// per channel group). GPU path (conv2d.cu): cuDNN's convolution API.
+// groups; no dilation). CPU paths: im2col + OpenBLAS GEMMs per group of images (one GEMM
+// per channel group), or oneDNN's convolution primitives (conv2d_dnnl.cpp) for the shapes
+// where they are faster (onednn_chosen). GPU path (conv2d.cu): cuDNN's convolution API.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -66,6 +67,18 @@ class Conv2d : public Layer {
   struct CudnnState;
   std::shared_ptr<CudnnState> dnn_;
   std::mutex dnn_mu_;
+  // CPU through oneDNN (conv2d_dnnl.cpp) for the shapes where it is faster than im2col +
+  // OpenBLAS; null: im2col.
+  struct Dnnl;
+  std::shared_ptr<Dnnl> onednn_;
+  static bool onednn_available();  // this build has oneDNN
+  bool onednn_chosen() const;      // after the geometry is set: this shape takes oneDNN
+  void setup_onednn(LayerSetup& s);
+  void forward_onednn(LayerCtx& c);
+  void backward_onednn(LayerCtx& c);
+
+ public:
+  bool uses_onednn() const { return onednn_ != nullptr; }  // after setup
 };
 
 }  // namespace sat
