@@ -83,7 +83,28 @@ void check_checksums(const sat::ParamStore& ps, const json& sums, const std::str
   EXPECT_EQ(own, sums.size()) << what << ": parameter sets differ";
 }
 
-void run_parity(const std::string& golden_name) {
+// What a parity run compares: everything (the default), or with ReLU sign flips allowed
+// (below) only what one flip cannot move far: the first, stable steps' losses and the
+// step-1 gradients of every parameter but those of the BatchNorm layers named bn*.
+struct Checks {
+  const char* conv = nullptr;  // SAT_CONV for the run (nullptr: Conv2d's own choice)
+  bool norm_grads = true;
+  bool unstable_steps = true;
+};
+
+// Sets SAT_CONV for the scope (Conv2d reads it whenever a graph is built).
+struct ConvPath {
+  explicit ConvPath(const char* path) : set(path != nullptr) {
+    if (set) setenv("SAT_CONV", path, 1);
+  }
+  ~ConvPath() {
+    if (set) unsetenv("SAT_CONV");
+  }
+  bool set;
+};
+
+void run_parity(const std::string& golden_name, const Checks& checks = {}) {
+  const ConvPath conv(checks.conv);
   sat::cpu::set_num_threads(2);
   json g = load_golden(golden_name);
   // A model file's path is relative to the repository.
@@ -136,7 +157,10 @@ void run_parity(const std::string& golden_name) {
     if (m.step != 1) return;
     const json& sums = g["step1_grad_checksums"];
     double worst = 0;
+    size_t checked = 0;
     for (auto& [name, v] : sums.items()) {
+      if (!checks.norm_grads && name.find("bn") != std::string::npos) continue;
+      ++checked;
       int i = t.params().find_param(name);
       ASSERT_GE(i, 0) << name;
       sat::Tensor gt = t.params().grad(size_t(i));
@@ -152,7 +176,7 @@ void run_parity(const std::string& golden_name) {
                             << ", PyTorch " << ref1;
     }
     std::printf("[ parity   ] %-18s step-1 gradients of %zu tensors, worst relative difference %.2e\n", golden_name.c_str(),
-                sums.size(), worst);
+                checked, worst);
   });
   const auto& ref = g["losses"];
   ASSERT_EQ(r.losses.size(), ref.size());
@@ -164,13 +188,18 @@ void run_parity(const std::string& golden_name) {
     double bound = 1e-4;
     if (int64_t(i) < stable) {
       worst_stable = std::max(worst_stable, rel);
+    } else if (!checks.unstable_steps) {
+      continue;
     } else {
       bound = std::max(1e-4, 10 * g["reference_spread"][i].get<double>());
       worst_rest = std::max(worst_rest, rel / bound);
     }
     EXPECT_LT(rel, bound) << golden_name << " step " << i + 1 << ": saturate " << r.losses[i] << ", PyTorch " << want;
   }
-  if (stable < steps)
+  if (stable < steps && !checks.unstable_steps)
+    std::printf("[ parity   ] %-18s steps 1-%lld: worst relative loss difference %.2e (later steps not compared)\n",
+                golden_name.c_str(), (long long)stable, worst_stable);
+  else if (stable < steps)
     std::printf("[ parity   ] %-18s steps 1-%lld: worst relative loss difference %.2e; steps %lld-%lld (PyTorch unstable): worst %.2f of 10x its own spread\n",
                 golden_name.c_str(), (long long)stable, worst_stable, (long long)stable + 1, (long long)steps, worst_rest);
   else
@@ -185,8 +214,18 @@ TEST(Parity, MlpSgdNesterov) { run_parity("mlp_sgd_nesterov"); }
 TEST(Parity, MlpAdamw) { run_parity("mlp_adamw"); }
 TEST(Parity, ConvnetSgd) { run_parity("convnet_sgd"); }
 TEST(Parity, ConvnetAdamw) { run_parity("convnet_adamw"); }
-TEST(Parity, Resnet18Sgd) { run_parity("resnet18_sgd"); }
-TEST(Parity, Resnet18Adamw) { run_parity("resnet18_adamw"); }
+// ResNet-18 at batch 4 feeds one ReLU an input of 7.5e-7 (in layer1.1) while two correct
+// convolution algorithms differ there by up to 5.7e-6: under oneDNN's rounding that input
+// changes sign (measured: 1 flip among the 2.6 million inputs of layer1's ReLUs), which moves
+// the summed BatchNorm gradients before it by up to 6.7e-4 relative and the trajectory after
+// step 2, where PyTorch itself is unstable. The im2col path rounds as PyTorch does there: it
+// is held to every check. Conv2d's default choice (oneDNN for most of ResNet-18's layers) is
+// held to what a flip cannot move: the stable steps' losses and every other gradient, under
+// SGD (AdamW's first update moves a parameter whose gradient changed sign by 2 lr, which
+// step 2's loss shows at 2.9e-4).
+TEST(Parity, Resnet18Sgd) { run_parity("resnet18_sgd", {"im2col"}); }
+TEST(Parity, Resnet18Adamw) { run_parity("resnet18_adamw", {"im2col"}); }
+TEST(Parity, Resnet18SgdDefaultConvolutions) { run_parity("resnet18_sgd", {nullptr, false, false}); }
 TEST(Parity, GptMiniSgd) { run_parity("gpt-mini_sgd"); }
 TEST(Parity, GptMiniAdamw) { run_parity("gpt-mini_adamw"); }
 // Llama (RMSNorm, rotary embeddings, grouped-query attention with 8 query and 2 key/value
