@@ -46,9 +46,9 @@ struct Conv2d::Dnnl {
   dnnl::convolution_forward::primitive_desc fpd;
   dnnl::convolution_backward_data::primitive_desc bdpd;
   dnnl::convolution_backward_weights::primitive_desc bwpd;
-  bool training = true;
-  // Scratch slots: forward src, weights, dst, scratchpad; backward (data) diff_dst,
-  // weights, diff_src; (weights) src, diff_dst, diff_weights, diff_bias; the scratchpad.
+  // Scratch slots (-1: the engine's tensor as it is): forward src, weights, dst, scratchpad;
+  // backward (data) diff_dst, weights, diff_src; (weights) src, diff_dst (-2: the data
+  // primitive's copy, the same layout), diff_weights, diff_bias; the scratchpad of both.
   int f_src = -1, f_wei = -1, f_dst = -1, f_pad = -1;
   int d_ddst = -1, d_wei = -1, d_dsrc = -1, w_src = -1, w_ddst = -1, w_dwei = -1, w_db = -1, b_pad = -1;
   // Made on first use: creating a primitive compiles its kernels, which a plan that never
@@ -73,7 +73,6 @@ void Conv2d::setup_onednn(LayerSetup& s) {
   const md no_bias;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  d->training = s.training;
   const auto prop = s.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
   d->fpd = dnnl::convolution_forward::primitive_desc(
       dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, any_src, any_wei,
