@@ -191,7 +191,8 @@ TEST(Plan, SgdMomentumIsInTheMemory) {
 }
 
 // The data-parallel all-reduce hides behind backward on GPUs only: on CPU processes it is
-// counted in full (the copies need the cores backward holds), on a GPU in part.
+// counted in full (the copies need the cores backward holds), at the rate the link reaches
+// beside compute when the description has one; on a GPU in part.
 TEST(Plan, DataParallelReductionHidesOnGpusOnly) {
   auto exposed = [](const Hardware& hw) {
     PlanRequest r = request("mlp", hw, 2, 64);
@@ -205,6 +206,11 @@ TEST(Plan, DataParallelReductionHidesOnGpusOnly) {
   const double grads = 4.0 * double((784 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 10 + 10));
   const Prediction c = exposed(cpu);
   EXPECT_NEAR(c.dp_exposed_seconds, collective_seconds(Collective::all_reduce, grads, 2, cpu.intra, cpu.eff.comm_eff), 1e-12);
+  Hardware busy = cpu;
+  busy.intra_busy = Link{40e-6, 2e9};
+  const Prediction b = exposed(busy);
+  EXPECT_NEAR(b.dp_exposed_seconds, collective_seconds(Collective::all_reduce, grads, 2, busy.intra_busy, busy.eff.comm_eff), 1e-12);
+  EXPECT_NEAR(b.step_seconds - c.step_seconds, b.dp_exposed_seconds - c.dp_exposed_seconds, 1e-12);
   Hardware gpu = gpu_like();
   gpu.gpus_per_node = 2;
   gpu.intra = gpu.inter = Link{20e-6, 1e9};  // slow enough for the reduction to outlast backward's share

@@ -6,6 +6,7 @@
 // planner's hardware description of `this` machine uses (plan/hardware.h).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <ostream>
 #include <vector>
 
@@ -20,6 +21,10 @@ struct BenchCommOptions {
   int warmup = 5;                       // untimed all-reduces per size
   int iters = 20;                       // timed all-reduces per size
   bool check = true;                    // verify the sum (one extra all-reduce per size)
+  // Work the calling thread does while each size's timed all-reduces are in flight, called
+  // until the last of them completes: a training step's backward, beside which data
+  // parallelism reduces its gradients (on a CPU host the two share the cores).
+  std::function<void()> busy;
 };
 
 struct BenchCommRow {

@@ -72,7 +72,7 @@ Hardware from_builtin(const Builtin& b) {
   h.gpus_per_node = 8;
   h.intra = {kNvlinkAlpha, b.nvlink_gbs * kGBs};
   h.inter = {kNetworkAlpha, b.network_gbs * kGBs};
-  h.p2p_intra = h.intra, h.p2p_inter = h.inter;
+  h.p2p_intra = h.intra, h.p2p_inter = h.inter, h.intra_busy = h.intra;
   h.eff = kFitted;
   return h;
 }
@@ -155,9 +155,10 @@ void read_efficiency(const Json& obj, Efficiency& e) {
 void read_links(const Json& j, bool required, Hardware& h) {
   read_link(j, "intra_node", required, h.intra);
   read_link(j, "inter_node", required, h.inter);
-  h.p2p_intra = h.intra, h.p2p_inter = h.inter;
+  h.p2p_intra = h.intra, h.p2p_inter = h.inter, h.intra_busy = h.intra;
   read_link(j, "p2p_intra_node", false, h.p2p_intra);
   read_link(j, "p2p_inter_node", false, h.p2p_inter);
+  read_link(j, "intra_node_busy", false, h.intra_busy);
 }
 
 void read_gpus_per_node(const Json& j, bool required, int& x) {
@@ -180,7 +181,8 @@ Hardware from_file(const std::string& path) {
   const Json j = Json::parse_file(path);
   if (!j.is_object()) j.fail(str_cat("expected an object, got ", Json::type_name(j.type())));
   j.expect_keys({"name", "base", "gpu", "gpus_per_node", "memory_gib", "memory_bandwidth_gbs", "peak_tflops",
-                 "tf32_matmul", "intra_node", "inter_node", "p2p_intra_node", "p2p_inter_node", "efficiency"});
+                 "tf32_matmul", "intra_node", "inter_node", "p2p_intra_node", "p2p_inter_node", "intra_node_busy",
+                 "efficiency"});
   Hardware h = base_of(j);
   const bool required = !j.contains("base");  // without a base every figure must be there
   h.name = j.contains("name") ? j.at("name").string() : std::filesystem::path(path).stem().string();
@@ -271,6 +273,7 @@ std::string hardware_json(const Hardware& h) {
   j.set("inter_node", link_json(h.inter));
   if (!same_link(h.p2p_intra, h.intra)) j.set("p2p_intra_node", link_json(h.p2p_intra));
   if (!same_link(h.p2p_inter, h.inter)) j.set("p2p_inter_node", link_json(h.p2p_inter));
+  if (!same_link(h.intra_busy, h.intra)) j.set("intra_node_busy", link_json(h.intra_busy));
   Json e = Json::object();
   e.set("gemm_max", h.eff.gemm_max).set("gemm_half_flops", h.eff.gemm_half_flops);
   e.set("memory_eff", h.eff.memory_eff).set("kernel_overhead_us", kInUs.from_si(h.eff.kernel_overhead));
@@ -300,6 +303,7 @@ std::string hardware_table(const Hardware& h) {
   row("inter-node", link_text(h.inter));
   if (!same_link(h.p2p_intra, h.intra)) row("p2p intra-node", link_text(h.p2p_intra));
   if (!same_link(h.p2p_inter, h.inter)) row("p2p inter-node", link_text(h.p2p_inter));
+  if (!same_link(h.intra_busy, h.intra)) row("beside compute", link_text(h.intra_busy) + " (intra-node all-reduce)");
   char eff[200];
   std::snprintf(eff, sizeof eff,
                 "GEMM %.3g of peak at large sizes (half of that at %.3g FLOPs), memory %.3g, collectives %.3g, "

@@ -45,6 +45,10 @@ struct Hardware {
   Link intra;                   // NVLink/NVSwitch per GPU (this: MPI ranks on one host)
   Link inter;                   // the network per GPU (8 NICs per 8-GPU node: one each)
   Link p2p_intra, p2p_inter;    // point-to-point (pipeline sends); equal to intra/inter unless measured
+  // The intra-node all-reduce while the ranks compute, as gradient buckets are reduced beside
+  // backward: on a CPU host the reduction shares the cores with it (measured for `this`;
+  // equal to intra otherwise).
+  Link intra_busy;
   Efficiency eff;
   // The peak for a precision: fp32, bf16, fp16 (tf32 is used for fp32 matmuls on GPUs that
   // have it only when the description says so: tf32_matmul).

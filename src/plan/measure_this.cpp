@@ -31,6 +31,10 @@ constexpr GemmShape kShapes[] = {{256, 256, 256},   {512, 512, 512},   {1024, 10
 constexpr size_t kGemmElems = size_t(2048) * 2048;  // the largest operand above
 constexpr double kTimedFlops = 2e9;                  // per shape (2 runs at least): ~1.5 s in all on 2 cores
 
+// The GEMM a rank runs while the all-reduces are timed beside compute (4 MFLOP: tens of
+// microseconds, the granularity of that timing).
+constexpr int64_t kBusyGemm = 128;
+
 // A message between two processes of one host through shared memory (one process: no link
 // to measure).
 constexpr double kSharedMemoryAlpha = 1e-6;
@@ -115,16 +119,27 @@ void measure_links(dist::Comm& w, Hardware& h) {
   std::ostringstream quiet;
   h.intra = link_of(dist::fit_ring_all_reduce(dist::bench_comm(w, o, quiet), w.size()));
   h.p2p_intra = link_of(dist::fit_p2p(dist::bench_p2p(w, o, quiet)));
+  // Again while every rank's threads run GEMMs, as backward runs beside the gradient
+  // buckets' all-reduces: on a host whose cores the ranks fill, the communication thread
+  // gets a share of a core and a peer that is not running delays the whole ring.
+  std::vector<float> a(kBusyGemm * kBusyGemm, 0.5f), b(a.size(), 0.25f), c(a.size());
+  o.min_bytes = size_t(4) << 10;
+  o.busy = [&] {
+    cpu::gemm(false, false, kBusyGemm, kBusyGemm, kBusyGemm, 1.0f, a.data(), kBusyGemm, b.data(), kBusyGemm, 0.0f,
+              c.data(), kBusyGemm);
+  };
+  h.intra_busy = link_of(dist::fit_ring_all_reduce(dist::bench_comm(w, o, quiet), w.size()));
 }
 
 // Rank 0's figures to every rank.
 void share_rank0(dist::Comm& w, Hardware& h) {
   double v[] = {h.peak_fp32,       h.memory_bytes,       h.memory_bandwidth,   double(h.gpus_per_node),
                 h.intra.alpha,     h.intra.bandwidth,    h.p2p_intra.alpha,    h.p2p_intra.bandwidth,
-                h.eff.gemm_max,    h.eff.gemm_half_flops, h.eff.kernel_overhead};
+                h.eff.gemm_max,    h.eff.gemm_half_flops, h.eff.kernel_overhead, h.intra_busy.alpha,
+                h.intra_busy.bandwidth};
   w.broadcast_sync(v, std::size(v), DType::f64, 0);
   h.peak_fp32 = v[0], h.memory_bytes = v[1], h.memory_bandwidth = v[2], h.gpus_per_node = int(v[3]);
-  h.intra = {v[4], v[5]}, h.p2p_intra = {v[6], v[7]};
+  h.intra = {v[4], v[5]}, h.p2p_intra = {v[6], v[7]}, h.intra_busy = {v[11], v[12]};
   h.eff.gemm_max = v[8], h.eff.gemm_half_flops = v[9], h.eff.kernel_overhead = v[10];
 }
 
@@ -196,7 +211,7 @@ Hardware measure_this(dist::Comm* world) {
     share_rank0(*world, h);
   } else {
     h.intra = {kSharedMemoryAlpha, h.memory_bandwidth};
-    h.p2p_intra = h.intra;
+    h.p2p_intra = h.intra_busy = h.intra;
   }
   // The links measured are the job's: on one host nothing crosses a network, and across
   // hosts the ring is as slow as its slowest link. Either way inter-node = intra-node.

@@ -344,16 +344,20 @@ struct Search {
     const Link link = dp_link(l);
     const double buckets = std::max(2.0, std::ceil(grads / double(25 << 20)));
     // On CPU processes the reduction's copies need the cores that backward holds: it hides
-    // little (mlp on 2 ranks of 1 thread: 16% of it), so it is counted in full there.
+    // little (mlp on 2 ranks of 1 thread: 16% of it), so it is counted in full there, at the
+    // rate the link reaches beside compute (intra_busy; mlp and gpt-mini on 2 ranks of this
+    // VM: exposed 4.6-4.8 and 8-9 ms, at that rate 3.9-5.3 and 8.9-12, idle 1.8 and 4.1).
     const bool overlap = req.overlap_dp && req.hw.gpu;
+    const bool busy_known = req.hw.intra_busy.bandwidth > 0;  // a description built in code may leave it out
+    const Link beside = !req.hw.gpu && busy_known && l.tp * l.dp <= req.gpus_per_node ? req.hw.intra_busy : link;
     auto hidden = [&](double comm, double behind) {
       return overlap ? std::max(comm - behind * (1 - 1 / buckets), comm / buckets) : comm;
     };
     const double gather = collective_seconds(Collective::all_gather, params * 4, l.dp, link, eff);
-    const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, link, eff);
+    const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, beside, eff);
     const double M = double(l.accum);
     switch (l.zero) {
-      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp, link, eff), bwd);
+      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp, beside, eff), bwd);
       case 1: return hidden(scatter, bwd) + gather;
       case 2: return M * hidden(scatter, bwd) + gather;
       default: {
