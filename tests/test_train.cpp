@@ -83,11 +83,14 @@ TEST(Planner, LiveBuffersNeverOverlapAndDeadOnesShare) {
 }
 
 // predicted_memory_bytes is never below what the engine really allocated during a
-// real training step, and within 2% of it.
+// real training step, and within 2% of it. Batch 512 for mlp only: a step of ResNet-18 or
+// gpt-mini at 512 took most of this test's 84 s in CI, and batch 64 already plans every
+// buffer those models have at a size no cache hides.
 TEST(MemoryPlan, PredictionMatchesPeakOfARealStep) {
   sat::cpu::set_num_threads(2);
   for (std::string model : {"mlp", "resnet18", "gpt-mini"}) {
     for (int64_t batch : {1, 2, 3, 8, 64, 512}) {
+      if (batch == 512 && model != "mlp") continue;
       auto mc = sat::model_config(model);
       auto data = synthetic_for(mc);
       const FirstSamples test(*data.test, batch + 1);
@@ -119,8 +122,8 @@ TEST(MemoryPlan, PredictionMatchesPeakOfARealStep) {
 // zero) become full-size steps whose sign depends on the summation order.
 TEST(Accumulation, SixteenTimesFourFollowsSixtyFour) {
   struct Case { const char* model; const char* opt; double bound; int steps; };
-  for (Case c : {Case{"mlp", "sgd", 1e-5, 20}, Case{"mlp", "adamw", 1e-5, 20}, Case{"gpt-mini", "sgd", 1e-5, 10},
-                 Case{"gpt-mini", "adamw", 1e-3, 10}}) {
+  for (Case c : {Case{"mlp", "sgd", 1e-5, 20}, Case{"mlp", "adamw", 1e-5, 20}, Case{"gpt-mini", "sgd", 1e-5, 6},
+                 Case{"gpt-mini", "adamw", 1e-3, 6}}) {
     auto big = losses(c.model, 64, 1, c.steps, c.opt);
     auto acc = losses(c.model, 16, 4, c.steps, c.opt);
     ASSERT_EQ(big.size(), acc.size());

@@ -161,7 +161,8 @@ std::string suspects(const OpState& st) {
 }
 
 // Threads blocked in wait_state: while one is, the communication thread polls its
-// point-to-point requests without sleeping (the waiter's core has nothing else to do).
+// point-to-point requests without sleeping (the waiter's core has nothing else to do),
+// unless the node has more ranks than cores.
 std::atomic<int> waiting_callers{0};
 
 // Waits for st with the watchdog; throws its error.
@@ -372,6 +373,15 @@ class MpiRuntime {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    // Polling without sleep while a caller waits costs nothing when each rank of the node
+    // has a core (the waiter's); with more ranks than cores it would take one from a rank
+    // that computes.
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int on_node = 1;
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+    spin_while_waiting_ = unsigned(on_node) <= std::max(1u, std::thread::hardware_concurrency());
     return {};
   }
 
@@ -381,6 +391,8 @@ class MpiRuntime {
   // in flight (it sleeps on the queue otherwise).
   static constexpr int kMaxPollUs = 50;
 
+  bool spinning() const { return spin_while_waiting_ && waiting_callers.load(std::memory_order_relaxed) > 0; }
+
   void loop() {
     auto idle = std::chrono::microseconds(20);
     for (;;) {
@@ -389,7 +401,7 @@ class MpiRuntime {
         std::unique_lock<std::mutex> lk(m_);
         if (reqs_.empty()) {
           cv_.wait(lk, [&] { return stopping_ || !q_.empty(); });
-        } else if (q_.empty() && waiting_callers.load(std::memory_order_relaxed) == 0) {
+        } else if (q_.empty() && !spinning()) {
           // Requests in flight, nothing else to do and no one waiting: poll, backing off.
           cv_.wait_for(lk, idle, [&] { return !q_.empty(); });
         }
@@ -414,7 +426,7 @@ class MpiRuntime {
           idle = std::chrono::microseconds(20);
         } else {
           idle = std::min(idle * 2, std::chrono::microseconds(kMaxPollUs));
-          if (waiting_callers.load(std::memory_order_relaxed) > 0) std::this_thread::yield();
+          if (spinning()) std::this_thread::yield();
         }
       }
     }
@@ -474,6 +486,7 @@ class MpiRuntime {
   std::string init_error_;
   bool owns_mpi_ = false;
   bool finalized_ = false;
+  bool spin_while_waiting_ = false;  // set by init(), read by the communication thread only
   int world_rank_ = 0, world_size_ = 1;
   // Communication thread only.
   std::vector<MPI_Request> reqs_;
