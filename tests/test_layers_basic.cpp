@@ -14,6 +14,7 @@
 #include "nn/layers/elementwise.h"
 #include "nn/layers/embedding.h"
 #include "nn/layers/layernorm.h"
+#include "backend/cpu/blas.h"
 #include "nn/layers/linear.h"
 #include "op_harness.h"
 
@@ -88,12 +89,55 @@ TEST(Linear, GradientsManyShapes) {
   struct Case { Shape x; int64_t out; bool bias; };
   std::vector<Case> cases = {{{1, 5}, 3, true},      {{3, 33}, 17, true},     {{17, 5}, 33, true},
                              {{3, 33}, 5, false},    {{2, 3, 7}, 4, true},    {{2, 3, 7}, 1, false},
-                             {{64, 40}, 70, true},   {{256, 9}, 260, true}};  // last: threaded bias-grad path
+                             {{64, 40}, 70, true},   {{256, 9}, 260, true},   // threaded bias-grad path
+                             {{1, 300}, 260, true}};  // batch 1: matrix-vector products, an outer-product gradient
   for (auto& cs : cases) {
     SCOPED_TRACE("x " + cs.x.str() + " out " + std::to_string(cs.out) + (cs.bias ? " bias" : " no bias"));
     Linear lin(cs.x[-1], cs.out, cs.bias);
     check(lin, f32_inputs({cs.x}));
   }
+}
+
+// cpu::gemm hands products with one output row or column to gemv and products over one
+// inner index to an outer-product loop: every transpose, beta and leading dimension (padded
+// here) against the plain triple loop, at sizes past the thresholds of those paths.
+TEST(Gemm, MatrixVectorAndOuterProductsMatchTheReference) {
+  struct Case { int64_t M, N, K; };
+  for (Case c : {Case{1, 300, 260}, Case{300, 1, 260}, Case{300, 260, 1}, Case{1, 1, 70000}, Case{3, 300, 260}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          SCOPED_TRACE(str_cat("M ", c.M, " N ", c.N, " K ", c.K, ta ? " A^T" : "", tb ? " B^T" : "", " beta ", beta));
+          const int64_t ar = ta ? c.K : c.M, ac = ta ? c.M : c.K, br = tb ? c.N : c.K, bc = tb ? c.K : c.N;
+          const int64_t lda = ac + 3, ldb = bc + 2, ldc = c.N + 5;
+          std::vector<float> A(size_t(ar * lda)), B(size_t(br * ldb)), C(size_t(c.M * ldc));
+          for (size_t i = 0; i < A.size(); ++i) A[i] = float(int(i * 7 % 13) - 6) / 8;
+          for (size_t i = 0; i < B.size(); ++i) B[i] = float(int(i * 5 % 11) - 5) / 4;
+          for (size_t i = 0; i < C.size(); ++i) C[i] = float(int(i % 9) - 4);
+          std::vector<float> want = C;
+          for (int64_t i = 0; i < c.M; ++i)
+            for (int64_t j = 0; j < c.N; ++j) {
+              double acc = 0;
+              for (int64_t k = 0; k < c.K; ++k)
+                acc += double(ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)]) *
+                       double(tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)]);
+              float& w = want[size_t(i * ldc + j)];
+              w = float(0.75 * acc + (beta == 0 ? 0.0 : double(beta) * double(w)));
+            }
+          if (beta == 0)  // beta 0 must not read C (BLAS semantics): garbage there is ignored
+            for (int64_t i = 0; i < c.M; ++i) C[size_t(i * ldc)] = std::numeric_limits<float>::quiet_NaN();
+          cpu::gemm(ta, tb, c.M, c.N, c.K, 0.75f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          double worst = 0;
+          for (size_t i = 0; i < C.size(); ++i) {
+            const bool in_c = int64_t(i % size_t(ldc)) < c.N;
+            if (!in_c) {
+              ASSERT_EQ(C[i], want[i]) << "element " << i << " outside the N columns was written";
+              continue;
+            }
+            worst = std::max(worst, std::fabs(double(C[i]) - double(want[i])) / (1 + std::fabs(double(want[i]))));
+          }
+          EXPECT_LT(worst, 1e-5);
+        }
 }
 
 // A rank's part of a column- or row-parallel Linear is a Linear of its own: gradients of

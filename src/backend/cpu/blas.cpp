@@ -6,9 +6,58 @@
 
 namespace sat::cpu {
 
+// A product with one row or one column of output is a matrix-vector product. OpenBLAS
+// 0.3.21's sgemm packs the matrix operand first even then (later releases forward such
+// calls to gemv themselves): for a layer at batch 1 that reads its weights three times
+// instead of once.
+// Below kSmallProduct matrix elements sgemm is as fast (and gemv wakes OpenBLAS's threads
+// for a product that takes microseconds: 10x slower for a 1024 -> 10 layer at batch 1).
+constexpr int64_t kSmallProduct = int64_t(1) << 16;
+
+static bool gemv_instead(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                         const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (K <= 1 || (M != 1 && N != 1) || M * N * K < kSmallProduct) return false;
+  if (M == 1) {  // c[N] = op(B)^T a: a is A's one row (or its column when transposed)
+    const int inc_a = ta ? int(lda) : 1;
+    if (tb)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(N), int(K), alpha, B, int(ldb), A, inc_a, beta, C, 1);
+    else
+      cblas_sgemv(CblasRowMajor, CblasTrans, int(K), int(N), alpha, B, int(ldb), A, inc_a, beta, C, 1);
+    return true;
+  }
+  const int inc_b = tb ? 1 : int(ldb);  // c[M] (stride ldc) = op(A) b
+  if (ta)
+    cblas_sgemv(CblasRowMajor, CblasTrans, int(K), int(M), alpha, A, int(lda), B, inc_b, beta, C, int(ldc));
+  else
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(M), int(K), alpha, A, int(lda), B, inc_b, beta, C, int(ldc));
+  return true;
+}
+
+// A product over one inner index is an outer product: one pass writing C. sgemm first
+// scales C by beta in a pass of its own (zeroes it for beta 0), then reads and writes it
+// again (a weight gradient at batch 1: three passes over the layer's weights).
+static bool outer_instead(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (K != 1 || (beta != 0.0f && beta != 1.0f) || M * N < kSmallProduct) return false;
+  const int64_t sa = ta ? 1 : lda, sb = tb ? ldb : 1;  // op(A)[i][0] = A[i sa], op(B)[0][j] = B[j sb]
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    const float ai = alpha * A[i * sa];
+    float* c = C + i * ldc;
+    if (beta == 0.0f) {
+      for (int64_t j = 0; j < N; ++j) c[j] = ai * B[j * sb];
+    } else {
+      for (int64_t j = 0; j < N; ++j) c[j] += ai * B[j * sb];
+    }
+  }
+  return true;
+}
+
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (gemv_instead(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (outer_instead(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
