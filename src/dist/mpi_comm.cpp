@@ -7,7 +7,10 @@
 // dedicated communication thread, which executes a FIFO queue of operations: collectives
 // as blocking calls (MPI_Allreduce, ...), point-to-point as MPI_Isend/MPI_Irecv that the
 // thread polls between operations (so that a ring of sends and recvs cannot deadlock on
-// one thread). The caller's thread only enqueues and waits on a condition variable.
+// one thread). The caller's thread only enqueues and waits on a condition variable. While
+// a caller waits, the thread polls those requests without sleeping between tests (when the
+// node has no more ranks than cores): a pipeline stage's wait for its neighbour is the
+// round trip of each message, and sleeping polls made it about 300 us on 2 ranks here.
 // MPI is initialised on that thread (MPI_Init_thread asking for MPI_THREAD_SERIALIZED; the
 // thread is MPI's "main" thread, so FUNNELED is enough) and finalised on it at exit; no
 // other thread calls MPI — except MPI_Abort from the watchdog below.

@@ -6,14 +6,15 @@
 
 namespace sat::cpu {
 
+// Below kSmallProduct multiply-adds sgemm is as fast as the paths below (and gemv wakes
+// OpenBLAS's threads for a product of microseconds: 10x slower for a 1024 -> 10 layer at
+// batch 1).
+constexpr int64_t kSmallProduct = int64_t(1) << 16;
+
 // A product with one row or one column of output is a matrix-vector product. OpenBLAS
 // 0.3.21's sgemm packs the matrix operand first even then (later releases forward such
 // calls to gemv themselves): for a layer at batch 1 that reads its weights three times
 // instead of once.
-// Below kSmallProduct matrix elements sgemm is as fast (and gemv wakes OpenBLAS's threads
-// for a product that takes microseconds: 10x slower for a 1024 -> 10 layer at batch 1).
-constexpr int64_t kSmallProduct = int64_t(1) << 16;
-
 static bool gemv_instead(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (K <= 1 || (M != 1 && N != 1) || M * N * K < kSmallProduct) return false;
