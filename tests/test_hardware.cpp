@@ -81,11 +81,11 @@ void expect_same(const Hardware& a, const Hardware& b) {
   EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
   const double x[] = {a.peak_fp32, a.peak_tf32, a.peak_bf16, a.peak_fp16, a.memory_bytes, a.memory_bandwidth,
                       a.intra.alpha, a.intra.bandwidth, a.inter.alpha, a.inter.bandwidth, a.p2p_intra.alpha,
-                      a.p2p_intra.bandwidth, a.p2p_inter.alpha, a.p2p_inter.bandwidth, a.intra_busy.alpha, a.intra_busy.bandwidth, a.eff.gemm_max,
+                      a.p2p_intra.bandwidth, a.p2p_inter.alpha, a.p2p_inter.bandwidth, a.intra_busy.alpha, a.intra_busy.bandwidth, a.cache.bytes, a.cache.bandwidth, a.eff.gemm_max,
                       a.eff.gemm_half_flops, a.eff.memory_eff, a.eff.kernel_overhead, a.eff.comm_eff};
   const double y[] = {b.peak_fp32, b.peak_tf32, b.peak_bf16, b.peak_fp16, b.memory_bytes, b.memory_bandwidth,
                       b.intra.alpha, b.intra.bandwidth, b.inter.alpha, b.inter.bandwidth, b.p2p_intra.alpha,
-                      b.p2p_intra.bandwidth, b.p2p_inter.alpha, b.p2p_inter.bandwidth, b.intra_busy.alpha, b.intra_busy.bandwidth, b.eff.gemm_max,
+                      b.p2p_intra.bandwidth, b.p2p_inter.alpha, b.p2p_inter.bandwidth, b.intra_busy.alpha, b.intra_busy.bandwidth, b.cache.bytes, b.cache.bandwidth, b.eff.gemm_max,
                       b.eff.gemm_half_flops, b.eff.memory_eff, b.eff.kernel_overhead, b.eff.comm_eff};
   for (size_t i = 0; i < std::size(x); ++i) EXPECT_DOUBLE_EQ(x[i], y[i]) << "field " << i << " of " << a.name;
 }
@@ -212,9 +212,11 @@ TEST(Hardware, WrittenDescriptionsReadBack) {
   h.p2p_intra = {2.5e-5, 7.77e9};
   h.p2p_inter = {1.1e-4, 0.3e9};
   h.intra_busy = {3.3e-5, 1.25e9};
+  h.cache = {24.0 * 1048576, 61.5e9};
   h.eff = {0.55, 3.3e8, 0.61, 1.7e-5, 0.93};
   const Hardware back = round_trip(h);
   expect_same(h, back);
+  EXPECT_EQ(back.cache.bytes, 24.0 * 1048576);
   EXPECT_EQ(sat::hardware_json(back), sat::hardware_json(h));
 }
 
@@ -227,7 +229,7 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
   EXPECT_EQ(cluster_error("\"memory_gib\": 80", "\"memory_gib\": -80"), "key 'memory_gib': expected a positive number, got -80");
   EXPECT_EQ(cluster_error("\"memory_gib\": 80", "\"memory_gb\": 80"),
             "unknown key 'memory_gb' (expected name, base, gpu, gpus_per_node, memory_gib, memory_bandwidth_gbs, "
-            "peak_tflops, tf32_matmul, intra_node, inter_node, p2p_intra_node, p2p_inter_node, intra_node_busy or efficiency)");
+            "peak_tflops, tf32_matmul, intra_node, inter_node, p2p_intra_node, p2p_inter_node, intra_node_busy, cache or efficiency)");
   EXPECT_EQ(cluster_error("\"memory_bandwidth_gbs\": 2039", "\"memory_bandwidth_gbs\": 0"),
             "key 'memory_bandwidth_gbs': expected a positive number, got 0");
   EXPECT_EQ(cluster_error("\"fp32\": 19.5", "\"fp32\": 0"), "key 'peak_tflops.fp32': expected a positive number, got 0");
@@ -238,6 +240,12 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
             "key 'intra_node': expected an object, got a number");
   EXPECT_EQ(cluster_error("\"bandwidth_gbs\": 25", "\"bandwith_gbs\": 25"),
             "unknown key 'inter_node.bandwith_gbs' (expected bandwidth_gbs or latency_us)");
+  const std::string memory = "\"memory_gib\": 80,";
+  EXPECT_EQ(cluster_error(memory, memory + " \"cache\": {\"size_mib\": 32},"), "missing key 'cache.bandwidth_gbs'");
+  EXPECT_EQ(cluster_error(memory, memory + " \"cache\": {\"size_mib\": 0, \"bandwidth_gbs\": 60},"),
+            "key 'cache.size_mib': expected a positive number, got 0");
+  EXPECT_EQ(cluster_error(memory, memory + " \"cache\": {\"size_mb\": 32, \"bandwidth_gbs\": 60},"),
+            "unknown key 'cache.size_mb' (expected size_mib or bandwidth_gbs)");
   EXPECT_EQ(cluster_error("\"bandwidth_gbs\": 25", "\"bandwidth_gbs\": \"25\""),
             "key 'inter_node.bandwidth_gbs': expected a number, got a string");
   EXPECT_EQ(cluster_error("\"bandwidth_gbs\": 25", "\"bandwidth_gbs\": 0"),
@@ -315,6 +323,14 @@ TEST(Hardware, ThisMachineAsOneProcess) {
   }
   EXPECT_EQ(h.intra.bandwidth, h.memory_bandwidth);
   EXPECT_EQ(h.intra_busy.bandwidth, h.intra.bandwidth);  // one process: no ranks to reduce over
+  // The last-level cache where Linux's sysfs describes it (all of it: one process on the host),
+  // and a triad inside it faster than the one from memory.
+  if (std::filesystem::exists("/sys/devices/system/cpu/cpu0/cache/index0/size")) {
+    expect_positive_finite(h.cache.bytes, "cache bytes");
+    EXPECT_GE(h.cache.bytes, 1048576.0);
+    EXPECT_EQ(std::fmod(h.cache.bytes, 1024.0), 0.0) << h.cache.bytes;
+    EXPECT_GT(h.cache.bandwidth, h.memory_bandwidth);
+  }
   expect_positive_finite(h.eff.gemm_max, "gemm_max");
   EXPECT_LE(h.eff.gemm_max, 1.0);
   EXPECT_TRUE(std::isfinite(h.eff.gemm_half_flops) && h.eff.gemm_half_flops >= 0) << h.eff.gemm_half_flops;
@@ -338,10 +354,15 @@ TEST(Hardware, ThisMachineOverTwoRanks) {
   EXPECT_TRUE(std::isfinite(h.intra_busy.alpha) && h.intra_busy.alpha >= 0) << h.intra_busy.alpha;
   expect_positive_finite(h.peak_fp32, "peak_fp32");
   expect_positive_finite(h.memory_bandwidth, "memory_bandwidth");
+  if (h.cache.bytes > 0) {  // each rank's share
+    EXPECT_LE(h.cache.bytes, hardware("this").cache.bytes / 2);
+    expect_positive_finite(h.cache.bandwidth, "cache bandwidth");
+  }
   std::vector<double> mine = {h.peak_fp32,         h.memory_bytes,          h.memory_bandwidth, h.intra.alpha,
                               h.intra.bandwidth,   h.p2p_intra.alpha,       h.p2p_intra.bandwidth,
                               h.eff.gemm_max,      h.eff.gemm_half_flops,   h.eff.kernel_overhead,
-                              double(h.gpus_per_node), h.intra_busy.alpha, h.intra_busy.bandwidth};
+                              double(h.gpus_per_node), h.intra_busy.alpha, h.intra_busy.bandwidth,
+                              h.cache.bytes,       h.cache.bandwidth};
   std::vector<double> root = mine;
   w.broadcast_sync(root.data(), root.size(), sat::DType::f64, 0);
   EXPECT_EQ(mine, root) << "rank " << w.rank() << " disagrees with rank 0";

@@ -220,6 +220,34 @@ TEST(Plan, DataParallelReductionHidesOnGpusOnly) {
   EXPECT_GE(g.dp_exposed_seconds, full / 2 - 1e-12);  // at most all buckets but the last hidden
 }
 
+// With the stage's parameters and gradients (float32) in the cache, every micro-batch of a
+// step but the first adds its gradients to sums there: each such backward is shorter by the
+// gradient bytes at the cache's rate instead of memory's. Not with one micro-batch per step,
+// nor when the stage does not fit.
+TEST(Plan, GradientSumsStayInTheCacheWhenTheStageFits) {
+  auto step = [](const Hardware& hw, int64_t micro) {
+    PlanRequest r = request("mlp", hw, 1, 64);
+    r.filter = parse_layout(str_cat("dp=1,tp=1,pp=1,micro=", micro, ",recompute=none"));
+    r.top = 1;
+    const PlanResult p = plan_layouts(r);
+    EXPECT_EQ(p.best.size(), 1u);
+    return p.best.empty() ? 0.0 : p.best[0].step_seconds;
+  };
+  const Hardware plain = cpu_like();
+  Hardware cached = plain;
+  cached.cache = {64.0 * 1048576, 40e9};
+  const double params = 1863690, e = plain.eff.memory_eff;
+  const double saving = 4 * params / (plain.memory_bandwidth * e) - 4 * params / (cached.cache.bandwidth * e);
+  EXPECT_NEAR(step(plain, 8) - step(cached, 8), 7 * saving, 1e-12);  // 8 micro-batches of 8
+  EXPECT_NEAR(step(plain, 16) - step(cached, 16), 3 * saving, 1e-12);
+  EXPECT_EQ(step(plain, 64), step(cached, 64));  // one micro-batch: the sums start in memory
+  Hardware small = cached;
+  small.cache.bytes = 8 * params - 1;  // a byte short of the parameters and their gradients
+  EXPECT_EQ(step(plain, 8), step(small, 8));
+  small.cache.bytes = 8 * params;
+  EXPECT_NEAR(step(plain, 8) - step(small, 8), 7 * saving, 1e-12);
+}
+
 // On a GPU in bf16: the plan of the mixed-precision engine (this machine's trainer plans the
 // CPU, so the rank plans are made directly), with bf16 activations and a bf16 copy of the
 // fp32 master weights.

@@ -1,5 +1,7 @@
 #include "plan/cost.h"
 
+#include <algorithm>
+
 #include "nn/layers/attention.h"
 #include "nn/layers/cross_entropy.h"
 #include "nn/layers/tensor_parallel.h"
@@ -37,7 +39,12 @@ std::pair<Collective, Collective> collectives_of(const Layer& l) {
 // Bytes a node's kernels move: forward reads its inputs and parameters and writes its output,
 // saved buffers and scratch; backward reads them all again, uses its own scratch and writes
 // the input and parameter gradients (parameters' in float32).
-std::pair<double, double> traffic(const Node& n, DType act) {
+struct Traffic {
+  double fwd = 0, bwd = 0;
+  double grads = 0;  // of backward's: the parameter gradients' (accumulated over micro-batches)
+};
+
+Traffic traffic(const Node& n, DType act) {
   const LayerSetup& s = n.setup;
   auto sum = [](const std::vector<TensorSpec>& v) {
     double b = 0;
@@ -48,7 +55,14 @@ std::pair<double, double> traffic(const Node& n, DType act) {
   for (const ParamDecl& p : s.params) params += double(p.spec.shape.numel());
   const double in = sum(s.inputs), out = double(s.output.bytes()), w = params * double(dtype_size(act));
   const double fwd = in + w + out + sum(s.saved) + sum(s.scratch_fwd);
-  return {fwd, fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + out + params * 4};
+  return {fwd, fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + out + params * 4, params * 4};
+}
+
+// The seconds `bytes` take less from the cache than from memory.
+double cache_saving(double bytes, const Hardware& hw) {
+  if (hw.cache.bytes <= 0 || bytes <= 0) return 0;
+  const double e = hw.eff.memory_eff;
+  return std::max(0.0, bytes / (hw.memory_bandwidth * e) - bytes / (hw.cache.bandwidth * e));
 }
 
 }  // namespace
@@ -59,9 +73,13 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
     const Node& n = g.nodes()[i];
     const LayerSetup& s = n.setup;
     NodeCost& c = out[i];
-    const auto [fb, bb] = traffic(n, g.act());
+    const Traffic tr = traffic(n, g.act());
+    const double fb = tr.fwd;
     c.fwd = kernel_seconds(s.flops_fwd, fb, hw, g.act());
-    if (g.training() && n.needs_backward) c.bwd = kernel_seconds(s.flops_bwd, bb, hw, g.act());
+    if (g.training() && n.needs_backward) {
+      c.bwd = kernel_seconds(s.flops_bwd, tr.bwd, hw, g.act());
+      c.bwd_cached = cache_saving(tr.grads, hw);
+    }
     const auto [cf, cb] = collectives_of(*n.layer);
     c.comm_fwd = collective_seconds(cf, s.comm_fwd, tp.tp, tp.link, hw.eff.comm_eff);
     if (g.training() && n.needs_backward) c.comm_bwd = collective_seconds(cb, s.comm_bwd, tp.tp, tp.link, hw.eff.comm_eff);

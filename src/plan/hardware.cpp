@@ -23,7 +23,7 @@ struct Unit {
   constexpr double to_si(double x) const { return small ? x / size : x * size; }
   constexpr double from_si(double x) const { return small ? x * size : x / size; }
 };
-constexpr Unit kOne{1}, kInTflops{kTflops}, kInGBs{kGBs}, kInGiB{kGiB}, kInUs{1e6, true};
+constexpr Unit kOne{1}, kInTflops{kTflops}, kInGBs{kGBs}, kInGiB{kGiB}, kInMiB{kMiB}, kInUs{1e6, true};
 
 // The built-in kinds, as one GPU of an 8-GPU DGX/HGX node. Dense figures (no structured
 // sparsity), from NVIDIA's documents:
@@ -161,6 +161,13 @@ void read_links(const Json& j, bool required, Hardware& h) {
   read_link(j, "intra_node_busy", false, h.intra_busy);
 }
 
+void read_cache(const Json& j, Cache& c) {
+  const Json* s = read_section(j, "cache", false, {"size_mib", "bandwidth_gbs"});
+  if (!s) return;
+  read_number(*s, "size_mib", true, kInMiB, Range::positive, c.bytes);
+  read_number(*s, "bandwidth_gbs", true, kInGBs, Range::positive, c.bandwidth);
+}
+
 void read_gpus_per_node(const Json& j, bool required, int& x) {
   const Json* g = required ? &j.at("gpus_per_node") : j.find("gpus_per_node");
   if (!g) return;
@@ -182,7 +189,7 @@ Hardware from_file(const std::string& path) {
   if (!j.is_object()) j.fail(str_cat("expected an object, got ", Json::type_name(j.type())));
   j.expect_keys({"name", "base", "gpu", "gpus_per_node", "memory_gib", "memory_bandwidth_gbs", "peak_tflops",
                  "tf32_matmul", "intra_node", "inter_node", "p2p_intra_node", "p2p_inter_node", "intra_node_busy",
-                 "efficiency"});
+                 "cache", "efficiency"});
   Hardware h = base_of(j);
   const bool required = !j.contains("base");  // without a base every figure must be there
   h.name = j.contains("name") ? j.at("name").string() : std::filesystem::path(path).stem().string();
@@ -194,6 +201,7 @@ Hardware from_file(const std::string& path) {
   read_peaks(j, required, h);
   read_bool(j, "tf32_matmul", h.tf32_matmul);
   read_links(j, required, h);
+  read_cache(j, h.cache);
   read_efficiency(j, h.eff);
   return h;
 }
@@ -274,6 +282,11 @@ std::string hardware_json(const Hardware& h) {
   if (!same_link(h.p2p_intra, h.intra)) j.set("p2p_intra_node", link_json(h.p2p_intra));
   if (!same_link(h.p2p_inter, h.inter)) j.set("p2p_inter_node", link_json(h.p2p_inter));
   if (!same_link(h.intra_busy, h.intra)) j.set("intra_node_busy", link_json(h.intra_busy));
+  if (h.cache.bytes > 0) {
+    Json c = Json::object();
+    c.set("size_mib", kInMiB.from_si(h.cache.bytes)).set("bandwidth_gbs", kInGBs.from_si(h.cache.bandwidth));
+    j.set("cache", c);
+  }
   Json e = Json::object();
   e.set("gemm_max", h.eff.gemm_max).set("gemm_half_flops", h.eff.gemm_half_flops);
   e.set("memory_eff", h.eff.memory_eff).set("kernel_overhead_us", kInUs.from_si(h.eff.kernel_overhead));
@@ -304,6 +317,12 @@ std::string hardware_table(const Hardware& h) {
   if (!same_link(h.p2p_intra, h.intra)) row("p2p intra-node", link_text(h.p2p_intra));
   if (!same_link(h.p2p_inter, h.inter)) row("p2p inter-node", link_text(h.p2p_inter));
   if (!same_link(h.intra_busy, h.intra)) row("beside compute", link_text(h.intra_busy) + " (intra-node all-reduce)");
+  if (h.cache.bytes > 0) {
+    char c[160];
+    std::snprintf(c, sizeof c, "%.4g MiB per %s, %.4g GB/s (a stage's parameters that fit stay between micro-batches)",
+                  h.cache.bytes / kMiB, dev, h.cache.bandwidth / kGBs);
+    row("cache", c);
+  }
   char eff[200];
   std::snprintf(eff, sizeof eff,
                 "GEMM %.3g of peak at large sizes (half of that at %.3g FLOPs), memory %.3g, collectives %.3g, "

@@ -33,6 +33,15 @@ struct Efficiency {
   double comm_eff = 0.8;
 };
 
+// The cache in which a stage's parameters and their gradients stay from one micro-batch to
+// the next of a step when they fit (bytes 0: not modelled). `this` measures its share of the
+// host's last-level cache per rank and a STREAM triad's rate inside a quarter of it; the
+// built-in GPUs leave it out (their L2, 40-50 MiB, holds a sliver of any stage planned there).
+struct Cache {
+  double bytes = 0;
+  double bandwidth = 0;
+};
+
 struct Hardware {
   std::string name;    // "a100-80gb", "this", or the file's "name"
   std::string source;  // "built-in", the JSON file's path, or "measured here"
@@ -49,6 +58,7 @@ struct Hardware {
   // backward: on a CPU host the reduction shares the cores with it (measured for `this`;
   // equal to intra otherwise).
   Link intra_busy;
+  Cache cache;
   Efficiency eff;
   // The peak for a precision: fp32, bf16, fp16 (tf32 is used for fp32 matmuls on GPUs that
   // have it only when the description says so: tf32_matmul).

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <sstream>
+#include <string>
 
 #include "backend/cpu/blas.h"
 #include "backend/device.h"
@@ -84,13 +87,10 @@ double measure_kernel_overhead() {
   return t[t.size() / 2];
 }
 
-// STREAM's triad a = b + s c over arrays far larger than the caches, on the engine's threads;
-// bytes counted as STREAM does (two reads and a write per element). Every rank runs it at
-// once, so each gets its share of the host's bandwidth.
-double measure_memory_bandwidth() {
-  size_t n = size_t(16) << 20;  // 3 x 64 MiB
-  const size_t avail = host_available_memory();
-  if (avail) n = std::clamp(avail / 64, size_t(1) << 20, n);
+// STREAM's triad a = b + s c over three arrays of n floats, `passes` at a time, on the
+// engine's threads; bytes counted as STREAM does (two reads and a write per element), the
+// best of 6 rounds. Every rank runs it at once, so each gets its share of the host.
+double triad_bandwidth(size_t n, int passes) {
   std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
   const int64_t len = int64_t(n);
 #pragma omp parallel for schedule(static)
@@ -98,11 +98,53 @@ double measure_memory_bandwidth() {
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < 6; ++r) {
     const double t0 = now_seconds();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < len; ++i) a[i] = b[i] + 3.0f * c[i];
+#pragma omp parallel
+    for (int p = 0; p < passes; ++p) {  // one region: every thread keeps its static share
+#pragma omp for simd schedule(static) nowait
+      for (int64_t i = 0; i < len; ++i) a[i] = b[i] + 3.0f * c[i];
+    }
     best = std::min(best, now_seconds() - t0);
   }
-  return 3.0 * 4.0 * double(n) / std::max(best, 1e-9);
+  return 3.0 * 4.0 * double(n) * passes / std::max(best, 1e-9);
+}
+
+// The triad over arrays far larger than the caches: the memory's bandwidth.
+double measure_memory_bandwidth() {
+  size_t n = size_t(16) << 20;  // 3 x 64 MiB
+  const size_t avail = host_available_memory();
+  if (avail) n = std::clamp(avail / 64, size_t(1) << 20, n);
+  return triad_bandwidth(n, 1);
+}
+
+// The last-level cache of the host's first CPU (sysfs: the highest level of a data or
+// unified cache), 0 where the system does not say.
+double last_level_cache_bytes() {
+  double best = 0;
+  int top = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level(dir + "level"), type(dir + "type"), size(dir + "size");
+    int lv = 0;
+    std::string ty, sz;
+    if (!(level >> lv) || !(type >> ty) || !(size >> sz) || ty == "Instruction") continue;
+    double bytes = std::atof(sz.c_str());
+    if (sz.ends_with('K')) bytes *= 1024;
+    if (sz.ends_with('M')) bytes *= 1048576;
+    if (lv > top && bytes > 0) top = lv, best = bytes;
+  }
+  if (best == 0) best = double(std::max(0L, sysconf(_SC_LEVEL3_CACHE_SIZE)));
+  return best;
+}
+
+// This rank's share of the last-level cache and the triad's rate in a quarter of it (the rest
+// is what a stage's activations and the other ranks' lines leave), every rank at once.
+Cache measure_cache(int ranks_on_host) {
+  Cache c;
+  c.bytes = last_level_cache_bytes() / ranks_on_host;
+  if (c.bytes < 1048576) return {};  // unknown, or too small to hold a stage worth modelling
+  const size_t n = size_t(c.bytes / 4 / 12);
+  c.bandwidth = triad_bandwidth(n, int(std::clamp(double(256 << 20) / (12.0 * double(n)), 1.0, 4096.0)));
+  return c;
 }
 
 Link link_of(const dist::AlphaBeta& ab) { return {ab.alpha, ab.beta}; }
@@ -136,10 +178,11 @@ void share_rank0(dist::Comm& w, Hardware& h) {
   double v[] = {h.peak_fp32,       h.memory_bytes,       h.memory_bandwidth,   double(h.gpus_per_node),
                 h.intra.alpha,     h.intra.bandwidth,    h.p2p_intra.alpha,    h.p2p_intra.bandwidth,
                 h.eff.gemm_max,    h.eff.gemm_half_flops, h.eff.kernel_overhead, h.intra_busy.alpha,
-                h.intra_busy.bandwidth};
+                h.intra_busy.bandwidth, h.cache.bytes,         h.cache.bandwidth};
   w.broadcast_sync(v, std::size(v), DType::f64, 0);
   h.peak_fp32 = v[0], h.memory_bytes = v[1], h.memory_bandwidth = v[2], h.gpus_per_node = int(v[3]);
   h.intra = {v[4], v[5]}, h.p2p_intra = {v[6], v[7]}, h.intra_busy = {v[11], v[12]};
+  h.cache = {v[13], v[14]};
   h.eff.gemm_max = v[8], h.eff.gemm_half_flops = v[9], h.eff.kernel_overhead = v[10];
 }
 
@@ -202,6 +245,8 @@ Hardware measure_this(dist::Comm* world) {
   h.eff.gemm_half_flops = g.half_flops;
   barrier(world);
   h.memory_bandwidth = measure_memory_bandwidth();
+  barrier(world);
+  h.cache = measure_cache(h.gpus_per_node);
   h.memory_bytes = available_memory() / h.gpus_per_node;
   // The figures are what the kernels and links reach: nothing more to discount.
   h.eff.memory_eff = 1;

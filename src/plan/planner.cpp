@@ -116,6 +116,7 @@ namespace {
 struct BlockTable {
   std::unique_ptr<BuiltModel> whole;  // this tp rank's whole model (for the cuts)
   std::vector<double> fwd, bwd, tp_comm;  // seconds per micro-batch (bwd: recompute included)
+  std::vector<double> bwd_cached;         // seconds less with the gradients' sums in the cache
   std::vector<double> kept, work;         // bytes: kept from forward to backward; the working set beyond
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
@@ -145,7 +146,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const Graph& g = *t.whole->graph;
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
-  for (auto* v : {&t.fwd, &t.bwd, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes})
+  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes})
     v->assign(size_t(t.blocks) + 1, 0);
   const std::vector<NodeCost> cost = node_costs(g, hw, tp);
   std::map<std::string, int> declared;
@@ -155,6 +156,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     const size_t b = size_t(block_of(starts, n.gid));
     t.fwd[b] += cost[size_t(i)].forward();
     t.bwd[b] += cost[size_t(i)].backward();
+    t.bwd_cached[b] += cost[size_t(i)].bwd_cached;
     t.tp_comm[b] += cost[size_t(i)].comm_fwd + cost[size_t(i)].comm_bwd;
     auto [k, w] = node_bytes(g, i);
     t.kept[b] += k;
@@ -491,20 +493,37 @@ struct Search {
     }
   }
 
-  // The pipeline simulation of the schedule's action lists with this layout's stage costs.
-  ScheduleSim simulate(const Layout& l, const BlockTable& t, const std::vector<std::vector<std::pair<int, int>>>& st,
-                       double* transfer) {
+  // Per stage, per chunk: one micro-batch's forward and backward seconds, averaged over the
+  // step's micro-batches. When the stage's parameters and their gradients (float32) fit the
+  // cache, all but the first find the gradients' sums there (plan/cost.h).
+  SimCosts stage_costs(const Layout& l, const BlockTable& t, const std::vector<std::vector<std::pair<int, int>>>& st) const {
     SimCosts c;
-    double bytes = 0;
+    const double M = double(l.accum);
     for (int s = 0; s < l.pp; ++s) {
+      double params = 0;
+      for (auto [a, b] : st[size_t(s)])
+        for (int x = a; x < b; ++x) params += t.params[size_t(x)];
+      const double warm = req.hw.cache.bytes > 0 && 8 * params <= req.hw.cache.bytes ? (M - 1) / M : 0;
       c.fwd.emplace_back(), c.bwd.emplace_back();
       for (auto [a, b] : st[size_t(s)]) {
         double fw = 0, bw = 0;
-        for (int x = a; x < b; ++x) fw += t.fwd[size_t(x)], bw += t.bwd[size_t(x)];
+        for (int x = a; x < b; ++x) {
+          fw += t.fwd[size_t(x)];
+          bw += t.bwd[size_t(x)] - warm * t.bwd_cached[size_t(x)];
+        }
         c.fwd.back().push_back(fw), c.bwd.back().push_back(bw);
-        if (a > 0) bytes = std::max(bytes, t.cut_bytes[size_t(a)]);
       }
     }
+    return c;
+  }
+
+  // The pipeline simulation of the schedule's action lists with this layout's stage costs.
+  ScheduleSim simulate(const Layout& l, const BlockTable& t, const std::vector<std::vector<std::pair<int, int>>>& st,
+                       SimCosts c, double* transfer) {
+    double bytes = 0;
+    for (int s = 0; s < l.pp; ++s)
+      for (auto [a, b] : st[size_t(s)])
+        if (a > 0) bytes = std::max(bytes, t.cut_bytes[size_t(a)]);
     c.transfer = l.pp > 1 ? collective_seconds(Collective::p2p, bytes, 2, pp_link(l), req.hw.eff.comm_eff) : 0;
     *transfer = c.transfer;
     ScheduleSim sim = simulate_actions(schedule_lists(spec_of(l)), c);
@@ -531,19 +550,19 @@ struct Search {
       else ++out.over_memory;
     }
     if (ps.empty()) return;
+    SimCosts c = stage_costs(l, t, st);
     double busiest = 0;
     for (int s = 0; s < l.pp; ++s) {
-      double c = 0;
-      for (auto [a, b] : st[size_t(s)])
-        for (int x = a; x < b; ++x) c += t.fwd[size_t(x)] + t.bwd[size_t(x)];
-      busiest = std::max(busiest, c * double(l.accum));
+      double x = 0;
+      for (size_t k = 0; k < c.fwd[size_t(s)].size(); ++k) x += c.fwd[size_t(s)][k] + c.bwd[size_t(s)][k];
+      busiest = std::max(busiest, x * double(l.accum));
     }
     if (busiest > bar()) {
       out.slower += int64_t(ps.size());
       return;
     }
     double transfer = 0;
-    const ScheduleSim sim = simulate(l, t, st, &transfer);
+    const ScheduleSim sim = simulate(l, t, st, std::move(c), &transfer);
     for (Prediction& p : ps) {
       estimate_time(p, f, t, sim, transfer);
       note_time(p.step_seconds);
@@ -602,8 +621,9 @@ struct Search {
 
   ScheduleSim timeline(const Layout& l) {
     const BlockTable& t = table(l);
+    const auto st = cuts(l, t);
     double transfer = 0;
-    return simulate(l, t, cuts(l, t), &transfer);
+    return simulate(l, t, st, stage_costs(l, t, st), &transfer);
   }
 };
 
