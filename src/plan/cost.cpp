@@ -74,8 +74,7 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
     const LayerSetup& s = n.setup;
     NodeCost& c = out[i];
     const Traffic tr = traffic(n, g.act());
-    const double fb = tr.fwd;
-    c.fwd = kernel_seconds(s.flops_fwd, fb, hw, g.act());
+    c.fwd = kernel_seconds(s.flops_fwd, tr.fwd, hw, g.act());
     if (g.training() && n.needs_backward) {
       c.bwd = kernel_seconds(s.flops_bwd, tr.bwd, hw, g.act());
       c.bwd_cached = cache_saving(tr.grads, hw);
@@ -87,7 +86,7 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
     if (n.rc_first >= 0) {
       c.recompute = c.fwd + c.comm_fwd;
     } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(n.layer.get()); a && a->recompute()) {
-      c.recompute = kernel_seconds(s.flops_fwd / 2, fb, hw, g.act());  // q k^T and the softmax again
+      c.recompute = kernel_seconds(s.flops_fwd / 2, tr.fwd, hw, g.act());  // q k^T and the softmax again
     }
   }
   return out;
