@@ -55,8 +55,9 @@ struct Machine {
   std::map<int64_t, double> curve;
   double now = 0, until = 0, level = 1, drift = 1;
   bool shared = true;  // false: a quiet machine: only the steps' scatter (2%) and the slow steps
-  Machine(uint64_t seed, std::map<int64_t, double> c, bool others = true)
-      : rng(seed), curve(std::move(c)), shared(others) {}
+  double scatter = 0.05;  // the steps' lognormal scatter on the shared machine
+  Machine(uint64_t seed, std::map<int64_t, double> c, bool others = true, double spread = 0.05)
+      : rng(seed), curve(std::move(c)), shared(others), scatter(spread) {}
   double speed() {
     while (shared && now >= until) {
       const bool busy = level == 1;
@@ -69,7 +70,7 @@ struct Machine {
   ProbeTiming probe(int64_t b, int round, double seconds = 0.3) {
     std::vector<double> steps;
     for (double spent = 0; spent < seconds || steps.size() < 3;) {
-      double dt = double(b) / (curve.at(b) * speed()) * std::exp((shared ? 0.05 : 0.02) * rng.normal());
+      double dt = double(b) / (curve.at(b) * speed()) * std::exp((shared ? scatter : 0.02) * rng.normal());
       if (rng.uniform() < 0.05) dt *= 1.5;
       now += dt, spent += dt;
       steps.push_back(dt);
@@ -87,7 +88,7 @@ struct Machine {
 struct Outcome {
   int64_t chosen = 0, old_rule = 0;
   int rounds = 0, remeasured = 0, entrants = 0;
-  bool settled = false;
+  bool settled = false, unsure = false;
 };
 
 Outcome choose(Machine& m, const sat::ContestRules& rules) {
@@ -104,6 +105,7 @@ Outcome choose(Machine& m, const sat::ContestRules& rules) {
   });
   o.chosen = c[size_t(r.verdict.choice)].micro_batch;
   o.rounds = r.rounds, o.remeasured = r.remeasured, o.settled = r.verdict.settled;
+  o.unsure = r.verdict.unsure;
   return o;
 }
 
@@ -131,25 +133,28 @@ TEST(TuneContest, ReachesTheKneeOfTheTrueBestOnANoisyMachine) {
 
 // A clear knee (256 as fast as the best, 128 20% short): on a quiet machine it is chosen
 // and settled; on the shared one the choice still reaches 97% of the best, and is the
-// knee when the rounds can tell.
+// knee in most runs that settle. When none is told within the knee, the larger 512, as
+// fast, is the choice (UnsureChoosesTheLargestNotOut): on the shared machine that costs
+// the knee in about 20 of 50 runs (memory, not speed), where the reference used to land on
+// 256 or 512 as the noise fell.
 TEST(TuneContest, AClearKneeIsFound) {
   const std::map<int64_t, double> knee = {{32, 3000}, {64, 5000}, {128, 8000}, {256, 10000}, {512, 10000}};
   for (bool shared : {false, true}) {
-    int at_knee = 0, settled = 0, ok = 0;
+    int at_knee = 0, settled = 0, ok = 0, settled_at_knee = 0;
     for (int seed = 1; seed <= 50; ++seed) {
       Machine m(uint64_t(seed), knee, shared);
       Outcome o = choose(m, {});
       at_knee += o.chosen == 256;
       settled += o.settled;
       ok += m.curve.at(o.chosen) >= 0.97 * m.best();
+      settled_at_knee += o.settled && o.chosen == 256;
     }
-    std::printf("%s machine: chose the knee in %d of 50 runs, settled in %d, within 97%% of the best in %d\n",
-                shared ? "shared" : "quiet", at_knee, settled, ok);
+    std::printf("%s machine: chose the knee in %d of 50 runs (%d of the %d settled), within 97%% of the best in %d\n",
+                shared ? "shared" : "quiet", at_knee, settled_at_knee, settled, ok);
     EXPECT_GE(ok, 49);
-    EXPECT_GE(at_knee, shared ? 25 : 45);
-    if (!shared) {
-      EXPECT_GE(settled, 45);
-    }
+    EXPECT_GE(settled, shared ? 10 : 45);
+    EXPECT_GE(settled_at_knee, shared ? settled * 7 / 10 : settled);
+    EXPECT_GE(at_knee, shared ? 10 : 45);
   }
 }
 
@@ -166,6 +171,61 @@ TEST(TuneContest, FastestIsTheNoiseAwareBest) {
   }
   std::printf("fastest: within 97%% of the best in %d of 100 runs\n", ok);
   EXPECT_GE(ok, 97);
+}
+
+// Three contenders measured in two rounds, every ratio's interval wide enough to hold both
+// the knee and parity: none is within the knee and none is out. By throughput alone the
+// choice is then the largest; with offsets (goodput) the reference; a larger one that the
+// rounds show clearly slower is out and not chosen.
+TEST(TuneContest, UnsureChoosesTheLargestNotOut) {
+  auto timing = [](int round, double sps) { return ProbeTiming{round, sps, 0.04, 0.1, 6}; };
+  std::vector<Contender> c = {{8, {timing(0, 31), timing(1, 30)}},
+                              {16, {timing(0, 30), timing(1, 30.5)}},
+                              {23, {timing(0, 30.2), timing(1, 29.8)}}};
+  const std::vector<int> all = {0, 1, 2};
+  sat::ContestRules rules;
+  sat::Verdict v = sat::judge(c, all, rules);
+  EXPECT_EQ(v.reference, 0);
+  EXPECT_TRUE(v.unsure);
+  EXPECT_FALSE(v.settled);
+  EXPECT_EQ(v.choice, 2);
+  rules.larger_when_unsure = false;
+  EXPECT_EQ(sat::judge(c, all, rules).choice, 0) << "goodput keeps the reference";
+  rules.larger_when_unsure = true;
+  c[2].timings = {{0, 20, 0.01, 0.02, 6}, {1, 20.2, 0.01, 0.02, 6}};  // memory pressure: a third slower
+  v = sat::judge(c, all, rules);
+  EXPECT_TRUE(v.unsure);
+  EXPECT_EQ(v.choice, 1) << "the largest not out";
+  c[1].timings = {timing(0, 33), timing(1, 33)};  // 16 clearly ahead of 8, 8 still not out
+  c[1].timings[0].log_se = c[1].timings[1].log_se = 0.001;
+  c[0].timings = {{0, 32.5, 0.001, 0.01, 6}, {1, 32.6, 0.001, 0.01, 6}};
+  v = sat::judge(c, all, rules);
+  EXPECT_FALSE(v.unsure) << "8 is within the knee of 16";
+  EXPECT_EQ(v.choice, 0);
+}
+
+// gpt-mini's curve on two cores (8 is 7% short of the best, 16 and 23 level) on a machine
+// twice as noisy as the shared one (10% step scatter, as this project's VM shows at times):
+// the rounds often run out with nothing told apart, and then the largest not out reaches
+// the knee of the best where the reference (a noisy maximum) often does not.
+TEST(TuneContest, WhenUnsureTheLargerSideOfAFlatTopIsSafer) {
+  const std::map<int64_t, double> top = {{4, 23}, {8, 29.5}, {16, 31.6}, {23, 31.8}};
+  int ok[2] = {0, 0}, unsure = 0;
+  for (bool larger : {false, true}) {
+    sat::ContestRules rules;
+    rules.larger_when_unsure = larger;
+    for (int seed = 1; seed <= 200; ++seed) {
+      Machine m(uint64_t(seed), top, true, 0.10);
+      Outcome o = choose(m, rules);
+      ok[larger] += m.curve.at(o.chosen) >= 0.97 * m.best();
+      unsure += larger && o.unsure;
+    }
+  }
+  std::printf("noisier machine: within 97%% of the best in %d of 200 runs (the reference when unsure: %d); "
+              "unsure in %d\n", ok[1], ok[0], unsure);
+  EXPECT_GE(unsure, 20) << "the machine must be noisy enough to leave the rounds unsure";
+  EXPECT_GT(ok[1], ok[0]);
+  EXPECT_GE(ok[1], 196);
 }
 
 // One candidate, or one far ahead of the others: nothing to re-measure beyond the rounds'

@@ -159,9 +159,13 @@ Verdict judge(const std::vector<Contender>& c, const std::vector<int>& members, 
   if (rules.fastest || v.choice < 0) {
     v.choice = v.reference;
     v.settled = rules.fastest && within(v.reference);
+    v.unsure = !rules.fastest;
   }
   for (int m : members)
     if (m == v.choice || m == v.reference || !out(m)) v.members.push_back(m);
+  if (v.unsure && rules.larger_when_unsure)
+    for (int m : v.members)  // ascending: the last one not out
+      if (!out(m)) v.choice = m;
   return v;
 }
 

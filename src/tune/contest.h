@@ -15,10 +15,14 @@
 // contender, the lower end of its ratio's interval is at least 1 - knee; it is *out* when
 // the upper end of its ratio's interval against some contender is below 1 - knee. The
 // choice is the smallest candidate within the knee once every smaller one is out
-// (settled); when the rounds run out first, it is the smallest within the knee, and when
-// none is, the *reference* (the noise-aware best): the contender whose log ratios to the
-// others, round by round, add up to the most. With `fastest` (a kept global batch) the choice is the
-// reference, settled once it is within the knee of every other.
+// (settled); when the rounds run out first, it is the smallest within the knee. When none
+// is, the noise could not tell the contenders apart: by throughput alone the choice is then
+// the largest that is not out (a larger micro-batch spreads each step's fixed cost over
+// more samples, so on a curve flat within the noise it is the safer side of the knee; one
+// that memory pressure slows is out), and otherwise (goodput weighs smaller batches up)
+// the *reference* (the noise-aware best): the contender whose log ratios to the others,
+// round by round, add up to the most. With `fastest` (a kept global batch) the choice is
+// the reference, settled once it is within the knee of every other.
 //
 // Nothing here runs anything: measure() is the caller's (the tuner's probes; a simulated
 // machine in the tests).
@@ -77,12 +81,16 @@ struct ContestRules {
   // Entrants: the interval of the ratio to the leader after the first pass reaches within
   // this many knees (a pass of probes one after another is exposed to drift).
   double entry = 3;
+  // Unsettled with none within the knee: the largest not out (throughput alone), or the
+  // reference (false: offsets such as goodput's favour smaller batches).
+  bool larger_when_unsure = true;
 };
 
 struct Verdict {
   int choice = -1;           // index into the contenders
   int reference = -1;        // the noise-aware best
   bool settled = false;
+  bool unsure = false;       // none within the knee: chosen by larger_when_unsure or as the reference
   std::vector<int> members;  // still contending (what the next round measures), ascending micro-batch
 };
 

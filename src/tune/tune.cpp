@@ -187,6 +187,7 @@ class Tuner {
   void first_pass();
   void first_pass_predicted();
   size_t decide(const std::vector<double>& log_offsets, const char* what);
+  std::string rule_used(int64_t b) const;
   void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
   int64_t noise_small_batch(int64_t micro, double sps, int64_t times) const;
   void measure_noise(int64_t micro, double sps);
@@ -361,6 +362,7 @@ size_t Tuner::decide(const std::vector<double>& log_offsets, const char* what) {
   rules.knee = cfg_.knee;
   rules.max_rounds = cfg_.rounds;
   rules.fastest = share_ > 0;
+  rules.larger_when_unsure = log_offsets.empty();
   const ContestOutcome o = run_contest(con, rules, [&](int k, int round) {
     return time_candidate(r_.candidates[idx[size_t(k)]], round);
   });
@@ -368,6 +370,7 @@ size_t Tuner::decide(const std::vector<double>& log_offsets, const char* what) {
   tn.rounds += o.rounds;
   tn.remeasured += o.remeasured;
   tn.settled = o.verdict.settled;
+  tn.unsure = o.verdict.unsure;
   tn.reference = con[size_t(o.verdict.reference)].micro_batch;
   record(idx, con, size_t(o.verdict.reference));
   say("tune: ", what, ": ", o.verdict.settled ? "settled" : "not settled", " after ", o.rounds,
@@ -474,6 +477,15 @@ void Tuner::record_noise(const std::vector<GradNormSample>& norms) {
   r_.noise_scale = iv.measurable ? iv.estimate : 0;
 }
 
+// What decided the contest's choice (micro-batch b), in words for tune.json.
+std::string Tuner::rule_used(int64_t b) const {
+  const ThroughputNoise& tn = r_.throughput_noise;
+  if (share_) return "fastest (global batch kept)";
+  if (!tn.unsure) return "smallest within the knee of the noise-aware best";
+  return b == tn.reference ? "none told apart within the knee: the noise-aware best"
+                           : "none told apart within the knee: the largest not measured slower";
+}
+
 // The choice and its reason, from candidate `pick` (the contest's choice).
 void Tuner::explain(size_t pick) {
   TuneChoice& ch = r_.choice;
@@ -505,7 +517,15 @@ void Tuner::explain(size_t pick) {
                                           fixed("%.3g", r_.noise_interval.low), " to ",
                                           fixed("%.3g", r_.noise_interval.high), ")")
                                 : std::string("throughput");
-  if (c.micro_batch == tn.reference)
+  if (tn.unsure && c.micro_batch != tn.reference)
+    ch.reason = str_cat("micro-batch ", c.micro_batch, ": no micro-batch could be confirmed within ", knee,
+                        " of the others through the noise (", noise, "), so the choice is the largest not measured "
+                        "slower than the best (a larger batch spreads each step's fixed cost over more samples): ",
+                        sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference,
+                        "'s, the noise-aware best (95% interval ", fixed("%.3f", c.ratio_to_best_low), " to ",
+                        fixed("%.3f", c.ratio_to_best_high), "). The largest that fits the budget is ",
+                        r_.max_micro_batch);
+  else if (c.micro_batch == tn.reference)
     ch.reason = str_cat("micro-batch ", c.micro_batch, " gave the best ", what, ", ", sps, ", and no smaller one ",
                         tn.settled ? "is" : "could be confirmed", " within ", knee, " of it (", noise,
                         "). The largest that fits the budget is ", r_.max_micro_batch);
@@ -653,8 +673,7 @@ TuneResult Tuner::run() {
   explain(pick);
   weigh_levers(pick);
   agree_choice();
-  r_.throughput_noise.rule =
-      share_ ? "fastest (global batch kept)" : "smallest within the knee of the noise-aware best";
+  r_.throughput_noise.rule = rule_used(r_.candidates[pick].micro_batch);
   r_.failed_allocations = int(device_mem_failed(dev_) - failed_before);
   r_.tuning_seconds = now_seconds() - t0;
   return r_;

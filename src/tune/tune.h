@@ -88,6 +88,7 @@ struct ThroughputNoise {
   bool settled = false;               // the knee rule decided before the rounds ran out
   int64_t reference = 0;              // the noise-aware best micro-batch
   std::string rule;                   // what decided, in words
+  bool unsure = false;                // the rounds confirmed none within the knee (tune/contest.h)
 };
 
 // A memory lever the tuner considered: ZeRO stages and activation recomputation let a
