@@ -988,7 +988,7 @@ void add_train_options(CLI::App* t, TrainArgs& a) {
   t->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
   t->add_flag("--overwrite", a.overwrite, "with --out: replace the results of an earlier run in that directory");
   t->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
-  t->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (GPU: mixed precision, fp32 master weights)")->capture_default_str();
+  t->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (mixed precision with fp32 master weights; the CPU: fp32 or bf16)")->capture_default_str();
   t->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")->capture_default_str();
   t->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")->capture_default_str();
   t->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();

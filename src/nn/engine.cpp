@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "backend/cpu/bf16.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "nn/params.h"
@@ -285,13 +286,7 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
 #endif
     } else {
       nodes[size_t(i)].layer->backward(r.ctx);
-      for (auto& [tmp, dst] : r.grad_adds) {
-        const float* s = tmp.f32();
-        float* d = dst.f32();
-        const int64_t n = tmp.numel();
-#pragma omp parallel for simd if (n > 65536)
-        for (int64_t k = 0; k < n; ++k) d[k] += s[k];
-      }
+      for (auto& [tmp, dst] : r.grad_adds) cpu::add_into(dst, tmp);
     }
     if (timer_) timer_->node_timed(i, NodePhase::backward, t0, now_seconds());
     if (node_hooks_) node_hooks_->after_backward(i);
@@ -324,8 +319,7 @@ std::vector<float> Engine::read_f32(int ctx, int v) const {
   Tensor t = ctxs_.at(size_t(ctx)).vals[size_t(v)];
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (t.device == Device::cpu) {
-    SAT_ASSERT(t.dtype == DType::f32);
-    std::copy(t.f32(), t.f32() + t.numel(), out.begin());
+    cpu::to_f32(t, out.data(), false);
     return out;
   }
 #if SAT_HAVE_CUDA

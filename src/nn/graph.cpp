@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/rng.h"
+#include "nn/bf16_cpu.h"
 
 namespace sat {
 
@@ -71,6 +72,8 @@ int Graph::add(const std::string& name, std::unique_ptr<Layer> layer, std::vecto
     n.setup.inputs.push_back(values_[size_t(v)].spec);
     grad_in = grad_in || values_[size_t(v)].needs_grad;
   }
+  // bf16 on the CPU: the layer's float32 code runs on float32 copies of its bf16 tensors.
+  if (device_ == Device::cpu && act_ == DType::bf16) layer = bf16_on_cpu(std::move(layer));
   layer->setup(n.setup);
   n.layer = std::move(layer);
   n.inputs = std::move(inputs);

@@ -174,6 +174,12 @@ class Layer {
   // GPU versions (see above); the defaults throw "no CUDA implementation".
   virtual void forward_cuda(LayerCtx& c);
   virtual void backward_cuda(LayerCtx& c);
+  // Whether parameter k is an input of a product (a GEMM or convolution operand), read in
+  // the activation dtype under mixed precision (ctx.params_lp on the GPU; rounded to bf16
+  // by the CPU engine's bf16 wrapper, nn/bf16_cpu.h). Norm scales and shifts stay f32.
+  virtual bool product_param(int /*k*/) const { return false; }
+  // The layer itself, under any wrapper (nn/bf16_cpu.h): for code that asks what it is.
+  virtual const Layer& unwrapped() const { return *this; }
 };
 
 // In a layer class: declares the GPU overrides, defined in the layer's .cu file.

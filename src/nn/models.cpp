@@ -356,7 +356,7 @@ double recompute_flops(const Graph& g) {
     if (!g.training()) break;
     if (n.rc_first >= 0) {
       f += n.setup.flops_fwd;
-    } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(n.layer.get()); a && a->recompute()) {
+    } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(&n.layer->unwrapped()); a && a->recompute()) {
       f += n.setup.flops_fwd / 2;  // q k^T of the two products
     }
   }

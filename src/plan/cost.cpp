@@ -79,13 +79,13 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
       c.bwd = kernel_seconds(s.flops_bwd, tr.bwd, hw, g.act());
       c.bwd_cached = cache_saving(tr.grads, hw);
     }
-    const auto [cf, cb] = collectives_of(*n.layer);
+    const auto [cf, cb] = collectives_of(n.layer->unwrapped());
     c.comm_fwd = collective_seconds(cf, s.comm_fwd, tp.tp, tp.link, hw.eff.comm_eff);
     if (g.training() && n.needs_backward) c.comm_bwd = collective_seconds(cb, s.comm_bwd, tp.tp, tp.link, hw.eff.comm_eff);
     if (!g.training()) continue;
     if (n.rc_first >= 0) {
       c.recompute = c.fwd + c.comm_fwd;
-    } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(n.layer.get()); a && a->recompute()) {
+    } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(&n.layer->unwrapped()); a && a->recompute()) {
       c.recompute = kernel_seconds(s.flops_fwd / 2, tr.fwd, hw, g.act());  // q k^T and the softmax again
     }
   }

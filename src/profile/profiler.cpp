@@ -63,7 +63,7 @@ Profiler::Profiler(const Graph& g, const StepPlan& plan, const std::vector<Actio
     auto a = node_args(g, n);
     node_args_.push_back(std::move(a[0]));
     node_args_.push_back(std::move(a[1]));
-    is_tp_comm_.push_back(dynamic_cast<const TPCollective*>(n.layer.get()) != nullptr);
+    is_tp_comm_.push_back(dynamic_cast<const TPCollective*>(&n.layer->unwrapped()) != nullptr);
   }
   totals_.resize(g.nodes().size());
   main_ = ev_.track("main");

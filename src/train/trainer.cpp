@@ -42,8 +42,8 @@ void check_data(const ModelConfig& mc, const BuiltModel& m, const Dataset& ds) {
 
 // The activation dtype of a precision on a device.
 DType activation_dtype(Precision p, Device dev) {
-  SAT_CHECK(p == Precision::fp32 || dev == Device::cuda, "--precision ", precision_name(p),
-            " needs --device cuda (the CPU engine computes in fp32)");
+  SAT_CHECK(p == Precision::fp32 || p == Precision::bf16 || dev == Device::cuda, "--precision ", precision_name(p),
+            " needs --device cuda (the CPU engine's precisions are fp32 and bf16)");
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
 

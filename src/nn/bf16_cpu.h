@@ -1,0 +1,28 @@
+// bf16 mixed precision on the CPU engine (--precision bf16 --device cpu).
+//
+// Every floating activation between layers (layer inputs and outputs, their gradients,
+// what a layer saves for backward in the activation dtype) is stored in bf16, so the
+// plan gives them half the bytes of float32; parameters, their gradients, optimizer
+// state and the statistics layers keep (BatchNorm's mean, LayerNorm's rstd, the loss)
+// stay float32. The layers' arithmetic is their float32 code, unchanged: this wrapper
+// widens a layer's bf16 tensors into float32 buffers, runs the layer, and rounds what it
+// wrote back to bf16 (round to nearest even). Products (Linear, Conv2d) read their
+// parameters rounded to bf16, as cuBLASLt and cuDNN read ctx.params_lp on the GPU, so a
+// product sees bf16 operands and accumulates in float32: bf16's numerics.
+//
+// The float32 buffers are scratch of the layer's own call, declared in setup() after the
+// layer's own scratch, so the memory plan counts them exactly. On a CPU with AVX512-BF16,
+// oneDNN could compute the products in bf16 directly; this wrapper does not (not built:
+// no such CPU here), so bf16 trades time (the conversions) for memory.
+#pragma once
+#include <memory>
+
+#include "nn/layer.h"
+
+namespace sat {
+
+// `layer` under bf16 activations on the CPU; the Graph wraps every layer it adds when its
+// device is the CPU and its activation dtype bf16.
+std::unique_ptr<Layer> bf16_on_cpu(std::unique_ptr<Layer> layer);
+
+}  // namespace sat

@@ -1,0 +1,196 @@
+// bf16 on the CPU engine (nn/bf16_cpu.h): each layer kind under the bf16 wrapper, given
+// the same inputs, parameters and output gradient as its float32 self, matches the
+// float32 results within bf16's tolerance (relative norm error <= 1e-2; bf16 keeps 8
+// significant bits, a relative rounding of 2^-9 per value), writes no buffer out of
+// bounds, and rounds: its bf16 outputs differ from float32 (a wrapper that passed float32
+// through would not). The engine-level checks (memory plan, training) are below.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/blas.h"
+#include "core/rng.h"
+#include "nn/bf16_cpu.h"
+#include "nn/layers/activation.h"
+#include "nn/layers/attention.h"
+#include "nn/layers/batchnorm.h"
+#include "nn/layers/conv2d.h"
+#include "nn/layers/cross_entropy.h"
+#include "nn/layers/elementwise.h"
+#include "nn/layers/embedding.h"
+#include "nn/layers/layernorm.h"
+#include "nn/layers/linear.h"
+#include "nn/layers/pool.h"
+#include "op_harness.h"
+
+namespace {
+
+using sat::DType;
+using sat::Layer;
+using sat::LayerCtx;
+using sat::LayerSetup;
+using sat::Shape;
+using sat::Tensor;
+using sat::TensorSpec;
+using sat::test::Guarded;
+
+TEST(Bf16Convert, RoundsToNearestEvenAndKeepsSpecialValues) {
+  using sat::cpu::round_bf16;
+  EXPECT_EQ(round_bf16(1.0f), 1.0f);
+  EXPECT_EQ(round_bf16(1.0f + 1.0f / 256), 1.0f);                   // a tie: to even (1.0)
+  EXPECT_EQ(round_bf16(1.0f + 3.0f / 256), 1.0f + 4.0f / 256);      // a tie: to even (1 + 2^-6)
+  EXPECT_EQ(round_bf16(1.0f + 1.0f / 256 + 1e-6f), 1.0f + 2.0f / 256);  // above the tie: up
+  EXPECT_EQ(round_bf16(-3.0f), -3.0f);
+  EXPECT_TRUE(std::isinf(round_bf16(INFINITY)));
+  EXPECT_TRUE(std::isnan(round_bf16(NAN)));
+  EXPECT_TRUE(std::isinf(round_bf16(3.4e38f)));  // past bf16's largest finite value (3.39e38)
+  EXPECT_EQ(round_bf16(1e-40f) > 0, true);       // subnormals stay (no flush to zero)
+}
+
+// One layer's call, on buffers laid out as its setup declares.
+struct Rig {
+  Rig(Layer& l, DType act, const std::vector<TensorSpec>& inputs) : layer(l) {
+    s.name = "t";
+    s.act = act;
+    for (const TensorSpec& t : inputs) s.inputs.push_back({t.shape, t.dtype == DType::f32 ? act : t.dtype});
+    l.setup(s);
+    for (const TensorSpec& t : s.inputs) {
+      c.in.push_back(make(t));
+      c.din.push_back(t.dtype == act ? make(t) : Tensor(nullptr, t.shape, t.dtype));
+    }
+    c.out = make(s.output);
+    c.dout = make(s.output);
+    for (auto& p : s.params) c.params.push_back(make(p.spec)), c.grads.push_back(make(p.spec));
+    c.params_lp = c.params;
+    c.accumulate.assign(s.params.size(), false);
+    for (auto& st : s.states) c.states.push_back(make(st.spec));
+    for (auto& t : s.saved) c.saved.push_back(make(t));
+    for (auto& t : s.scratch_fwd) fwd.push_back(make(t));
+    for (auto& t : s.scratch_bwd) bwd.push_back(make(t));
+    c.seed = 12345;
+  }
+  Tensor make(const TensorSpec& t) {
+    bufs.push_back(std::make_unique<Guarded>(t.bytes()));
+    std::memset(bufs.back()->data(), 0, t.bytes());
+    return Tensor(bufs.back()->data(), t.shape, t.dtype);
+  }
+  static void put(const Tensor& t, const std::vector<float>& v) {
+    if (t.dtype == DType::i32) for (size_t k = 0; k < v.size(); ++k) t.i32()[k] = int32_t(v[k]);
+    else sat::cpu::from_f32(v.data(), t);
+  }
+  static std::vector<float> get(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    sat::cpu::to_f32(t, v.data(), false);
+    return v;
+  }
+  void run() {
+    c.scratch = fwd;
+    layer.forward(c);
+    c.scratch = bwd;
+    layer.backward(c);
+  }
+  bool intact() const {
+    for (auto& b : bufs)
+      if (!b->intact()) return false;
+    return true;
+  }
+  Layer& layer;
+  LayerSetup s;
+  LayerCtx c;
+  std::vector<std::unique_ptr<Guarded>> bufs;
+  std::vector<Tensor> fwd, bwd;
+};
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  double d = 0, r = 0;
+  for (size_t k = 0; k < ref.size(); ++k) d += double(a[k] - ref[k]) * (a[k] - ref[k]), r += double(ref[k]) * ref[k];
+  return std::sqrt(d) / std::max(std::sqrt(r), 1e-30);
+}
+
+struct Case {
+  const char* name;
+  std::function<std::unique_ptr<Layer>()> make;
+  std::vector<TensorSpec> inputs;
+  int64_t int_high = 0;  // i32 inputs: uniform in [0, int_high)
+};
+
+// Random inputs, parameters and output gradient, the same for both precisions.
+void check(const Case& k) {
+  SCOPED_TRACE(k.name);
+  auto ref_layer = k.make();
+  auto low_layer = sat::bf16_on_cpu(k.make());
+  Rig ref(*ref_layer, DType::f32, k.inputs), low(*low_layer, DType::bf16, k.inputs);
+  sat::Rng rng(7);
+  auto random = [&](const Tensor& t, bool ints) {
+    std::vector<float> v(size_t(t.numel()));
+    for (float& x : v) x = ints ? float(rng.below(uint64_t(k.int_high))) : rng.normal();
+    return v;
+  };
+  for (size_t i = 0; i < ref.c.in.size(); ++i) {
+    const auto v = random(ref.c.in[i], ref.c.in[i].dtype == DType::i32);
+    Rig::put(ref.c.in[i], v), Rig::put(low.c.in[i], v);
+  }
+  for (size_t p = 0; p < ref.c.params.size(); ++p) {
+    auto v = random(ref.c.params[p], false);
+    for (float& x : v) x *= 0.5f;
+    Rig::put(ref.c.params[p], v), Rig::put(low.c.params[p], v);
+  }
+  for (size_t p = 0; p < ref.c.states.size(); ++p) {  // BatchNorm's running variance: ones
+    const std::vector<float> v(size_t(ref.c.states[p].numel()), p == 1 ? 1.0f : 0.0f);
+    if (ref.c.states[p].dtype == DType::f32) Rig::put(ref.c.states[p], v), Rig::put(low.c.states[p], v);
+  }
+  const auto g = random(ref.c.dout, false);
+  Rig::put(ref.c.dout, g), Rig::put(low.c.dout, g);
+  ref.run();
+  low.run();
+  EXPECT_TRUE(low.intact()) << "a buffer was written out of bounds";
+  const auto out = Rig::get(low.c.out), ref_out = Rig::get(ref.c.out);
+  EXPECT_LE(rel_error(out, ref_out), 1e-2) << "output";
+  std::printf("[ bf16     ] %-26s output %.1e", k.name, rel_error(out, ref_out));
+  for (size_t i = 0; i < ref.c.din.size(); ++i)
+    if (ref.c.din[i].ptr) std::printf("  din%zu %.1e", i, rel_error(Rig::get(low.c.din[i]), Rig::get(ref.c.din[i])));
+  for (size_t p = 0; p < ref.c.grads.size(); ++p)
+    std::printf("  grad%zu %.1e", p, rel_error(Rig::get(low.c.grads[p]), Rig::get(ref.c.grads[p])));
+  std::printf("\n");
+  if (low.c.out.dtype == DType::bf16) {
+    EXPECT_GT(rel_error(out, ref_out), 0) << "the bf16 output equals float32's: nothing was rounded";
+    for (float x : out) ASSERT_EQ(x, sat::cpu::round_bf16(x)) << "an output that is not a bf16 value";
+  }
+  for (size_t i = 0; i < ref.c.din.size(); ++i)
+    if (ref.c.din[i].ptr) {
+      EXPECT_LE(rel_error(Rig::get(low.c.din[i]), Rig::get(ref.c.din[i])), 1e-2) << "din " << i;
+    }
+  for (size_t p = 0; p < ref.c.grads.size(); ++p)
+    EXPECT_LE(rel_error(Rig::get(low.c.grads[p]), Rig::get(ref.c.grads[p])), 1e-2) << "grad " << p;
+}
+
+TEST(Bf16Cpu, EveryLayerKindMatchesFloat32WithinBf16Tolerance) {
+  sat::cpu::set_num_threads(2);
+  const DType f = DType::f32, i = DType::i32;
+  const std::vector<Case> cases = {
+      {"Linear", [] { return std::make_unique<sat::Linear>(48, 40); }, {{Shape{6, 48}, f}}},
+      {"Conv2d", [] { return std::make_unique<sat::Conv2d>(4, 8, 3, 1, 1); }, {{Shape{2, 4, 9, 9}, f}}},
+      {"Conv2d stride 2, no bias", [] { return std::make_unique<sat::Conv2d>(8, 16, 3, 2, 1, false); },
+       {{Shape{2, 8, 10, 10}, f}}},
+      {"BatchNorm2d", [] { return std::make_unique<sat::BatchNorm2d>(6); }, {{Shape{4, 6, 5, 5}, f}}},
+      {"LayerNorm", [] { return std::make_unique<sat::LayerNorm>(32); }, {{Shape{3, 5, 32}, f}}},
+      {"ReLU", [] { return std::make_unique<sat::ReLU>(); }, {{Shape{7, 33}, f}}},
+      {"GELU", [] { return std::make_unique<sat::GELU>(); }, {{Shape{7, 33}, f}}},
+      {"Add", [] { return std::make_unique<sat::Add>(); }, {{Shape{5, 12}, f}, {Shape{5, 12}, f}}},
+      {"Flatten", [] { return std::make_unique<sat::Flatten>(); }, {{Shape{3, 2, 4, 4}, f}}},
+      {"Dropout", [] { return std::make_unique<sat::Dropout>(0.25f); }, {{Shape{6, 40}, f}}},
+      {"MaxPool2d", [] { return std::make_unique<sat::MaxPool2d>(2); }, {{Shape{2, 3, 8, 8}, f}}},
+      {"AdaptiveAvgPool2d", [] { return std::make_unique<sat::AdaptiveAvgPool2d>(1, 1); }, {{Shape{2, 5, 4, 4}, f}}},
+      {"Embedding", [] { return std::make_unique<sat::Embedding>(50, 16); }, {{Shape{4, 7}, i}}, 50},
+      {"GPTEmbedding", [] { return std::make_unique<sat::GPTEmbedding>(50, 16, 24); }, {{Shape{2, 9}, i}}, 50},
+      {"CausalSelfAttention", [] { return std::make_unique<sat::CausalSelfAttention>(2); }, {{Shape{2, 9, 48}, f}}},
+      {"CrossEntropy", [] { return std::make_unique<sat::CrossEntropy>(); }, {{Shape{12, 20}, f}, {Shape{12}, i}}, 20},
+  };
+  for (const Case& k : cases) check(k);
+}
+
+}  // namespace
