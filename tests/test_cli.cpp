@@ -3,6 +3,7 @@
 // lost); a good run writes summary.json and metrics.jsonl as the README documents.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -389,6 +390,29 @@ TEST(Cli, Gpt2SmallTrainsOneStep) {
   double loss = s["final_train_loss"];
   EXPECT_NEAR(loss, std::log(50257.0), 0.5);  // an untrained model predicts ~uniformly
   EXPECT_LE(s["peak_memory_bytes"].get<double>(), s["predicted_memory_bytes"].get<double>());
+}
+
+// The CPU engine trains in fp32 or bf16: the GPU's other precisions are clear errors, and
+// bf16 trains (summary.json says so, the plan is the peak).
+TEST(Cli, PrecisionsOfTheCpuEngine) {
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --device cpu --precision fp16"),
+                    "--precision fp16 needs --device cuda");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --device cpu --precision tf32"),
+                    "--precision tf32 needs --device cuda");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --device cpu --precision bf8"),
+                    "--precision: expected fp32, tf32, bf16 or fp16");
+  expect_user_error(saturate("plan --gpu this --model mlp --global-batch 8 --precision fp16"), "--precision fp16");
+  const auto out = fs::temp_directory_path() / ("sat_cli_bf16_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const auto r = saturate("train --model mlp --data synthetic --steps 3 --batch 16 --precision bf16 --out " +
+                          out.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream f(out / "summary.json");
+  const auto s = nlohmann::json::parse(f);
+  EXPECT_EQ(s["precision"], "bf16");
+  EXPECT_EQ(s["peak_memory_bytes"], s["predicted_memory_bytes"]);
+  EXPECT_TRUE(std::isfinite(s["final_train_loss"].get<double>()));
+  fs::remove_all(out);
 }
 
 TEST(Cli, TuneAndBudgetMistakesAreClearErrors) {

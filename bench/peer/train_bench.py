@@ -3,10 +3,13 @@
 
   train_bench.py --model M --batch B --steps S --warmup W --threads T
                  [--optimizer sgd|adamw] [--lr LR] [--momentum MOM] [--chw CxHxW]
+                 [--autocast bf16]
 
 Synthetic data of the model's input shape is generated up front (a few distinct
 batches, cycled) so no data loading is timed. The loop is the standard one:
-zero_grad, forward, loss, backward, step. Prints one JSON line:
+zero_grad, forward, loss, backward, step; with --autocast bf16 the forward and the
+loss run under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's CPU mixed
+precision (fp32 weights, bf16 products and the activations autocast keeps). Prints one JSON line:
 {"model","batch","threads","steps_per_second","samples_per_second", ...}
 measured over the S steps after W warm-up steps.
 """
@@ -37,6 +40,8 @@ def main(argv=None):
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--seq-len", type=int, default=None, help="GPT sequence length (default: config T)")
     ap.add_argument("--distinct-batches", type=int, default=4)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -61,7 +66,8 @@ def main(argv=None):
     def step(i):
         x, y = batches[i % len(batches)]
         opt.zero_grad(set_to_none=True)
-        loss = models.loss_fn(model, model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            loss = models.loss_fn(model, model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -76,7 +82,7 @@ def main(argv=None):
     sps = args.steps / dt
     print(json.dumps({"model": args.model, "batch": B, "threads": args.threads,
                       "steps_per_second": sps, "samples_per_second": sps * B,
-                      "optimizer": args.optimizer, "steps": args.steps, "warmup": args.warmup,
+                      "optimizer": args.optimizer, "autocast": args.autocast, "steps": args.steps, "warmup": args.warmup,
                       "seconds": dt, "last_loss": loss, "torch": torch.__version__}))
     return 0
 

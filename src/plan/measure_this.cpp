@@ -180,7 +180,7 @@ void share_rank0(dist::Comm& w, Hardware& h) {
                 h.eff.gemm_max,    h.eff.gemm_half_flops, h.eff.kernel_overhead, h.intra_busy.alpha,
                 h.intra_busy.bandwidth, h.cache.bytes,         h.cache.bandwidth};
   w.broadcast_sync(v, std::size(v), DType::f64, 0);
-  h.peak_fp32 = v[0], h.memory_bytes = v[1], h.memory_bandwidth = v[2], h.gpus_per_node = int(v[3]);
+  h.peak_fp32 = h.peak_bf16 = v[0], h.memory_bytes = v[1], h.memory_bandwidth = v[2], h.gpus_per_node = int(v[3]);
   h.intra = {v[4], v[5]}, h.p2p_intra = {v[6], v[7]}, h.intra_busy = {v[11], v[12]};
   h.cache = {v[13], v[14]};
   h.eff.gemm_max = v[8], h.eff.gemm_half_flops = v[9], h.eff.kernel_overhead = v[10];
@@ -241,6 +241,7 @@ Hardware measure_this(dist::Comm* world) {
   h.eff.kernel_overhead = measure_kernel_overhead();
   const GemmFit g = fit_gemm(measure_gemm(world), h.eff.kernel_overhead);
   h.peak_fp32 = g.peak;
+  h.peak_bf16 = g.peak;  // the CPU engine computes bf16 products in float32 (nn/bf16_cpu.h)
   h.eff.gemm_max = g.gemm_max;
   h.eff.gemm_half_flops = g.half_flops;
   barrier(world);

@@ -44,8 +44,8 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   const Precision p = parse_precision(prec);
   r.precision = p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
   r.hw.tf32_matmul = p == Precision::tf32;
-  SAT_CHECK(r.hw.gpu || p == Precision::fp32, "--precision ", prec, ": --gpu ", a.gpu,
-            " plans the CPU engine, which trains in fp32");
+  SAT_CHECK(r.hw.gpu || p == Precision::fp32 || p == Precision::bf16, "--precision ", prec, ": --gpu ", a.gpu,
+            " plans the CPU engine, which trains in fp32 or bf16");
   SAT_CHECK(r.hw.peak(r.precision) > 0, "--precision ", prec, ": ", r.hw.name, " has no peak rate for it");
   r.optimizer = a.optimizer;
   SAT_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer: expected adamw or sgd, got '", a.optimizer, "'");

@@ -198,7 +198,7 @@ struct Search {
 
   explicit Search(const PlanRequest& r) : req(r), mc(r.model) {
     gpu = r.hw.gpu;
-    act = gpu ? r.precision : DType::f32;
+    act = gpu || r.precision == DType::bf16 ? r.precision : DType::f32;  // the CPU engine: f32 or bf16
     mc.device = gpu ? Device::cuda : Device::cpu;
     mc.act = act;
     OptimConfig oc;

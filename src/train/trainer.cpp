@@ -789,13 +789,13 @@ void Trainer::finish(TrainResult& r, [[maybe_unused]] int64_t total) {
                                ? std::clamp(1.0 - reducer_->exposed_seconds() / r.comm_seconds, 0.0, 1.0)
                                : 0.0;
   sync_states_from_first_replica();
+  r.precision = precision_name(cfg_.precision);
 #if SAT_HAVE_CUDA
   if (on_gpu()) {
     Gpu& G = *gpu_;
     engine_->synchronize();
     r.device = "cuda";
     r.device_name = cuda_device_name(G.ctx->device);
-    r.precision = precision_name(cfg_.precision);
     auto [launches, kernels] = engine_->take_launches();
     r.graph_replay = launches > 0;
     const int64_t measured = std::max<int64_t>(1, total - 1);  // graphs replay from the second step on

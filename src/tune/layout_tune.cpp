@@ -140,7 +140,7 @@ PlanRequest request_of(const ModelConfig& mc, const TrainConfig& base, const Lay
   q.gpus = r.world;
   q.gpus_per_node = r.world;  // one host
   q.global_batch = cfg.global_batch;
-  q.precision = DType::f32;
+  q.precision = base.precision == Precision::bf16 ? DType::bf16 : DType::f32;  // the CPU engine's two
   const OptimConfig oc = resolve_optim(base.optim);
   q.optimizer = oc.name;
   q.momentum = oc.name == "sgd" ? oc.momentum : 0;
