@@ -91,9 +91,11 @@ struct Rig {
     sat::cpu::to_f32(t, v.data(), false);
     return v;
   }
-  void run() {
+  void run() {  // scratch starts as NaN: a float32 copy the wrapper did not make shows
+    for (auto& t : fwd) sat::test::fill_nan(t);
     c.scratch = fwd;
     layer.forward(c);
+    for (auto& t : bwd) sat::test::fill_nan(t);
     c.scratch = bwd;
     layer.backward(c);
   }
@@ -253,7 +255,7 @@ TEST(Bf16Cpu, MemoryPlanIsExactAndKeptActivationsTakeHalf) {
 // any difference, bf16 ended 10% apart from float32 at step 8 of 20, both falling fast.)
 TEST(Bf16Cpu, LossFollowsFloat32) {
   sat::cpu::set_num_threads(2);
-  for (auto [model, batch, steps] : {std::tuple{"gpt-mini", 4, 16}}) {
+  for (auto [model, batch, steps] : {std::tuple{"gpt-mini", 4, 12}}) {
     SCOPED_TRACE(model);
     const auto mc = sat::model_config(model);
     auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 0));

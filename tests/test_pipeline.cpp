@@ -209,6 +209,7 @@ struct Case {
   bool sync_bn = false;
   int zero = 0;
   bool evaluate = false;
+  sat::Precision precision = sat::Precision::fp32;
 };
 
 struct RunOut {
@@ -234,6 +235,7 @@ RunOut train(const Case& c, Comm& comm, int pp) {
   cfg.comm = &comm;
   cfg.sync_bn = c.sync_bn;
   cfg.zero = c.zero;
+  cfg.precision = c.precision;
   cfg.bucket_mb = 0.25;
   if (const char* o = std::getenv("SAT_TEST_OUT")) cfg.out_dir = std::string(o) + std::to_string(comm.rank());
   sat::Trainer t(mc, cfg, *data.train, c.evaluate ? data.test.get() : nullptr);
@@ -269,9 +271,9 @@ void expect_exact(const Case& c, int pp) {
     }
     RunOut ref = train(one, *self, 1);
     const double d = max_rel(run.losses, ref.losses);
-    std::printf("%s pp %d x dp %d, %s%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
+    std::printf("%s %s pp %d x dp %d, %s%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
                 "(%.5f -> %.5f), bubble %.2f\n",
-                c.model.c_str(), pp, dp, sat::pipe_schedule_name(c.kind),
+                c.model.c_str(), sat::precision_name(c.precision), pp, dp, sat::pipe_schedule_name(c.kind),
                 c.v > 1 ? (" V " + std::to_string(c.v)).c_str() : "", (long long)c.batch, (long long)c.accum, d,
                 c.steps, ref.losses.front(), ref.losses.back(), run.bubble);
     EXPECT_LT(d, 1e-5) << c.model;
@@ -294,6 +296,15 @@ TEST(Pipeline, GptMiniWithTiedEmbeddingsEverySchedule) {
   for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
     for (int pp : {2, 4}) expect_exact({.model = "gpt-mini", .pp = pp, .kind = kind, .batch = 1, .steps = 20}, pp);
   expect_exact({.model = "gpt-mini", .pp = 2, .kind = PipeSchedule::interleaved, .v = 2, .batch = 1, .evaluate = true},
+               2);
+}
+
+// bf16 on the CPU (nn/bf16_cpu.h): stages send and receive bf16 activations and their
+// gradients; the losses follow one process's in bf16 as tightly as float32's do.
+TEST(Pipeline, GptMiniInBf16) {
+  if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
+  expect_exact({.model = "gpt-mini", .pp = 2, .kind = PipeSchedule::one_f_one_b, .batch = 1, .steps = 12,
+                .precision = sat::Precision::bf16},
                2);
 }
 

@@ -29,9 +29,9 @@ class Bf16OnCpu final : public Layer {
     for (auto* list : {&s.scratch_fwd, &s.scratch_bwd})  // the layer's own scratch: its float32 code writes it
       for (TensorSpec& t : *list)
         if (low(t)) t.dtype = DType::f32;
-    fwd_ = stage(s, s.scratch_fwd);
+    fwd_ = stage(s, s.scratch_fwd, true, true);
     if (!s.training) return;
-    bwd_ = stage(s, s.scratch_bwd);
+    bwd_ = stage(s, s.scratch_bwd, inner_->backward_reads_inputs(), inner_->backward_reads_output());
     const TensorSpec f32_out{s.output.shape, DType::f32};
     dout_ = low(s.output) ? add(s.scratch_bwd, f32_out) : -1;
     for (const TensorSpec& t : s.inputs) din_.push_back(low(t) ? add(s.scratch_bwd, {t.shape, DType::f32}) : -1);
@@ -54,7 +54,10 @@ class Bf16OnCpu final : public Layer {
     LayerCtx w = c;
     w.scratch.resize(own_bwd_);
     widen_inputs(c, w, bwd_);
+    for (size_t i = 0; i < bwd_.in.size(); ++i)  // not read (backward_reads_inputs): no pointer to misread
+      if (bwd_.in[i] < 0 && low({c.in[i].shape, c.in[i].dtype})) w.in[i] = Tensor(nullptr, c.in[i].shape, DType::f32);
     if (bwd_.out >= 0) w.out = widened(c.out, c.scratch, bwd_.out);
+    else if (c.out.dtype == DType::bf16) w.out = Tensor(nullptr, c.out.shape, DType::f32);
     for (size_t k = 0; k < bwd_.saved.size(); ++k)
       if (bwd_.saved[k] >= 0) w.saved[k] = widened(c.saved[k], c.scratch, bwd_.saved[k]);
     if (dout_ >= 0) w.dout = widened(c.dout, c.scratch, dout_);
@@ -71,12 +74,13 @@ class Bf16OnCpu final : public Layer {
     list.push_back(t);
     return int(list.size()) - 1;
   }
-  // Float32 copies of the bf16 inputs, output and saved tensors, and of the product parameters.
-  Staged stage(const LayerSetup& s, std::vector<TensorSpec>& list) const {
+  // Float32 copies of the bf16 inputs and output (where the call reads them), the saved
+  // tensors, and the product parameters.
+  Staged stage(const LayerSetup& s, std::vector<TensorSpec>& list, bool inputs, bool output) const {
     Staged st;
     auto f32 = [](const TensorSpec& t) { return TensorSpec{t.shape, DType::f32}; };
-    for (const TensorSpec& t : s.inputs) st.in.push_back(low(t) ? add(list, f32(t)) : -1);
-    st.out = low(s.output) ? add(list, f32(s.output)) : -1;
+    for (const TensorSpec& t : s.inputs) st.in.push_back(inputs && low(t) ? add(list, f32(t)) : -1);
+    st.out = output && low(s.output) ? add(list, f32(s.output)) : -1;
     for (const TensorSpec& t : s.saved) st.saved.push_back(low(t) ? add(list, f32(t)) : -1);
     for (size_t k = 0; k < s.params.size(); ++k)
       st.params.push_back(inner_->product_param(int(k)) ? add(list, s.params[k].spec) : -1);

@@ -178,6 +178,11 @@ class Layer {
   // the activation dtype under mixed precision (ctx.params_lp on the GPU; rounded to bf16
   // by the CPU engine's bf16 wrapper, nn/bf16_cpu.h). Norm scales and shifts stay f32.
   virtual bool product_param(int /*k*/) const { return false; }
+  // Whether backward reads forward's inputs / output (saved buffers aside). A wrapper
+  // that converts tensors for the layer (nn/bf16_cpu.h) converts only what is read; the
+  // conservative default is yes (tests/test_bf16_cpu.cpp catches a wrong no).
+  virtual bool backward_reads_inputs() const { return true; }
+  virtual bool backward_reads_output() const { return true; }
   // The layer itself, under any wrapper (nn/bf16_cpu.h): for code that asks what it is.
   virtual const Layer& unwrapped() const { return *this; }
 };

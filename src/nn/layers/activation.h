@@ -57,6 +57,7 @@ class ReLU : public Layer {
  public:
   ReLU() = default;
   const char* kind() const override { return "ReLU"; }
+  bool backward_reads_inputs() const override { return false; }  // it reads its output
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -67,6 +68,7 @@ class GELU : public Layer {
  public:
   GELU() = default;
   const char* kind() const override { return "GELU"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

@@ -58,6 +58,7 @@ class CausalSelfAttention : public Layer {
   // n_kv_head 0: n_head (multi-head attention); else n_head % n_kv_head == 0.
   explicit CausalSelfAttention(int64_t n_head, bool recompute = false, int64_t n_kv_head = 0);
   const char* kind() const override { return "CausalSelfAttention"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

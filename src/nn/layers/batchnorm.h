@@ -13,6 +13,7 @@ class BatchNorm2d : public Layer {
   explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
 
   const char* kind() const override { return "BatchNorm2d"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

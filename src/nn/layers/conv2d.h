@@ -23,6 +23,7 @@ class Conv2d : public Layer {
          bool bias = true, std::optional<ParamInit> w_init = std::nullopt, int64_t groups = 1);
 
   const char* kind() const override { return "Conv2d"; }
+  bool backward_reads_output() const override { return false; }
   bool product_param(int k) const override { return k == 0; }  // the weight; the bias is added in f32
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;

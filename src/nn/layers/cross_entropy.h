@@ -35,6 +35,7 @@ class CrossEntropy : public Layer {
  public:
   explicit CrossEntropy(TPRank tp = {}) : tp_(tp) {}
   const char* kind() const override { return "CrossEntropy"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

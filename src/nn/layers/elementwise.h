@@ -18,6 +18,8 @@ class Add : public Layer {
  public:
   Add() = default;
   const char* kind() const override { return "Add"; }
+  bool backward_reads_inputs() const override { return false; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -28,6 +30,8 @@ class Flatten : public Layer {
  public:
   Flatten() = default;
   const char* kind() const override { return "Flatten"; }
+  bool backward_reads_inputs() const override { return false; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -40,6 +44,8 @@ class Dropout : public Layer {
   // activations (TPAllGather): its mask is that part of the whole tensor's mask.
   explicit Dropout(float p, TPRank rows = {});
   const char* kind() const override { return "Dropout"; }
+  bool backward_reads_inputs() const override { return false; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

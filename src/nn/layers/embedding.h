@@ -29,6 +29,7 @@ class Embedding : public Layer {
  public:
   Embedding(int64_t num, int64_t dim, ParamInit init = ParamInit::normal(1.0f), TPRank tp = {});
   const char* kind() const override { return "Embedding"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -46,6 +47,7 @@ class GPTEmbedding : public Layer {
  public:
   GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std = 0.02f, TPRank tp = {});
   const char* kind() const override { return "GPTEmbedding"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

@@ -17,6 +17,7 @@ class LayerNorm : public Layer {
   // gradients are partial sums over the tensor-parallel group (ParamShard::partial_grad).
   explicit LayerNorm(int64_t dim, float eps = 1e-5f, bool sequence_parallel = false);
   const char* kind() const override { return "LayerNorm"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

@@ -41,6 +41,7 @@ class Linear : public Layer {
   Linear(int64_t in, int64_t out, bool bias = true, std::optional<ParamInit> w_init = std::nullopt,
          std::optional<ParamInit> b_init = std::nullopt, std::string tied_weight = "", LinearTP tp = {});
   const char* kind() const override { return "Linear"; }
+  bool backward_reads_output() const override { return false; }
   bool product_param(int) const override { return true; }  // the weight and the bias (cuBLASLt's epilogue)
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;

@@ -14,6 +14,8 @@ class MaxPool2d : public Layer {
   explicit MaxPool2d(int64_t kernel, int64_t stride = 0 /* = kernel */, int64_t padding = 0);
 
   const char* kind() const override { return "MaxPool2d"; }
+  bool backward_reads_inputs() const override { return false; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -32,6 +34,8 @@ class AdaptiveAvgPool2d : public Layer {
   AdaptiveAvgPool2d(int64_t out_h, int64_t out_w);
 
   const char* kind() const override { return "AdaptiveAvgPool2d"; }
+  bool backward_reads_inputs() const override { return false; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

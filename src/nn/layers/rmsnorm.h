@@ -15,6 +15,7 @@ class RMSNorm : public Layer {
   // partial sum over the tensor-parallel group (ParamShard::partial_grad), as LayerNorm's.
   explicit RMSNorm(int64_t dim, float eps = 1e-5f, bool sequence_parallel = false);
   const char* kind() const override { return "RMSNorm"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

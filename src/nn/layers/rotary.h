@@ -25,6 +25,7 @@ class Rotary : public Layer {
  public:
   explicit Rotary(int64_t head_size, float theta = 10000.0f);
   const char* kind() const override { return "Rotary"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

@@ -15,6 +15,7 @@ class SwiGLU : public Layer {
  public:
   SwiGLU() = default;
   const char* kind() const override { return "SwiGLU"; }
+  bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

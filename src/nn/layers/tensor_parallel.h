@@ -61,6 +61,8 @@ class StreamWorks {
 class TPCollective : public Layer {
  public:
   explicit TPCollective(TPRank tp) : tp_(tp) {}
+  bool backward_reads_inputs() const override { return false; }  // dout to din, over the group
+  bool backward_reads_output() const override { return false; }
 
  protected:
   TPRank tp_;
