@@ -55,7 +55,7 @@ class Bf16OnCpu final : public Layer {
     w.scratch.resize(own_bwd_);
     widen_inputs(c, w, bwd_);
     for (size_t i = 0; i < bwd_.in.size(); ++i)  // not read (backward_reads_inputs): no pointer to misread
-      if (bwd_.in[i] < 0 && low({c.in[i].shape, c.in[i].dtype})) w.in[i] = Tensor(nullptr, c.in[i].shape, DType::f32);
+      if (bwd_.in[i] < 0 && c.in[i].dtype == DType::bf16) w.in[i] = Tensor(nullptr, c.in[i].shape, DType::f32);
     if (bwd_.out >= 0) w.out = widened(c.out, c.scratch, bwd_.out);
     else if (c.out.dtype == DType::bf16) w.out = Tensor(nullptr, c.out.shape, DType::f32);
     for (size_t k = 0; k < bwd_.saved.size(); ++k)
