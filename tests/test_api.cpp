@@ -144,6 +144,35 @@ TEST(Library, FitFollowsTheCommandLine) {
   fs::remove_all(out);
 }
 
+// FitOptions::precision "bf16" is saturate train --precision bf16, step for step.
+TEST(Library, FitInBf16FollowsTheCommandLine) {
+  Model model = Model::load("mlp");
+  const Data data = load_data("synthetic", model, 5);
+  FitOptions o = quiet(16, 8);
+  o.seed = 5;
+  o.precision = "bf16";
+  const History h = fit(model, data.train, o);
+  const fs::path out = tmpdir("cli_bf16");
+  const auto r = sat::test::run_command("SAT_BLAS_KERNELS=keep " + std::string(SAT_BINARY) +
+                                        " train --model mlp --data synthetic --batch 16 --steps 8 --seed 5 --precision bf16 "
+                                        "--threads 1 --eval off --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream f(out / "metrics.jsonl");
+  std::vector<std::string> cli;
+  for (std::string line; std::getline(f, line);) cli.push_back(g9(nlohmann::json::parse(line)["loss"].get<double>()));
+  ASSERT_EQ(cli.size(), h.loss.size());
+  for (size_t i = 0; i < cli.size(); ++i) EXPECT_EQ(g9(h.loss[i]), cli[i]) << "step " << i + 1;
+  fs::remove_all(out);
+  Model fp32 = Model::load("mlp");
+  FitOptions o32 = quiet(16, 8);
+  o32.seed = 5;
+  const History h32 = fit(fp32, data.train, o32);
+  EXPECT_NE(g9(h32.loss.back()), g9(h.loss.back())) << "bf16 gave float32's loss: nothing was rounded";
+  EXPECT_EQ(h.peak_memory_bytes, h.predicted_memory_bytes);
+  o.precision = "fp16";
+  EXPECT_NE(error_of([&] { fit(model, data.train, o); }).find("FitOptions::precision"), std::string::npos);
+}
+
 // Validation after every epoch runs through the trainer's evaluation between steps and
 // changes nothing of training; the last epoch's figures are evaluate's; on_epoch stops.
 TEST(Library, ValidationEachEpochLeavesTrainingAsItWas) {

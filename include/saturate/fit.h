@@ -47,6 +47,7 @@ struct FitOptions {
   OptimizerOptions optimizer;
   uint64_t seed = 0;        // initialisation (when the model has no weights), shuffling, dropout
   int threads = 0;          // 0: every core
+  std::string precision = "fp32";  // or "bf16": activations in bf16, fp32 master weights (README "Mixed precision")
   bool progress = true;     // saturate train's progress on stderr
   std::string out_dir;      // metrics.jsonl there, a line per step, as saturate train --out writes it
   std::function<void(const StepLog&)> on_step;

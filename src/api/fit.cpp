@@ -26,6 +26,8 @@ void check_options(const FitOptions& o) {
   SAT_CHECK(o.steps >= 0, "FitOptions::steps: expected 0 (train for epochs) or more, got ", o.steps);
   SAT_CHECK(o.steps > 0 || o.epochs >= 1, "FitOptions::epochs: expected 1 or more, got ", o.epochs);
   SAT_CHECK(o.threads >= 0, "FitOptions::threads: expected 0 (every core) or more, got ", o.threads);
+  SAT_CHECK(o.precision == "fp32" || o.precision == "bf16", "FitOptions::precision: expected fp32 or bf16, got '",
+            o.precision, "'");
   SAT_CHECK(o.optimizer.name == "adamw" || o.optimizer.name == "sgd",
             "FitOptions::optimizer.name: expected adamw or sgd, got '", o.optimizer.name, "'");
   SAT_CHECK(o.optimizer.schedule == "cosine" || o.optimizer.schedule == "constant",
@@ -68,6 +70,7 @@ sat::TrainConfig train_config(const FitOptions& o, bool validate) {
   c.schedule.name = o.optimizer.schedule;
   c.schedule.warmup_fraction = o.optimizer.warmup_fraction;
   c.seed = o.seed;
+  c.precision = sat::parse_precision(o.precision);
   c.shuffle = o.shuffle;
   c.evaluate = validate;
   c.out_dir = o.out_dir;
