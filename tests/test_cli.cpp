@@ -402,6 +402,20 @@ TEST(Cli, PrecisionsOfTheCpuEngine) {
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --device cpu --precision bf8"),
                     "--precision: expected fp32, tf32, bf16 or fp16");
   expect_user_error(saturate("plan --gpu this --model mlp --global-batch 8 --precision fp16"), "--precision fp16");
+  expect_user_error(saturate("info --model mlp --precision fp16"), "--precision fp16");
+  // saturate info --precision bf16: the activations' lines at half of fp32's.
+  auto line_bytes = [](const std::string& out, const std::string& kind) {
+    const size_t at = out.find("\n  " + kind);
+    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + 3 + kind.size()));
+  };
+  const auto i32 = saturate("info --model resnet18 --batch 32");
+  const auto i16 = saturate("info --model resnet18 --batch 32 --precision bf16");
+  ASSERT_EQ(i32.status, 0) << i32.out;
+  ASSERT_EQ(i16.status, 0) << i16.out;
+  EXPECT_NE(i16.out.find("bf16 activations"), std::string::npos) << i16.out;
+  EXPECT_GT(line_bytes(i32.out, "activations"), 0);
+  EXPECT_NEAR(line_bytes(i16.out, "activations") / line_bytes(i32.out, "activations"), 0.5, 1e-3);
+  EXPECT_EQ(line_bytes(i16.out, "parameters"), line_bytes(i32.out, "parameters"));
   const auto out = fs::temp_directory_path() / ("sat_cli_bf16_" + std::to_string(getpid()));
   fs::remove_all(out);
   const auto r = saturate("train --model mlp --data synthetic --steps 3 --batch 16 --precision bf16 --out " +

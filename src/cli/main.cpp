@@ -765,7 +765,7 @@ int run_train(const TrainArgs& a, bool tune_only = false) {
 }
 
 struct InfoArgs {
-  std::string model = "mlp", optimizer = "adamw", pp_schedule = "1f1b", pp_split;
+  std::string model = "mlp", optimizer = "adamw", pp_schedule = "1f1b", pp_split, precision = "fp32";
   int64_t batch = 64, vocab = 0, accum = 1, seq_len = 0;
   double momentum = 0;
   int ranks = 1, zero = 0, pp = 1, virtual_stages = 1, tp = 1;
@@ -862,6 +862,9 @@ int run_info(const InfoArgs& ia) {
   cfg.optim.name = ia.optimizer;
   cfg.optim.momentum = float(ia.momentum);
   cfg.zero = ia.zero;
+  cfg.precision = sat::parse_precision(ia.precision);
+  SAT_CHECK(cfg.precision == sat::Precision::fp32 || cfg.precision == sat::Precision::bf16, "--precision ",
+            ia.precision, ": saturate info plans the CPU engine, which trains in fp32 or bf16");
   layout_into(a, cfg);
   SAT_CHECK(ia.accum >= 1, "--accum: expected a positive number of micro-batches, got ", ia.accum);
   int slots = sat::optimizer_slots(sat::resolve_optim(cfg.optim));
@@ -887,9 +890,9 @@ int run_info(const InfoArgs& ia) {
   const std::string zero_note =
       ia.zero ? ", ZeRO-" + std::to_string(ia.zero) + " over " + std::to_string(ia.ranks) + " rank(s)" : "";
   const std::string slot_note = slots ? " with " + std::to_string(slots) + " state slot(s)" : "";
-  std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s):\n", (long long)ia.batch,
+  std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s%s):\n", (long long)ia.batch,
               ia.accum > 1 ? (" x " + std::to_string(ia.accum) + " accumulation").c_str() : "", ia.optimizer.c_str(),
-              slot_note.c_str(), zero_note.c_str());
+              slot_note.c_str(), zero_note.c_str(), ia.precision == "bf16" ? ", bf16 activations" : "");
   const sat::RankPlan first = sat::plan_rank(mc, cfg, *data.train, data.test.get(), 0, ia.ranks);
   if (cfg.tp > 1)
     std::printf("tensor      %d-way%s: each rank%s holds %lld of the parameters (split ones 1/%d, the rest whole)\n",
@@ -1144,6 +1147,7 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model (every pipeline stage's)");
   info->add_option("--model", ia.model, kModelHelp)->capture_default_str();
   info->add_option("--batch", ia.batch, "micro-batch size")->capture_default_str();
+  info->add_option("--precision", ia.precision, "fp32 | bf16 (activations in bf16, fp32 master weights)")->capture_default_str();
   info->add_option("--optimizer", ia.optimizer, "sgd | adamw (optimizer state in the plan)")->capture_default_str();
   info->add_option("--momentum", ia.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str();
   info->add_option("--vocab", ia.vocab, "GPT models: vocabulary size");
