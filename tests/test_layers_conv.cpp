@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <utility>
+#include <cstdio>
+#include <cstdlib>
 #include <barrier>
 #include <memory>
 #include <thread>
@@ -86,8 +90,111 @@ TEST(Conv2d, ForwardAndBackwardMatchNaiveReference) {
   for (const auto& cc : cases) {
     SCOPED_TRACE(name(cc));
     sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
-    sat::test::expect_conv_matches_reference(conv, {cc.B, cc.C, cc.H, cc.W, cc.O, cc.k, cc.s, cc.p, 1}, cc.bias, 7);
+    // When SAT_CONV forces Winograd F(4x4, 3x3) on a shape it takes, its wider rounding
+    // (Conv2d.WinogradMatchesReference below) gets a wider bound: a setup tells.
+    sat::LayerSetup probe;
+    probe.name = "probe";
+    probe.inputs = {{Shape{cc.B, cc.C, cc.H, cc.W}}};
+    conv.setup(probe);
+    sat::test::expect_conv_matches_reference(conv, {cc.B, cc.C, cc.H, cc.W, cc.O, cc.k, cc.s, cc.p, 1}, cc.bias, 7,
+                                             conv.winograd_tile() == 4 ? 10.0 : 1.0);
   }
+}
+
+namespace {
+
+// Sets SAT_CONV for the scope (Conv2d reads it at setup).
+struct ForceConv {
+  explicit ForceConv(const char* path) { setenv("SAT_CONV", path, 1); }
+  ~ForceConv() { unsetenv("SAT_CONV"); }
+};
+
+// ||a - b|| / ||b||.
+double rel_err(const float* a, const std::vector<double>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += b[i] * b[i];
+  }
+  return std::sqrt(d / std::max(n, 1e-300));
+}
+
+// The relative norm errors of out, dx and dW against the float64 reference.
+std::array<double, 3> winograd_errors(sat::Conv2d& conv, const sat::test::ConvShape& c, bool bias) {
+  OpCheck opt;
+  opt.inputs = {InputSpec{Shape{c.B, c.C, c.H, c.W}}};
+  opt.seed = 11;
+  LayerRig rig(conv, opt);
+  auto& ctx = rig.ctx();
+  rig.forward();
+  rig.backward();
+  const float* x = ctx.in[0].f32();
+  const float* w = ctx.params[0].f32();
+  const float* dy = ctx.dout.f32();
+  const int64_t per_map = c.Ho() * c.Wo();
+  std::vector<double> y(size_t(ctx.out.numel())), dx(size_t(ctx.in[0].numel())), dw(size_t(ctx.params[0].numel()));
+  for (size_t i = 0; i < y.size(); ++i) y[i] = bias ? ctx.params[1].f32()[(int64_t(i) / per_map) % c.O] : 0.0;
+  sat::test::for_each_conv_tap(c, [&](size_t xi, size_t wi, size_t yi) {
+    y[yi] += double(w[wi]) * double(x[xi]);
+    dx[xi] += double(w[wi]) * dy[yi];
+    dw[wi] += double(x[xi]) * dy[yi];
+  });
+  return {rel_err(ctx.out.f32(), y), rel_err(ctx.din[0].f32(), dx), rel_err(ctx.grads[0].f32(), dw)};
+}
+
+}  // namespace
+
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) (conv2d_winograd.cpp), each forced: finite
+// differences, and out, dx and dW against the float64 reference, on the 3x3/stride 1/pad 1
+// shapes with channels in multiples of 8 that it takes. Maps with a partial last tile
+// (odd sizes), one tile, a map smaller than a tile (1x1, 2x3), ResNet-18's deepest shape
+// and a chunk boundary (more images than fit one chunk of tiles).
+TEST(Conv2d, WinogradMatchesReference) {
+  const std::vector<ConvCase> small = {
+      {2, 8, 7, 5, 8, 3, 1, 1, true}, {3, 16, 4, 4, 8, 3, 1, 1, false}, {2, 8, 1, 1, 16, 3, 1, 1, true},
+      {2, 8, 2, 3, 8, 3, 1, 1, false}, {2, 8, 9, 11, 24, 3, 1, 1, true},
+  };
+  const std::vector<ConvCase> large = {
+      {4, 256, 4, 4, 256, 3, 1, 1, false}, {15, 32, 32, 32, 32, 3, 1, 1, false}, {4, 128, 15, 13, 64, 3, 1, 1, true},
+  };
+  // Measured relative errors (2026-11-26, printed below): F(2x2) 3e-8 to 5e-7, F(4x4) 1e-7
+  // to 4e-6, growing with the channel count. The bounds leave 4-5x of room.
+  for (const int64_t m : {2, 4}) {
+    const ForceConv force(m == 2 ? "winograd2" : "winograd4");
+    const double bound = m == 2 ? 2e-6 : 2e-5;
+    for (const auto& cc : small) {
+      SCOPED_TRACE(sat::str_cat("F(", m, "x", m, ", 3x3) ", name(cc)));
+      sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
+      OpCheck opt;
+      opt.inputs = {InputSpec{Shape{cc.B, cc.C, cc.H, cc.W}}};
+      check_layer(conv, opt);
+      EXPECT_EQ(conv.winograd_tile(), m);
+    }
+    for (const auto* list : {&small, &large})
+      for (const auto& cc : *list) {
+        SCOPED_TRACE(sat::str_cat("F(", m, "x", m, ", 3x3) ", name(cc)));
+        sat::Conv2d conv(cc.C, cc.O, cc.k, cc.s, cc.p, cc.bias);
+        const auto e = winograd_errors(conv, {cc.B, cc.C, cc.H, cc.W, cc.O, cc.k, cc.s, cc.p, 1}, cc.bias);
+        ASSERT_EQ(conv.winograd_tile(), m);
+        EXPECT_LT(e[0], bound) << "out";
+        EXPECT_LT(e[1], bound) << "dx";
+        EXPECT_LT(e[2], bound) << "dW";
+        std::printf("F(%dx%d) %-40s out %.1e dx %.1e dW %.1e\n", int(m), int(m), name(cc).c_str(), e[0], e[1], e[2]);
+      }
+  }
+  // Without SAT_CONV: Conv2d's own choice, by measurement (conv2d.cpp).
+  sat::Conv2d deep(512, 512, 3, 1, 1, false), mid(128, 128, 3, 1, 1, false), wide(64, 64, 3, 1, 1, false),
+      odd(3, 64, 3, 1, 1, false);
+  for (auto [c, hw] : {std::pair{&deep, 4}, {&mid, 16}, {&wide, 32}, {&odd, 32}}) {
+    sat::LayerSetup s;
+    s.name = "c";
+    s.inputs = {{Shape{32, c->in_channels(), hw, hw}}};
+    c->setup(s);
+  }
+  EXPECT_EQ(deep.winograd_tile(), 2);  // 4x4 maps: F(2x2), as fast as F(4x4) and smaller
+  EXPECT_EQ(mid.winograd_tile(), 4);
+  EXPECT_EQ(wide.winograd_tile(), 0);  // 32x32 maps: oneDNN's direct convolution is faster
+  EXPECT_EQ(odd.winograd_tile(), 0);   // 3 input channels: not a multiple of 8
 }
 
 TEST(Conv2d, NoInputGradientRequested) {

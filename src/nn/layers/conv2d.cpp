@@ -240,7 +240,11 @@ void Conv2d::setup(LayerSetup& s) {
   act_ = s.act;
   dnn_.reset();  // descriptors follow the geometry: made again on the next GPU call
   onednn_.reset();
-  if (s.device == Device::cpu && onednn_chosen()) {
+  wg_m_ = 0;
+  wf_u_ = wf_v_ = wf_m_ = wb_u_ = wb_du_ = wb_v_ = wb_dm_ = -1;
+  if (const int64_t m = s.device == Device::cpu ? winograd_chosen() : 0) {
+    setup_winograd(s, m);
+  } else if (s.device == Device::cpu && onednn_chosen()) {
     setup_onednn(s);
   } else if (s.device == Device::cuda) {
     // cuDNN needs no scratch of ours, except the filter gradient in a 16-bit act dtype.
@@ -296,7 +300,34 @@ bool Conv2d::onednn_chosen() const {
   return Ho_ * Wo_ >= 64 && C_ * O_ >= 32;
 }
 
+// Winograd F(m x m, 3x3) (conv2d_winograd.cpp) for this shape, and its tile m (0: another
+// path); SAT_CONV=winograd2|winograd4 forces it where it fits (3x3, stride 1, padding 1,
+// channels in multiples of 8). Measured by bench/conv/paths against oneDNN (forward +
+// backward ms per step, best of 2, 2 threads, the same machine as above, 2026-11-26), on
+// ResNet-18 b32's 3x3 stride-1 convolutions:
+//                  oneDNN     F(2x2)        F(4x4)
+//   32x32 64->64   67-75      110-120 (0.6) 88-94 (0.74-0.85)   oneDNN
+//   16x16 128->128 67-72      71-73 (0.95)  51-54 (1.25-1.40)   F(4x4)
+//   8x8 256->256   69-72      49-52 (1.40)  39-41 (1.69-1.82)   F(4x4)
+//   4x4 512->512   88-90      43-46 (1.99)  43-44 (2.05)        F(2x2): as fast, and its
+//                  transformed weights take 16/36 of F(4x4)'s scratch (17 against 38 MiB).
+// Whole ResNet-18 b32 steps: 1.37x (best) and 1.44x (median) of PyTorch with this rule,
+// against 1.11-1.23x with oneDNN alone (bench/compare). On 32x32 maps the transforms'
+// memory traffic (a*a/m^2 = 2.25x the input for F(4x4)) outweighs the products saved; the
+// smallest products (C*O below 64*64) leave the a*a GEMMs too small.
+int64_t Conv2d::winograd_chosen() const {
+  if (!winograd_fits()) return 0;
+  const char* env = std::getenv("SAT_CONV");
+  const std::string forced = env ? env : "";
+  if (forced == "winograd2") return 2;
+  if (forced == "winograd4") return 4;
+  if (!forced.empty()) return 0;
+  if (C_ * O_ < 64 * 64 || H_ * W_ > 16 * 16) return 0;
+  return H_ * W_ >= 8 * 8 ? 4 : 2;
+}
+
 void Conv2d::forward(LayerCtx& c) {
+  if (wg_m_) return forward_winograd(c);
   if (onednn_) return forward_onednn(c);
   const Geo g{C_, H_, W_, k_, s_, p_, Ho_, Wo_, taps_.data(), int64_t(taps_.size())};
   const int64_t HW = g.hw(), K = g.rows(), O = O_;
@@ -348,6 +379,7 @@ void Conv2d::forward(LayerCtx& c) {
 }
 
 void Conv2d::backward(LayerCtx& c) {
+  if (wg_m_) return backward_winograd(c);
   if (onednn_) return backward_onednn(c);
   const Geo g{C_, H_, W_, k_, s_, p_, Ho_, Wo_, taps_.data(), int64_t(taps_.size())};
   const int64_t HW = g.hw(), K = g.rows(), O = O_;

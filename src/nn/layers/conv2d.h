@@ -1,7 +1,8 @@
 // 2-D convolution, NCHW (PyTorch's nn.Conv2d with square kernel, stride, padding and
 // groups; no dilation). CPU paths: im2col + OpenBLAS GEMMs per group of images (one GEMM
-// per channel group), or oneDNN's convolution primitives (conv2d_dnnl.cpp) for the shapes
-// where they are faster (onednn_chosen). GPU path (conv2d.cu): cuDNN's convolution API.
+// per channel group), oneDNN's convolution primitives (conv2d_dnnl.cpp) or Winograd's
+// F(m x m, 3x3) (conv2d_winograd.cpp) for the shapes where they are faster (onednn_chosen,
+// winograd_chosen). GPU path (conv2d.cu): cuDNN's convolution API.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -78,9 +79,22 @@ class Conv2d : public Layer {
   void setup_onednn(LayerSetup& s);
   void forward_onednn(LayerCtx& c);
   void backward_onednn(LayerCtx& c);
+  // CPU through Winograd F(m x m, 3x3) (conv2d_winograd.cpp) for 3x3, stride 1, padding 1
+  // convolutions where it is faster: the output tile m (0: not Winograd), images per chunk
+  // of tiles, and the scratch slots of the transformed weight U, input V and product M
+  // (forward), and of U, dU, V (then dV) and dM (backward).
+  int64_t wg_m_ = 0;
+  int64_t wg_images_ = 0;
+  int wf_u_ = -1, wf_v_ = -1, wf_m_ = -1, wb_u_ = -1, wb_du_ = -1, wb_v_ = -1, wb_dm_ = -1;
+  bool winograd_fits() const;      // the shape Winograd F(2x2, 3x3) computes
+  int64_t winograd_chosen() const; // after the geometry is set: this shape's tile m (0: not Winograd)
+  void setup_winograd(LayerSetup& s, int64_t m);
+  void forward_winograd(LayerCtx& c);
+  void backward_winograd(LayerCtx& c);
 
  public:
   bool uses_onednn() const { return onednn_ != nullptr; }  // after setup
+  int64_t winograd_tile() const { return wg_m_; }          // after setup: m of F(m x m, 3x3), 0: not Winograd
 };
 
 }  // namespace sat
