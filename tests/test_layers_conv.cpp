@@ -146,13 +146,13 @@ std::array<double, 3> winograd_errors(sat::Conv2d& conv, const sat::test::ConvSh
 
 // Winograd F(2x2, 3x3) and F(4x4, 3x3) (conv2d_winograd.cpp), each forced: finite
 // differences, and out, dx and dW against the float64 reference, on the 3x3/stride 1/pad 1
-// shapes with channels in multiples of 8 that it takes. Maps with a partial last tile
+// shapes with channels in multiples of 16 that it takes. Maps with a partial last tile
 // (odd sizes), one tile, a map smaller than a tile (1x1, 2x3), ResNet-18's deepest shape
 // and a chunk boundary (more images than fit one chunk of tiles).
 TEST(Conv2d, WinogradMatchesReference) {
   const std::vector<ConvCase> small = {
-      {2, 8, 7, 5, 8, 3, 1, 1, true}, {3, 16, 4, 4, 8, 3, 1, 1, false}, {2, 8, 1, 1, 16, 3, 1, 1, true},
-      {2, 8, 2, 3, 8, 3, 1, 1, false}, {2, 8, 9, 11, 24, 3, 1, 1, true},
+      {2, 16, 7, 5, 16, 3, 1, 1, true}, {3, 32, 4, 4, 16, 3, 1, 1, false}, {2, 16, 1, 1, 32, 3, 1, 1, true},
+      {2, 16, 2, 3, 16, 3, 1, 1, false}, {2, 16, 9, 11, 48, 3, 1, 1, true},
   };
   const std::vector<ConvCase> large = {
       {4, 256, 4, 4, 256, 3, 1, 1, false}, {15, 32, 32, 32, 32, 3, 1, 1, false}, {4, 128, 15, 13, 64, 3, 1, 1, true},
@@ -183,18 +183,19 @@ TEST(Conv2d, WinogradMatchesReference) {
       }
   }
   // Without SAT_CONV: Conv2d's own choice, by measurement (conv2d.cpp).
-  sat::Conv2d deep(512, 512, 3, 1, 1, false), mid(128, 128, 3, 1, 1, false), wide(64, 64, 3, 1, 1, false),
-      odd(3, 64, 3, 1, 1, false);
-  for (auto [c, hw] : {std::pair{&deep, 4}, {&mid, 16}, {&wide, 32}, {&odd, 32}}) {
+  sat::Conv2d deep(512, 512, 3, 1, 1, false), wide(64, 64, 3, 1, 1, false), tiny(512, 512, 3, 1, 1, false),
+      narrow(32, 64, 3, 1, 1, false), odd(8, 64, 3, 1, 1, false);
+  for (auto [c, hw] : {std::pair{&deep, 4}, {&wide, 32}, {&tiny, 2}, {&narrow, 14}, {&odd, 32}}) {
     sat::LayerSetup s;
     s.name = "c";
     s.inputs = {{Shape{32, c->in_channels(), hw, hw}}};
     c->setup(s);
   }
-  EXPECT_EQ(deep.winograd_tile(), 2);  // 4x4 maps: F(2x2), as fast as F(4x4) and smaller
-  EXPECT_EQ(mid.winograd_tile(), 4);
-  EXPECT_EQ(wide.winograd_tile(), 0);  // 32x32 maps: oneDNN's direct convolution is faster
-  EXPECT_EQ(odd.winograd_tile(), 0);   // 3 input channels: not a multiple of 8
+  EXPECT_EQ(deep.winograd_tile(), 2);  // 4x4 maps: F(2x2), 16/36 of F(4x4)'s weight scratch
+  EXPECT_EQ(wide.winograd_tile(), 4);
+  EXPECT_EQ(tiny.winograd_tile(), 0);    // 2x2 maps: im2col's live taps skip the padding
+  EXPECT_EQ(narrow.winograd_tile(), 0);  // 32x64 channel pairs: measured slower (conv2d.cpp)
+  EXPECT_EQ(odd.winograd_tile(), 0);     // 8 input channels: not a multiple of 16
 }
 
 TEST(Conv2d, NoInputGradientRequested) {

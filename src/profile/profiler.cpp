@@ -202,6 +202,7 @@ std::string Profiler::table(double gemm_peak) const {
   std::string out = strf("%-36s %-20s %6s %10s %11s %6s %8s%s   (per step, over %lld measured steps)\n", "layer",
                          "kind", "calls", "forward ms", "backward ms", "share", "GFLOP/s", gemm_peak > 0 ? " of peak" : "",
                          (long long)measured_);
+  bool above_peak = false;
   for (size_t i : order) {
     const Totals& t = totals_[i];
     if (t.calls == 0) continue;
@@ -213,7 +214,11 @@ std::string Profiler::table(double gemm_peak) const {
                 total > 0 ? 100 * time(i) / total : 0.0, rate / 1e9);
     if (gemm_peak > 0) out += strf(" %7.1f%%", 100 * rate / gemm_peak);
     out += "\n";
+    above_peak |= gemm_peak > 0 && rate > gemm_peak;
   }
+  if (above_peak)
+    out += "(GFLOP/s count a layer's nominal FLOPs, as PyTorch does; above 100% of peak, the layer multiplies less "
+           "than that: Winograd convolutions)\n";
   return out;
 }
 

@@ -302,19 +302,22 @@ bool Conv2d::onednn_chosen() const {
 
 // Winograd F(m x m, 3x3) (conv2d_winograd.cpp) for this shape, and its tile m (0: another
 // path); SAT_CONV=winograd2|winograd4 forces it where it fits (3x3, stride 1, padding 1,
-// channels in multiples of 8). Measured by bench/conv/paths against oneDNN (forward +
+// channels in multiples of 16). Measured by bench/conv/paths against oneDNN (forward +
 // backward ms per step, best of 2, 2 threads, the same machine as above, 2026-11-26), on
 // ResNet-18 b32's 3x3 stride-1 convolutions:
-//                  oneDNN     F(2x2)        F(4x4)
-//   32x32 64->64   67-75      110-120 (0.6) 88-94 (0.74-0.85)   oneDNN
-//   16x16 128->128 67-72      71-73 (0.95)  51-54 (1.25-1.40)   F(4x4)
-//   8x8 256->256   69-72      49-52 (1.40)  39-41 (1.69-1.82)   F(4x4)
-//   4x4 512->512   88-90      43-46 (1.99)  43-44 (2.05)        F(2x2): as fast, and its
-//                  transformed weights take 16/36 of F(4x4)'s scratch (17 against 38 MiB).
-// Whole ResNet-18 b32 steps: 1.37x (best) and 1.44x (median) of PyTorch with this rule,
-// against 1.11-1.23x with oneDNN alone (bench/compare). On 32x32 maps the transforms'
-// memory traffic (a*a/m^2 = 2.25x the input for F(4x4)) outweighs the products saved; the
-// smallest products (C*O below 64*64) leave the a*a GEMMs too small.
+//                  oneDNN     F(2x2)            F(4x4)
+//   32x32 64->64   68-71      68-82 (0.87-0.99) 43-51 (1.40-1.60)
+//   16x16 128->128 65-69      51-53 (1.26-1.30) 31-34 (1.98-2.14)
+//   8x8 256->256   66-70      42-43 (1.52-1.64) 29 (2.27-2.43)
+//   4x4 512->512   79-84      39-44 (1.91-2.03) 36-38 (2.12-2.33)
+// so Winograd on every one of them (the convolutions together 1.72x oneDNN's speed with
+// F(4x4) throughout): F(4x4) from 8x8 maps up, F(2x2) below, 10% slower there but its
+// transformed weights and their gradient take 16/36 of F(4x4)'s scratch (2 x 16.8 MiB
+// against 2 x 37.7 MiB at 512 channels, the plan's peak in layer 4's backward: ResNet-18
+// b16 plans 330.9 MiB with F(2x2) there, 369.2 with F(4x4)). Smaller channel products lose
+// or gain little (convnet's 14x14 32->64: 0.79; branchnet's 28x28 16->16: 1.15-1.18): they
+// stay on the paths above. Maps under 4x4 keep im2col's pruned taps, which skip the
+// padding that Winograd would multiply.
 int64_t Conv2d::winograd_chosen() const {
   if (!winograd_fits()) return 0;
   const char* env = std::getenv("SAT_CONV");
@@ -322,7 +325,7 @@ int64_t Conv2d::winograd_chosen() const {
   if (forced == "winograd2") return 2;
   if (forced == "winograd4") return 4;
   if (!forced.empty()) return 0;
-  if (C_ * O_ < 64 * 64 || H_ * W_ > 16 * 16) return 0;
+  if (C_ * O_ < 64 * 64 || H_ < 4 || W_ < 4) return 0;
   return H_ * W_ >= 8 * 8 ? 4 : 2;
 }
 
