@@ -183,16 +183,17 @@ TEST(Conv2d, WinogradMatchesReference) {
       }
   }
   // Without SAT_CONV: Conv2d's own choice, by measurement (conv2d.cpp).
-  sat::Conv2d deep(512, 512, 3, 1, 1, false), wide(64, 64, 3, 1, 1, false), tiny(512, 512, 3, 1, 1, false),
-      narrow(32, 64, 3, 1, 1, false), odd(8, 64, 3, 1, 1, false);
-  for (auto [c, hw] : {std::pair{&deep, 4}, {&wide, 32}, {&tiny, 2}, {&narrow, 14}, {&odd, 32}}) {
+  sat::Conv2d deep(512, 512, 3, 1, 1, false), mid(128, 128, 3, 1, 1, false), wide(64, 64, 3, 1, 1, false),
+      tiny(512, 512, 3, 1, 1, false), narrow(32, 64, 3, 1, 1, false), odd(8, 64, 3, 1, 1, false);
+  for (auto [c, hw] : {std::pair{&deep, 4}, {&mid, 16}, {&wide, 32}, {&tiny, 2}, {&narrow, 14}, {&odd, 16}}) {
     sat::LayerSetup s;
     s.name = "c";
     s.inputs = {{Shape{32, c->in_channels(), hw, hw}}};
     c->setup(s);
   }
   EXPECT_EQ(deep.winograd_tile(), 2);  // 4x4 maps: F(2x2), 16/36 of F(4x4)'s weight scratch
-  EXPECT_EQ(wide.winograd_tile(), 4);
+  EXPECT_EQ(mid.winograd_tile(), 4);
+  EXPECT_EQ(wide.winograd_tile(), 0);  // 32x32 maps: oneDNN, for PyTorch parity (conv2d.cpp)
   EXPECT_EQ(tiny.winograd_tile(), 0);    // 2x2 maps: im2col's live taps skip the padding
   EXPECT_EQ(narrow.winograd_tile(), 0);  // 32x64 channel pairs: measured slower (conv2d.cpp)
   EXPECT_EQ(odd.winograd_tile(), 0);     // 8 input channels: not a multiple of 16
