@@ -386,6 +386,21 @@ void Conv2d::forward(LayerCtx& c) {
   }
 }
 
+void Conv2d::bias_grad(const float* dy, int64_t HW, float* db, bool acc) const {
+  // db[o] = sum over images and pixels of dy[b, o, :, :] (double accumulation).
+#pragma omp parallel for schedule(static) if (O_ * B_ * HW > kParallelMin)
+  for (int64_t o = 0; o < O_; ++o) {
+    double sum = 0;
+    for (int64_t b = 0; b < B_; ++b) {
+      const float* p = dy + (b * O_ + o) * HW;
+      float part = 0;
+      for (int64_t j = 0; j < HW; ++j) part += p[j];
+      sum += part;
+    }
+    db[o] = acc ? db[o] + float(sum) : float(sum);
+  }
+}
+
 void Conv2d::backward(LayerCtx& c) {
   if (wg_m_) return backward_winograd(c);
   if (onednn_) return backward_onednn(c);
@@ -406,22 +421,7 @@ void Conv2d::backward(LayerCtx& c) {
     acc_w = false;  // summed over groups here, then scattered into grads[0]
   }
 
-  // db[o] = sum over images and pixels of dy[b, o, :, :] (double accumulation).
-  if (bias_) {
-    float* db = c.grads[1].f32();
-    const bool acc = c.accumulate[1];
-#pragma omp parallel for schedule(static) if (O * B_ * HW > kParallelMin)
-    for (int64_t o = 0; o < O; ++o) {
-      double sum = 0;
-      for (int64_t b = 0; b < B_; ++b) {
-        const float* p = dy + (b * O + o) * HW;
-        float part = 0;
-        for (int64_t j = 0; j < HW; ++j) part += p[j];
-        sum += part;
-      }
-      db[o] = acc ? db[o] + float(sum) : float(sum);
-    }
-  }
+  if (bias_) bias_grad(dy, HW, c.grads[1].f32(), c.accumulate[1]);
 
   bool first = true;
   for (int64_t b0 = 0; b0 < B_; b0 += G_) {

@@ -86,7 +86,10 @@ class Conv2d : public Layer {
   int64_t wg_m_ = 0;
   int64_t wg_images_ = 0;
   int wf_u_ = -1, wf_v_ = -1, wf_m_ = -1, wb_u_ = -1, wb_du_ = -1, wb_v_ = -1, wb_dm_ = -1;
-  bool winograd_fits() const;      // the shape Winograd F(2x2, 3x3) computes
+  // The bias gradient (db [O], overwritten or accumulated) from dy [B, O, HW]: shared by the
+  // im2col and Winograd paths.
+  void bias_grad(const float* dy, int64_t HW, float* db, bool acc) const;
+  bool winograd_fits() const;      // the shape Winograd F(m x m, 3x3) computes
   int64_t winograd_chosen() const; // after the geometry is set: this shape's tile m (0: not Winograd)
   void setup_winograd(LayerSetup& s, int64_t m);
   void forward_winograd(LayerCtx& c);

@@ -159,7 +159,7 @@ void input_transform(const float* x, int64_t gn, int64_t C, const Tiles& t, floa
         interleave(x + (im * C + cb * kLanes) * plane, plane, t.H, t.W, buf.data(), t.Hp, t.Wp, 1);
         for (int64_t i = 0; i < t.th; ++i)
           for (int64_t j = 0; j < t.tw; ++j) {
-            const float* d = buf.data() + (m * i * t.Wp + m * j) * kLanes;  // d[r][q] at (r*Wp + q)*8
+            const float* d = buf.data() + (m * i * t.Wp + m * j) * kLanes;  // d[r][q] at (r*Wp + q)*kLanes
             v16 r[a][a];  // B^T d
             unroll<a>([&](auto u_) {
               constexpr int u = u_;
@@ -264,7 +264,7 @@ void output_transform_adjoint(const float* dy, int64_t gn, int64_t K, const Tile
         interleave(dy + (im * K + kb * kLanes) * plane, plane, t.H, t.W, buf.data(), m * t.th, ld, 0);
         for (int64_t i = 0; i < t.th; ++i)
           for (int64_t j = 0; j < t.tw; ++j) {
-            const float* g = buf.data() + (m * i * ld + m * j) * kLanes;  // dY[r][q] at (r*ld + q)*8
+            const float* g = buf.data() + (m * i * ld + m * j) * kLanes;  // dY[r][q] at (r*ld + q)*kLanes
             v16 s[a][m];  // A dY
             unroll<a>([&](auto u_) {
               constexpr int u = u_;
@@ -440,20 +440,7 @@ void Conv2d::forward_winograd(LayerCtx& c) {
 
 void Conv2d::backward_winograd(LayerCtx& c) {
   const float* dy = c.dout.f32();
-  if (bias_) {  // db[o] = sum of dy over images and pixels
-    const int64_t plane = H_ * W_;
-    float* db = c.grads[1].f32();
-    for (int64_t o = 0; o < O_; ++o) {
-      double sum = 0;
-      for (int64_t im = 0; im < B_; ++im) {
-        const float* p = dy + (im * O_ + o) * plane;
-        float part = 0;
-        for (int64_t j = 0; j < plane; ++j) part += p[j];
-        sum += part;
-      }
-      db[o] = c.accumulate[1] ? db[o] + float(sum) : float(sum);
-    }
-  }
+  if (bias_) bias_grad(dy, H_ * W_, c.grads[1].f32(), c.accumulate[1]);
   const Pass L{B_, C_, O_, H_, W_, wg_images_};
   float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;
   float* U = c.scratch[size_t(wb_u_)].f32();
