@@ -12,16 +12,19 @@
 // dX += B dV B^T (overlapping tiles add), and dU[xi] = sum over tiles dM[xi] V[xi]^T then
 // dW = G^T dU G.
 //
-// Accuracy: F(2, 3)'s transforms only add, subtract and halve. F(4, 3)'s coefficients
-// (up to 8, and 1/24) lose a few more bits: on ResNet-18's shapes its outputs differ from
-// im2col's by about 1e-6 relative (tests/test_layers_conv.cpp holds both to the reference).
+// Accuracy: F(2x2)'s transforms only add, subtract and halve; F(4x4)'s coefficients (up
+// to 8, and 1/24) lose a few more bits. Against a float64 reference the relative errors
+// are 3e-8 to 5e-7 (F(2x2)) and 1e-7 to 4e-6 (F(4x4)), growing with the channels summed
+// (tests/test_layers_conv.cpp, Conv2d.WinogradMatchesReference).
 //
-// Tiles are processed in chunks of whole images sized so that V and M stay near kChunkBytes
-// (cache-resident between the transforms and the GEMMs); all buffers are scratch of the plan.
-// The a*a GEMMs of a chunk run in parallel (one thread each, cpu::gemm_batched). The
-// transforms work a row of tiles at a time, vectorised along the row (the tiles of a row
-// are consecutive in V and M: p = i*tw + j); each (image, channel) plane is one
-// iteration's own, so their scatters are race-free.
+// Layouts: U [a*a][K][C], V [a*a][P][C], M [a*a][P][K] for the P tiles of a chunk (tile
+// p = image*T + i*tw + j), so each position's GEMM is M[xi] = V[xi] U[xi]^T. Tiles are
+// processed in chunks of whole images sized so that V and M stay near kChunkBytes
+// (cache-resident between the transforms and the GEMMs); all buffers are scratch of the
+// plan. The a*a GEMMs of a chunk run in parallel (one thread each, cpu::gemm_batched).
+// The tile transforms run on kLanes channels at once (one per vector lane), from and to
+// channel-interleaved copies of the planes; each (image, block of channels) is one
+// iteration's own, so the adjoint's overlapping tiles add without races.
 #include <algorithm>
 #include <cstring>
 #include <utility>
