@@ -310,19 +310,22 @@ bool Conv2d::onednn_chosen() const {
 //   16x16 128->128 65-69      51-53 (1.26-1.30) 31-34 (1.98-2.14)
 //   8x8 256->256   66-70      42-43 (1.52-1.64) 29 (2.27-2.43)
 //   4x4 512->512   79-84      39-44 (1.91-2.03) 36-38 (2.12-2.33)
-// F(4x4) on 16x16 and 8x8 maps; F(2x2) on 4x4 maps, 10% slower there than F(4x4) but its
-// transformed weights and their gradient take 16/36 of F(4x4)'s scratch (2 x 16.8 MiB
-// against 2 x 37.7 MiB at 512 channels, where the plan peaks, in layer 4's backward:
-// ResNet-18 b16 plans 330.9 MiB this way, 369.2 with F(4x4) there, 314.4 without Winograd).
-// 32x32 maps stay on oneDNN although F(4x4) ran them 1.40-1.60x faster: at batch 4
-// ResNet-18 feeds ReLUs inputs within 1e-6 of zero, whose signs follow every layer's
-// rounding, and a flipped one moves the gradients behind it (tests/test_parity.cpp,
-// Resnet18SgdDefaultConvolutions, step-1 weight gradients against PyTorch's: this rule
-// 2.4e-5, as oneDNN alone; F(2x2) on every layer 6.3e-7; F(4x4) on every layer 6.8e-4;
-// F(2x2) on 32x32 with this rule elsewhere 7.7e-4). Smaller channel products lose or gain little
-// (convnet's 14x14 32->64: 0.79; branchnet's 28x28 16->16: 1.15-1.18): they stay on the
-// paths above. Maps under 4x4 keep im2col's pruned taps, which skip the padding that
-// Winograd would multiply.
+// F(2x2) on all of them from 16x16 maps down, although F(4x4) ran them 10-50% faster (the
+// convolutions together 1.40x oneDNN's speed against F(2x2)'s 1.32x, path auto): F(4x4)'s
+// weight gradient, G^T dU G with coefficients up to 1/24 over sums whose order data
+// parallelism changes, left the one-process trajectory (test_dp_train, ResNet-18 with 2
+// ranks against 1, 3 SGD steps: 3.7e-5 with F(4x4) on 16x16 and 8x8 maps, 3.3e-6 with
+// F(2x2), 5e-8 with oneDNN alone; the test's bound is 1e-5). F(2x2) also keeps the scratch
+// small: its transformed weights and their gradient take 16/36 of F(4x4)'s (2 x 16.8 MiB
+// against 2 x 37.7 MiB at 512 channels, where the plan peaks, in layer 4's backward).
+// 32x32 maps stay on oneDNN: F(2x2) is no faster there, and F(4x4), 1.40-1.60x faster, moves
+// ResNet-18's step-1 gradients at the parity test's batch of 4, which has ReLU inputs
+// within 1e-6 of zero whose signs follow every layer's rounding (tests/test_parity.cpp,
+// Resnet18SgdDefaultConvolutions, against PyTorch's: this rule 2.4e-5, as oneDNN alone;
+// F(2x2) on every layer 6.3e-7; F(4x4) on every layer 6.8e-4). Smaller channel products
+// lose or gain little (convnet's 14x14 32->64: 0.79 with F(4x4); branchnet's 28x28
+// 16->16: 1.15-1.18): they stay on the paths above. Maps under 4x4 keep im2col's pruned
+// taps, which skip the padding that Winograd would multiply.
 int64_t Conv2d::winograd_chosen() const {
   if (!winograd_fits()) return 0;
   const char* env = std::getenv("SAT_CONV");
@@ -331,7 +334,7 @@ int64_t Conv2d::winograd_chosen() const {
   if (forced == "winograd4") return 4;
   if (!forced.empty()) return 0;
   if (C_ * O_ < 64 * 64 || H_ < 4 || W_ < 4 || H_ * W_ > 16 * 16) return 0;
-  return H_ * W_ >= 8 * 8 ? 4 : 2;
+  return 2;
 }
 
 void Conv2d::forward(LayerCtx& c) {
