@@ -310,6 +310,8 @@ bool Conv2d::onednn_chosen() const {
 //   16x16 128->128 65-69      51-53 (1.26-1.30) 31-34 (1.98-2.14)
 //   8x8 256->256   66-70      42-43 (1.52-1.64) 29 (2.27-2.43)
 //   4x4 512->512   79-84      39-44 (1.91-2.03) 36-38 (2.12-2.33)
+// (F(2x2) with its rows padded to 48, below, in a later run: 16x16 1.42-1.51, 8x8
+// 1.67-1.75, 4x4 1.79-1.86; --profile: 148-180 nominal GFLOP/s, 86-105% of the GEMM peak.)
 // F(2x2) on all of them from 16x16 maps down, although F(4x4) ran them 10-50% faster (the
 // convolutions together 1.40x oneDNN's speed against F(2x2)'s 1.32x, path auto): F(4x4)'s
 // weight gradient, G^T dU G with coefficients up to 1/24 over sums whose order data
