@@ -29,7 +29,8 @@
 #include <cstring>
 #include <numeric>
 #include <utility>
-#include <vector>
+
+#include <omp.h>
 
 #include "backend/cpu/blas.h"
 #include "nn/layers/conv2d.h"
@@ -142,6 +143,25 @@ Tiles tiles_of(int64_t m, int64_t H, int64_t W) {
   return t;
 }
 
+// Per-thread working buffers of the transforms, a [threads, per] scratch buffer of the
+// plan: a transform's parallel region runs on at most `threads` threads, each on its row.
+struct ThreadBufs {
+  float* base;
+  int64_t per;
+  int threads;
+  float* mine() const { return base + int64_t(omp_get_thread_num()) * per; }
+};
+
+// Floats per thread that any transform of a (C -> K, tiles t, m) layer uses.
+int64_t thread_buf_floats(const Tiles& t, int64_t C) {
+  const int64_t a = t.m + 2;
+  return std::max({t.Hp * t.Wp * kLanes, t.m * t.th * t.m * t.tw * kLanes, (9 + 3 * a) * C});
+}
+
+ThreadBufs thread_bufs(const Tensor& scratch, int planned) {
+  return {scratch.f32(), scratch.shape[1], std::min(planned, omp_get_max_threads())};
+}
+
 // kLanes planes [H, W] (plane stride `plane`) into lanes: buf[((h + off)*ld + w + off)*kLanes + l],
 // zeros elsewhere in buf [rows, ld, kLanes].
 void interleave(const float* src, int64_t plane, int64_t H, int64_t W, float* buf, int64_t rows, int64_t ld,
@@ -166,20 +186,20 @@ void deinterleave(const float* buf, int64_t ld, int64_t off, int64_t H, int64_t 
 // V[xi][p][c] = (B^T d B)[xi] for every tile p of images [0, gn) of x [gn, C, H, W]
 // (p = image*T + i*tw + j within the chunk).
 template <int m>
-void input_transform(const float* x, int64_t gn, int64_t C, const Tiles& t, float* V, int64_t P) {
+void input_transform(const float* x, int64_t gn, int64_t C, const Tiles& t, float* V, int64_t P, const ThreadBufs& tb) {
   using F = Wino<m>;
   constexpr int a = F::a;
   const int64_t T = t.per_image(), plane = t.H * t.W, CB = C / kLanes, step = P * C;
-#pragma omp parallel if (gn * C * plane > kParallelMin)
+#pragma omp parallel num_threads(tb.threads) if (gn * C * plane > kParallelMin)
   {
-    std::vector<float> buf(size_t(t.Hp * t.Wp * kLanes));
+    float* const buf = tb.mine();  // [Hp, Wp, kLanes]
 #pragma omp for collapse(2) schedule(static)
     for (int64_t im = 0; im < gn; ++im)
       for (int64_t cb = 0; cb < CB; ++cb) {
-        interleave(x + (im * C + cb * kLanes) * plane, plane, t.H, t.W, buf.data(), t.Hp, t.Wp, 1);
+        interleave(x + (im * C + cb * kLanes) * plane, plane, t.H, t.W, buf, t.Hp, t.Wp, 1);
         for (int64_t i = 0; i < t.th; ++i)
           for (int64_t j = 0; j < t.tw; ++j) {
-            const float* d = buf.data() + (m * i * t.Wp + m * j) * kLanes;  // d[r][q] at (r*Wp + q)*kLanes
+            const float* d = buf + (m * i * t.Wp + m * j) * kLanes;  // d[r][q] at (r*Wp + q)*kLanes
             v16 r[a][a];  // B^T d
             unroll<a>([&](auto u_) {
               constexpr int u = u_;
@@ -200,17 +220,18 @@ void input_transform(const float* x, int64_t gn, int64_t C, const Tiles& t, floa
 // The adjoint of input_transform: dx [gn, C, H, W] = the sum over tiles of B dV B^T,
 // overwritten (neighbouring tiles overlap by two rows and columns: their terms add).
 template <int m>
-void input_transform_adjoint(const float* dV, int64_t P, int64_t gn, int64_t C, const Tiles& t, float* dx) {
+void input_transform_adjoint(const float* dV, int64_t P, int64_t gn, int64_t C, const Tiles& t, float* dx,
+                             const ThreadBufs& tb) {
   using F = Wino<m>;
   constexpr int a = F::a;
   const int64_t T = t.per_image(), plane = t.H * t.W, CB = C / kLanes, step = P * C;
-#pragma omp parallel if (gn * C * plane > kParallelMin)
+#pragma omp parallel num_threads(tb.threads) if (gn * C * plane > kParallelMin)
   {
-    std::vector<float> buf(size_t(t.Hp * t.Wp * kLanes));
+    float* const buf = tb.mine();  // [Hp, Wp, kLanes]
 #pragma omp for collapse(2) schedule(static)
     for (int64_t im = 0; im < gn; ++im)
       for (int64_t cb = 0; cb < CB; ++cb) {
-        std::fill(buf.begin(), buf.end(), 0.0f);
+        std::fill(buf, buf + t.Hp * t.Wp * kLanes, 0.0f);
         for (int64_t i = 0; i < t.th; ++i)
           for (int64_t j = 0; j < t.tw; ++j) {
             const float* e = dV + (im * T + i * t.tw + j) * C + cb * kLanes;
@@ -220,7 +241,7 @@ void input_transform_adjoint(const float* dV, int64_t P, int64_t gn, int64_t C, 
                 constexpr int q = q_;
                 r[u][q] = csum<a>([](int v) { return F::BT[v][q]; }, [&](int v) { return loadv(e + (u * a + v) * step); });
               });
-            float* d = buf.data() + (m * i * t.Wp + m * j) * kLanes;
+            float* d = buf + (m * i * t.Wp + m * j) * kLanes;
             unroll<a>([&](auto z_) {  // B (dV B^T), added into the tile's window
               constexpr int z = z_;
               for (int q = 0; q < a; ++q) {
@@ -229,20 +250,21 @@ void input_transform_adjoint(const float* dV, int64_t P, int64_t gn, int64_t C, 
               }
             });
           }
-        deinterleave(buf.data(), t.Wp, 1, t.H, t.W, dx + (im * C + cb * kLanes) * plane, plane);
+        deinterleave(buf, t.Wp, 1, t.H, t.W, dx + (im * C + cb * kLanes) * plane, plane);
       }
   }
 }
 
 // y [gn, K, H, W] = A^T M A per tile, cropped, plus the bias (may be null).
 template <int m>
-void output_transform(const float* M, int64_t P, int64_t gn, int64_t K, const Tiles& t, const float* bias, float* y) {
+void output_transform(const float* M, int64_t P, int64_t gn, int64_t K, const Tiles& t, const float* bias, float* y,
+                      const ThreadBufs& tb) {
   using F = Wino<m>;
   constexpr int a = F::a;
   const int64_t T = t.per_image(), plane = t.H * t.W, KB = K / kLanes, step = P * K, ld = m * t.tw;
-#pragma omp parallel if (gn * K * plane > kParallelMin)
+#pragma omp parallel num_threads(tb.threads) if (gn * K * plane > kParallelMin)
   {
-    std::vector<float> buf(size_t(m * t.th * ld * kLanes));
+    float* const buf = tb.mine();  // [m th, ld, kLanes]
 #pragma omp for collapse(2) schedule(static)
     for (int64_t im = 0; im < gn; ++im)
       for (int64_t kb = 0; kb < KB; ++kb) {
@@ -256,14 +278,14 @@ void output_transform(const float* M, int64_t P, int64_t gn, int64_t K, const Ti
                 constexpr int q = q_;
                 s[u][q] = csum<a>([](int v) { return F::AT[q][v]; }, [&](int v) { return loadv(e + (u * a + v) * step); });
               });
-            float* o = buf.data() + (m * i * ld + m * j) * kLanes;
+            float* o = buf + (m * i * ld + m * j) * kLanes;
             unroll<m>([&](auto r_) {  // A^T (M A)
               constexpr int r = r_;
               for (int q = 0; q < m; ++q)
                 storev(o + (r * ld + q) * kLanes, b + csum<a>([](int u) { return F::AT[r][u]; }, [&](int u) { return s[u][q]; }));
             });
           }
-        deinterleave(buf.data(), ld, 0, t.H, t.W, y + (im * K + kb * kLanes) * plane, plane);
+        deinterleave(buf, ld, 0, t.H, t.W, y + (im * K + kb * kLanes) * plane, plane);
       }
   }
 }
@@ -271,20 +293,21 @@ void output_transform(const float* M, int64_t P, int64_t gn, int64_t K, const Ti
 // The adjoint of output_transform: dM[xi][p][k] = (A dY A^T)[xi] per tile, where dY is the
 // tile's m x m output gradient (zeros past the image's edge).
 template <int m>
-void output_transform_adjoint(const float* dy, int64_t gn, int64_t K, const Tiles& t, float* dM, int64_t P) {
+void output_transform_adjoint(const float* dy, int64_t gn, int64_t K, const Tiles& t, float* dM, int64_t P,
+                              const ThreadBufs& tb) {
   using F = Wino<m>;
   constexpr int a = F::a;
   const int64_t T = t.per_image(), plane = t.H * t.W, KB = K / kLanes, step = P * K, ld = m * t.tw;
-#pragma omp parallel if (gn * K * plane > kParallelMin)
+#pragma omp parallel num_threads(tb.threads) if (gn * K * plane > kParallelMin)
   {
-    std::vector<float> buf(size_t(m * t.th * ld * kLanes));
+    float* const buf = tb.mine();  // [m th, ld, kLanes]
 #pragma omp for collapse(2) schedule(static)
     for (int64_t im = 0; im < gn; ++im)
       for (int64_t kb = 0; kb < KB; ++kb) {
-        interleave(dy + (im * K + kb * kLanes) * plane, plane, t.H, t.W, buf.data(), m * t.th, ld, 0);
+        interleave(dy + (im * K + kb * kLanes) * plane, plane, t.H, t.W, buf, m * t.th, ld, 0);
         for (int64_t i = 0; i < t.th; ++i)
           for (int64_t j = 0; j < t.tw; ++j) {
-            const float* g = buf.data() + (m * i * ld + m * j) * kLanes;  // dY[r][q] at (r*ld + q)*kLanes
+            const float* g = buf + (m * i * ld + m * j) * kLanes;  // dY[r][q] at (r*ld + q)*kLanes
             v16 s[a][m];  // A dY
             unroll<a>([&](auto u_) {
               constexpr int u = u_;
@@ -305,14 +328,13 @@ void output_transform_adjoint(const float* dy, int64_t gn, int64_t K, const Tile
 // U[xi][k][c] = (G g G^T)[xi] for the weight w [K, C, 3, 3]: per output channel k, its
 // filters are first laid out tap-major (g[z][c]) so that every step runs along c.
 template <int m>
-void weight_transform(const float* w, int64_t K, int64_t C, float* U) {
+void weight_transform(const float* w, int64_t K, int64_t C, float* U, const ThreadBufs& tb) {
   using F = Wino<m>;
   constexpr int a = F::a;
   const int64_t step = K * C;
-#pragma omp parallel if (K * C * a * a > kParallelMin)
+#pragma omp parallel num_threads(tb.threads) if (K * C * a * a > kParallelMin)
   {
-    std::vector<float> buf(size_t((9 + 3 * a) * C));
-    float* g = buf.data();   // g[z*C + c]: tap z (row-major 3x3) of filter (k, c)
+    float* g = tb.mine();   // g[z*C + c]: tap z (row-major 3x3) of filter (k, c)
     float* r = g + 9 * C;    // G g: r[(u*3 + q)*C + c]
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < K; ++k) {
@@ -342,14 +364,13 @@ void weight_transform(const float* w, int64_t K, int64_t C, float* U) {
 
 // The adjoint of weight_transform: dw [K, C, 3, 3] (+)= G^T dU G, along c as above.
 template <int m>
-void weight_transform_adjoint(const float* dU, int64_t K, int64_t C, bool acc, float* dw) {
+void weight_transform_adjoint(const float* dU, int64_t K, int64_t C, bool acc, float* dw, const ThreadBufs& tb) {
   using F = Wino<m>;
   constexpr int a = F::a;
   const int64_t step = K * C;
-#pragma omp parallel if (K * C * a * a > kParallelMin)
+#pragma omp parallel num_threads(tb.threads) if (K * C * a * a > kParallelMin)
   {
-    std::vector<float> buf(size_t((9 + 3 * a) * C));
-    float* g = buf.data();   // g[z*C + c]
+    float* g = tb.mine();   // g[z*C + c]
     float* r = g + 9 * C;    // dU G: r[(u*3 + q)*C + c]
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < K; ++k) {
@@ -380,6 +401,7 @@ void weight_transform_adjoint(const float* dU, int64_t K, int64_t C, bool acc, f
 // One layer's pass, for its tile size m.
 struct Pass {
   int64_t B, C, K, H, W, images;  // images per chunk
+  ThreadBufs tb;                  // the transforms' per-thread buffers
 };
 
 template <int m>
@@ -388,14 +410,14 @@ void forward_pass(const Pass& L, const float* x, const float* w, const float* bi
   constexpr int64_t aa = Wino<m>::a * Wino<m>::a;
   const Tiles t = tiles_of(m, L.H, L.W);
   const int64_t T = t.per_image(), plane = L.H * L.W;
-  weight_transform<m>(w, L.K, L.C, U);
+  weight_transform<m>(w, L.K, L.C, U, L.tb);
   for (int64_t b0 = 0; b0 < L.B; b0 += L.images) {
     const int64_t gn = std::min(L.images, L.B - b0), P = padded_rows(gn * T);
-    input_transform<m>(x + b0 * L.C * plane, gn, L.C, t, V, P);
+    input_transform<m>(x + b0 * L.C * plane, gn, L.C, t, V, P, L.tb);
     zero_pad_rows(V, aa, gn * T, P, L.C);
     // M[xi] [P, K] = V[xi] [P, C] U[xi]^T
     cpu::gemm_batched(false, true, P, L.K, L.C, 1.0f, V, L.C, P * L.C, U, L.C, L.K * L.C, 0.0f, M, L.K, P * L.K, aa);
-    output_transform<m>(M, P, gn, L.K, t, bias, y + b0 * L.K * plane);
+    output_transform<m>(M, P, gn, L.K, t, bias, y + b0 * L.K * plane, L.tb);
   }
 }
 
@@ -406,21 +428,21 @@ void backward_pass(const Pass& L, const float* x, const float* w, const float* d
   constexpr int64_t aa = Wino<m>::a * Wino<m>::a;
   const Tiles t = tiles_of(m, L.H, L.W);
   const int64_t T = t.per_image(), plane = L.H * L.W, C = L.C, K = L.K;
-  if (dx) weight_transform<m>(w, K, C, U);
+  if (dx) weight_transform<m>(w, K, C, U, L.tb);
   for (int64_t b0 = 0; b0 < L.B; b0 += L.images) {
     const int64_t gn = std::min(L.images, L.B - b0), P = padded_rows(gn * T);
-    input_transform<m>(x + b0 * C * plane, gn, C, t, V, P);
-    output_transform_adjoint<m>(dy + b0 * K * plane, gn, K, t, dM, P);
+    input_transform<m>(x + b0 * C * plane, gn, C, t, V, P, L.tb);
+    output_transform_adjoint<m>(dy + b0 * K * plane, gn, K, t, dM, P, L.tb);
     zero_pad_rows(V, aa, gn * T, P, C);
     zero_pad_rows(dM, aa, gn * T, P, K);
     const float beta = b0 == 0 ? 0.0f : 1.0f;  // dU[xi] [K, C] (+)= dM[xi]^T V[xi]
     cpu::gemm_batched(true, false, K, C, P, 1.0f, dM, K, P * K, V, C, P * C, beta, dU, C, K * C, aa);
     if (dx) {  // dV[xi] [P, C] = dM[xi] U[xi], into V's buffer
       cpu::gemm_batched(false, false, P, C, K, 1.0f, dM, K, P * K, U, C, K * C, 0.0f, V, C, P * C, aa);
-      input_transform_adjoint<m>(V, P, gn, C, t, dx + b0 * C * plane);
+      input_transform_adjoint<m>(V, P, gn, C, t, dx + b0 * C * plane, L.tb);
     }
   }
-  weight_transform_adjoint<m>(dU, K, C, acc, dw);
+  weight_transform_adjoint<m>(dU, K, C, acc, dw, L.tb);
 }
 
 }  // namespace
@@ -441,7 +463,13 @@ void Conv2d::setup_winograd(LayerSetup& s, int64_t m) {
   wf_u_ = s.scratch_forward(Shape{aa, O_, C_});
   wf_v_ = s.scratch_forward(Shape{aa, P, C_});
   wf_m_ = s.scratch_forward(Shape{aa, P, O_});
+  // The transforms' per-thread buffers: one row per OpenMP thread available now (the
+  // parallel regions never use more).
+  wg_threads_ = int(std::max(1, cpu::num_threads()));
+  const Shape per_thread{wg_threads_, thread_buf_floats(t, C_)};
+  wf_t_ = s.scratch_forward(per_thread);
   if (s.training) {
+    wb_t_ = s.scratch_backward(per_thread);
     wb_u_ = s.scratch_backward(Shape{aa, O_, C_});
     wb_du_ = s.scratch_backward(Shape{aa, O_, C_});
     wb_v_ = s.scratch_backward(Shape{aa, P, C_});  // V, then dV
@@ -451,7 +479,7 @@ void Conv2d::setup_winograd(LayerSetup& s, int64_t m) {
 }
 
 void Conv2d::forward_winograd(LayerCtx& c) {
-  const Pass L{B_, C_, O_, H_, W_, wg_images_};
+  const Pass L{B_, C_, O_, H_, W_, wg_images_, thread_bufs(c.scratch[size_t(wf_t_)], wg_threads_)};
   const float* b = bias_ ? c.params[1].f32() : nullptr;
   float* U = c.scratch[size_t(wf_u_)].f32();
   float* V = c.scratch[size_t(wf_v_)].f32();
@@ -465,7 +493,7 @@ void Conv2d::forward_winograd(LayerCtx& c) {
 void Conv2d::backward_winograd(LayerCtx& c) {
   const float* dy = c.dout.f32();
   if (bias_) bias_grad(dy, H_ * W_, c.grads[1].f32(), c.accumulate[1]);
-  const Pass L{B_, C_, O_, H_, W_, wg_images_};
+  const Pass L{B_, C_, O_, H_, W_, wg_images_, thread_bufs(c.scratch[size_t(wb_t_)], wg_threads_)};
   float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;
   float* U = c.scratch[size_t(wb_u_)].f32();
   float* dU = c.scratch[size_t(wb_du_)].f32();
