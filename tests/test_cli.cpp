@@ -535,6 +535,18 @@ TEST(Cli, NonFiniteNumbersAreRefused) {
   expect_user_error(saturate(run + "--bucket-mb 1e30"), "--bucket-mb: expected a size from 0 to 1048576");
 }
 
+// SAT_CONV (a forced convolution path) with a value it cannot take is a clear error, not a
+// silent fallback to the default choice; auto and the known paths train.
+TEST(Cli, UnknownConvolutionPathIsRefused) {
+  const std::string run = "train --model convnet --data synthetic --batch 4 --steps 1 --threads 1 --eval off";
+  expect_user_error(saturate(run, "SAT_CONV=winograd "),
+                    "SAT_CONV: expected auto, im2col, onednn, winograd2 or winograd4, got 'winograd'");
+  for (const char* ok : {"auto", "im2col", "winograd2"}) {
+    const CmdResult r = saturate(run, std::string("SAT_CONV=") + ok + " ");
+    EXPECT_EQ(r.status, 0) << ok << ": " << r.out;
+  }
+}
+
 // A run whose parameters stop being finite fails (status 2) naming the step, and saves
 // neither weights nor summary: in the last update (the loss never saw it), or earlier.
 TEST(Cli, DivergedRunFailsAndSavesNothing) {

@@ -272,6 +272,19 @@ void Conv2d::setup(LayerSetup& s) {
   s.flops_bwd = 2.0 * s.flops_fwd;
 }
 
+// SAT_CONV's path ("" for auto or unset), read at every setup (tests set it per case); a
+// value it cannot take is an error naming it, not a silent fallback.
+std::string Conv2d::forced_path() {
+  const char* env = std::getenv("SAT_CONV");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") return "";
+  SAT_CHECK(v == "im2col" || v == "onednn" || v == "winograd2" || v == "winograd4",
+            "SAT_CONV: expected auto, im2col, onednn, winograd2 or winograd4, got '", v, "'");
+  SAT_CHECK(v != "onednn" || onednn_available(),
+            "SAT_CONV=onednn: this build has no oneDNN (apt-get install libdnnl-dev ocl-icd-opencl-dev, then rebuild)");
+  return v;
+}
+
 // oneDNN or im2col + OpenBLAS for this shape; SAT_CONV=onednn|im2col forces one (for
 // benchmarks and tests). Measured by bench/conv/paths (forward + backward ms per step, best
 // of 2-4, 2 threads, AMD EPYC Zen 3 with AVX2, oneDNN 2.6.3 and OpenBLAS 0.3.21,
@@ -292,9 +305,8 @@ void Conv2d::setup(LayerSetup& s) {
 // Over ResNet-18's convolutions the rule gives 1.16x against im2col alone by these rows;
 // whole ResNet-18 b32 training steps, alternated, ran 1.16-1.43x faster (4 pairs).
 bool Conv2d::onednn_chosen() const {
+  const std::string forced = forced_path();
   if (!onednn_available() || groups_ != 1 || B_ == 0) return false;
-  const char* env = std::getenv("SAT_CONV");  // read at every build: tests set it per case
-  const std::string forced = env ? env : "";
   if (forced == "onednn") return true;
   if (forced == "im2col") return false;
   return Ho_ * Wo_ >= 64 && C_ * O_ >= 32;
@@ -329,9 +341,8 @@ bool Conv2d::onednn_chosen() const {
 // 16->16: 1.15-1.18): they stay on the paths above. Maps under 4x4 keep im2col's pruned
 // taps, which skip the padding that Winograd would multiply.
 int64_t Conv2d::winograd_chosen() const {
+  const std::string forced = forced_path();
   if (!winograd_fits()) return 0;
-  const char* env = std::getenv("SAT_CONV");
-  const std::string forced = env ? env : "";
   if (forced == "winograd2") return 2;
   if (forced == "winograd4") return 4;
   if (!forced.empty()) return 0;

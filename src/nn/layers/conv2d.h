@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "nn/layer.h"
@@ -75,6 +76,7 @@ class Conv2d : public Layer {
   struct Dnnl;
   std::shared_ptr<Dnnl> onednn_;
   static bool onednn_available();  // this build has oneDNN
+  static std::string forced_path();  // SAT_CONV's path, "" for auto; sat::Error for an unknown one
   bool onednn_chosen() const;      // after the geometry is set: this shape takes oneDNN
   void setup_onednn(LayerSetup& s);
   void forward_onednn(LayerCtx& c);
