@@ -152,7 +152,7 @@ struct ThreadBufs {
   float* mine() const { return base + int64_t(omp_get_thread_num()) * per; }
 };
 
-// Floats per thread that any transform of a (C -> K, tiles t, m) layer uses.
+// Floats per thread that any transform of a layer with C input channels and tiles t uses.
 int64_t thread_buf_floats(const Tiles& t, int64_t C) {
   const int64_t a = t.m + 2;
   return std::max({t.Hp * t.Wp * kLanes, t.m * t.th * t.m * t.tw * kLanes, (9 + 3 * a) * C});
