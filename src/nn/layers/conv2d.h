@@ -88,7 +88,7 @@ class Conv2d : public Layer {
   int64_t wg_m_ = 0;
   int64_t wg_images_ = 0;
   int wf_u_ = -1, wf_v_ = -1, wf_m_ = -1, wb_u_ = -1, wb_du_ = -1, wb_v_ = -1, wb_dm_ = -1;
-  int wf_t_ = -1, wb_t_ = -1, wg_threads_ = 1;  // the transforms' per-thread buffers, and their rows
+  int wf_t_ = -1, wb_t_ = -1;  // the transforms' per-thread buffers [threads, floats]
   // The bias gradient (db [O], overwritten or accumulated) from dy [B, O, HW]: shared by the
   // im2col and Winograd paths.
   void bias_grad(const float* dy, int64_t HW, float* db, bool acc) const;

@@ -158,8 +158,9 @@ int64_t thread_buf_floats(const Tiles& t, int64_t C) {
   return std::max({t.Hp * t.Wp * kLanes, t.m * t.th * t.m * t.tw * kLanes, (9 + 3 * a) * C});
 }
 
-ThreadBufs thread_bufs(const Tensor& scratch, int planned) {
-  return {scratch.f32(), scratch.shape[1], std::min(planned, omp_get_max_threads())};
+// The [threads, per] scratch buffer as ThreadBufs (never more threads than it has rows).
+ThreadBufs thread_bufs(const Tensor& scratch) {
+  return {scratch.f32(), scratch.shape[1], int(std::min<int64_t>(scratch.shape[0], omp_get_max_threads()))};
 }
 
 // kLanes planes [H, W] (plane stride `plane`) into lanes: buf[((h + off)*ld + w + off)*kLanes + l],
@@ -465,8 +466,7 @@ void Conv2d::setup_winograd(LayerSetup& s, int64_t m) {
   wf_m_ = s.scratch_forward(Shape{aa, P, O_});
   // The transforms' per-thread buffers: one row per OpenMP thread available now (the
   // parallel regions never use more).
-  wg_threads_ = int(std::max(1, cpu::num_threads()));
-  const Shape per_thread{wg_threads_, thread_buf_floats(t, C_)};
+  const Shape per_thread{std::max(1, cpu::num_threads()), thread_buf_floats(t, C_)};
   wf_t_ = s.scratch_forward(per_thread);
   if (s.training) {
     wb_t_ = s.scratch_backward(per_thread);
@@ -479,7 +479,7 @@ void Conv2d::setup_winograd(LayerSetup& s, int64_t m) {
 }
 
 void Conv2d::forward_winograd(LayerCtx& c) {
-  const Pass L{B_, C_, O_, H_, W_, wg_images_, thread_bufs(c.scratch[size_t(wf_t_)], wg_threads_)};
+  const Pass L{B_, C_, O_, H_, W_, wg_images_, thread_bufs(c.scratch[size_t(wf_t_)])};
   const float* b = bias_ ? c.params[1].f32() : nullptr;
   float* U = c.scratch[size_t(wf_u_)].f32();
   float* V = c.scratch[size_t(wf_v_)].f32();
@@ -493,7 +493,7 @@ void Conv2d::forward_winograd(LayerCtx& c) {
 void Conv2d::backward_winograd(LayerCtx& c) {
   const float* dy = c.dout.f32();
   if (bias_) bias_grad(dy, H_ * W_, c.grads[1].f32(), c.accumulate[1]);
-  const Pass L{B_, C_, O_, H_, W_, wg_images_, thread_bufs(c.scratch[size_t(wb_t_)], wg_threads_)};
+  const Pass L{B_, C_, O_, H_, W_, wg_images_, thread_bufs(c.scratch[size_t(wb_t_)])};
   float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;
   float* U = c.scratch[size_t(wb_u_)].f32();
   float* dU = c.scratch[size_t(wb_du_)].f32();
