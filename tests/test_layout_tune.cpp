@@ -65,7 +65,7 @@ TEST(LayoutTune, TimesThePlannersBestAndChoosesTheMeasuredFastest) {
     const LayoutTrial& t = r.trials[i];
     const Layout& l = t.predicted.layout;
     EXPECT_EQ(l.dp * l.tp * l.pp, 2) << l.str();
-    EXPECT_EQ(l.micro_batch * l.accum * l.dp, 4) << l.str();
+    EXPECT_EQ(l.batch * l.accum * l.dp, 4) << l.str();
     EXPECT_TRUE(t.failed.empty()) << l.str() << ": " << t.failed;
     EXPECT_GT(t.measured_samples_per_second, 0) << l.str();
     EXPECT_GE(t.timed_steps, 3) << l.str();
@@ -149,7 +149,7 @@ TEST(LayoutTune, FilterTextAndApply) {
   EXPECT_EQ(filter_str(f), "tp=2,micro=4,schedule=interleaved,v=2,recompute=full,sp=on,zero=1");
   EXPECT_EQ(filter_str(LayoutFilter{}), "");
   Layout l;
-  l.dp = 1, l.tp = 2, l.pp = 2, l.micro_batch = 3, l.accum = 4, l.schedule = PipeSchedule::interleaved;
+  l.dp = 1, l.tp = 2, l.pp = 2, l.batch = 3, l.accum = 4, l.pp_schedule = PipeSchedule::interleaved;
   l.virtual_stages = 2, l.recompute = Recompute::selective, l.sequence_parallel = true, l.zero = 0;
   TrainConfig c;
   c.pp_split = {1};

@@ -282,7 +282,7 @@ TEST(Plan, SearchFindsAFittingFastestLayout) {
   for (size_t i = 0; i < p.best.size(); ++i) {
     const Layout& l = p.best[i].layout;
     EXPECT_EQ(l.dp * l.tp * l.pp, 16);
-    EXPECT_EQ(l.dp * l.micro_batch * l.accum, 128);
+    EXPECT_EQ(l.dp * l.batch * l.accum, 128);
     EXPECT_TRUE(p.best[i].fits && p.best[i].memory_exact);
     if (i) {
       EXPECT_LE(p.best[i - 1].step_seconds, p.best[i].step_seconds);

@@ -350,7 +350,7 @@ TEST(TuneReport, LayoutCacheIsValidatedLikeInput) {
   double measured = 0, predicted = 0;
   write("\"dp\": 1, \"tp\": 1, \"pp\": 1, \"micro_batch\": 8, \"accum\": 2, " + rest);
   ASSERT_TRUE(sat::read_layout_choice(path, l, measured, predicted));
-  EXPECT_EQ(l.micro_batch, 8);
+  EXPECT_EQ(l.batch, 8);
   EXPECT_EQ(l.accum, 2);
   EXPECT_TRUE(sat::shared_layout_choice(nullptr, path, l, measured, predicted));
   for (const std::string bad : {"\"dp\": 1, \"tp\": 1, \"pp\": 1, \"micro_batch\": 1e300, \"accum\": 2, ",

@@ -21,6 +21,10 @@ const char* plural(int n, const char* one, const char* many) { return n == 1 ? o
 
 }  // namespace
 
+MeshCoords mesh_coords(int rank, int tp, int dp) { return {rank % tp, rank / tp % dp, rank / (tp * dp)}; }
+
+int mesh_rank(const MeshCoords& c, int tp, int dp) { return c.tp + tp * (c.dp + dp * c.pp); }
+
 void Mesh::check(int world, int tp, int pp) {
   SAT_CHECK(world >= 1, "the job has ", world, " processes (expected at least 1)");
   SAT_CHECK(tp >= 1, "--tp ", tp, ": the tensor-parallel size must be at least 1");
@@ -33,10 +37,8 @@ void Mesh::check(int world, int tp, int pp) {
 Mesh::Mesh(Comm& world, int tp, int pp) : world_(&world), tp_(tp), pp_(pp) {
   check(world.size(), tp, pp);
   dp_ = world.size() / (tp * pp);
-  const int r = world.rank();
-  tp_rank_ = r % tp_;
-  dp_rank_ = r / tp_ % dp_;
-  pp_rank_ = r / (tp_ * dp_);
+  const MeshCoords at = mesh_coords(world.rank(), tp_, dp_);
+  tp_rank_ = at.tp, dp_rank_ = at.dp, pp_rank_ = at.pp;
   // One split per dimension: the ranks that share the other two coordinates, ranked by
   // their coordinate in this one. Same order on every rank (each split is a collective).
   tp_group_ = group(world, tp_, dp_rank_ + dp_ * pp_rank_, tp_rank_);
@@ -51,7 +53,7 @@ int Mesh::global_rank(int tp_rank, int dp_rank, int pp_rank) const {
   check_rank("Mesh::global_rank", "tp", tp_rank, tp_);
   check_rank("Mesh::global_rank", "dp", dp_rank, dp_);
   check_rank("Mesh::global_rank", "pp", pp_rank, pp_);
-  return tp_rank + tp_ * (dp_rank + dp_ * pp_rank);
+  return mesh_rank({tp_rank, dp_rank, pp_rank}, tp_, dp_);
 }
 
 Traffic Mesh::traffic_of(const std::string& group) const {

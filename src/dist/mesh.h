@@ -8,6 +8,16 @@
 
 namespace sat::dist {
 
+// A rank's place in the mesh: its coordinate in each dimension (and its rank in that group).
+struct MeshCoords {
+  int tp = 0, dp = 0, pp = 0;
+  bool operator==(const MeshCoords&) const = default;
+};
+// The rank arithmetic of a mesh of tp x dp x pp ranks, pure and the same everywhere (the
+// mesh, the planner, the CLI's per-stage plans): global rank = tp + tp_size * (dp + dp_size * pp).
+MeshCoords mesh_coords(int rank, int tp, int dp);
+int mesh_rank(const MeshCoords& c, int tp, int dp);
+
 // World ranks arranged as Megatron orders them: tensor-parallel rank fastest, then
 // data-parallel, then pipeline: global rank = tp_rank + tp * (dp_rank + dp * pp_rank). Tensor-
 // parallel ranks, which communicate the most, are adjacent (on one node where it has tp GPUs).

@@ -1,6 +1,8 @@
 #include "nn/models.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "nn/blocks.h"
 #include "nn/model_file.h"
@@ -299,8 +301,37 @@ void build_llama(BuiltModel& m, Graph& g) {
 
 }  // namespace
 
+namespace {
+std::map<std::string, int>& builds() {
+  static std::map<std::string, int> b;
+  return b;
+}
+
+void report_builds() {
+  for (const auto& [key, n] : builds()) std::fprintf(stderr, "graph built %d time(s): %s\n", n, key.c_str());
+}
+
+void count_build(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
+  static const bool report = [] {
+    const char* e = std::getenv("SAT_REPORT_GRAPH_BUILDS");
+    return e && std::string(e) == "1" && std::atexit(report_builds) == 0;
+  }();
+  (void)report;
+  std::string key = str_cat(cfg.name, " batch ", B, training ? " training" : " inference", " ",
+                            cfg.device == Device::cuda ? "cuda" : "cpu", " ", dtype_name(cfg.act), " tp ", cfg.tp,
+                            "/", cfg.tp_rank, cfg.sequence_parallel ? " sp" : "", " recompute ",
+                            recompute_name(cfg.recompute), " nodes");
+  for (auto [a, b] : stage) key += str_cat(" ", a, "-", b);
+  if (stage.empty()) key += " all";
+  ++builds()[key];
+}
+}  // namespace
+
+const std::map<std::string, int>& graph_builds() { return builds(); }
+
 BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
+  count_build(cfg, B, training, stage);
   const bool file = cfg.family == ModelFamily::file;
   if (!file) check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);  // a file's layers check it as they are built
   check_recompute(cfg);

@@ -2,6 +2,7 @@
 // micro-batch size; parameter names are those of the equivalent PyTorch modules in
 // bench/peer/models.py, so safetensors files are interchangeable.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,13 @@ struct BuiltModel {
 // pipeline stage of it (Graph::keep_nodes). Value ids are the whole model's either way.
 BuiltModel build_model(const ModelConfig& cfg, int64_t batch, bool training = true,
                        const std::vector<std::pair<int, int>>& stage = {});
+
+// The graphs build_model has built in this process, by what was built (model, micro-batch,
+// training, device, tensor-parallel rank, recomputation, stage): a command plans its model
+// once (train/plan.h), so no key should count more than 1. With SAT_REPORT_GRAPH_BUILDS=1
+// in the environment, every process prints them to stderr when it exits ("graph built N
+// time(s): KEY"), which the tests count.
+const std::map<std::string, int>& graph_builds();
 
 // FLOPs of one training step per sample (forward + backward), from the layers.
 double train_flops_per_sample(const BuiltModel& m, int64_t batch);

@@ -18,13 +18,13 @@ using ojson = nlohmann::ordered_json;
 
 ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
-const char* schedule_of(const Layout& l) { return l.pp == 1 ? "none" : pipe_schedule_name(l.schedule); }
+const char* schedule_of(const Layout& l) { return l.pp == 1 ? "none" : pipe_schedule_name(l.pp_schedule); }
 
 ojson layout_json(const Prediction& p) {
   const Layout& l = p.layout;
   ojson j;
   j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp;
-  j["micro_batch"] = l.micro_batch, j["accum"] = l.accum;
+  j["micro_batch"] = l.batch, j["accum"] = l.accum;
   j["schedule"] = schedule_of(l), j["virtual_stages"] = l.virtual_stages;
   j["recompute"] = recompute_name(l.recompute), j["sequence_parallel"] = l.sequence_parallel, j["zero"] = l.zero;
   j["layout"] = l.str();
@@ -48,11 +48,11 @@ ojson layout_json(const Prediction& p) {
 
 std::string row(int i, const Prediction& p, bool tokens) {
   const Layout& l = p.layout;
-  std::string sched = l.pp == 1 ? "-" : l.schedule == PipeSchedule::interleaved ? strf("interleaved v=%d", l.virtual_stages)
+  std::string sched = l.pp == 1 ? "-" : l.pp_schedule == PipeSchedule::interleaved ? strf("interleaved v=%d", l.virtual_stages)
                                                                                  : schedule_of(l);
   return strf("%2d  dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
              i, l.dp, l.tp, l.pp, sched.c_str(), recompute_name(l.recompute), l.sequence_parallel ? "on" : "off", l.zero,
-             (long long)l.micro_batch, (long long)l.accum, format_bytes(p.memory_bytes).c_str(),
+             (long long)l.batch, (long long)l.accum, format_bytes(p.memory_bytes).c_str(),
              p.memory_exact ? " " : "~", p.step_seconds, tokens ? p.tokens_per_second : p.samples_per_second,
              p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble_fraction);
 }

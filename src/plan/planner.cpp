@@ -28,24 +28,9 @@ namespace sat {
 // Layouts as text
 
 void apply_layout(const Layout& l, TrainConfig& cfg) {
-  cfg.batch = l.micro_batch;
-  cfg.accum = l.accum;
-  cfg.tp = l.tp;
-  cfg.pp = l.pp;
-  cfg.sequence_parallel = l.sequence_parallel;
-  cfg.recompute = l.recompute;
-  cfg.zero = l.zero;
-  cfg.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule;
-  cfg.virtual_stages = l.virtual_stages;
+  static_cast<Layout&>(cfg) = l;
+  if (l.pp == 1) cfg.pp_schedule = PipeSchedule::one_f_one_b;
   cfg.pp_split.clear();
-}
-
-std::string Layout::str() const {
-  std::string s = str_cat("dp=", dp, ",tp=", tp, ",pp=", pp, ",micro=", micro_batch, ",schedule=",
-                          pp == 1 ? "none" : pipe_schedule_name(schedule));
-  if (schedule == PipeSchedule::interleaved) s += str_cat(",v=", virtual_stages);
-  return s + str_cat(",recompute=", recompute_name(recompute), ",sp=", sequence_parallel ? "on" : "off",
-                     ",zero=", zero);
 }
 
 bool LayoutFilter::empty() const {
@@ -224,11 +209,11 @@ struct Search {
   }
 
   const BlockTable& table(const Layout& l) {
-    auto key = std::make_tuple(l.tp, l.sequence_parallel, l.micro_batch, int(l.recompute));
+    auto key = std::make_tuple(l.tp, l.sequence_parallel, l.batch, int(l.recompute));
     auto it = tables.find(key);
     if (it != tables.end()) return it->second;
     BlockTable& t = tables[key];
-    t.whole = std::make_unique<BuiltModel>(build_model(config_of(l), l.micro_batch, true));
+    t.whole = std::make_unique<BuiltModel>(build_model(config_of(l), l.batch, true));
     fill_blocks(t, req.hw, {l.tp, tp_link(l)});
     return t;
   }
@@ -251,7 +236,7 @@ struct Search {
   }
 
   ScheduleSpec spec_of(const Layout& l) const {
-    return {l.pp == 1 ? PipeSchedule::one_f_one_b : l.schedule, l.pp, int(l.accum), l.virtual_stages};
+    return {l.pp == 1 ? PipeSchedule::one_f_one_b : l.pp_schedule, l.pp, int(l.accum), l.virtual_stages};
   }
 
   // Per stage, per chunk: [first, last) blocks.
@@ -481,14 +466,14 @@ struct Search {
 
   void search_point(int tp, bool sp, int pp, int dp, int64_t b, Recompute rc) {
     Layout l;
-    l.tp = tp, l.sequence_parallel = sp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.recompute = rc;
+    l.tp = tp, l.sequence_parallel = sp, l.pp = pp, l.dp = dp, l.batch = b, l.recompute = rc;
     l.accum = req.global_batch / dp / b;
     const BlockTable& t = table(l);
     if (pp > t.blocks) return;
     for (auto [kind, v] : schedules(pp, t.blocks, l.accum)) {
       if (!allowed(req.filter.schedule, pp == 1 ? req.filter.schedule.value_or(kind) : kind)) continue;
       if (!allowed(req.filter.v, v)) continue;
-      l.schedule = kind, l.virtual_stages = v;
+      l.pp_schedule = kind, l.virtual_stages = v;
       search_schedule(l, t);
     }
   }
@@ -713,8 +698,8 @@ PlanResult plan_layouts(const PlanRequest& r) {
 Prediction predict_layout(const PlanRequest& r, const Layout& l) {
   PlanRequest one = r;
   one.filter = {};
-  one.filter.dp = l.dp, one.filter.tp = l.tp, one.filter.pp = l.pp, one.filter.micro = l.micro_batch;
-  one.filter.schedule = l.schedule, one.filter.v = l.virtual_stages, one.filter.recompute = l.recompute;
+  one.filter.dp = l.dp, one.filter.tp = l.tp, one.filter.pp = l.pp, one.filter.micro = l.batch;
+  one.filter.schedule = l.pp_schedule, one.filter.v = l.virtual_stages, one.filter.recompute = l.recompute;
   one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero;
   one.top = 1;
   one.memory_limit = 1e30;

@@ -25,23 +25,12 @@
 #include "nn/engine.h"
 #include "nn/models.h"
 #include "plan/hardware.h"
+#include "train/config.h"
+#include "train/layout.h"
 #include "train/schedule.h"
 
 namespace sat {
 
-struct Layout {
-  int dp = 1, tp = 1, pp = 1;
-  int64_t micro_batch = 1, accum = 1;
-  PipeSchedule schedule = PipeSchedule::one_f_one_b;
-  int virtual_stages = 1;
-  Recompute recompute = Recompute::none;
-  bool sequence_parallel = false;
-  int zero = 0;
-  // "dp=2,tp=4,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1" (--layout's form)
-  std::string str() const;
-};
-
-struct TrainConfig;
 // The layout's fields in a TrainConfig (the default cut of the pipeline); the rest is kept.
 void apply_layout(const Layout& l, TrainConfig& cfg);
 

@@ -14,6 +14,7 @@
 #include "optim/optimizer.h"
 #include "profile/trace.h"
 #include "train/noise.h"
+#include "train/layout.h"
 #include "train/schedule.h"
 
 namespace sat {
@@ -36,9 +37,17 @@ DistBackend parse_dist_backend(const std::string& s);  // sat::Error naming --di
 
 struct TrainResult;
 
-struct TrainConfig {
-  int64_t batch = 64;        // micro-batch
-  int64_t accum = 1;         // micro-batches per optimizer step
+// The layout (train/layout.h: micro-batch, accumulation, tensor/pipeline/data parallelism,
+// the schedule, recomputation, sequence parallelism, ZeRO) and the run's other settings.
+// Tensor parallelism (tp): the model's large matrix products (and its vocabulary) are split
+// over the tp ranks of each group, Megatron-LM's way (nn/models.h); with sequence_parallel
+// the LayerNorm and dropout regions are split along the sequence too. Recomputation: less
+// activation memory for recomputing in backward. Pipeline parallelism (pp): the model is
+// cut into pp stages (pp * virtual_stages model chunks) between blocks, balanced by FLOPs and
+// memory unless pp_split names the cut points; every optimizer step runs `accum`
+// micro-batches through them by pp_schedule. ZeRO: 1 = each data-parallel rank keeps 1/dp of
+// the optimizer state, 2 = and of the gradients, 3 = and of the parameters.
+struct TrainConfig : Layout {
   int64_t epochs = 1;        // used when steps == 0
   int64_t steps = 0;         // optimizer steps (0: run `epochs` epochs)
   OptimConfig optim;
@@ -56,23 +65,6 @@ struct TrainConfig {
   // The job's world communicator (null: this process alone). The ranks form a mesh of
   // data-, tensor- and pipeline-parallel groups (dist/mesh.h): dp = world / (tp * pp).
   dist::Comm* comm = nullptr;
-  // Tensor parallelism (--tp): the model's large matrix products (and its vocabulary) are
-  // split over the tp ranks of each group, Megatron-LM's way (nn/models.h); with
-  // sequence_parallel the LayerNorm and dropout regions are split along the sequence too.
-  int tp = 1;
-  bool sequence_parallel = false;
-  // Activation recomputation (--recompute; nn/models.h): less activation memory for
-  // recomputing in backward (full: each recompute unit's forward; selective: attention's
-  // probabilities). CPU only for now.
-  Recompute recompute = Recompute::none;
-  // Pipeline parallelism (--pp): the model is cut into pp stages (pp * virtual_stages
-  // model chunks) between blocks, balanced by FLOPs and memory unless pp_split names the
-  // cut points (block indices, ascending); every optimizer step runs `accum`
-  // micro-batches through them by pp_schedule.
-  int pp = 1;
-  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
-  int virtual_stages = 1;
-  std::vector<int> pp_split;
   // Data parallelism: every data-parallel rank trains on its slice of each global batch =
   // dp * batch * accum; gradients are averaged over the dp group in buckets that start
   // reducing during the last micro-batch's backward: the first bucket_first_mb, the others
@@ -83,9 +75,6 @@ struct TrainConfig {
   // BatchNorm statistics over the global batch (summed over the dp group in forward and
   // backward) instead of each rank's micro-batch.
   bool sync_bn = false;
-  // ZeRO stage: 0 = every rank keeps the whole optimizer state; 1 = each rank keeps
-  // 1/dp of it, gradients are reduce-scattered and the updated parameters all-gathered.
-  int zero = 0;
   // Stop after the first step at which the measured steps (after warm-up) have run this
   // many seconds (0: run all steps); at least 3 steps are measured. Used by the tuner's
   // probes; all ranks stop at the same step.

@@ -211,25 +211,61 @@ Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, 
 
 }  // namespace
 
-RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
-                   int dp) {
-  RankPlan r;
-  BuiltModel whole = build_model(mc, cfg.batch, true);
-  r.split = split_model(*whole.graph, cfg, mc.name);
+JobPlan::JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp)
+    : mc_(mc), cfg_(cfg), train_(&train), test_(test), dp_(dp) {
+  whole_ = std::make_unique<BuiltModel>(build_model(mc, cfg.batch, true));
+  split_ = split_model(*whole_->graph, cfg, mc.name);
   if (mc.tp > 1) {  // the whole model's size and work, not this tensor-parallel rank's part
     ModelConfig one = mc;
     one.tp = 1, one.tp_rank = 0, one.sequence_parallel = false;
-    const BuiltModel full = build_model(one, cfg.batch, true);
-    r.model_parameters = full.graph->param_count();
-    r.model_flops_per_sample = train_flops_per_sample(full, cfg.batch);
-  } else {
-    r.model_parameters = whole.graph->param_count();
-    r.model_flops_per_sample = train_flops_per_sample(whole, cfg.batch);
+    full_ = std::make_unique<BuiltModel>(build_model(one, cfg.batch, true));
   }
-  r.stage = stage;
-  r.model = cfg.pp > 1 ? build_model(mc, cfg.batch, true, r.split.nodes_of(*whole.graph, stage)) : std::move(whole);
+  parameters_ = unsplit().graph->param_count();
+  flops_ = train_flops_per_sample(unsplit(), cfg.batch);
+  stages_.resize(size_t(cfg.pp));
+}
+
+JobPlan::~JobPlan() = default;
+
+const BuiltModel& JobPlan::whole() const { return whole_ ? *whole_ : stages_.at(0)->model; }
+
+RankPlan& JobPlan::stage(int s) {
+  SAT_ASSERT(s >= 0 && s < cfg_.pp);
+  auto& p = stages_[size_t(s)];
+  if (!p) p = std::make_unique<RankPlan>(plan_stage(s));
+  return *p;
+}
+
+namespace {
+// The memory of a stage's graph and step under cfg's optimizer and ZeRO stage.
+void plan_stage_memory(RankPlan& r, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp) {
   const Graph& g = *r.model.graph;
-  r.schedule = {cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages};
+  size_t inputs = 0;
+  if (r.reads_data) {
+    inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch + r.loader_keep - 1);
+    if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
+  }
+  const int slots = optimizer_slots(resolve_optim(cfg.optim));
+  r.memory = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
+  r.shards = {};
+  if (cfg.zero >= 2) {
+    r.shards = plan_shards(g, r.actions, cfg.zero, dp);
+    add_sharded_memory(r.memory, g, r.shards, slots);
+  }
+}
+}  // namespace
+
+RankPlan JobPlan::plan_stage(int stage) {
+  const TrainConfig& cfg = cfg_;
+  RankPlan r;
+  r.split = split_;
+  r.model_parameters = parameters_;
+  r.model_flops_per_sample = flops_;
+  r.stage = stage;
+  if (cfg.pp > 1) r.model = build_model(mc_, cfg.batch, true, split_.nodes_of(*whole_->graph, stage));
+  else r.model = std::move(*whole_), whole_.reset();
+  const Graph& g = *r.model.graph;
+  r.schedule = cfg.schedule_spec();
   r.actions = make_schedule(r.schedule, stage);
   const int chunks = int(g.chunks().size());
   SAT_CHECK(chunks == cfg.virtual_stages, "internal error: stage ", stage, " has ", chunks, " model chunks");
@@ -239,19 +275,25 @@ RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset&
     r.reads_data = true;
     r.loader_keep = std::max(r.loader_keep, max_in_flight(r.actions, c));
   }
-  size_t inputs = 0;
-  if (r.reads_data) {
-    inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch + r.loader_keep - 1);
-    if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
-  }
-  const int slots = optimizer_slots(resolve_optim(cfg.optim));
-  r.memory = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
-  if (cfg.zero >= 2) {
-    r.shards = plan_shards(g, r.actions, cfg.zero, dp);
-    add_sharded_memory(r.memory, g, r.shards, slots);
-  }
+  plan_stage_memory(r, cfg, *train_, test_, dp_);
   r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
   return r;
+}
+
+MemoryPlan JobPlan::memory_with(int s, const TrainConfig& other) {
+  RankPlan& r = stage(s);
+  const MemoryPlan mine = r.memory;
+  const ShardPlan shards = r.shards;
+  plan_stage_memory(r, other, *train_, test_, dp_);
+  const MemoryPlan out = r.memory;
+  r.memory = mine, r.shards = shards;
+  return out;
+}
+
+RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
+                   int dp) {
+  JobPlan job(mc, cfg, train, test, dp);
+  return std::move(job.stage(stage));
 }
 
 GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {

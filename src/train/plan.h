@@ -3,6 +3,7 @@
 // micro-batches use, and its memory. One free function that train, tune and info share:
 // the plan the trainer runs is the plan that is reported.
 #pragma once
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,9 +58,51 @@ struct RankPlan {
   double model_flops_per_sample = 0;  // of the whole model, forward + backward
 };
 
-// The plan of pipeline stage `stage` for micro-batch cfg.batch, with `dp` data-parallel
-// ranks (ZeRO-1 shards the optimizer state over them). test: evaluation's loader
-// buffers are part of the plan when given and cfg.evaluate.
+// The plan of one job as this process sees it, built once per command and shared by
+// validation, `info`, the trainer and --save-weights: the whole model (the cut, the
+// parameters' names), the cut into stages, the unsplit model's size and work, and each
+// stage's RankPlan, planned on first use and kept. No graph is built twice.
+class JobPlan {
+ public:
+  // mc: the model as the job runs it (validate.h: resolved_model); dp: data-parallel ranks
+  // (ZeRO-1 shards the optimizer state over them); test: evaluation's loader buffers are part
+  // of the plan when given and cfg.evaluate. sat::Error naming the pipeline flags when the
+  // model cannot be cut so. train and test must outlive the plan.
+  JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp);
+  JobPlan(JobPlan&&) = default;
+  ~JobPlan();
+
+  const ModelConfig& model() const { return mc_; }
+  const TrainConfig& config() const { return cfg_; }
+  int dp() const { return dp_; }
+  const Dataset& train() const { return *train_; }
+  // This tensor-parallel rank's whole model, and the unsplit one (tp 1: the same).
+  const BuiltModel& whole() const;
+  const BuiltModel& unsplit() const { return full_ ? *full_ : whole(); }
+  const StageSplit& split() const { return split_; }
+  int64_t model_parameters() const { return parameters_; }
+  double model_flops_per_sample() const { return flops_; }
+  // The plan of pipeline stage s (0..pp-1), made on first use.
+  RankPlan& stage(int s);
+  // Stage s's memory with the same graphs under another ZeRO stage or optimizer (`info`'s
+  // comparisons: nothing is built again).
+  MemoryPlan memory_with(int s, const TrainConfig& other);
+
+ private:
+  RankPlan plan_stage(int s);
+  ModelConfig mc_;
+  TrainConfig cfg_;
+  const Dataset* train_;
+  const Dataset* test_;
+  int dp_;
+  std::unique_ptr<BuiltModel> whole_, full_;  // whole_ moves into stage 0's plan without pipelining
+  StageSplit split_;
+  int64_t parameters_ = 0;
+  double flops_ = 0;
+  std::vector<std::unique_ptr<RankPlan>> stages_;
+};
+
+// One stage's plan on its own (a JobPlan's stage, for callers that need no other).
 RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
                    int dp);
 // The payload bytes this rank will move over each group of the mesh per optimizer step

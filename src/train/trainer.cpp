@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/noise.h"
 #include "train/report.h"
+#include "train/validate.h"
 
 #if SAT_HAVE_CUDA
 #include "backend/cuda/context.h"
@@ -40,25 +41,6 @@ void check_data(const ModelConfig& mc, const BuiltModel& m, const Dataset& ds) {
             " classes but the model has ", mc.classes, " outputs");
 }
 
-// The activation dtype of a precision on a device.
-DType activation_dtype(Precision p, Device dev) {
-  SAT_CHECK(p == Precision::fp32 || p == Precision::bf16 || dev == Device::cuda, "--precision ", precision_name(p),
-            " needs --device cuda (the CPU engine's precisions are fp32 and bf16)");
-  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
-}
-
-// The model as the job runs it: device, activation dtype and the tensor-parallel layout
-// (the rank's part, ModelConfig::tp_rank, is set once the mesh places it).
-ModelConfig resolved(const ModelConfig& mc, const TrainConfig& cfg, int* dev_index = nullptr) {
-  ModelConfig m = mc;
-  m.device = resolve_device(cfg.device, dev_index);
-  m.act = activation_dtype(cfg.precision, m.device);
-  m.tp = cfg.tp;
-  m.sequence_parallel = cfg.sequence_parallel;
-  m.recompute = cfg.recompute;
-  return m;
-}
-
 double squared_norm(const float* g, int64_t n) {
   double s = 0;
 #pragma omp parallel for reduction(+ : s) schedule(static)
@@ -66,28 +48,7 @@ double squared_norm(const float* g, int64_t n) {
   return s;
 }
 
-void check_config(const TrainConfig& cfg) {
-  SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
-  SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
-  SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
-  // (at most 1 TiB: the size in floats is converted to an integer)
-  SAT_CHECK(cfg.bucket_mb > 0 && cfg.bucket_mb <= 1 << 20, "--bucket-mb: expected a size from 0 to 1048576 (MiB), got ",
-            cfg.bucket_mb);
-  SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
-  SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "internal error: measuring the gradient noise scale needs accum >= 2");
-}
-
 }  // namespace
-
-void check_zero(const TrainConfig& cfg, bool cuda, int dp) {
-  SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
-  if (cfg.zero < 2) return;
-  SAT_CHECK(dp > 1, "--zero ", cfg.zero, " shards the model over the data-parallel ranks, and this job has one (",
-            cfg.tp * cfg.pp * dp, " rank(s), --tp ", cfg.tp, " --pp ", cfg.pp, "): run more ranks or leave --zero out");
-  SAT_CHECK(!cuda, "--zero ", cfg.zero, " needs --device cpu for now (ZeRO-2/3 on GPUs is not built yet)");
-  SAT_CHECK(!cfg.measure_noise, "--noise-scale with --zero ", cfg.zero, ": the noise scale needs each micro-batch's "
-            "whole gradient, which ZeRO-2/3 never holds; measure it with --zero 0 or 1");
-}
 
 namespace {
 
@@ -104,32 +65,6 @@ StepBreakdown per_step(StepBreakdown b, int64_t steps) {
   const double n = double(std::max<int64_t>(1, steps));
   for (double* x : {&b.compute, &b.tp_comm, &b.grad_sync, &b.pipeline_wait, &b.data, &b.optimizer, &b.other}) *x /= n;
   return b;
-}
-
-// What the devices and the job's size allow (sat::Error naming the flag).
-void check_layout(const TrainConfig& cfg, bool cuda, int world) {
-  const DistBackend be = cfg.dist_backend;
-  SAT_CHECK(cuda || be != DistBackend::nccl,
-            "--dist-backend nccl needs --device cuda (NCCL reduces GPU memory; the CPU engine reduces over mpi)");
-  SAT_CHECK(!cuda || be != DistBackend::mpi || world == 1,
-            "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
-            "auto or nccl)");
-  SAT_CHECK(!cuda || cfg.zero == 0 || world == 1, "--zero ", cfg.zero, " needs --device cpu for now (ZeRO on GPUs is "
-            "not built yet)");
-  SAT_CHECK(!cuda || cfg.recompute == Recompute::none, "--recompute ", recompute_name(cfg.recompute),
-            " needs --device cpu for now (the GPU engine does not recompute activations yet)");
-  SAT_CHECK(!cuda || !cfg.sync_bn || world == 1,
-            "--sync-bn needs --device cpu for now (synchronised BatchNorm on GPUs is not built yet)");
-  SAT_CHECK(!cuda || (cfg.trace_dir.empty() && !cfg.profile), cfg.profile ? "--profile" : "--trace",
-            " needs --device cpu for now (the GPU engine's layers run asynchronously: timing them needs CUDA events, "
-            "not built yet)");
-  dist::Mesh::check(world, cfg.tp, cfg.pp);
-  check_zero(cfg, cuda, world / (cfg.tp * cfg.pp));
-  SAT_CHECK(!cuda || !cfg.measure_noise || cfg.tp == 1, "--noise-scale with --tp needs --device cpu for now (the GPU "
-            "norms do not yet count a parameter whole on every tensor-parallel rank once)");
-  SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
-            "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
-            "measure it without --sequence-parallel");
 }
 
 struct CommReplicaSum : ReplicaSum {
@@ -205,7 +140,7 @@ class Trainer::Hooks : public StepHooks {
  public:
   explicit Hooks(Trainer& t) : t_(t), batches_(size_t(t.cfg_.accum)) {
     // Flat gradient range of each chunk's parameters (declared in node order, so contiguous).
-    const Graph& g = *t.plan_.model.graph;
+    const Graph& g = *t.rp_->model.graph;
     ranges_.assign(g.chunks().size(), {t.params_->flat_size(), 0});
     std::vector<bool> seen(g.params().size(), false);
     for (const Node& n : g.nodes())
@@ -237,7 +172,7 @@ class Trainer::Hooks : public StepHooks {
     small_sq_ = big_sq_ = 0;
   }
   std::vector<Tensor> data(int chunk, int micro) override {
-    const std::vector<int>& wanted = t_.plan_.model.graph->chunks()[size_t(chunk)].data;
+    const std::vector<int>& wanted = t_.rp_->model.graph->chunks()[size_t(chunk)].data;
     if (wanted.empty()) return {};  // fetched only by the chunk that reads them: the loader keeps that many
     while (fetched_ <= micro) {
       Batch& b = batches_[size_t(fetched_)];
@@ -246,7 +181,7 @@ class Trainer::Hooks : public StepHooks {
     }
     const Batch& b = batches_[size_t(micro)];
     std::vector<Tensor> d;
-    for (int v : wanted) d.push_back(v == t_.plan_.model.x ? b.x : b.y);
+    for (int v : wanted) d.push_back(v == t_.rp_->model.x ? b.x : b.y);
     return d;
   }
   const std::function<void(int)>* node_hook(int, int micro) override {
@@ -366,12 +301,11 @@ MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Da
                          int world, int stage) {
   if (world <= 0) world = cfg.comm ? cfg.comm->size() : 1;
   dist::Mesh::check(world, cfg.tp, cfg.pp);
-  return plan_rank(resolved(mc, cfg), cfg, train, test, stage, world / (cfg.tp * cfg.pp)).memory;
+  return plan_rank(resolved_model(mc, cfg), cfg, train, test, stage, world / (cfg.tp * cfg.pp)).memory;
 }
 
 Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
     : mc_(mc), cfg_(cfg), train_(train), test_(cfg.evaluate ? test : nullptr) {
-  check_config(cfg);
   cfg_.optim = resolve_optim(cfg.optim);
   cfg_.schedule = resolve_schedule(cfg.schedule);
   if (cfg.comm) {
@@ -382,31 +316,30 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   }
   // Before any collective whose size depends on them: every rank trains the same thing.
   agree_on_config(*world_, config_fingerprint(mc, cfg_, train, test_));
-  int dev_index = 0;
-  mc_ = resolved(mc, cfg, &dev_index);
-  const bool cuda = mc_.device == Device::cuda;
   const int world = world_->size();
-  check_tensor_parallel(mc_, cfg.tp, cfg.sequence_parallel);
-  check_layout(cfg, cuda, world);
-  check_recompute(mc_);
+  validate_run(mc, cfg, world);
   mesh_ = std::make_unique<dist::Mesh>(*world_, cfg.tp, cfg.pp);
   const dist::Mesh& m = *mesh_;
-  mc_.tp_rank = m.tp_rank();
+  int dev_index = 0;
+  mc_ = resolved_model(mc, cfg, m.tp_rank(), &dev_index);
+  const bool cuda = mc_.device == Device::cuda;
   // One GPU per rank, picked by the rank's place on its node (as torchrun's LOCAL_RANK).
   if (cuda && world > 1 && cfg.device.find(':') == std::string::npos)
     dev_index = dist::local_rank_gpu("--device " + cfg.device);
-  plan_ = plan_rank(mc_, cfg_, train, test_, m.pp_rank(), m.dp());
-  SAT_CHECK(!cfg.measure_noise || (plan_.model.graph->tied_copies().empty() && plan_.model.graph->tied_remote().empty()),
+  own_job_ = std::make_unique<JobPlan>(mc_, cfg_, train, test_, m.dp());
+  job_ = own_job_.get();
+  rp_ = &job_->stage(m.pp_rank());
+  SAT_CHECK(!cfg.measure_noise || (rp_->model.graph->tied_copies().empty() && rp_->model.graph->tied_remote().empty()),
             "--noise-scale with --pp: the weights tied across stages (", mc.name, "'s embedding and output head) "
             "are not measured yet; measure the noise scale without --pp");
-  check_data(mc, plan_.model, train);
-  if (test_) check_data(mc, plan_.model, *test_);
+  check_data(mc, rp_->model, train);
+  if (test_) check_data(mc, rp_->model, *test_);
   SAT_CHECK(train.size() >= cfg.batch, "--batch ", cfg.batch, " is larger than the training set (", train.size(),
             " samples of ", train.name(), ")");
-  const Graph& g = *plan_.model.graph;
+  const Graph& g = *rp_->model.graph;
   const int shards = cfg.zero >= 1 ? m.dp() : 1;
   const StoreSharding sharding =
-      cfg.zero >= 2 ? plan_.shards.sharding(m.dp_rank()) : StoreSharding{shards > 1 ? 1 : 0, shards, shards > 1 ? m.dp_rank() : 0, {}};
+      cfg.zero >= 2 ? rp_->shards.sharding(m.dp_rank()) : StoreSharding{shards > 1 ? 1 : 0, shards, shards > 1 ? m.dp_rank() : 0, {}};
   mem_base_ = mem_stats().current;
   mem_reset_peak();
   params_ = std::make_unique<ParamStore>(g.params(), g.states(), optimizer_slots(cfg_.optim), sharding);
@@ -415,10 +348,10 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   if (cuda) setup_gpu(dev_index, nccl_dp);
   dist::Comm* tie = g.tied_copies().empty() && g.tied_remote().empty() ? nullptr : m.embedding_group();
   if (cfg.zero >= 2) {
-    reducer_ = std::make_unique<ShardedDP>(g, *params_, plan_.shards, m.dp_group(), tie);
+    reducer_ = std::make_unique<ShardedDP>(g, *params_, rp_->shards, m.dp_group(), tie);
     sharded_ = static_cast<ShardedDP*>(reducer_.get());
   }
-  engine_ = std::make_unique<Engine>(*plan_.model.graph, *params_, plan_.step, gpu_ctx());
+  engine_ = std::make_unique<Engine>(*rp_->model.graph, *params_, rp_->step, gpu_ctx());
   if (sharded_) engine_->set_node_hooks(sharded_);
   if (m.tp() > 1) engine_->set_group(tp_comm());
   if (cfg.sync_bn && m.dp() > 1) {
@@ -432,11 +365,11 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
 // The loaders, the data-parallel reduction and the executor of this rank's schedule.
 void Trainer::setup_step(bool nccl_dp) {
   const dist::Mesh& m = *mesh_;
-  const Graph& g = *plan_.model.graph;
-  if (plan_.reads_data) {
+  const Graph& g = *rp_->model.graph;
+  if (rp_->reads_data) {
     train_loader_ = std::make_unique<BatchLoader>(train_, cfg_.batch, cfg_.shuffle, cfg_.seed, true, kPrefetch,
                                                   Sharding{m.dp_rank(), m.dp(), cfg_.accum, cfg_.last_batch},
-                                                  plan_.loader_keep);
+                                                  rp_->loader_keep);
     if (test_)
       test_loader_ = std::make_unique<BatchLoader>(*test_, cfg_.batch, false, cfg_.seed, false, kPrefetch,
                                                    Sharding{m.dp_rank(), m.dp()});
@@ -454,7 +387,7 @@ void Trainer::setup_step(bool nccl_dp) {
 #endif
   if (!reducer_) reducer_ = std::make_unique<GradReducer>(g, *params_, m.dp_group(), tie, bo, cfg_.zero >= 1);
   comm_backend_ = m.dp() > 1 || nccl_dp ? (gpu_ && nccl_dp ? "nccl" : m.dp_group().backend_name()) : "";
-  exec_ = std::make_unique<Executor>(*engine_, plan_.actions, plan_.ctx_of, pp);
+  exec_ = std::make_unique<Executor>(*engine_, rp_->actions, rp_->ctx_of, pp);
   hooks_ = std::make_unique<Hooks>(*this);
   setup_profiler();
 }
@@ -472,7 +405,7 @@ void Trainer::setup_profiler() {
   o.backend = world_->backend_name();
   o.stages = m.pp(), o.stage = m.pp_rank();
   o.optimizer = opt_->config().name == "adamw" ? "AdamW" : "SGD";  // PyTorch's class names
-  profiler_ = std::make_unique<Profiler>(*plan_.model.graph, plan_.step, plan_.actions, plan_.memory, o);
+  profiler_ = std::make_unique<Profiler>(*rp_->model.graph, rp_->step, rp_->actions, rp_->memory, o);
   if (cfg_.trace_dir.empty()) return;
   exec_->set_observer(profiler_.get());
   auto watch = [&](dist::Comm* c, const char* name) {
@@ -489,7 +422,7 @@ Trainer::~Trainer() {
   hooks_.reset();
   exec_.reset();
   engine_.reset();
-  plan_.model.graph.reset();
+  rp_->model.graph.reset();
 }
 
 namespace {
@@ -556,7 +489,7 @@ void Trainer::init_params() {
     return;
   }
   {
-    const Graph& g = *plan_.model.graph;
+    const Graph& g = *rp_->model.graph;
     ParamStore full(g.params(), g.states(), 0);
     full.init(cfg_.seed);
     broadcast_store(mesh_->dp_group(), full);
@@ -609,7 +542,7 @@ void Trainer::setup_gpu(int dev_index, bool nccl_dp) {
   if (m.pp() > 1) G.pp = dist::counted(dist::make_nccl_comm(m.pp_group(), dev_index, G.ctx->stream));
   // The tensor-parallel layers' collectives run on the compute stream, in the step's order.
   if (m.tp() > 1) G.tp = dist::counted(dist::make_nccl_comm(m.tp_group(), dev_index, G.ctx->stream));
-  const Graph& g = *plan_.model.graph;
+  const Graph& g = *rp_->model.graph;
   if (!g.tied_copies().empty() || !g.tied_remote().empty())
     G.tie = dist::counted(dist::make_nccl_comm(*m.embedding_group(), dev_index, G.ctx->stream));
   if (cfg_.measure_noise) {
@@ -652,7 +585,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const int64_t start = resume_ ? std::min(resume_->step, total) : 0;  // steps already done
   if (resume_) r.losses = resume_->losses, r.resumed_from = resume_->step;
   r.warmup_excluded = cfg_.warmup_excluded >= 0 ? cfg_.warmup_excluded : std::min<int64_t>(3, (total - start) / 5);
-  r.predicted_memory_bytes = plan_.memory.total();
+  r.predicted_memory_bytes = rp_->memory.total();
   StepReporter reporter(cfg_.progress, cfg_.out_dir, cfg_.measure_noise, resume_ ? resume_->step : 0);
   if (train_loader_) train_loader_->start_epoch(resume_ ? resume_->epoch : 0, resume_ ? resume_->step_in_epoch * cfg_.accum : 0);
   if (resume_) hooks_->set_epoch(resume_->epoch);
@@ -761,7 +694,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   r.peak_memory_bytes = mem_stats().peak - mem_base_;
 #if SAT_HAVE_CUDA
   if (on_gpu()) {
-    r.predicted_memory_bytes = plan_.memory.device;
+    r.predicted_memory_bytes = rp_->memory.device;
     r.peak_memory_bytes = cuda_mem_stats().peak;
   }
 #endif
@@ -780,7 +713,7 @@ void Trainer::finish(TrainResult& r, [[maybe_unused]] int64_t total) {
   r.pp = m.pp();
   r.pp_schedule = pipe_schedule_name(cfg_.pp_schedule);
   r.virtual_stages = cfg_.virtual_stages;
-  r.pp_split.assign(plan_.split.cuts.begin() + 1, plan_.split.cuts.end() - 1);
+  r.pp_split.assign(rp_->split.cuts.begin() + 1, rp_->split.cuts.end() - 1);
   r.comm_backend = comm_backend_;
   // (ZeRO-2/3 measure only the seconds the step waited for its gathers and reductions: no
   // part of them counts as hidden.)
@@ -849,7 +782,7 @@ void Trainer::gather_ranks(TrainResult& r, const StepBreakdown& t) {
                            c.tp, c.dp, c.pp, c.embedding, t.compute, t.tp_comm, t.grad_sync, t.pipeline_wait, t.data,
                            t.optimizer, t.other};
   constexpr size_t kFixed = 19;
-  for (size_t b : plan_.memory.by_kind) mine.push_back(double(b));
+  for (size_t b : rp_->memory.by_kind) mine.push_back(double(b));
   const size_t n = mine.size();
   std::vector<double> all(n * size_t(m.size()));
   world_->all_gather(mine.data(), all.data(), n, DType::f64)->wait();
@@ -895,7 +828,7 @@ EvalResult Trainer::evaluate(const EvalSink& sink) {
   SAT_CHECK(test_, "internal error: no test split to evaluate");
   const dist::Mesh& m = *mesh_;
   SAT_CHECK(!sink || m.dp() == 1, "internal error: predictions of a data-parallel rank's shard");
-  const Graph& g = *plan_.model.graph;
+  const Graph& g = *rp_->model.graph;
   const int P = m.pp(), V = cfg_.virtual_stages, s = m.pp_rank();
   dist::Comm* pp = m.pp() > 1 ? &m.pp_group() : nullptr;
 #if SAT_HAVE_CUDA
@@ -923,7 +856,7 @@ EvalResult Trainer::evaluate(const EvalSink& sink) {
       const Chunk& ch = g.chunks()[size_t(c)];
       if (vs > 0) exchange(ch.received, false, (s + P - 1) % P);
       std::vector<Tensor> data;
-      for (int v : ch.data) data.push_back(v == plan_.model.x ? b.x : b.y);
+      for (int v : ch.data) data.push_back(v == rp_->model.x ? b.x : b.y);
       engine_->forward(0, c, false, 0, data);
       if (vs + 1 < P * V) exchange(ch.sent, true, (s + 1) % P);
       if (!ch.has_loss) continue;
@@ -936,8 +869,8 @@ EvalResult Trainer::evaluate(const EvalSink& sink) {
       sums[1] += double(valid);
       sums[4] += double(b.valid);
       if (!sink && (!classify || valid == 0)) continue;
-      std::vector<float> host = engine_->read_f32(0, plan_.model.logits);
-      const int64_t C = engine_->value(0, plan_.model.logits).shape[-1];
+      std::vector<float> host = engine_->read_f32(0, rp_->model.logits);
+      const int64_t C = engine_->value(0, rp_->model.logits).shape[-1];
       if (sink) sink(EvalBatch{b, i * cfg_.batch, host.data(), C});
       if (!classify) continue;
       for (int64_t k = 0; k < rows; ++k) {
@@ -964,12 +897,12 @@ void Trainer::load_weights(const std::string& path) {
     return;
   }
   // Names of the whole model: a stage skips the tensors of the others.
-  BuiltModel whole = build_model(mc_, cfg_.batch, true);
+  const Graph& whole = *job_->whole().graph;
   std::set<std::string> names;
-  for (auto& p : whole.graph->params()) names.insert(p.name);
-  for (auto& s : whole.graph->states()) names.insert(s.name);
+  for (auto& p : whole.params()) names.insert(p.name);
+  for (auto& s : whole.states()) names.insert(s.name);
   if (params_->sharding().stage >= 3) {  // read in full, keep the pieces
-    const Graph& g = *plan_.model.graph;
+    const Graph& g = *rp_->model.graph;
     ParamStore full(g.params(), g.states(), 0);
     load_safetensors(path, full, mesh_->pp() > 1 ? &names : nullptr);
     agree_on_replicas(*world_, mesh_->dp_group(), store_checksum(full), "--init-weights " + path);
@@ -1001,7 +934,7 @@ std::vector<ParamDecl> full_decls(const std::vector<ParamDecl>& ps) {
 std::unique_ptr<ParamStore> Trainer::gather_tensor_parallel(const ParamStore& mine) {
   dist::Comm& tp = mesh_->tp_group();
   const bool root = tp.rank() == 0;
-  const Graph& g = *plan_.model.graph;
+  const Graph& g = *rp_->model.graph;
   auto out = root ? std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0) : nullptr;
   std::vector<float> parts;
   for (size_t i = 0; i < mine.num_params(); ++i) {
@@ -1042,8 +975,8 @@ std::unique_ptr<ParamStore> Trainer::gather_whole_model(const ParamStore& own) {
     }
     return nullptr;
   }
-  BuiltModel whole = build_model(mc_, cfg_.batch, true);
-  auto out = std::make_unique<ParamStore>(full_decls(whole.graph->params()), whole.graph->states(), 0);
+  const Graph& whole = *job_->whole().graph;
+  auto out = std::make_unique<ParamStore>(full_decls(whole.params()), whole.states(), 0);
   auto copy_in = [&](const ParamStore& from) {
     for (size_t i = 0; i < from.num_params(); ++i) {
       const int k = out->find_param(from.decl(i).name);
@@ -1060,7 +993,7 @@ std::unique_ptr<ParamStore> Trainer::gather_whole_model(const ParamStore& own) {
       copy_in(mine);
       continue;
     }
-    RankPlan other = plan_rank(mc_, cfg_, train_, nullptr, s, m.dp());
+    const RankPlan& other = job_->stage(s);
     const Graph& og = *other.model.graph;
     ParamStore ps(full_decls(og.params()), og.states(), 0);
     pp.recv(ps.flat_params(), size_t(ps.flat_size()), DType::f32, s)->wait();

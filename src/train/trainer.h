@@ -24,6 +24,7 @@
 #include "train/executor.h"
 #include "train/plan.h"
 #include "train/sharded_dp.h"
+#include "train/validate.h"
 
 namespace sat {
 
@@ -35,8 +36,6 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed);
 // input width is not the samples' size. Token models are left as they are.
 void fit_to_data(ModelConfig& mc, const Dataset& train);
 
-// ZeRO stage against the devices and the data-parallel ranks (sat::Error naming --zero).
-void check_zero(const TrainConfig& cfg, bool cuda, int dp);
 
 struct Manifest;
 struct CheckpointWrite;
@@ -72,9 +71,10 @@ class Trainer {
                          int world = 0, int stage = 0);
 
   ParamStore& params() { return *params_; }
-  const BuiltModel& model() const { return plan_.model; }
-  const MemoryPlan& memory_plan() const { return plan_.memory; }
-  const RankPlan& rank_plan() const { return plan_; }
+  const BuiltModel& model() const { return rp_->model; }
+  const MemoryPlan& memory_plan() const { return rp_->memory; }
+  const RankPlan& rank_plan() const { return *rp_; }
+  const JobPlan& job_plan() const { return *job_; }
   const dist::Mesh& mesh() const { return *mesh_; }
 
   TrainResult run(const std::function<void(const StepMetrics&)>& on_step = {});
@@ -155,7 +155,9 @@ class Trainer {
   // --profile, --trace: after the mesh, whose groups report to it, and before everything whose
   // communication it observes (so that it outlives their last Work).
   std::unique_ptr<Profiler> profiler_;
-  RankPlan plan_;
+  std::unique_ptr<JobPlan> own_job_;
+  JobPlan* job_ = nullptr;
+  RankPlan* rp_ = nullptr;  // this rank's stage of job_
   size_t mem_base_ = 0;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Gpu> gpu_;  // before what uses its context, so that it is destroyed after them

@@ -344,7 +344,7 @@ void Trainer::check_resumable(const std::string& dir, const Manifest& man) const
 void Trainer::load_tensors(const std::string& dir, const Manifest& man, bool weights_only) {
   {
     ParamStore& ps = *params_;
-    const Graph& g = *plan_.model.graph;
+    const Graph& g = *rp_->model.graph;
     std::unique_ptr<ParamStore> full;
     if (ps.sharding().stage >= 3) full = std::make_unique<ParamStore>(g.params(), g.states(), 0);
     ParamStore& into = full ? *full : ps;

@@ -29,8 +29,8 @@ double ratio(const LayoutTrial& t) {
 ojson layout_fields(const Layout& l) {
   ojson j;
   j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp;
-  j["micro_batch"] = l.micro_batch, j["accum"] = l.accum;
-  j["schedule"] = l.pp == 1 ? "none" : pipe_schedule_name(l.schedule), j["virtual_stages"] = l.virtual_stages;
+  j["micro_batch"] = l.batch, j["accum"] = l.accum;
+  j["schedule"] = l.pp == 1 ? "none" : pipe_schedule_name(l.pp_schedule), j["virtual_stages"] = l.virtual_stages;
   j["recompute"] = recompute_name(l.recompute), j["sequence_parallel"] = l.sequence_parallel, j["zero"] = l.zero;
   j["layout"] = l.str();
   return j;

@@ -68,8 +68,8 @@ bool read_layout_choice(const std::string& path, Layout& l, double& measured, do
       return false;
     }
     l.dp = int(c.at("dp").integer()), l.tp = int(c.at("tp").integer()), l.pp = int(c.at("pp").integer());
-    l.micro_batch = c.at("micro_batch").integer(), l.accum = c.at("accum").integer();
-    l.schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(c.at("schedule").string());
+    l.batch = c.at("micro_batch").integer(), l.accum = c.at("accum").integer();
+    l.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(c.at("schedule").string());
     l.virtual_stages = int(c.at("virtual_stages").integer());
     l.recompute = parse_recompute(c.at("recompute").string());
     l.sequence_parallel = c.at("sequence_parallel").boolean();
@@ -90,15 +90,15 @@ namespace {
 // A layout and its two rates as numbers, for a broadcast.
 constexpr int kPacked = 12;
 void pack(const Layout& l, double measured, double predicted, double* v) {
-  const double x[kPacked] = {double(l.dp), double(l.tp), double(l.pp), double(l.micro_batch), double(l.accum),
-                             double(l.schedule), double(l.virtual_stages), double(l.recompute),
+  const double x[kPacked] = {double(l.dp), double(l.tp), double(l.pp), double(l.batch), double(l.accum),
+                             double(l.pp_schedule), double(l.virtual_stages), double(l.recompute),
                              double(l.sequence_parallel), double(l.zero), measured, predicted};
   std::copy(x, x + kPacked, v);
 }
 
 void unpack(const double* v, Layout& l, double& measured, double& predicted) {
-  l.dp = int(v[0]), l.tp = int(v[1]), l.pp = int(v[2]), l.micro_batch = int64_t(v[3]), l.accum = int64_t(v[4]);
-  l.schedule = PipeSchedule(int(v[5])), l.virtual_stages = int(v[6]), l.recompute = Recompute(int(v[7]));
+  l.dp = int(v[0]), l.tp = int(v[1]), l.pp = int(v[2]), l.batch = int64_t(v[3]), l.accum = int64_t(v[4]);
+  l.pp_schedule = PipeSchedule(int(v[5])), l.virtual_stages = int(v[6]), l.recompute = Recompute(int(v[7]));
   l.sequence_parallel = v[8] != 0, l.zero = int(v[9]), measured = v[10], predicted = v[11];
 }
 

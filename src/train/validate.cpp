@@ -1,0 +1,88 @@
+#include "train/validate.h"
+
+#include <cmath>
+
+#include "backend/device.h"
+#include "core/error.h"
+
+namespace sat {
+
+DType activation_dtype(Precision p, Device dev) {
+  if (p == Precision::fp16) require(dev, Feature::fp16, "--precision fp16");
+  if (p == Precision::tf32) require(dev, Feature::tf32, "--precision tf32");
+  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
+}
+
+ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank, int* dev_index) {
+  ModelConfig m = mc;
+  m.device = resolve_device(cfg.device, dev_index);
+  m.act = activation_dtype(cfg.precision, m.device);
+  m.tp = cfg.tp;
+  m.tp_rank = tp_rank;
+  m.sequence_parallel = cfg.sequence_parallel;
+  m.recompute = cfg.recompute;
+  return m;
+}
+
+void check_zero(const TrainConfig& cfg, bool cuda, int dp) {
+  SAT_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", cfg.zero);
+  if (cfg.zero < 2) return;
+  SAT_CHECK(dp > 1, "--zero ", cfg.zero, " shards the model over the data-parallel ranks, and this job has one (",
+            cfg.tp * cfg.pp * dp, " rank(s), --tp ", cfg.tp, " --pp ", cfg.pp, "): run more ranks or leave --zero out");
+  if (cuda) require(Device::cuda, Feature::zero23, str_cat("--zero ", cfg.zero));
+  SAT_CHECK(!cfg.measure_noise, "--noise-scale with --zero ", cfg.zero, ": the noise scale needs each micro-batch's "
+            "whole gradient, which ZeRO-2/3 never holds; measure it with --zero 0 or 1");
+}
+
+namespace {
+
+// The settings' own ranges.
+void check_ranges(const TrainConfig& cfg) {
+  SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
+  SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
+  SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
+  // (at most 1 TiB: the size in floats is converted to an integer)
+  SAT_CHECK(cfg.bucket_mb > 0 && cfg.bucket_mb <= 1 << 20, "--bucket-mb: expected a size from 0 to 1048576 (MiB), got ",
+            cfg.bucket_mb);
+  SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "--noise-scale needs --accum 2 or more: the estimator compares one "
+            "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
+            " --accum 2 instead of --batch ", cfg.batch, ")");
+}
+
+// What the device can run (backend/support.h), and where the gradients are reduced.
+void check_device(const TrainConfig& cfg, Device dev, int world) {
+  const bool cuda = dev == Device::cuda;
+  (void)activation_dtype(cfg.precision, dev);
+  if (cfg.dist_backend == DistBackend::nccl) require(dev, Feature::nccl);
+  SAT_CHECK(!cuda || cfg.dist_backend != DistBackend::mpi || world == 1,
+            "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
+            "auto or nccl)");
+  if (cfg.zero > 0 && world > 1) require(dev, cfg.zero == 1 ? Feature::zero1 : Feature::zero23, str_cat("--zero ", cfg.zero));
+  if (cfg.recompute != Recompute::none)
+    require(dev, Feature::recompute, str_cat("--recompute ", recompute_name(cfg.recompute)));
+  if (cfg.sync_bn && world > 1) require(dev, Feature::sync_bn);
+  if (cfg.profile) require(dev, Feature::profile);
+  if (!cfg.trace_dir.empty()) require(dev, Feature::trace);
+  if (cfg.measure_noise && cfg.tp > 1) require(dev, Feature::noise_scale_tp);
+  if (!cfg.checkpoint_dir.empty()) require(dev, Feature::checkpoints);
+}
+
+}  // namespace
+
+void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
+  check_ranges(cfg);
+  // The model's own limits first: no number of processes can fix them.
+  check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  ModelConfig rc = mc;
+  rc.recompute = cfg.recompute;
+  check_recompute(rc);
+  const Device dev = resolve_device(cfg.device);
+  check_device(cfg, dev, world);
+  cfg.check(world);
+  check_zero(cfg, dev == Device::cuda, cfg.dp_of(world));
+  SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
+            "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
+            "measure it without --sequence-parallel");
+}
+
+}  // namespace sat
