@@ -223,6 +223,12 @@ JobPlan::JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   parameters_ = unsplit().graph->param_count();
   flops_ = train_flops_per_sample(unsplit(), cfg.batch);
   stages_.resize(size_t(cfg.pp));
+  if (cfg.measure_noise && cfg.pp > 1) {
+    const Graph& first = *stage(0).model.graph;
+    SAT_CHECK(first.tied_copies().empty() && first.tied_remote().empty(), "--noise-scale with --pp: the weights ",
+              mc.name, " ties across stages (its embedding and output head) are not measured yet; measure the noise "
+              "scale without --pp");
+  }
 }
 
 JobPlan::~JobPlan() = default;

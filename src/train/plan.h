@@ -76,6 +76,7 @@ class JobPlan {
   const TrainConfig& config() const { return cfg_; }
   int dp() const { return dp_; }
   const Dataset& train() const { return *train_; }
+  const Dataset* test() const { return test_; }
   // This tensor-parallel rank's whole model, and the unsplit one (tp 1: the same).
   const BuiltModel& whole() const;
   const BuiltModel& unsplit() const { return full_ ? *full_ : whole(); }

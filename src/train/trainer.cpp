@@ -305,6 +305,11 @@ MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Da
 }
 
 Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
+    : Trainer(nullptr, mc, cfg, train, test) {}
+
+Trainer::Trainer(JobPlan& job, const TrainConfig& cfg) : Trainer(&job, job.model(), cfg, job.train(), job.test()) {}
+
+Trainer::Trainer(JobPlan* job, const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test)
     : mc_(mc), cfg_(cfg), train_(train), test_(cfg.evaluate ? test : nullptr) {
   cfg_.optim = resolve_optim(cfg.optim);
   cfg_.schedule = resolve_schedule(cfg.schedule);
@@ -326,12 +331,11 @@ Trainer::Trainer(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
   // One GPU per rank, picked by the rank's place on its node (as torchrun's LOCAL_RANK).
   if (cuda && world > 1 && cfg.device.find(':') == std::string::npos)
     dev_index = dist::local_rank_gpu("--device " + cfg.device);
-  own_job_ = std::make_unique<JobPlan>(mc_, cfg_, train, test_, m.dp());
-  job_ = own_job_.get();
+  if (!job) own_job_ = std::make_unique<JobPlan>(mc_, cfg_, train, test_, m.dp());
+  job_ = job ? job : own_job_.get();
+  SAT_CHECK(job_->model().tp_rank == m.tp_rank() && job_->dp() == m.dp() && job_->config().batch == cfg.batch,
+            "internal error: the job's plan is not this rank's");
   rp_ = &job_->stage(m.pp_rank());
-  SAT_CHECK(!cfg.measure_noise || (rp_->model.graph->tied_copies().empty() && rp_->model.graph->tied_remote().empty()),
-            "--noise-scale with --pp: the weights tied across stages (", mc.name, "'s embedding and output head) "
-            "are not measured yet; measure the noise scale without --pp");
   check_data(mc, rp_->model, train);
   if (test_) check_data(mc, rp_->model, *test_);
   SAT_CHECK(train.size() >= cfg.batch, "--batch ", cfg.batch, " is larger than the training set (", train.size(),

@@ -62,6 +62,11 @@ class Trainer {
  public:
   // `train` and `test` must outlive the trainer; test may be null.
   Trainer(const ModelConfig& model, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
+  // With the job's plan built already (by the CLI, before MPI started: each graph is built
+  // once per process). job.model() must be resolved for this rank (validate.h:
+  // resolved_model with its tp rank); cfg is the job's with this rank's comm and outputs.
+  // The job must outlive the trainer, which releases its stage's graph when destroyed.
+  Trainer(JobPlan& job, const TrainConfig& cfg);
   ~Trainer();
 
   // Memory of a rank of pipeline stage `stage`, computed from the plan before anything is
@@ -103,6 +108,7 @@ class Trainer {
   void finish_checkpoint();
 
  private:
+  Trainer(JobPlan* job, const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
   class Hooks;
   struct Gpu;  // the CUDA side (context, optimizer, NCCL groups)
   void setup_gpu(int dev_index, bool nccl_dp);
