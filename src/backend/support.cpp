@@ -41,6 +41,8 @@ const std::vector<SupportRow>& support_matrix() {
       {Feature::cuda_graphs, "whole-step CUDA graphs", "--cuda-graph on", N, C, "CUDA graphs are a GPU feature"},
       {Feature::nccl, "NCCL gradient reduction", "--dist-backend nccl", N, C,
        "NCCL reduces GPU memory; the CPU engine reduces over mpi"},
+      {Feature::mpi_reduction, "MPI gradient reduction (several ranks)", "--dist-backend mpi", M, N,
+       "MPI reduces host memory; GPU training reduces its gradients over nccl: --dist-backend auto or nccl"},
   };
   return rows;
 }
@@ -63,6 +65,8 @@ void require(Device d, Feature f, const std::string& given) {
   if (d == Device::cuda) fail(flag, " needs --device cpu for now (", r.why, ")");
   fail(flag, " needs --device cuda (", r.why, ")");
 }
+
+const char* device_kind_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
 const char* support_name(Support s) {
   return s == Support::measured ? "measured" : s == Support::compiled ? "compiled, not yet run" : "not built";

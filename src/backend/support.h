@@ -38,6 +38,7 @@ enum class Feature {
   grouped_query_attention,
   cuda_graphs,
   nccl,
+  mpi_reduction,
   kCount
 };
 
@@ -59,5 +60,6 @@ void require(Device d, Feature f, const std::string& given = "");
 // The matrix as a text table (saturate info --device cuda; the README's copy).
 std::string support_table();
 const char* support_name(Support s);  // "measured", "compiled, not yet run", "not built"
+const char* device_kind_name(Device d);  // "cpu", "cuda"
 
 }  // namespace sat

@@ -137,6 +137,9 @@ class Comm {
   virtual const char* backend_name() const = 0;  // "self", "mpi", "nccl"
   // Where the buffers of the ops live: host memory (self, mpi) or device memory (nccl).
   virtual Device device() const { return Device::cpu; }
+  // Whether its ops are ordered on the device's stream (NCCL): the step's compute that
+  // follows them needs no wait on the host (and a host wait would break graph capture).
+  virtual bool stream_ordered() const { return false; }
 
   // In place: data[0, count) becomes op over the data of all ranks.
   virtual WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) = 0;
@@ -211,6 +214,7 @@ class CountingComm final : public Comm {
   int size() const override { return inner_->size(); }
   const char* backend_name() const override { return inner_->backend_name(); }
   Device device() const override { return inner_->device(); }
+  bool stream_ordered() const override { return inner_->stream_ordered(); }
 
   WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) override;
   WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) override;

@@ -193,6 +193,7 @@ class NcclComm final : public Comm {
   int size() const override { return size_; }
   const char* backend_name() const override { return "nccl"; }
   Device device() const override { return Device::cuda; }
+  bool stream_ordered() const override { return true; }
 
   WorkPtr all_reduce(void* data, size_t count, DType t, ReduceOp op) override {
     check_nccl_dtype("all_reduce", t, true);

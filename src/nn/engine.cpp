@@ -241,7 +241,7 @@ void Engine::forward(int ctx, int chunk, bool training, uint64_t seed, const std
   }
 }
 
-bool Engine::backward(int ctx, int chunk, bool first_micro, const std::function<void(int)>* hook) {
+bool Engine::backward(int ctx, int chunk, bool first_micro, GradReady* hook) {
   SAT_CHECK(g_.training(), "internal error: backward needs a training graph");
   if (device() == Device::cuda) return backward_gpu(ctx, chunk, first_micro, hook);
   const Chunk& ch = g_.chunks().at(size_t(chunk));
@@ -268,7 +268,7 @@ void Engine::run_forward_nodes(Context& c, const Chunk& ch, bool training, uint6
   }
 }
 
-void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, const std::function<void(int)>* hook) {
+void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, GradReady* hook) {
   auto& nodes = g_.nodes();
   const bool gpu = device() == Device::cuda;
   for (int i = ch.end; i-- > ch.begin;) {
@@ -290,9 +290,9 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, c
     }
     if (timer_) timer_->node_timed(i, NodePhase::backward, t0, now_seconds());
     if (node_hooks_) node_hooks_->after_backward(i);
-    if (hook && *hook) {
+    if (hook) {
       const double h0 = timer_ ? now_seconds() : 0;
-      (*hook)(i);
+      hook->grads_ready(i);
       if (timer_) timer_->node_timed(i, NodePhase::grad_hook, h0, now_seconds());
     }
   }
@@ -431,13 +431,13 @@ void Engine::forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const
   G.ctx_slot[size_t(ctx)] = si;
 }
 
-bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, const std::function<void(int)>* hook) {
+bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, GradReady* hook) {
   const Chunk& ch = g_.chunks()[size_t(chunk)];
   Gpu& G = *gpu_;
   cudaStream_t st = cuda_->stream;
   Context& c = ctxs_.at(size_t(ctx));
   *G.dloss.as<float>() = dloss_;
-  const bool hooked = hook && *hook;
+  const bool hooked = hook != nullptr;
   const int si = G.ctx_slot[size_t(ctx)];  // the layers read its inputs in backward too
   const bool replayed =
       enqueue(graphs_on_, graph_key(1, ctx, chunk, std::max(si, 0), first_micro, hooked), st, G.graphs, G.kernels,
@@ -479,7 +479,7 @@ std::pair<int64_t, int64_t> Engine::take_launches() {
 }
 #else
 void Engine::forward_gpu(int, int, bool, uint64_t, const std::vector<Tensor>&) { fail("no CUDA backend"); }
-bool Engine::backward_gpu(int, int, bool, const std::function<void(int)>*) { fail("no CUDA backend"); }
+bool Engine::backward_gpu(int, int, bool, GradReady*) { fail("no CUDA backend"); }
 std::pair<double, int> Engine::take_losses() {
   std::pair<double, int> r{loss_sum_, loss_count_};
   loss_sum_ = 0;

@@ -44,6 +44,15 @@ class NodeHooks {
   virtual void after_backward(int node) = 0;
 };
 
+// Told after each node's backward in a micro-batch's backward when its parameters'
+// gradients may be final (Engine::backward's `ready`): data parallelism starts reducing a
+// gradient bucket as soon as its last parameter is final.
+class GradReady {
+ public:
+  virtual ~GradReady() = default;
+  virtual void grads_ready(int node) = 0;
+};
+
 // Told how long every node's call took on the CPU: the seam per-layer profiles and traces
 // plug into (null: nothing is timed, nothing is read from the clock). A recompute is the
 // forward of a node run again inside a backward (full recomputation); grad_hook the
@@ -88,11 +97,10 @@ class Engine {
   // Runs chunk `chunk` backward in context ctx, from the gradients of its sent outputs
   // (already in grad(ctx, v)) and, in the chunk with the loss, d(objective)/d(loss) of
   // set_dloss(). first_micro: parameter gradients are overwritten (no zeroing pass),
-  // otherwise accumulated. node_hook (may be null) is called after each node's backward
-  // with the node's index: data parallelism starts reducing a gradient bucket as soon as
-  // its last parameter is final. Returns true when a captured CUDA graph was replayed: the
-  // hook then did not run on the host (what it enqueued at capture is part of the graph).
-  bool backward(int ctx, int chunk, bool first_micro, const std::function<void(int)>* node_hook = nullptr);
+  // otherwise accumulated. ready (may be null) is told after each node's backward. Returns
+  // true when a captured CUDA graph was replayed: `ready` then was not called on the host
+  // (what it enqueued at capture is part of the graph).
+  bool backward(int ctx, int chunk, bool first_micro, GradReady* ready = nullptr);
   // d(objective)/d(loss) for backward, multiplied on the device by *scale when scale is
   // given (fp16 loss scaling). Stays in effect until changed.
   void set_dloss(float dloss, const float* scale_dev = nullptr);
@@ -143,14 +151,14 @@ class Engine {
   void build_context(const StepPlan::Ctx& pc, Context& c);
   void point_inputs(Context& c, int v, const Tensor& t);
   void run_forward_nodes(Context& c, const Chunk& ch, bool training, uint64_t seed);
-  void run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, const std::function<void(int)>* hook);
+  void run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, GradReady* ready);
   // Full recomputation: before node i's backward, when i is the last node of a recompute
   // unit, runs the unit's forward again (training, the seeds of the context's forward).
   void recompute_unit(Context& c, int i);
   // GPU (engine.cpp, under SAT_HAVE_CUDA).
   struct Gpu;
   void forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const std::vector<Tensor>& data);
-  bool backward_gpu(int ctx, int chunk, bool first_micro, const std::function<void(int)>* hook);
+  bool backward_gpu(int ctx, int chunk, bool first_micro, GradReady* ready);
 
   Graph& g_;
   ParamStore& ps_;

@@ -118,4 +118,26 @@ float schedule_lr(const ScheduleConfig& schedule, float base, int64_t step, int6
   return float(minlr + 0.5 * (double(base) - minlr) * (1.0 + std::cos(M_PI * progress)));
 }
 
+namespace {
+class HostOptimizer final : public DeviceOptimizer {
+ public:
+  HostOptimizer(const OptimConfig& c, ParamStore& ps) : opt_(c), ps_(ps) {}
+  void set_lr(float lr) override { lr_ = lr; }
+  void step() override { opt_.step(ps_, lr_); }
+  const OptimConfig& config() const override { return opt_.config(); }
+  int64_t steps() const override { return opt_.steps(); }
+  void set_steps(int64_t t) override { opt_.set_steps(t); }
+  int64_t last_nonfinite() const override { return opt_.last_nonfinite(); }
+
+ private:
+  Optimizer opt_;
+  ParamStore& ps_;
+  float lr_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<DeviceOptimizer> host_optimizer(const OptimConfig& c, ParamStore& ps) {
+  return std::make_unique<HostOptimizer>(c, ps);
+}
+
 }  // namespace sat

@@ -1,6 +1,7 @@
 // SGD (momentum, Nesterov, weight decay) and AdamW with PyTorch's exact update rules
 // and defaults, each one fused pass over the flat parameter/gradient/state arrays.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "nn/params.h"
@@ -37,6 +38,30 @@ class Optimizer {
   int64_t t_ = 0;
   int64_t nonfinite_ = 0;
 };
+
+// The optimizer of one rank's parameters on their device, behind one interface: the host's
+// (Optimizer above) or the GPU's (optim/optimizer_cuda.h), made by the device
+// (backend/device_backend.h: DeviceBackend::optimizer). The step loop sets the learning rate
+// of each step; the executor's optimizer action calls step().
+class DeviceOptimizer {
+ public:
+  virtual ~DeviceOptimizer() = default;
+  virtual void set_lr(float lr) = 0;
+  virtual void step() = 0;  // one update of this rank's parameters (its shard, under ZeRO)
+  virtual const OptimConfig& config() const = 0;
+  virtual int64_t steps() const = 0;      // updates applied (AdamW's t)
+  virtual void set_steps(int64_t t) = 0;  // resuming: the bias correction goes on from t
+  // Parameters the last step left not finite (counted on the host; 0 where not counted).
+  virtual int64_t last_nonfinite() const { return 0; }
+  // fp16 loss scaling: the scale backward is seeded with, in device memory (null: none).
+  virtual const float* loss_scale_device() const { return nullptr; }
+  // After the run (reads the device): steps skipped for inf/NaN gradients, the last scale.
+  virtual int64_t skipped_steps() { return 0; }
+  virtual double loss_scale() { return 0; }
+};
+
+// The host's: Optimizer over a ParamStore that lives in host memory.
+std::unique_ptr<DeviceOptimizer> host_optimizer(const OptimConfig& c, ParamStore& ps);
 
 struct ScheduleConfig {
   std::string name = "constant";  // constant | step | cosine

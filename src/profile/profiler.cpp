@@ -53,9 +53,9 @@ std::array<std::vector<TraceArg>, 2> node_args(const Graph& g, const Node& n) {
 
 }  // namespace
 
-Profiler::Profiler(const Graph& g, const StepPlan& plan, const std::vector<Action>& actions, const MemoryPlan& memory,
+Profiler::Profiler(const Graph& g, const StepPlan& plan, std::vector<TracedAction> actions, const MemoryPlan& memory,
                    ProfileOptions o)
-    : g_(g), o_(std::move(o)), actions_(actions), units_(plan.units), bwd_unit_(plan.bwd_unit),
+    : g_(g), o_(std::move(o)), actions_(std::move(actions)), units_(plan.units), bwd_unit_(plan.bwd_unit),
       rec_unit_(plan.rec_unit), live_(live_bytes(plan)), reserved_(memory.total()) {
   base_ = memory.total() - memory.transient;
   for (const Node& n : g.nodes()) {
@@ -132,13 +132,10 @@ void Profiler::action_begins(int index) {
   if (now_ != TraceSchedule::Action::none) memory_sample(index * units_, now_seconds());
 }
 
-void Profiler::action_timed(int index, const Action& a, double t0, double t1) {
+void Profiler::action_timed(int index, double t0, double t1) {
   if (now_ == TraceSchedule::Action::none) return;
-  const std::string name = pytorch_name(a, o_.stages, o_.stage);
-  // The optimizer as PyTorch names it ("Optimizer.step#AdamW.step"), which TensorBoard's
-  // overview counts as optimizer time.
-  const std::string shown = a.kind == ActionKind::optimizer ? "Optimizer.step#" + o_.optimizer + ".step" : name;
-  ev_.span(main_, "user_annotation", shown, t0, t1, {TraceArg::str("action", name), TraceArg::num("index", index)});
+  const TracedAction& a = actions_.at(size_t(index));
+  ev_.span(main_, "user_annotation", a.shown, t0, t1, {TraceArg::str("action", a.name), TraceArg::num("index", index)});
 }
 
 void Profiler::part_timed(StepPart part, double t0, double t1) {

@@ -28,7 +28,8 @@
 #include "dist/comm.h"
 #include "nn/engine.h"
 #include "profile/trace.h"
-#include "train/executor.h"
+#include "nn/step_plan.h"
+#include "profile/observe.h"
 
 namespace sat {
 
@@ -38,15 +39,20 @@ struct ProfileOptions {
   TraceSchedule schedule;  // --trace-steps
   int rank = 0, world = 1;
   std::string backend = "mpi";  // distributedInfo.backend and the collectives' prefix
-  int stages = 1, stage = 0;    // the pipeline (actions are named as PyTorch names them)
-  std::string optimizer = "AdamW";
+};
+
+// An action of the rank's list as traces show it: its name (PyTorch's: "0F3", "1SEND_B2",
+// "REDUCE_GRAD") and the span's title (the optimizer as PyTorch names it,
+// "Optimizer.step#AdamW.step", which TensorBoard's overview counts as optimizer time).
+struct TracedAction {
+  std::string name, shown;
 };
 
 class Profiler final : public NodeTimer, public StepObserver, public dist::CommObserver {
  public:
   // g, plan and actions: this rank's graph, step plan and schedule; memory: its plan
   // (persistent and reserved bytes around the step's transient ones).
-  Profiler(const Graph& g, const StepPlan& plan, const std::vector<Action>& actions, const MemoryPlan& memory,
+  Profiler(const Graph& g, const StepPlan& plan, std::vector<TracedAction> actions, const MemoryPlan& memory,
            ProfileOptions o);
 
   // Around every step this process runs (step: the global step, 1-based). measured: the
@@ -59,7 +65,7 @@ class Profiler final : public NodeTimer, public StepObserver, public dist::CommO
 
   void node_timed(int node, NodePhase phase, double t0, double t1) override;
   void action_begins(int index) override;
-  void action_timed(int index, const Action& a, double t0, double t1) override;
+  void action_timed(int index, double t0, double t1) override;
   void part_timed(StepPart part, double t0, double t1) override;
   void comm_timed(const std::string& group, const dist::CommEvent& e) override;
 
@@ -78,7 +84,7 @@ class Profiler final : public NodeTimer, public StepObserver, public dist::CommO
 
   const Graph& g_;
   ProfileOptions o_;
-  std::vector<Action> actions_;
+  std::vector<TracedAction> actions_;
   int units_ = 1;
   std::vector<int> bwd_unit_, rec_unit_;
   std::vector<size_t> live_;         // transient bytes live per timeline unit

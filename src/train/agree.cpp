@@ -113,7 +113,7 @@ void agree_on_config(dist::Comm& world, const std::string& fingerprint) {
 }
 
 uint64_t store_checksum(const ParamStore& ps) {
-  const float* p = ps.device() == Device::cpu ? ps.flat_params() : ps.host_flat_params();
+  const float* p = ps.host_flat_params();  // the parameters on the host; their copy after sync_to_host on a GPU
   const int64_t n = ps.sharding().stage >= 3 ? ps.shard_len() : ps.flat_size();
   uint64_t h = hash_bytes(p, size_t(n) * sizeof(float));
   for (size_t i = 0; i < ps.num_states(); ++i) {

@@ -5,35 +5,13 @@
 
 #include "core/timer.h"
 
-#if SAT_HAVE_CUDA
-#include "backend/cuda/context.h"
-#endif
-
 namespace sat {
 
-#if SAT_HAVE_CUDA
-struct GradReducer::Gpu {
-  cudaStream_t compute = nullptr, comm = nullptr;
-  std::vector<cudaEvent_t> ready;  // per bucket, recorded on the compute stream
-  cudaEvent_t reduced = nullptr;   // recorded on the comm stream after the last bucket
-  ~Gpu() {
-    for (auto e : ready) cudaEventDestroy(e);
-    if (reduced) cudaEventDestroy(reduced);
-  }
-};
-#else
-struct GradReducer::Gpu {};
-#endif
-
 GradReducer::GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt,
-                         bool zero, bool force, CUstream_st* compute_stream, CUstream_st* comm_stream)
+                         bool zero, bool force, DeviceBackend* device)
     : ps_(ps), dp_(dp), tie_(tie), zero_(zero && dp.size() > 1), active_(dp.size() > 1 || force) {
   if (active_ && !zero_) plan_buckets(g, opt);
   launched_.assign(buckets_.size(), false);
-  hook_ = [this](int node) {
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      if (!launched_[b] && buckets_[b].ready_node == node) launch(b);
-  };
   std::vector<std::string> tied = g.tied_copies();
   tied.insert(tied.end(), g.tied_remote().begin(), g.tied_remote().end());
   if (tie)
@@ -42,19 +20,7 @@ GradReducer::GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::C
       SAT_CHECK(p >= 0, "internal error: tied parameter ", name, " is not in this stage's store");
       tied_.push_back({ps.offset(size_t(p)), ps.offset(size_t(p)) + ps.decl(size_t(p)).spec.shape.numel()});
     }
-#if SAT_HAVE_CUDA
-  if (dp.device() == Device::cuda) {
-    gpu_ = std::make_unique<Gpu>();
-    gpu_->compute = compute_stream;
-    gpu_->comm = comm_stream;
-    gpu_->ready.resize(buckets_.size());
-    for (auto& e : gpu_->ready) SAT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    SAT_CUDA_CHECK(cudaEventCreateWithFlags(&gpu_->reduced, cudaEventDisableTiming));
-  }
-#else
-  (void)compute_stream;
-  (void)comm_stream;
-#endif
+  order_ = device ? device->stream_order(buckets_.size()) : std::make_unique<StreamOrder>();
 }
 
 GradReducer::~GradReducer() { works_.clear(); }
@@ -93,20 +59,18 @@ void GradReducer::plan_buckets(const Graph& g, const BucketOptions& opt) {
   }
 }
 
-const std::function<void(int)>* GradReducer::node_hook(bool last_micro) {
-  return last_micro && !buckets_.empty() ? &hook_ : nullptr;
+GradReady* GradReducer::ready(bool last_micro) { return last_micro && !buckets_.empty() ? this : nullptr; }
+
+void GradReducer::grads_ready(int node) {
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!launched_[b] && buckets_[b].ready_node == node) launch(b);
 }
 
 void GradReducer::launch(size_t b) {
   if (t_first_ < 0) t_first_ = now_seconds(), cpu_first_ = thread_cpu_seconds();
   launched_[b] = true;
   const Bucket& bk = buckets_[b];
-#if SAT_HAVE_CUDA
-  if (gpu_) {
-    SAT_CUDA_CHECK(cudaEventRecord(gpu_->ready[b], gpu_->compute));
-    SAT_CUDA_CHECK(cudaStreamWaitEvent(gpu_->comm, gpu_->ready[b], 0));
-  }
-#endif
+  order_->before(b);
   works_.push_back(dp_.all_reduce(ps_.flat_grads() + bk.lo, size_t(bk.hi - bk.lo), DType::f32, dist::ReduceOp::avg));
 }
 
@@ -130,19 +94,12 @@ void GradReducer::reduce() {
     } else {
       for (size_t b = 0; b < buckets_.size(); ++b)
         if (!launched_[b]) launch(b);
-#if SAT_HAVE_CUDA
-      if (gpu_) {
-        SAT_CUDA_CHECK(cudaEventRecord(gpu_->reduced, gpu_->comm));
-        SAT_CUDA_CHECK(cudaStreamWaitEvent(gpu_->compute, gpu_->reduced, 0));
-      }
-#endif
-      if (!gpu_)
-        for (auto& w : works_) w->wait();
+      order_->join(works_);
     }
     // Hidden: the part of the reduction's window during which this thread computed the
     // rest of backward. Its CPU time counts, not the wall time: on a busy machine the
     // thread may wait for a core after starting the reduction, which overlaps nothing.
-    if (t_first_ >= 0 && !gpu_) {
+    if (t_first_ >= 0 && order_->host_waits()) {
       const double window = now_seconds() - t_first_;
       const double overlapped = std::clamp(std::min(t_bwd_end - t_first_, cpu_bwd_end - cpu_first_), 0.0, window);
       window_ += window;

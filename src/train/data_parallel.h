@@ -24,7 +24,8 @@
 #include "nn/graph.h"
 #include "nn/params.h"
 
-struct CUstream_st;
+#include "backend/device_backend.h"
+#include "nn/engine.h"
 
 namespace sat {
 
@@ -40,8 +41,8 @@ struct BucketOptions {
 class GradSync {
  public:
   virtual ~GradSync() = default;
-  // The hook to run after each backward node of a micro-batch of a chunk (null: none).
-  virtual const std::function<void(int)>* node_hook(bool last_micro) = 0;
+  // Told after each backward node of a micro-batch (null: nothing to do then).
+  virtual GradReady* ready(bool last_micro) = 0;
   // Whether a micro-batch's parameter gradients add to the earlier ones' in the store.
   virtual bool accumulates_grads() const { return true; }
   // After a micro-batch's backward of a chunk; replayed: the engine replayed a CUDA graph.
@@ -56,19 +57,19 @@ class GradSync {
   virtual void reset_timing() = 0;
 };
 
-class GradReducer : public GradSync {
+class GradReducer : public GradSync, private GradReady {
  public:
   // dp: the data-parallel group (size 1: nothing to average unless force, as
   // --dist-backend nccl with one rank asks). tie: the embedding group (null: no tied
-  // parameters here). zero: ZeRO-1 (ps is sharded over dp). GPU only: the compute stream
-  // and the stream of dp's operations.
+  // parameters here). zero: ZeRO-1 (ps is sharded over dp). device: orders the buckets'
+  // collectives with the compute (backend/device_backend.h; null: the host's, waiting).
   GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt, bool zero,
-              bool force = false, CUstream_st* compute_stream = nullptr, CUstream_st* comm_stream = nullptr);
+              bool force = false, DeviceBackend* device = nullptr);
   ~GradReducer() override;
 
-  // The hook to run after each backward node of the step's last micro-batch of a chunk
-  // (null when nothing is reduced during backward).
-  const std::function<void(int)>* node_hook(bool last_micro) override;
+  // Told after each backward node of the step's last micro-batch of a chunk (null when
+  // nothing is reduced during backward): launches the buckets that node completed.
+  GradReady* ready(bool last_micro) override;
   // After the last micro-batch's backward of a chunk; replayed: the engine replayed a
   // CUDA graph, in which the buckets of this chunk were launched at capture.
   void after_backward(int chunk, bool last_micro, bool replayed) override;
@@ -90,6 +91,7 @@ class GradReducer : public GradSync {
   void plan_buckets(const Graph& g, const BucketOptions& opt);
   void launch(size_t b);
   void sum_tied();
+  void grads_ready(int node) override;
 
   ParamStore& ps_;
   dist::Comm& dp_;
@@ -98,11 +100,9 @@ class GradReducer : public GradSync {
   std::vector<Bucket> buckets_;
   std::vector<bool> launched_;
   std::vector<dist::WorkPtr> works_;
-  std::function<void(int)> hook_;
   std::vector<std::pair<int64_t, int64_t>> tied_;  // flat ranges of tied parameters
   double t_first_ = -1, cpu_first_ = 0, window_ = 0, exposed_ = 0;
-  struct Gpu;
-  std::unique_ptr<Gpu> gpu_;
+  std::unique_ptr<StreamOrder> order_;
 };
 
 }  // namespace sat

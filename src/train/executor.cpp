@@ -1,12 +1,14 @@
 #include "train/executor.h"
 
 #include "core/timer.h"
+#include "optim/optimizer.h"
+#include "train/data_parallel.h"
 
 namespace sat {
 
 Executor::Executor(Engine& engine, const std::vector<Action>& actions, std::vector<std::vector<int>> ctx_of,
-                   dist::Comm* pp)
-    : engine_(engine), actions_(actions), ctx_of_(std::move(ctx_of)), pp_(pp) {
+                   dist::Comm* pp, bool training)
+    : engine_(engine), actions_(actions), ctx_of_(std::move(ctx_of)), pp_(pp), training_(training) {
   for (const Action& a : actions_)
     SAT_CHECK(!a.is_comm() || pp_, "internal error: a schedule with sends and receives needs a pipeline group");
 }
@@ -50,7 +52,7 @@ double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_
   if (!ops.empty()) {  // (actions with nothing to move post nothing)
     dist::WorkPtr w = pp_->p2p(ops, engine_.graph().act());
     ops.clear();
-    if (pp_->device() == Device::cuda) {
+    if (pp_->stream_ordered()) {
       in_flight_.push_back(std::move(w));
       return 0;
     }
@@ -58,12 +60,26 @@ double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_
   }
   const double t1 = now_seconds();
   if (observer_)
-    for (size_t k = first; k < end; ++k) observer_->action_timed(int(k), actions_[k], t0, t1);
+    for (size_t k = first; k < end; ++k) observer_->action_timed(int(k), t0, t1);
   return t1 - t0;
 }
 
+// B(micro, chunk): the parameter gradients of the first micro-batch overwrite the store's
+// (unless the reduction keeps none between micro-batches), then the reduction and the
+// gradient hooks hear of them.
+void Executor::run_backward(const Action& a, const StepParts& parts) {
+  const bool last = a.micro + 1 == int(ctx_of_[size_t(a.chunk)].size());
+  const bool first = a.micro == 0 || (parts.sync && !parts.sync->accumulates_grads());
+  const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, first,
+                                         parts.sync ? parts.sync->ready(last) : nullptr);
+  const double h0 = observer_ ? now_seconds() : 0;
+  if (parts.sync) parts.sync->after_backward(a.chunk, last, replayed);
+  for (GradHook* h : parts.grad_hooks) h->after_backward(a.chunk, a.micro);
+  if (observer_) observer_->part_timed(StepPart::grad_buckets, h0, now_seconds());
+}
+
 // One compute, reduction or optimizer action, timed into st.
-void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks,
+void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& seed, const StepParts& parts,
                            StepStats& st) {
   const Action& a = actions_[index];
   if (observer_) observer_->action_begins(int(index));
@@ -71,32 +87,28 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
   double data = 0;
   switch (a.kind) {
     case ActionKind::forward: {
-      std::vector<Tensor> in = hooks.data(a.chunk, a.micro);
+      std::vector<Tensor> in = parts.data ? parts.data->data(a.chunk, a.micro) : std::vector<Tensor>{};
       data = now_seconds() - t0;
       if (observer_) observer_->part_timed(StepPart::data, t0, t0 + data);
-      engine_.forward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, true, seed(a.micro), in);
+      engine_.forward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, training_, seed(a.micro), in);
       break;
     }
-    case ActionKind::backward: {
-      const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk,
-                                             a.micro == 0 || !hooks.accumulates_grads(),
-                                             hooks.node_hook(a.chunk, a.micro));
-      const double h0 = observer_ ? now_seconds() : 0;
-      hooks.after_backward(a.chunk, a.micro, replayed);
-      if (observer_) observer_->part_timed(StepPart::grad_buckets, h0, now_seconds());
+    case ActionKind::backward:
+      run_backward(a, parts);
       break;
-    }
     case ActionKind::reduce_grads:
-      hooks.reduce_grads();
+      if (parts.sync) parts.sync->reduce();
+      for (GradHook* h : parts.grad_hooks) h->after_reduce();
       break;
     case ActionKind::optimizer:
-      hooks.optimizer_step(lr);
+      if (parts.optimizer) parts.optimizer->step();
+      if (parts.sync) parts.sync->after_update();
       break;
     default:
       break;
   }
   const double t1 = now_seconds();
-  if (observer_) observer_->action_timed(int(index), a, t0, t1);
+  if (observer_) observer_->action_timed(int(index), t0, t1);
   double& into = a.kind == ActionKind::reduce_grads ? st.reduce_seconds
                  : a.kind == ActionKind::optimizer  ? st.optimizer_seconds
                                                     : st.compute_seconds;
@@ -104,8 +116,9 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
   st.data_seconds += data;
 }
 
-StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, float lr, StepHooks& hooks) {
+StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, const StepParts& parts) {
   StepStats st;
+  if (parts.data) parts.data->begin_step();
   std::vector<dist::P2POp> group;
   const size_t none = actions_.size();
   size_t first = none;  // the first action of the group being gathered
@@ -116,13 +129,14 @@ StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, float lr,
       continue;
     }
     if (first != none) st.wait_seconds += finish_group(group, first, k), first = none;
-    run_compute(k, seed, lr, hooks, st);
+    run_compute(k, seed, parts, st);
   }
   if (first != none) st.wait_seconds += finish_group(group, first, none);
   auto [sum, n] = engine_.take_losses();
   st.loss_sum = sum;
   st.losses = n;
   in_flight_.clear();  // complete: take_losses waited for the stream
+  if (capture_ && ++steps_ == 1) engine_.set_graphs(true);
   return st;
 }
 

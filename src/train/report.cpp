@@ -162,7 +162,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["predicted_memory_bytes"] = r.predicted_memory_bytes;
   s["peak_memory_bytes"] = r.peak_memory_bytes;
   s["memory_plan"] = memory_plan_json(plan);
-  if (r.device == "cuda") {
+  if (!r.device_name.empty()) {  // a GPU (the host reports no device name)
     s["device_memory_used_bytes"] = r.device_memory_used_bytes;
     s["graph_replay"] = r.graph_replay;
     s["kernels_per_step"] = r.kernels_per_step;

@@ -281,6 +281,20 @@ std::vector<Action> make_schedule(const ScheduleSpec& s, int stage) {
   return with_comms(Layout{s.stages, s.virtual_stages}, stage, compute_order(s, stage));
 }
 
+std::vector<Action> make_forward_schedule(const ScheduleSpec& s, int stage) {
+  SAT_ASSERT(s.stages >= 1 && s.micro >= 1 && s.virtual_stages >= 1 && stage >= 0 && stage < s.stages);
+  const int P = s.stages, last = P * s.virtual_stages - 1;
+  std::vector<Action> out;
+  for (int m = 0; m < s.micro; ++m)
+    for (int c = 0; c < s.virtual_stages; ++c) {
+      const int vs = c * P + stage;
+      if (vs > 0) out.push_back({ActionKind::recv_act, m, c, (vs - 1) % P});
+      out.push_back({ActionKind::forward, m, c, -1});
+      if (vs < last) out.push_back({ActionKind::send_act, m, c, (vs + 1) % P});
+    }
+  return out;
+}
+
 int max_in_flight(const std::vector<Action>& actions, int chunk) {
   int now = 0, most = 0;
   for (const Action& a : actions) {

@@ -63,6 +63,11 @@ struct ScheduleSpec {
 void check_schedule(const ScheduleSpec& s);
 // The actions of pipeline stage `stage` (0..P-1) in one optimizer step (calls check_schedule).
 std::vector<Action> make_schedule(const ScheduleSpec& s, int stage);
+// Evaluation's list: forwards only, micro-batch after micro-batch and, within one, virtual
+// stage after virtual stage, each forward of vs > 0 preceded by recv_act and each of
+// vs < P*V-1 followed by send_act (contract items 3-5; no backward, reduction or update).
+// Micro-batch m of chunk c uses context 0 of c when micro == 1 (one evaluated batch).
+std::vector<Action> make_forward_schedule(const ScheduleSpec& s, int stage);
 // PyTorch's name of an action: "{virtual stage}{TYPE}{micro}", e.g. "0F3", "2SEND_B1", with
 // TYPE one of F B SEND_F RECV_F SEND_B RECV_B, and "REDUCE_GRAD" / "OPTIMIZER" without numbers.
 std::string pytorch_name(const Action& a, int stages, int stage);

@@ -147,7 +147,7 @@ ShardedDP::ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm&
     : g_(g), ps_(ps), plan_(std::move(plan)), dp_(dp), tie_(tie), arena_(plan_.staging, "ZeRO staging") {
   SAT_CHECK(plan_.stage >= 2 && ps.sharding().stage == plan_.stage && ps.num_units() == plan_.units.size(),
             "internal error: the store is not sharded as the plan says");
-  SAT_CHECK(dp.size() == plan_.parts && dp.device() == Device::cpu, "internal error: ZeRO-2/3 over ", dp.size(),
+  SAT_CHECK(dp.size() == plan_.parts && !dp.stream_ordered(), "internal error: ZeRO-2/3 over ", dp.size(),
             " ranks for a plan of ", plan_.parts);
   const size_t U = plan_.units.size(), N = g.nodes().size();
   gathers_.resize(U);

@@ -79,8 +79,8 @@ class ShardedDP : public NodeHooks, public GradSync {
   void after_forward(int node) override;
   void before_backward(int node) override;
   void after_backward(int node) override;
-  // Every micro-batch's backward overwrites the buckets; node_hook: none (NodeHooks do it).
-  const std::function<void(int)>* node_hook(bool) override { return nullptr; }
+  // Every micro-batch's backward overwrites the buckets; ready: none (NodeHooks do it).
+  GradReady* ready(bool) override { return nullptr; }
   bool accumulates_grads() const override { return false; }
   // After a micro-batch's backward of a chunk: its last bucket reduced and added in.
   void after_backward(int chunk, bool last_micro, bool replayed) override;

@@ -29,7 +29,7 @@ void check_zero(const TrainConfig& cfg, bool cuda, int dp) {
   if (cfg.zero < 2) return;
   SAT_CHECK(dp > 1, "--zero ", cfg.zero, " shards the model over the data-parallel ranks, and this job has one (",
             cfg.tp * cfg.pp * dp, " rank(s), --tp ", cfg.tp, " --pp ", cfg.pp, "): run more ranks or leave --zero out");
-  if (cuda) require(Device::cuda, Feature::zero23, str_cat("--zero ", cfg.zero));
+  require(cuda ? Device::cuda : Device::cpu, Feature::zero23, str_cat("--zero ", cfg.zero));
   SAT_CHECK(!cfg.measure_noise, "--noise-scale with --zero ", cfg.zero, ": the noise scale needs each micro-batch's "
             "whole gradient, which ZeRO-2/3 never holds; measure it with --zero 0 or 1");
 }
@@ -51,12 +51,9 @@ void check_ranges(const TrainConfig& cfg) {
 
 // What the device can run (backend/support.h), and where the gradients are reduced.
 void check_device(const TrainConfig& cfg, Device dev, int world) {
-  const bool cuda = dev == Device::cuda;
   (void)activation_dtype(cfg.precision, dev);
   if (cfg.dist_backend == DistBackend::nccl) require(dev, Feature::nccl);
-  SAT_CHECK(!cuda || cfg.dist_backend != DistBackend::mpi || world == 1,
-            "--dist-backend mpi reduces host memory; GPU training reduces its gradients over nccl (--dist-backend "
-            "auto or nccl)");
+  if (cfg.dist_backend == DistBackend::mpi && world > 1) require(dev, Feature::mpi_reduction);
   if (cfg.zero > 0 && world > 1) require(dev, cfg.zero == 1 ? Feature::zero1 : Feature::zero23, str_cat("--zero ", cfg.zero));
   if (cfg.recompute != Recompute::none)
     require(dev, Feature::recompute, str_cat("--recompute ", recompute_name(cfg.recompute)));
@@ -79,7 +76,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   const Device dev = resolve_device(cfg.device);
   check_device(cfg, dev, world);
   cfg.check(world);
-  check_zero(cfg, dev == Device::cuda, cfg.dp_of(world));
+  check_zero(cfg, dev != Device::cpu, cfg.dp_of(world));
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
             "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
             "measure it without --sequence-parallel");

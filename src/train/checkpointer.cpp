@@ -1,5 +1,5 @@
-// Trainer::save_checkpoint and Trainer::load_checkpoint (train/checkpoint.h): every rank's
-// parameters, model states and optimizer state as logical tensors, in parallel files.
+#include "train/checkpointer.h"
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -10,7 +10,7 @@
 #include "nn/shard.h"
 #include "train/checkpoint.h"
 #include "train/signals.h"
-#include "train/trainer.h"
+#include "train/runtime.h"
 
 namespace sat {
 
@@ -97,59 +97,90 @@ void agree(dist::Comm& w, bool ok, const std::string& message) {
 
 }  // namespace
 
-Trainer::CkptDecision Trainer::checkpoint_due(int64_t step, double& last_save) const {
+Checkpointer::Checkpointer(RankRuntime& rt) : rt_(rt) {}
+
+Checkpointer::~Checkpointer() = default;
+
+// After step `step` (1-based): whether to write a checkpoint, and whether a signal asks to
+// stop; every rank gets rank 0's answer.
+Checkpointer::Decision Checkpointer::due(int64_t step) const {
+  const TrainConfig& cfg = rt_.cfg;
+  dist::Comm& w = *rt_.world;
   // rank 0's clock, any rank's signal, any rank's write still running
   double v[3] = {0, double(stop_signal_received()), pending_ && !pending_->done ? 1.0 : 0.0};
-  if (world_->rank() == 0) {
-    const bool every = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
+  if (w.rank() == 0) {
+    const bool every = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
     const bool timed =
-        cfg_.checkpoint_every_minutes > 0 && now_seconds() - last_save >= 60 * cfg_.checkpoint_every_minutes;
+        cfg.checkpoint_every_minutes > 0 && now_seconds() - last_save_ >= 60 * cfg.checkpoint_every_minutes;
     v[0] = every || timed ? 1 : 0;
   }
-  if (world_->size() > 1) world_->all_reduce_sync(v, 3, DType::f64, dist::ReduceOp::max);
+  if (w.size() > 1) w.all_reduce_sync(v, 3, DType::f64, dist::ReduceOp::max);
   return {v[0] > 0, int(v[1]), pending_ && v[2] == 0};
 }
 
+void Checkpointer::step_begins(RunState& run) {
+  if (run.step == run.start) last_save_ = now_seconds();
+}
+
+void Checkpointer::step_ends(StepDone& d, RunState& run) {
+  const int64_t step = d.metrics.step;
+  const Decision dec = due(step);
+  if (dec.finish) finish();
+  const bool last = dec.signal || step == run.total;  // the run ends here: complete before going on
+  if (dec.save || last) save(step, run.total, run.result.losses, last), last_save_ = now_seconds();
+  if (dec.signal) run.result.stop_signal = dec.signal, run.total = step;
+}
+
+void Checkpointer::run_ends(RunState& run) {
+  finish();
+  TrainResult& r = run.result;
+  r.checkpoints = stats_.written, r.checkpoint_seconds = stats_.paused;
+  r.checkpoint_write_seconds = stats_.written_seconds;
+  r.checkpoint_bytes = stats_.last_bytes, r.last_checkpoint = stats_.last;
+}
+
 // The run's position, layout and optimizer as a checkpoint records them.
-Manifest Trainer::checkpoint_header(int64_t step, int64_t total, const std::vector<double>& losses) const {
-  const dist::Mesh& m = *mesh_;
+Manifest Checkpointer::header(int64_t step, int64_t total, const std::vector<double>& losses) const {
+  const dist::Mesh& m = *rt_.mesh;
+  const TrainConfig& cfg = rt_.cfg;
+  const ModelConfig& mc = rt_.mc;
   Manifest man;
-  man.model = mc_.name;
+  man.model = mc.name;
   man.step = step;
   man.total_steps = total;
-  const int64_t per_epoch = BatchLoader::train_steps(train_.size(), cfg_.batch, cfg_.accum, m.dp(), cfg_.last_batch);
+  const int64_t per_epoch = BatchLoader::train_steps(rt_.train.size(), cfg.batch, cfg.accum, m.dp(), cfg.last_batch);
   man.epoch = per_epoch > 0 ? step / per_epoch : 0;
   man.step_in_epoch = per_epoch > 0 ? step % per_epoch : step;
-  man.global_batch = cfg_.batch * cfg_.accum * m.dp();
-  man.micro_batch = cfg_.batch;
-  man.accum = cfg_.accum;
-  man.seed = cfg_.seed;
-  man.shuffle = cfg_.shuffle;
-  if (mc_.tokens && mc_.seq_len != mc_.context) man.seq_len = mc_.seq_len;
-  man.optimizer = opt_ ? opt_->config().name : cfg_.optim.name;
-  man.optimizer_steps = opt_ ? opt_->steps() : step;
-  man.slots = slot_names(man.optimizer, params_->optimizer_slots());
+  man.global_batch = cfg.global_batch(m.size());
+  man.micro_batch = cfg.batch;
+  man.accum = cfg.accum;
+  man.seed = cfg.seed;
+  man.shuffle = cfg.shuffle;
+  if (mc.tokens && mc.seq_len != mc.context) man.seq_len = mc.seq_len;
+  man.optimizer = rt_.optimizer->config().name;
+  man.optimizer_steps = rt_.optimizer->steps();
+  man.slots = slot_names(man.optimizer, rt_.params->optimizer_slots());
   man.layout = {m.size(),
                 m.dp(),
                 m.tp(),
                 m.pp(),
-                cfg_.zero,
-                cfg_.virtual_stages,
-                cfg_.sequence_parallel,
-                pipe_schedule_name(cfg_.pp_schedule)};
+                cfg.zero,
+                cfg.virtual_stages,
+                cfg.sequence_parallel,
+                pipe_schedule_name(cfg.pp_schedule)};
   man.losses = losses;
   return man;
 }
 
 // This rank's pieces, copied (the training goes on while they are written): the first
 // data-parallel replica's tensor-parallel parts, replicated tensors from tp rank 0.
-void Trainer::snapshot_pieces(CheckpointWrite& p) {
-  const dist::Mesh& m = *mesh_;
-  if (on_gpu()) params_->sync_to_host();
+void Checkpointer::snapshot(CheckpointWrite& p) {
+  const dist::Mesh& m = *rt_.mesh;
+  rt_.device->to_host(*rt_.params);
   std::unique_ptr<ParamStore> keep;
-  const ParamStore& ps = unsharded(keep);  // ZeRO-3: collective over dp
-  const int slots = params_->optimizer_slots();
-  for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*params_, s, m.dp_group()));  // collective; a copy
+  const ParamStore& ps = rt_.unsharded(keep);  // ZeRO-3: collective over dp
+  const int slots = rt_.params->optimizer_slots();
+  for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*rt_.params, s, m.dp_group()));  // collective; a copy
   if (m.dp_rank() != 0) return;  // the first replica writes
   auto add = [&](CkptEntry e) {
     const size_t bytes = size_t(Shape(e.shape).numel()) * dtype_size(e.dtype);
@@ -174,17 +205,17 @@ void Trainer::snapshot_pieces(CheckpointWrite& p) {
   p.writer = true;
 }
 
-void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t total, const std::vector<double>& losses,
-                              bool wait) {
-  finish_checkpoint();  // one write at a time
-  dist::Comm& w = *world_;
+void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& losses, bool wait) {
+  finish();  // one write at a time
+  const std::string& root = rt_.cfg.checkpoint_dir;
+  dist::Comm& w = *rt_.world;
   const double t0 = now_seconds();
   auto p = std::make_unique<CheckpointWrite>();
   p->root = root;
   p->tmp = temp_checkpoint_dir(root, step);
   p->step = step;
   p->started = t0;
-  p->man = checkpoint_header(step, total, losses);
+  p->man = header(step, total, losses);
   std::string error;
   try {
     if (w.rank() == 0) {
@@ -199,7 +230,7 @@ void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t tot
     error = e.what();
   }
   agree(w, error.empty(), error);
-  snapshot_pieces(*p);
+  snapshot(*p);
   if (p->writer) {
     CheckpointWrite* q = p.get();
     const int rank = w.rank();
@@ -227,14 +258,14 @@ void Trainer::save_checkpoint(const std::string& root, int64_t step, int64_t tot
   }
   p->paused = now_seconds() - t0;
   pending_ = std::move(p);
-  if (wait) finish_checkpoint();
+  if (wait) finish();
 }
 
 // Rank 0's part of finishing: the fragments merged into the manifest, written last, the
 // directory renamed into place, old checkpoints pruned.
-void Trainer::publish_checkpoint(CheckpointWrite& p) {
+void Checkpointer::publish(CheckpointWrite& p) {
   Manifest& man = p.man;
-  for (int r = 0; r < world_->size(); ++r) {
+  for (int r = 0; r < rt_.world->size(); ++r) {
     char file[64];
     std::snprintf(file, sizeof file, "rank-%05d.part.json", r);
     const fs::path part = fs::path(p.tmp) / file;
@@ -263,41 +294,42 @@ void Trainer::publish_checkpoint(CheckpointWrite& p) {
   fs::rename(p.tmp, final_dir, ec);
   SAT_CHECK(!ec, "--checkpoint-dir: cannot rename ", p.tmp, " to ", final_dir.string(), ": ", ec.message());
   sync_path(p.root);
-  prune_checkpoints(p.root, cfg_.checkpoint_keep);
-  for (const auto& e : fs::directory_iterator(final_dir, ec)) ckpt_stats_.last_bytes += double(e.file_size(ec));
+  prune_checkpoints(p.root, rt_.cfg.checkpoint_keep);
+  for (const auto& e : fs::directory_iterator(final_dir, ec)) stats_.last_bytes += double(e.file_size(ec));
 }
 
-void Trainer::finish_checkpoint() {
+void Checkpointer::finish() {
   if (!pending_) return;
   std::unique_ptr<CheckpointWrite> p = std::move(pending_);
   if (p->thread.joinable()) p->thread.join();
-  dist::Comm& w = *world_;
+  dist::Comm& w = *rt_.world;
   agree(w, p->error.empty(), p->error);
   std::string error;
-  ckpt_stats_.last_bytes = 0;
+  stats_.last_bytes = 0;
   try {
-    if (w.rank() == 0) publish_checkpoint(*p);
+    if (w.rank() == 0) publish(*p);
   } catch (const Error& e) {
     error = e.what();
   }
   agree(w, error.empty(), error);
-  ckpt_stats_.written += 1;
-  ckpt_stats_.paused += p->paused;
-  ckpt_stats_.written_seconds += now_seconds() - p->started;
-  ckpt_stats_.last = (fs::path(p->root) / checkpoint_name(p->step)).string();
-  if (w.rank() == 0 && cfg_.progress != 0)
-    std::fprintf(stderr, "checkpoint %s: %s, training paused %.2f s, written in %.2f s\n", ckpt_stats_.last.c_str(),
-                 format_bytes(ckpt_stats_.last_bytes).c_str(), p->paused, now_seconds() - p->started);
+  stats_.written += 1;
+  stats_.paused += p->paused;
+  stats_.written_seconds += now_seconds() - p->started;
+  stats_.last = (fs::path(p->root) / checkpoint_name(p->step)).string();
+  if (w.rank() == 0 && rt_.cfg.progress != 0)
+    std::fprintf(stderr, "checkpoint %s: %s, training paused %.2f s, written in %.2f s\n", stats_.last.c_str(),
+                 format_bytes(stats_.last_bytes).c_str(), p->paused, now_seconds() - p->started);
 }
 
-ResumeState Trainer::load_checkpoint(const std::string& dir, bool weights_only) {
-  dist::Comm& w = *world_;
+ResumeState Checkpointer::load(const std::string& dir, bool weights_only) {
+  dist::Comm& w = *rt_.world;
+  const ModelConfig& mc = rt_.mc;
   std::string error;
   Manifest man;
   try {
     man = read_manifest(dir);
     if (w.rank() == 0) verify_checkpoint(dir, man);
-    SAT_CHECK(man.model == mc_.name, dir, ": a checkpoint of model ", man.model, ", this run trains ", mc_.name);
+    SAT_CHECK(man.model == mc.name, dir, ": a checkpoint of model ", man.model, ", this run trains ", mc.name);
     if (!weights_only) check_resumable(dir, man);
   } catch (const Error& e) {
     error = e.what();
@@ -310,7 +342,7 @@ ResumeState Trainer::load_checkpoint(const std::string& dir, bool weights_only) 
   }
   agree(w, error.empty(), error);
   if (weights_only) return {};
-  if (opt_) opt_->set_steps(man.optimizer_steps);
+  rt_.optimizer->set_steps(man.optimizer_steps);
   ResumeState r;
   r.step = man.step;
   r.epoch = man.epoch;
@@ -321,30 +353,32 @@ ResumeState Trainer::load_checkpoint(const std::string& dir, bool weights_only) 
 }
 
 // What must hold for a run to go on from a checkpoint exactly (sat::Error naming it).
-void Trainer::check_resumable(const std::string& dir, const Manifest& man) const {
-  const dist::Mesh& m = *mesh_;
-  const int64_t g = cfg_.batch * cfg_.accum * m.dp();
+void Checkpointer::check_resumable(const std::string& dir, const Manifest& man) const {
+  const dist::Mesh& m = *rt_.mesh;
+  const TrainConfig& cfg = rt_.cfg;
+  const ModelConfig& mc = rt_.mc;
+  const int64_t g = cfg.global_batch(m.size());
   {
     SAT_CHECK(man.global_batch == g, dir, ": written at global batch ", man.global_batch, ", this run's is ", g,
               " (--batch x --accum x data-parallel ranks): the data position would not carry over");
-    SAT_CHECK(man.seed == cfg_.seed && man.shuffle == cfg_.shuffle, dir, ": written with --seed ", man.seed,
-              " --shuffle ", man.shuffle ? "on" : "off", ", this run has --seed ", cfg_.seed, " --shuffle ",
-              cfg_.shuffle ? "on" : "off");
-    const std::string opt = opt_ ? opt_->config().name : cfg_.optim.name;
+    SAT_CHECK(man.seed == cfg.seed && man.shuffle == cfg.shuffle, dir, ": written with --seed ", man.seed,
+              " --shuffle ", man.shuffle ? "on" : "off", ", this run has --seed ", cfg.seed, " --shuffle ",
+              cfg.shuffle ? "on" : "off");
+    const std::string opt = rt_.optimizer->config().name;
     SAT_CHECK(man.optimizer == opt, dir, ": written with --optimizer ", man.optimizer, ", this run uses ", opt);
     // Another window cuts the data into other samples: the position would point elsewhere.
-    const int64_t window = man.seq_len > 0 ? man.seq_len : mc_.context;
-    SAT_CHECK(!mc_.tokens || window == mc_.seq_len, dir, ": written with windows of ", window, " tokens (--seq-len), "
-              "this run's are ", mc_.seq_len, ": the data position would not carry over");
+    const int64_t window = man.seq_len > 0 ? man.seq_len : mc.context;
+    SAT_CHECK(!mc.tokens || window == mc.seq_len, dir, ": written with windows of ", window, " tokens (--seq-len), "
+              "this run's are ", mc.seq_len, ": the data position would not carry over");
   }
 }
 
 // The parameters and states (and without weights_only the optimizer state) from the
 // checkpoint's logical tensors: each rank keeps its part.
-void Trainer::load_tensors(const std::string& dir, const Manifest& man, bool weights_only) {
+void Checkpointer::load_tensors(const std::string& dir, const Manifest& man, bool weights_only) {
   {
-    ParamStore& ps = *params_;
-    const Graph& g = *rp_->model.graph;
+    ParamStore& ps = *rt_.params;
+    const Graph& g = *rt_.plan->model.graph;
     std::unique_ptr<ParamStore> full;
     if (ps.sharding().stage >= 3) full = std::make_unique<ParamStore>(g.params(), g.states(), 0);
     ParamStore& into = full ? *full : ps;

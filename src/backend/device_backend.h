@@ -1,0 +1,115 @@
+// The device seam of training: what one rank's training needs from the device it runs on,
+// behind one interface with a host (CPU) and a CUDA implementation, as ggml's backends are.
+// Nothing in train/ asks which device it runs on; it asks this: the engine's context, where
+// parameters live, the optimizer's update, the device side of the mesh's groups (NCCL twins
+// on GPUs), how asynchronous collectives are ordered with the step's compute, squared norms
+// for the noise scale, memory figures and the device's utilisation.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace sat {
+
+struct CudaCtx;
+struct MemoryPlan;
+struct OptimConfig;
+class ParamStore;
+class DeviceOptimizer;
+class GpuSampler;
+namespace dist {
+class Comm;
+class Work;
+}  // namespace dist
+
+// How a step's asynchronous collectives are ordered with its compute. On the host by waiting
+// for them (the default); on a GPU by events between the compute stream and the stream the
+// collectives run on, with nothing waiting on the host (a step can be captured as a graph).
+class StreamOrder {
+ public:
+  virtual ~StreamOrder() = default;
+  // Before collective `i` is queued: it comes after the compute queued so far.
+  virtual void before(size_t i) { (void)i; }
+  // Every collective in `works` completes before the compute queued next.
+  virtual void join(std::vector<std::unique_ptr<dist::Work>>& works);
+  // Whether join waits on the host (so that its time can be measured there).
+  virtual bool host_waits() const { return true; }
+};
+
+// Squared norms of gradient ranges (the gradient noise scale's inputs): add() computes (or,
+// on a GPU, queues) |g|^2 of a range into a slot, take() returns every slot's sum and clears
+// them (on a GPU it waits for the device). The ranges may be scaled by the fp16 loss scale.
+class SquaredNorms {
+ public:
+  virtual ~SquaredNorms() = default;
+  virtual void add(int slot, const float* g, int64_t n) = 0;
+  virtual std::vector<double> take(int slots) = 0;
+};
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual Device kind() const = 0;
+  virtual std::string name() const = 0;             // the GPU's name; "" on the host
+  virtual CudaCtx* cuda() const { return nullptr; }  // the engine's context (null on the host)
+
+  // Memory: mark() starts counting (the bytes in use then are the base; a GPU counts from its
+  // backend's creation, which allocates the context's workspace of the plan), reset_peak()
+  // starts the peak again; peak_bytes() is the most in use above the base since, and
+  // planned_bytes() the plan's figure to compare it with; used_bytes() what the device
+  // reports used since mark() (0 where it reports nothing).
+  virtual void mark() = 0;
+  virtual void reset_peak() = 0;
+  virtual size_t peak_bytes() const = 0;
+  virtual size_t planned_bytes(const MemoryPlan& p) const = 0;
+  virtual size_t used_bytes() const { return 0; }
+
+  // Parameters: moved where the engine computes (adopt, with the activation dtype's copy), and
+  // their host copies made current (to_host; on the host they are the parameters).
+  virtual void adopt(ParamStore& ps, DType act) { (void)ps, (void)act; }
+  virtual void to_host(ParamStore& ps) { (void)ps; }
+  virtual std::unique_ptr<DeviceOptimizer> optimizer(const OptimConfig& c, ParamStore& ps) = 0;
+
+  // The device side of a mesh group: the group itself on the host; on a GPU its NCCL twin,
+  // made once and kept, ordered on the compute stream or, with own_stream, on a stream of its
+  // own (the data-parallel reduction's). A group of one stays the host group unless alone.
+  virtual dist::Comm& group(dist::Comm& host, bool own_stream = false, bool alone = false) {
+    (void)own_stream, (void)alone;
+    return host;
+  }
+  // Ordering of the collectives of a reduction of `events` buckets (see StreamOrder).
+  virtual std::unique_ptr<StreamOrder> stream_order(size_t events) {
+    (void)events;
+    return std::make_unique<StreamOrder>();
+  }
+  // pieces: the most add() calls between two take() calls. scale: the fp16 loss scale in
+  // device memory the norms are divided by (null: 1).
+  virtual std::unique_ptr<SquaredNorms> squared_norms(size_t pieces, const float* scale) = 0;
+  // The device's utilisation sampled while training (null where none can be read).
+  virtual std::unique_ptr<GpuSampler> utilization();
+  virtual void synchronize() {}
+};
+
+struct DeviceOptions {
+  DType act = DType::f32;      // the activations' dtype (the GPU's parameter copy)
+  bool tf32 = false;           // float32 GEMMs on tensor cores
+  bool loss_scaling = false;   // fp16: dynamic loss scaling in the optimizer
+  // A job of several ranks and a --device without an index: each rank takes the GPU of its
+  // place on its node (as torchrun's LOCAL_RANK).
+  bool gpu_per_rank = false;
+};
+
+// The device --device names ("cpu", "cuda", "cuda:N", "auto"): sat::Error naming --device
+// when it is not available.
+std::unique_ptr<DeviceBackend> make_device_backend(const std::string& device, const DeviceOptions& o);
+
+// The host's, and the CUDA backend's on GPU `index` (backend/cuda/cuda_backend.cpp; -1:
+// the rank's GPU on its node; sat::Error where the binary was built without it).
+std::unique_ptr<DeviceBackend> make_host_backend();
+std::unique_ptr<DeviceBackend> make_cuda_backend(int index, const DeviceOptions& o);
+
+}  // namespace sat

@@ -1,0 +1,136 @@
+// Weights in and out of a running job: a safetensors file (PyTorch's parameter names) read
+// into every rank's part of the model, and the whole model gathered from the stages and
+// tensor-parallel parts onto global rank 0 and written there.
+#include "train/weights.h"
+
+#include <set>
+
+#include "nn/safetensors.h"
+#include "nn/shard.h"
+#include "train/agree.h"
+
+namespace sat {
+
+void load_weights(RankRuntime& rt, const std::string& path) {
+  const dist::Mesh& m = *rt.mesh;
+  // Names of the whole model: a stage skips the tensors of the others.
+  const Graph& whole = *rt.job->whole().graph;
+  std::set<std::string> names;
+  for (auto& p : whole.params()) names.insert(p.name);
+  for (auto& s : whole.states()) names.insert(s.name);
+  if (rt.params->sharding().stage >= 3) {  // read in full, keep the pieces
+    const Graph& g = *rt.plan->model.graph;
+    ParamStore full(g.params(), g.states(), 0);
+    load_safetensors(path, full, m.pp() > 1 ? &names : nullptr);
+    agree_on_replicas(*rt.world, m.dp_group(), store_checksum(full), "--init-weights " + path);
+    rt.broadcast_store(full);
+    rt.params->shard_from(full);
+    return;
+  }
+  load_safetensors(path, *rt.params, m.pp() > 1 ? &names : nullptr);
+  // Before the broadcast, which would hide it: a rank that read another file of that name.
+  agree_on_replicas(*rt.world, m.dp_group(), store_checksum(*rt.params), "--init-weights " + path);
+  rt.broadcast_store(*rt.params);
+}
+
+namespace {
+
+// Declarations of the full tensors of (possibly tensor-parallel) parameters.
+std::vector<ParamDecl> full_decls(const std::vector<ParamDecl>& ps) {
+  std::vector<ParamDecl> out = ps;
+  for (auto& d : out) {
+    d.spec.shape = d.full_shape();
+    d.shard = {};
+  }
+  return out;
+}
+
+// This stage's parameters as full tensors on the tensor-parallel group's first rank
+// (collective over the group; nullptr elsewhere): each split parameter's parts are
+// all-gathered and put in their places.
+std::unique_ptr<ParamStore> gather_tensor_parallel(const RankRuntime& rt, const ParamStore& mine) {
+  dist::Comm& tp = rt.mesh->tp_group();
+  const bool root = tp.rank() == 0;
+  const Graph& g = *rt.plan->model.graph;
+  auto out = root ? std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0) : nullptr;
+  std::vector<float> parts;
+  for (size_t i = 0; i < mine.num_params(); ++i) {
+    const ParamDecl& d = mine.decl(i);
+    Tensor local = mine.host_param(i);
+    if (d.shard.split()) {  // collective: every rank of the group takes part
+      parts.resize(size_t(local.numel() * tp.size()));
+      tp.all_gather(local.ptr, parts.data(), size_t(local.numel()), DType::f32)->wait();
+    }
+    if (!root) continue;
+    Tensor full = out->host_param(i);
+    if (!d.shard.split()) std::copy(local.f32(), local.f32() + local.numel(), full.f32());
+    else
+      for (int r = 0; r < tp.size(); ++r) shard_insert_part(d, r, parts.data() + r * local.numel(), full.ptr);
+  }
+  for (size_t i = 0; root && i < mine.num_states(); ++i) {
+    Tensor src = mine.host_state(i), dst = out->host_state(i);
+    std::copy(src.u8(), src.u8() + src.bytes(), dst.u8());
+  }
+  return out;
+}
+
+// The whole model on global rank 0: the tensor-parallel parts of each stage of the first
+// data-parallel replica are gathered on its first tp rank, which sends the stage's full
+// tensors there. nullptr on other ranks (and on rank 0 when its own store is the model).
+std::unique_ptr<ParamStore> gather_whole_model(RankRuntime& rt, const ParamStore& own) {
+  const dist::Mesh& m = *rt.mesh;
+  if (m.dp_rank() != 0) return nullptr;
+  std::unique_ptr<ParamStore> stage = m.tp() > 1 ? gather_tensor_parallel(rt, own) : nullptr;
+  if (m.tp_rank() != 0 || m.pp() == 1) return stage;
+  const ParamStore& mine = stage ? *stage : own;
+  dist::Comm& pp = m.pp_group();
+  if (m.pp_rank() != 0) {
+    pp.send(mine.host_flat_params(), size_t(mine.flat_size()), DType::f32, 0)->wait();
+    for (size_t i = 0; i < mine.num_states(); ++i) {
+      Tensor t = mine.host_state(i);
+      pp.send(t.ptr, t.bytes(), DType::u8, 0)->wait();
+    }
+    return nullptr;
+  }
+  const Graph& whole = *rt.job->whole().graph;
+  auto out = std::make_unique<ParamStore>(full_decls(whole.params()), whole.states(), 0);
+  auto copy_in = [&](const ParamStore& from) {
+    for (size_t i = 0; i < from.num_params(); ++i) {
+      const int k = out->find_param(from.decl(i).name);
+      Tensor src = from.host_param(i), dst = out->host_param(size_t(k));
+      std::copy(src.f32(), src.f32() + src.numel(), dst.f32());
+    }
+    for (size_t i = 0; i < from.num_states(); ++i) {
+      Tensor src = from.host_state(i), dst = out->host_state(size_t(out->find_state(from.state_decl(i).name)));
+      std::copy(src.u8(), src.u8() + src.bytes(), dst.u8());
+    }
+  };
+  for (int s = m.pp() - 1; s >= 0; --s) {  // stage 0 last: its copy of a tied weight wins
+    if (s == 0) {
+      copy_in(mine);
+      continue;
+    }
+    const RankPlan& other = rt.job->stage(s);
+    const Graph& og = *other.model.graph;
+    ParamStore ps(full_decls(og.params()), og.states(), 0);
+    pp.recv(ps.flat_params(), size_t(ps.flat_size()), DType::f32, s)->wait();
+    for (size_t i = 0; i < ps.num_states(); ++i) {
+      Tensor t = ps.host_state(i);
+      pp.recv(t.ptr, t.bytes(), DType::u8, s)->wait();
+    }
+    copy_in(ps);
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_weights(RankRuntime& rt, const std::string& path) {
+  std::unique_ptr<ParamStore> full;
+  const ParamStore& own = rt.unsharded(full);
+  std::unique_ptr<ParamStore> whole = gather_whole_model(rt, own);
+  if (rt.world->rank() != 0) return;
+  save_safetensors(path, whole ? *whole : own, rt.mc.name);
+}
+
+}  // namespace sat
