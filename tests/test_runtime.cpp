@@ -3,6 +3,8 @@
 // once, evaluation's forward-only schedule checked as data, and a run's observers.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -99,6 +101,15 @@ TEST(Support, EveryFeatureHasOneRowAndTheRefusalsNameTheFlag) {
   EXPECT_EQ(error_of([] { sat::require(sat::Device::cpu, sat::Feature::zero23); }), "");
   const std::string table = sat::support_table();
   for (const sat::SupportRow& r : sat::support_matrix()) EXPECT_NE(table.find(r.name), std::string::npos) << r.name;
+}
+
+// The README's table is the matrix (the code's, as support_markdown prints it).
+TEST(Support, TheReadmeShowsTheMatrix) {
+  std::ifstream f(std::string(SAT_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(f) << "README.md";
+  const std::string readme((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(readme.find(sat::support_markdown()), std::string::npos)
+      << "README.md's table under <!-- support matrix --> should read:\n" << sat::support_markdown();
 }
 
 // validate_run refuses from the matrix: what the CPU lacks, named by its flag.

@@ -8,41 +8,46 @@
 namespace sat {
 
 namespace {
-constexpr Support M = Support::measured, C = Support::compiled, N = Support::not_built;
+constexpr Support M = Support::measured, C = Support::compiled, N = Support::not_built, A = Support::not_applicable;
 }  // namespace
 
 const std::vector<SupportRow>& support_matrix() {
   static const std::vector<SupportRow> rows = {
-      {Feature::fp32, "fp32 training", "--precision fp32", M, C, ""},
-      {Feature::tf32, "tf32 GEMMs", "--precision tf32", N, C, "the CPU engine's precisions are fp32 and bf16"},
+      {Feature::fp32, "training in fp32", "--precision fp32", M, C, ""},
       {Feature::bf16, "bf16 mixed precision", "--precision bf16", M, C, ""},
       {Feature::fp16, "fp16 with loss scaling", "--precision fp16", N, C, "the CPU engine's precisions are fp32 and bf16"},
-      {Feature::data_parallel, "data parallelism", "mpirun -np N", M, C, ""},
-      {Feature::zero1, "ZeRO-1", "--zero 1", M, N, "ZeRO on GPUs is not built yet"},
+      {Feature::tf32, "tf32 GEMMs", "--precision tf32", N, C, "the CPU engine's precisions are fp32 and bf16"},
+      {Feature::cuda_graphs, "whole-step CUDA graph replay", "--cuda-graph on", A, C, ""},
+      {Feature::data_parallel, "data parallelism (MPI on CPUs, NCCL on GPUs)", "mpirun -np N", M, C, ""},
+      {Feature::nccl, "NCCL gradient reduction", "--dist-backend nccl", N, C,
+       "NCCL reduces GPU memory; the CPU engine reduces over mpi"},
+      {Feature::mpi_reduction, "MPI gradient reduction over several ranks", "--dist-backend mpi", M, N,
+       "MPI reduces host memory; GPU training reduces its gradients over nccl: --dist-backend auto or nccl"},
+      {Feature::zero1, "ZeRO-1 over several ranks", "--zero 1", M, N, "ZeRO on GPUs is not built yet"},
       {Feature::zero23, "ZeRO-2/3", "--zero 2|3", M, N, "ZeRO-2/3 on GPUs is not built yet"},
       {Feature::tensor_parallel, "tensor parallelism", "--tp", M, C, ""},
       {Feature::sequence_parallel, "sequence parallelism", "--sequence-parallel", M, C, ""},
-      {Feature::pipeline, "pipeline (gpipe, 1f1b, interleaved)", "--pp", M, C, ""},
+      {Feature::pipeline, "pipeline parallelism (gpipe, 1f1b, interleaved)", "--pp", M, C, ""},
       {Feature::recompute, "activation recomputation", "--recompute", M, N,
        "the GPU engine does not recompute activations yet"},
-      {Feature::sync_bn, "synchronised BatchNorm", "--sync-bn", M, N, "synchronised BatchNorm on GPUs is not built yet"},
+      {Feature::sync_bn, "synchronised BatchNorm over several ranks", "--sync-bn", M, N,
+       "synchronised BatchNorm on GPUs is not built yet"},
+      {Feature::batch_tuner, "batch-size tuner", "--batch auto", M, C, ""},
+      {Feature::layout_tuner, "layout tuner", "--layout auto", M, N, "it plans and measures the CPU engine only"},
       {Feature::noise_scale, "gradient noise scale", "--noise-scale", M, C, ""},
-      {Feature::noise_scale_tp, "noise scale with tensor parallelism", "--noise-scale with --tp", M, N,
+      {Feature::noise_scale_tp, "gradient noise scale with tensor parallelism", "--noise-scale with --tp", M, N,
        "the GPU norms do not yet count a parameter whole on every tensor-parallel rank once"},
       {Feature::profile, "per-layer profile", "--profile", M, N,
        "the GPU engine's layers run asynchronously: timing them needs CUDA events, not built yet"},
       {Feature::trace, "step traces", "--trace", M, N,
        "the GPU engine's layers run asynchronously: timing them needs CUDA events, not built yet"},
-      {Feature::checkpoints, "checkpoints and resume", "--checkpoint-dir/--resume", M, N,
+      {Feature::checkpoints, "checkpoints and resuming", "--checkpoint-dir/--resume", M, N,
        "checkpoints are written and read on the CPU only for now"},
-      {Feature::init_weights, "start from weights", "--init-weights", M, N, "load on the CPU"},
-      {Feature::grouped_query_attention, "grouped-query attention (Llama)", "--model llama:...", M, N,
-       "the GPU attention kernels take one fused qkv"},
-      {Feature::cuda_graphs, "whole-step CUDA graphs", "--cuda-graph on", N, C, "CUDA graphs are a GPU feature"},
-      {Feature::nccl, "NCCL gradient reduction", "--dist-backend nccl", N, C,
-       "NCCL reduces GPU memory; the CPU engine reduces over mpi"},
-      {Feature::mpi_reduction, "MPI gradient reduction (several ranks)", "--dist-backend mpi", M, N,
-       "MPI reduces host memory; GPU training reduces its gradients over nccl: --dist-backend auto or nccl"},
+      {Feature::init_weights, "starting from weights", "--init-weights", M, N, "load on the CPU"},
+      {Feature::eval_predict, "saturate eval and predict", "saturate eval/predict", M, N, "they run on the CPU"},
+      {Feature::llama, "Llama models (RMSNorm, rotary, SwiGLU, grouped-query attention)", "--model llama:...", M, N,
+       "RMSNorm, rotary embeddings, SwiGLU and grouped-query attention have no GPU kernels yet"},
+      {Feature::library, "the C++ library (fit, evaluate, predict)", "sat::fit", M, N, "the library trains on the CPU"},
   };
   return rows;
 }
@@ -69,7 +74,12 @@ void require(Device d, Feature f, const std::string& given) {
 const char* device_kind_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
 const char* support_name(Support s) {
-  return s == Support::measured ? "measured" : s == Support::compiled ? "compiled, not yet run" : "not built";
+  switch (s) {
+    case Support::measured: return "measured";
+    case Support::compiled: return "compiled, not yet run";
+    case Support::not_built: return "not built";
+    default: return "-";
+  }
 }
 
 std::string support_table() {
@@ -82,6 +92,14 @@ std::string support_table() {
     std::snprintf(line, sizeof line, "  %-38s %-24s %s\n", r.name, support_name(r.cpu), support_name(r.cuda));
     t += line;
   }
+  return t;
+}
+
+std::string support_markdown() {
+  auto cell = [](Support s) { return s == Support::measured ? std::string("✓ measured") : std::string(support_name(s)); };
+  std::string t = "| capability | flag | CPU | CUDA |\n|---|---|---|---|\n";
+  for (const SupportRow& r : support_matrix())
+    t += str_cat("| ", r.name, " | `", r.flag, "` | ", cell(r.cpu), " | ", cell(r.cuda), " |\n");
   return t;
 }
 

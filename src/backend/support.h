@@ -5,7 +5,8 @@
 //
 // Levels: measured (built and run here, exact against one process where it is a layout);
 // compiled (built and its tests written, never run: no GPU has been lent yet); not_built
-// (train refuses it on that device with one line naming the flag).
+// (train refuses it on that device with one line naming the flag); not_applicable (a
+// feature of the other device, ignored on this one).
 #pragma once
 #include <string>
 #include <vector>
@@ -14,14 +15,17 @@
 
 namespace sat {
 
-enum class Support { measured, compiled, not_built };
+enum class Support { measured, compiled, not_built, not_applicable };
 
 enum class Feature {
   fp32,
-  tf32,
   bf16,
   fp16,
+  tf32,
+  cuda_graphs,
   data_parallel,
+  nccl,
+  mpi_reduction,
   zero1,
   zero23,
   tensor_parallel,
@@ -29,16 +33,17 @@ enum class Feature {
   pipeline,
   recompute,
   sync_bn,
+  batch_tuner,
+  layout_tuner,
   noise_scale,
   noise_scale_tp,
   profile,
   trace,
   checkpoints,
   init_weights,
-  grouped_query_attention,
-  cuda_graphs,
-  nccl,
-  mpi_reduction,
+  eval_predict,
+  llama,
+  library,
   kCount
 };
 
@@ -57,8 +62,9 @@ Support support(Device d, Feature f);
 // feature the CPU lacks, "FLAG needs --device cuda (WHY)"); nothing when supported. given:
 // the flag as the user gave it ("--zero 2"; default: the row's).
 void require(Device d, Feature f, const std::string& given = "");
-// The matrix as a text table (saturate info --device cuda; the README's copy).
+// The matrix as a text table (saturate info --device cuda), and as the README's Markdown.
 std::string support_table();
+std::string support_markdown();
 const char* support_name(Support s);  // "measured", "compiled, not yet run", "not built"
 const char* device_kind_name(Device d);  // "cpu", "cuda"
 

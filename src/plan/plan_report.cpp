@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/text.h"
 #include "plan/planner.h"
+#include "train/validate.h"
 
 namespace sat {
 namespace {
@@ -20,7 +21,10 @@ ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
 const char* schedule_of(const Layout& l) { return l.pp == 1 ? "none" : pipe_schedule_name(l.pp_schedule); }
 
-ojson layout_json(const Prediction& p) {
+// The device the planned cluster trains on: a GPU kind's, or this machine's CPU.
+Device device_of(const PlanRequest& r) { return r.hw.gpu ? Device::cuda : Device::cpu; }
+
+ojson layout_json(const Prediction& p, Device d) {
   const Layout& l = p.layout;
   ojson j;
   j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp;
@@ -28,6 +32,7 @@ ojson layout_json(const Prediction& p) {
   j["schedule"] = schedule_of(l), j["virtual_stages"] = l.virtual_stages;
   j["recompute"] = recompute_name(l.recompute), j["sequence_parallel"] = l.sequence_parallel, j["zero"] = l.zero;
   j["layout"] = l.str();
+  j["train_refuses"] = refusals(l, d);
   j["memory_bytes_per_gpu"] = num(p.memory_bytes);
   j["memory_exact"] = p.memory_exact, j["memory_stage"] = p.memory_stage, j["fits"] = p.fits;
   j["step_seconds"] = num(p.step_seconds);
@@ -83,6 +88,10 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
   s += strf("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",
            tokens ? "tokens/s" : "samples/s");
   for (size_t i = 0; i < p.best.size(); ++i) s += row(int(i) + 1, p.best[i], tokens);
+  // What saturate train would refuse on this device today (backend/support.h), said beside them.
+  for (size_t i = 0; i < p.best.size(); ++i)
+    for (const std::string& why : refusals(p.best[i].layout, device_of(r)))
+      s += strf(" #%zu: `saturate train` refuses it today: %s\n", i + 1, why.c_str());
   const Prediction& b = p.best[0];
   s += strf("\nbest: %s (%s)\n", b.layout.str().c_str(), p.why.c_str());
   s += strf("  step %.4g s = compute %.4g s on the busiest stage (tensor-parallel collectives %.3g s) + bubble %.1f%% + "
@@ -109,11 +118,11 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
   j["model_parameters"] = p.model_parameters, j["model_flops_per_sample"] = p.model_flops_per_sample;
   j["layouts_searched"] = p.layouts, j["over_memory"] = p.over_memory, j["slower_by_bound"] = p.slower, j["search_seconds"] = p.seconds;
   j["why"] = p.why;
-  j["best"] = p.best.empty() ? ojson(nullptr) : layout_json(p.best[0]);
+  j["best"] = p.best.empty() ? ojson(nullptr) : layout_json(p.best[0], device_of(r));
   ojson all = ojson::array();
-  for (const Prediction& x : p.best) all.push_back(layout_json(x));
+  for (const Prediction& x : p.best) all.push_back(layout_json(x, device_of(r)));
   j["layouts"] = all;
-  if (p.smallest) j["smallest"] = layout_json(*p.smallest);
+  if (p.smallest) j["smallest"] = layout_json(*p.smallest, device_of(r));
   return j.dump(1) + "\n";
 }
 

@@ -50,7 +50,7 @@ void check_ranges(const TrainConfig& cfg) {
 }
 
 // What the device can run (backend/support.h), and where the gradients are reduced.
-void check_device(const TrainConfig& cfg, Device dev, int world) {
+void check_device(const ModelConfig& mc, const TrainConfig& cfg, Device dev, int world) {
   (void)activation_dtype(cfg.precision, dev);
   if (cfg.dist_backend == DistBackend::nccl) require(dev, Feature::nccl);
   if (cfg.dist_backend == DistBackend::mpi && world > 1) require(dev, Feature::mpi_reduction);
@@ -62,9 +62,29 @@ void check_device(const TrainConfig& cfg, Device dev, int world) {
   if (!cfg.trace_dir.empty()) require(dev, Feature::trace);
   if (cfg.measure_noise && cfg.tp > 1) require(dev, Feature::noise_scale_tp);
   if (!cfg.checkpoint_dir.empty()) require(dev, Feature::checkpoints);
+  if (mc.family == ModelFamily::llama) require(dev, Feature::llama);
 }
 
 }  // namespace
+
+std::vector<std::string> refusals(const Layout& l, Device d) {
+  std::vector<std::pair<bool, Feature>> used = {{l.zero == 1 && l.dp > 1, Feature::zero1},
+                                                {l.zero >= 2, Feature::zero23},
+                                                {l.recompute != Recompute::none, Feature::recompute},
+                                                {l.tp > 1, Feature::tensor_parallel},
+                                                {l.sequence_parallel, Feature::sequence_parallel},
+                                                {l.pp > 1, Feature::pipeline}};
+  std::vector<std::string> out;
+  for (auto [on, f] : used) {
+    if (!on || support(d, f) != Support::not_built) continue;
+    try {
+      require(d, f);
+    } catch (const Error& e) {
+      out.push_back(e.what());
+    }
+  }
+  return out;
+}
 
 void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_ranges(cfg);
@@ -74,7 +94,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   rc.recompute = cfg.recompute;
   check_recompute(rc);
   const Device dev = resolve_device(cfg.device);
-  check_device(cfg, dev, world);
+  check_device(mc, cfg, dev, world);
   cfg.check(world);
   check_zero(cfg, dev != Device::cpu, cfg.dp_of(world));
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "

@@ -7,6 +7,9 @@
 // graph (the pipeline's cut) run when the job's plan is built (train/plan.h), and those that
 // need the data when the trainer opens it.
 #pragma once
+#include <string>
+#include <vector>
+
 #include "backend/support.h"
 #include "nn/models.h"
 #include "train/config.h"
@@ -18,6 +21,11 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world);
 
 // The ZeRO stage against the device and the data-parallel ranks (part of validate_run).
 void check_zero(const TrainConfig& cfg, bool cuda, int dp);
+
+// What `train` on device d would refuse in layout l today (backend/support.h), one line
+// each as the refusal words it: the planner and --layout auto say so beside the layouts
+// they recommend.
+std::vector<std::string> refusals(const Layout& l, Device d);
 
 // The activation dtype of a precision on a device (sat::Error when the device lacks it).
 DType activation_dtype(Precision p, Device dev);

@@ -1,5 +1,7 @@
 #include "tune/layout_tune.h"
 
+#include "backend/support.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +9,7 @@
 #include <filesystem>
 
 #include "backend/device.h"
+#include "backend/support.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -244,8 +247,7 @@ void agree_on_choice(dist::Comm* comm, LayoutTuneResult& r) {
 namespace {
 
 void check_config(const TrainConfig& base, const LayoutTuneConfig& cfg) {
-  SAT_CHECK(resolve_device(base.device) == Device::cpu, "--layout auto: plans and measures the CPU engine only for "
-            "now (use --device cpu)");
+  require(resolve_device(base.device), Feature::layout_tuner);
   SAT_CHECK(cfg.global_batch >= 1, "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
   SAT_CHECK(cfg.candidates >= 1, "--layout-candidates: expected a positive number of layouts, got ", cfg.candidates);
   SAT_CHECK(cfg.min_steps >= 1 && cfg.probe_seconds > 0, "--layout auto: expected a positive probe length");
