@@ -340,7 +340,7 @@ TEST(Hardware, ThisMachineAsOneProcess) {
 }
 
 // Under mpirun -np 2: every rank measures and gets rank 0's figures.
-TEST(Hardware, ThisMachineOverTwoRanks) {
+TEST(HardwareRanks, ThisMachineOverTwoRanks) {
   if (!sat::test::world_is(2)) GTEST_SKIP() << "under mpirun -np 2 only";
   sat::dist::Comm& w = world();
   const Hardware h = hardware("this", &w);
