@@ -1,5 +1,8 @@
 // The job's communicator for the tests that run both alone and under mpirun (CMake runs
 // them as NAME_npN): world() is every rank of the job, or this process alone.
+// A test that runs only under mpirun (it skips in one process) belongs to a suite whose name
+// ends in "Ranks" (PipelineRanks, ZeroRanks, ...): CMake registers no single-process entry
+// for it, and the NAME_npN entries run it.
 #pragma once
 #include <memory>
 

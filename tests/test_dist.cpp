@@ -1195,7 +1195,7 @@ TEST(Dist, BenchCommRowsAreOk) {
 
 // Ping-pong between ranks 0 and 1 (the others wait): intact both ways, every rank gets rank
 // 0's times, and the table ends with the fitted latency and bandwidth.
-TEST(Dist, BenchP2PRowsAreOk) {
+TEST(DistRanks, BenchP2PRowsAreOk) {
   Comm& c = world();
   if (c.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   BenchCommOptions o;

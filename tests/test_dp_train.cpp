@@ -130,29 +130,29 @@ void expect_matches_one_process(const Case& c, bool learns = true) {
 
 }  // namespace
 
-TEST(DataParallel, MlpMatchesOneProcessWithEvaluation) {
+TEST(DataParallelRanks, MlpMatchesOneProcessWithEvaluation) {
   expect_matches_one_process({.model = "mlp", .global_batch = 64, .evaluate = true});
 }
 
-TEST(DataParallel, MlpWithAccumulationMatchesOneProcess) {
+TEST(DataParallelRanks, MlpWithAccumulationMatchesOneProcess) {
   expect_matches_one_process({.model = "mlp", .global_batch = 64, .accum = 2});
 }
 
-TEST(DataParallel, GptMiniMatchesOneProcess) {
+TEST(DataParallelRanks, GptMiniMatchesOneProcess) {
   // SGD: AdamW's first steps are sign-like for gradients near zero, where float32
   // summation order flips signs (the same happens between two thread counts' orders).
   expect_matches_one_process({.model = "gpt-mini", .global_batch = 16, .steps = 12});
 }
 
-TEST(DataParallel, GptMiniWithAccumulationMatchesOneProcess) {
+TEST(DataParallelRanks, GptMiniWithAccumulationMatchesOneProcess) {
   expect_matches_one_process({.model = "gpt-mini", .global_batch = 16, .accum = 2, .steps = 8});
 }
 
-TEST(DataParallel, ConvnetWithSyncBatchNormMatchesOneProcess) {
+TEST(DataParallelRanks, ConvnetWithSyncBatchNormMatchesOneProcess) {
   expect_matches_one_process({.model = "convnet", .global_batch = 32, .steps = 12, .sync_bn = true, .evaluate = true});
 }
 
-TEST(DataParallel, Resnet18WithSyncBatchNormMatchesOneProcess) {
+TEST(DataParallelRanks, Resnet18WithSyncBatchNormMatchesOneProcess) {
   // Few steps at a small learning rate: ResNet-18 at batch 8 is so sensitive that a
   // relative change of 5e-7 in the learning rate alone moves its BatchNorm biases by 1e-3
   // of their size by step 2 in one process; after a few steps any float32 summation
@@ -161,7 +161,7 @@ TEST(DataParallel, Resnet18WithSyncBatchNormMatchesOneProcess) {
                              /*learns=*/false);
 }
 
-TEST(DataParallel, PerRankBatchNormDiffersFromOneProcess) {
+TEST(DataParallelRanks, PerRankBatchNormDiffersFromOneProcess) {
   // Without --sync-bn each rank normalises with its own micro-batch's statistics, as
   // DDP does: the trajectory is not the one-process one (the check above is not vacuous).
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R dp_train)";
@@ -176,7 +176,7 @@ TEST(DataParallel, PerRankBatchNormDiffersFromOneProcess) {
   w.barrier();
 }
 
-TEST(DataParallel, ZeroOneFollowsTheSameTrajectoryWithAShardOfTheState) {
+TEST(DataParallelRanks, ZeroOneFollowsTheSameTrajectoryWithAShardOfTheState) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R dp_train)";
   Comm& w = world();
   for (std::string opt : {"adamw", "sgd"}) {
@@ -229,7 +229,7 @@ TEST(DataParallelFailure, KillingOneRankOfTrainingEndsTheJob) {
 
 #include "tune/tune.h"
 
-TEST(DataParallel, TuneAgreesOnEveryRankAndKeepsTheGlobalBatch) {
+TEST(DataParallelRanks, TuneAgreesOnEveryRankAndKeepsTheGlobalBatch) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R dp_train)";
   Comm& w = world();
   sat::cpu::set_num_threads(1);

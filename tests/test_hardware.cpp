@@ -308,8 +308,9 @@ TEST(Hardware, ThisMachineAsOneProcess) {
   const double t0 = sat::now_seconds();
   const Hardware h = hardware("this");
   const double seconds = sat::now_seconds() - t0;
+  // How long the measuring takes, and how the cache's rate compares with the memory's, are
+  // bench/plan/measure_this's figures: here, only what each figure must be.
   std::printf("measured in %.2f s:\n%s", seconds, sat::hardware_table(h).c_str());
-  EXPECT_LT(seconds, 20.0);  // ~2-5 s; generous for a busy machine
   EXPECT_EQ(h.name, "this");
   EXPECT_FALSE(h.gpu);
   EXPECT_EQ(h.gpus_per_node, 1);
@@ -324,23 +325,22 @@ TEST(Hardware, ThisMachineAsOneProcess) {
   EXPECT_EQ(h.intra.bandwidth, h.memory_bandwidth);
   EXPECT_EQ(h.intra_busy.bandwidth, h.intra.bandwidth);  // one process: no ranks to reduce over
   // The last-level cache where Linux's sysfs describes it (all of it: one process on the host),
-  // and a triad inside it faster than the one from memory.
+  // and the triad's rate inside it.
   if (std::filesystem::exists("/sys/devices/system/cpu/cpu0/cache/index0/size")) {
     expect_positive_finite(h.cache.bytes, "cache bytes");
     EXPECT_GE(h.cache.bytes, 1048576.0);
     EXPECT_EQ(std::fmod(h.cache.bytes, 1024.0), 0.0) << h.cache.bytes;
-    EXPECT_GT(h.cache.bandwidth, h.memory_bandwidth);
+    expect_positive_finite(h.cache.bandwidth, "cache bandwidth");
   }
   expect_positive_finite(h.eff.gemm_max, "gemm_max");
   EXPECT_LE(h.eff.gemm_max, 1.0);
   EXPECT_TRUE(std::isfinite(h.eff.gemm_half_flops) && h.eff.gemm_half_flops >= 0) << h.eff.gemm_half_flops;
   expect_positive_finite(h.eff.kernel_overhead, "kernel_overhead");
-  EXPECT_LT(h.eff.kernel_overhead, 1e-2);
   expect_same(h, round_trip(h));
 }
 
 // Under mpirun -np 2: every rank measures and gets rank 0's figures.
-TEST(Hardware, ThisMachineOverTwoRanks) {
+TEST(HardwareRanks, ThisMachineOverTwoRanks) {
   if (!sat::test::world_is(2)) GTEST_SKIP() << "under mpirun -np 2 only";
   sat::dist::Comm& w = world();
   const Hardware h = hardware("this", &w);

@@ -55,7 +55,7 @@ bool ranks_agree(double x) {
 
 }  // namespace
 
-TEST(LayoutTune, TimesThePlannersBestAndChoosesTheMeasuredFastest) {
+TEST(LayoutTuneRanks, TimesThePlannersBestAndChoosesTheMeasuredFastest) {
   if (!sat::test::world_is(2)) GTEST_SKIP() << "runs under mpirun -np 2 (ctest layout_tune_np2)";
   const LayoutTuneResult r = tune_gpt_mini(3);
   ASSERT_GE(r.trials.size(), 2u);
@@ -117,7 +117,7 @@ TEST(LayoutTune, TimesThePlannersBestAndChoosesTheMeasuredFastest) {
 }
 
 // The fields --layout fixes are kept by every layout timed.
-TEST(LayoutTune, FixedFieldsAreKept) {
+TEST(LayoutTuneRanks, FixedFieldsAreKept) {
   if (!sat::test::world_is(2)) GTEST_SKIP() << "runs under mpirun -np 2 (ctest layout_tune_np2)";
   cpu::set_num_threads(1);
   ModelConfig mc = model_config("mlp");

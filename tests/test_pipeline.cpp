@@ -287,7 +287,7 @@ void expect_exact(const Case& c, int pp) {
   w.barrier();
 }
 
-TEST(Pipeline, MlpEverySchedule) {
+TEST(PipelineRanks, MlpEverySchedule) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   for (int pp : {2, 4})
     for (auto kind : {PipeSchedule::none, PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
@@ -295,7 +295,7 @@ TEST(Pipeline, MlpEverySchedule) {
   expect_exact({.model = "mlp", .pp = 2, .kind = PipeSchedule::interleaved, .v = 3, .batch = 8, .evaluate = true}, 2);
 }
 
-TEST(Pipeline, GptMiniWithTiedEmbeddingsEverySchedule) {
+TEST(PipelineRanks, GptMiniWithTiedEmbeddingsEverySchedule) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
     for (int pp : {2, 4}) expect_exact({.model = "gpt-mini", .pp = pp, .kind = kind, .batch = 1, .steps = 20}, pp);
@@ -305,7 +305,7 @@ TEST(Pipeline, GptMiniWithTiedEmbeddingsEverySchedule) {
 
 // bf16 on the CPU (nn/bf16_cpu.h): stages send and receive bf16 activations and their
 // gradients; the losses follow one process's in bf16 (identical with the stages alone).
-TEST(Pipeline, GptMiniInBf16) {
+TEST(PipelineRanks, GptMiniInBf16) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   expect_exact({.model = "gpt-mini", .pp = 2, .kind = PipeSchedule::one_f_one_b, .batch = 1, .steps = 12,
                 .lr = 0.02f, .precision = sat::Precision::bf16},
@@ -313,7 +313,7 @@ TEST(Pipeline, GptMiniInBf16) {
 }
 
 // Llama's untied embedding and head on the first and last stages.
-TEST(Pipeline, LlamaOneFOneB) {
+TEST(PipelineRanks, LlamaOneFOneB) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   expect_exact({.model = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256", .pp = 2,
                 .kind = PipeSchedule::one_f_one_b, .batch = 2, .steps = 20}, 2);
@@ -321,7 +321,7 @@ TEST(Pipeline, LlamaOneFOneB) {
 
 // (A smaller learning rate: at 0.05 the convnet fits the synthetic data to a loss of 0.003
 // within 20 steps, where a relative bound on the loss means nothing.)
-TEST(Pipeline, ConvnetEverySchedule) {
+TEST(PipelineRanks, ConvnetEverySchedule) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
     for (int pp : {2, 4}) expect_exact({.model = "convnet", .pp = pp, .kind = kind, .batch = 8, .lr = 0.004f}, pp);
@@ -333,7 +333,7 @@ TEST(Pipeline, ConvnetEverySchedule) {
 
 // dp 2 x pp 2 on 4 ranks: buckets over the dp group of each stage, ZeRO-1 and
 // synchronised BatchNorm over it too.
-TEST(Pipeline, DataTimesPipelineParallel) {
+TEST(PipelineRanks, DataTimesPipelineParallel) {
   if (!distributed() || world().size() != 4) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R pipeline_np4)";
   expect_exact({.model = "gpt-mini", .pp = 2, .batch = 1, .accum = 4, .evaluate = true}, 2);
   expect_exact({.model = "mlp", .pp = 2, .kind = PipeSchedule::gpipe, .batch = 8, .optimizer = "adamw", .lr = 1e-3f,
@@ -344,7 +344,7 @@ TEST(Pipeline, DataTimesPipelineParallel) {
 
 // The gradient noise scale of a pipeline (each stage's squared norms summed over the
 // stages) is the one-process estimate.
-TEST(Pipeline, NoiseScaleMatchesOneProcess) {
+TEST(PipelineRanks, NoiseScaleMatchesOneProcess) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   Comm& w = world();
   auto run = [&](Comm& comm, int pp) {
@@ -374,7 +374,7 @@ TEST(Pipeline, NoiseScaleMatchesOneProcess) {
 
 // Every rank's plan holds its measured peak, within 2%, for gpt-mini under GPipe and
 // 1F1B at M = 1, 4, 8 (and GPipe's activation memory grows with M while 1F1B's stays).
-TEST(Pipeline, MemoryPlanHoldsEveryRanksPeak) {
+TEST(PipelineRanks, MemoryPlanHoldsEveryRanksPeak) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   Comm& w = world();
   for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})

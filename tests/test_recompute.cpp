@@ -249,7 +249,7 @@ TEST(Recompute, ActivationsPerLayerAreTheFormulas) {
   }
 }
 
-TEST(Recompute, BitwiseUnderPipelineParallelism) {
+TEST(RecomputeRanks, BitwiseUnderPipelineParallelism) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R recompute_np2)";
   Case c;
   c.pp = 2;
@@ -258,7 +258,7 @@ TEST(Recompute, BitwiseUnderPipelineParallelism) {
   world().barrier();
 }
 
-TEST(Recompute, BitwiseUnderTensorParallelism) {
+TEST(RecomputeRanks, BitwiseUnderTensorParallelism) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R recompute_np2)";
   Case c;
   c.tp = 2;

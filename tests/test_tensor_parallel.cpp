@@ -330,7 +330,7 @@ void expect_exact(const Case& c) {
 
 // The gradient noise scale counts each element once: a split parameter's parts on their
 // ranks, a whole one on the group's first rank.
-TEST(TensorParallel, NoiseScaleMatchesOneProcess) {
+TEST(TensorParallelRanks, NoiseScaleMatchesOneProcess) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   for (const char* model : {"mlp", "gpt-mini"}) {
     const Case c{.model = model, .batch = 4, .steps = 8, .noise = true};
@@ -349,7 +349,7 @@ TEST(TensorParallel, NoiseScaleMatchesOneProcess) {
 // The vocabulary-parallel cross-entropy against central differences: each rank holds 5 of
 // 10 classes; the loss is one number on every rank, and the gradient of a rank's logits
 // is checked by perturbing them on that rank alone (every rank recomputes the loss).
-TEST(TensorParallel, VocabParallelCrossEntropyGradient) {
+TEST(TensorParallelRanks, VocabParallelCrossEntropyGradient) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   Comm& w = world();
   sat::CrossEntropy ce(sat::TPRank{2, w.rank()});
@@ -385,7 +385,7 @@ TEST(TensorParallel, VocabParallelCrossEntropyGradient) {
   EXPECT_GT(norm, 0) << "rank " << w.rank();
 }
 
-TEST(TensorParallel, TwoRanks) {
+TEST(TensorParallelRanks, TwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   expect_exact({.model = "mlp", .batch = 8, .evaluate = true});
   expect_exact({.model = "gpt-mini", .evaluate = true});
@@ -395,7 +395,7 @@ TEST(TensorParallel, TwoRanks) {
 
 // Llama (RMSNorm, rotary, grouped-query attention, SwiGLU, untied vocabulary-parallel
 // embedding and head) follows one process, with and without sequence parallelism.
-TEST(TensorParallel, LlamaTwoRanks) {
+TEST(TensorParallelRanks, LlamaTwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   expect_exact({.model = kLlama, .batch = 4, .optimizer = "adamw", .lr = 3e-3f, .evaluate = true});
   expect_exact({.model = kLlama, .sp = true, .batch = 4, .optimizer = "adamw", .lr = 3e-3f});
@@ -403,13 +403,13 @@ TEST(TensorParallel, LlamaTwoRanks) {
 
 // Deeper mlps: an odd hidden layer left whole between the pair and the head, and a second
 // pair entered through a copy.
-TEST(TensorParallel, DeeperMlpsTwoRanks) {
+TEST(TensorParallelRanks, DeeperMlpsTwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   expect_exact({.model = "mlp:784-256-128-64-10", .batch = 8, .lr = 0.15f});
   expect_exact({.model = "mlp:784-128-96-64-32-10", .batch = 8, .lr = 0.15f});
 }
 
-TEST(TensorParallel, FourRanks) {
+TEST(TensorParallelRanks, FourRanks) {
   if (!world_is(4)) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R tensor_parallel_np4)";
   expect_exact({.model = "mlp", .tp = 4, .batch = 8});
   expect_exact({.model = "gpt-mini", .tp = 4, .batch = 1, .evaluate = true});
@@ -420,7 +420,7 @@ TEST(TensorParallel, FourRanks) {
   expect_exact({.model = "gpt-mini", .tp = 2, .pp = 2, .batch = 1, .accum = 4, .evaluate = true});  // tp 2 x pp 2
 }
 
-TEST(TensorParallel, EightRanks) {
+TEST(TensorParallelRanks, EightRanks) {
   if (!world_is(8)) GTEST_SKIP() << "runs under mpirun with 8 ranks (ctest -R tensor_parallel_np8)";
   expect_exact({.model = "gpt-mini", .tp = 2, .pp = 2, .sp = true, .batch = 1, .accum = 4, .steps = 12,
                 .optimizer = "adamw", .lr = 3e-4f, .zero = 1, .evaluate = true});  // dp 2 x tp 2 x pp 2
@@ -433,7 +433,7 @@ TEST(TensorParallel, EightRanks) {
 // instead, plus the LayerNorm gradients' all-reduce once per step. The ring algorithm
 // moves 2 (n-1)/n of an all-reduce's payload and (n-1)/n of the others': per layer, the
 // same wire volume either way.
-TEST(TensorParallel, BytesPerStepAreTheTextbooks) {
+TEST(TensorParallelRanks, BytesPerStepAreTheTextbooks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   const double b = 2, s = 128, h = 256, L = 4, f = 4, accum = 2, steps = 3, act = b * s * h * f;
   double wire[2] = {0, 0};

@@ -243,7 +243,7 @@ RunOut expect_exact(const Case& c) {
   return run;
 }
 
-TEST(Zero, TwoRanks) {
+TEST(ZeroRanks, TwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R zero_np2)";
   const std::string dir = (std::filesystem::temp_directory_path() / "sat_zero_np2").string();
   if (world().rank() == 0) std::filesystem::create_directories(dir);
@@ -262,7 +262,7 @@ TEST(Zero, TwoRanks) {
   expect_exact({.model = "gpt-mini", .zero = 3, .batch = 1, .lr = 3e-4f, .recompute = sat::Recompute::full});
 }
 
-TEST(Zero, FourRanks) {
+TEST(ZeroRanks, FourRanks) {
   if (!world_is(4)) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R zero_np4)";
   for (int zero : {2, 3}) {
     expect_exact({.model = "mlp", .zero = zero, .batch = 4, .accum = 1});
@@ -276,7 +276,7 @@ TEST(Zero, FourRanks) {
 
 // Every rank's plan holds its measured peak (within 2%, never below) at several micro-batches,
 // for every lever alone and for ZeRO-3 with full recomputation.
-TEST(Zero, MemoryPlanHoldsAtSeveralBatches) {
+TEST(ZeroRanks, MemoryPlanHoldsAtSeveralBatches) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R zero_np2)";
   for (int64_t batch : {2, 4})
     for (int zero : {1, 2, 3})
@@ -300,7 +300,7 @@ TEST(Zero, MemoryPlanHoldsAtSeveralBatches) {
 // ring algorithms over n ranks: 2 (n-1)/n P, 2 (n-1)/n P' and 3 (n-1)/n P': ZeRO-1 and 2
 // move what data parallelism moves and ZeRO-3 1.5 times as much (up to the padding of
 // the units), exactly 1.5 times its own reduce-scatter's wire twice.
-TEST(Zero, BytesPerStepAreThePapers) {
+TEST(ZeroRanks, BytesPerStepAreThePapers) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R zero_np2)";
   const double n = 2, steps = 3;
   double wire[4] = {0, 0, 0, 0};
