@@ -1,5 +1,8 @@
 // The device seam of training: what one rank's training needs from the device it runs on,
 // behind one interface with a host (CPU) and a CUDA implementation, as ggml's backends are.
+// The interface is here, below everything (it names the types it passes, no more); the
+// implementations are in src/device/, which builds them from the layers above (the
+// optimizers of optim/, the NCCL communicators of dist/, NVML's sampler of profile/).
 // Nothing in train/ asks which device it runs on; it asks this: the engine's context, where
 // parameters live, the optimizer's update, the device side of the mesh's groups (NCCL twins
 // on GPUs), how asynchronous collectives are ordered with the step's compute, squared norms
@@ -33,11 +36,11 @@ class StreamOrder {
  public:
   virtual ~StreamOrder() = default;
   // Before collective `i` is queued: it comes after the compute queued so far.
-  virtual void before(size_t i) { (void)i; }
+  virtual void before(size_t i) = 0;
   // Every collective in `works` completes before the compute queued next.
-  virtual void join(std::vector<std::unique_ptr<dist::Work>>& works);
+  virtual void join(std::vector<std::unique_ptr<dist::Work>>& works) = 0;
   // Whether join waits on the host (so that its time can be measured there).
-  virtual bool host_waits() const { return true; }
+  virtual bool host_waits() const = 0;
 };
 
 // Squared norms of gradient ranges (the gradient noise scale's inputs): add() computes (or,
@@ -82,34 +85,13 @@ class DeviceBackend {
     return host;
   }
   // Ordering of the collectives of a reduction of `events` buckets (see StreamOrder).
-  virtual std::unique_ptr<StreamOrder> stream_order(size_t events) {
-    (void)events;
-    return std::make_unique<StreamOrder>();
-  }
+  virtual std::unique_ptr<StreamOrder> stream_order(size_t events) = 0;
   // pieces: the most add() calls between two take() calls. scale: the fp16 loss scale in
   // device memory the norms are divided by (null: 1).
   virtual std::unique_ptr<SquaredNorms> squared_norms(size_t pieces, const float* scale) = 0;
   // The device's utilisation sampled while training (null where none can be read).
-  virtual std::unique_ptr<GpuSampler> utilization();
+  virtual std::unique_ptr<GpuSampler> utilization() = 0;
   virtual void synchronize() {}
 };
-
-struct DeviceOptions {
-  DType act = DType::f32;      // the activations' dtype (the GPU's parameter copy)
-  bool tf32 = false;           // float32 GEMMs on tensor cores
-  bool loss_scaling = false;   // fp16: dynamic loss scaling in the optimizer
-  // A job of several ranks and a --device without an index: each rank takes the GPU of its
-  // place on its node (as torchrun's LOCAL_RANK).
-  bool gpu_per_rank = false;
-};
-
-// The device --device names ("cpu", "cuda", "cuda:N", "auto"): sat::Error naming --device
-// when it is not available.
-std::unique_ptr<DeviceBackend> make_device_backend(const std::string& device, const DeviceOptions& o);
-
-// The host's, and the CUDA backend's on GPU `index` (backend/cuda/cuda_backend.cpp; -1:
-// the rank's GPU on its node; sat::Error where the binary was built without it).
-std::unique_ptr<DeviceBackend> make_host_backend();
-std::unique_ptr<DeviceBackend> make_cuda_backend(int index, const DeviceOptions& o);
 
 }  // namespace sat

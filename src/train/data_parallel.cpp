@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/timer.h"
+#include "device/devices.h"
 
 namespace sat {
 
@@ -20,7 +21,7 @@ GradReducer::GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::C
       SAT_CHECK(p >= 0, "internal error: tied parameter ", name, " is not in this stage's store");
       tied_.push_back({ps.offset(size_t(p)), ps.offset(size_t(p)) + ps.decl(size_t(p)).spec.shape.numel()});
     }
-  order_ = device ? device->stream_order(buckets_.size()) : std::make_unique<StreamOrder>();
+  order_ = device ? device->stream_order(buckets_.size()) : host_stream_order();
 }
 
 GradReducer::~GradReducer() { works_.clear(); }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/device_backend.h"
+#include "device/devices.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/comm.h"

@@ -2,7 +2,7 @@
 // on the GPU with the activation dtype's copy, the fused optimizer, NCCL twins of the mesh's
 // groups, events between the compute stream and the data-parallel reduction's, squared
 // norms on the device, and NVML's utilisation.
-#include "backend/device_backend.h"
+#include "device/devices.h"
 
 #include "core/error.h"
 

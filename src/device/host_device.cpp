@@ -1,4 +1,6 @@
-#include "backend/device_backend.h"
+// The host's side of the device seam: parameters, activations and collectives in host
+// memory (counted by core/alloc.h), the host optimizer, collectives waited for.
+#include "device/devices.h"
 
 #include "backend/device.h"
 #include "core/alloc.h"
@@ -9,13 +11,16 @@
 
 namespace sat {
 
-void StreamOrder::join(std::vector<std::unique_ptr<dist::Work>>& works) {
-  for (auto& w : works) w->wait();
-}
-
-std::unique_ptr<GpuSampler> DeviceBackend::utilization() { return nullptr; }
-
 namespace {
+
+class HostOrder final : public StreamOrder {
+ public:
+  void before(size_t) override {}
+  void join(std::vector<std::unique_ptr<dist::Work>>& works) override {
+    for (auto& w : works) w->wait();
+  }
+  bool host_waits() const override { return true; }
+};
 
 double squared_norm(const float* g, int64_t n) {
   double s = 0;
@@ -60,12 +65,16 @@ class HostBackend final : public DeviceBackend {
     return host_optimizer(c, ps);
   }
   std::unique_ptr<SquaredNorms> squared_norms(size_t, const float*) override { return std::make_unique<HostNorms>(); }
+  std::unique_ptr<StreamOrder> stream_order(size_t) override { return host_stream_order(); }
+  std::unique_ptr<GpuSampler> utilization() override { return nullptr; }
 
  private:
   size_t base_ = 0;
 };
 
 }  // namespace
+
+std::unique_ptr<StreamOrder> host_stream_order() { return std::make_unique<HostOrder>(); }
 
 std::unique_ptr<DeviceBackend> make_host_backend() { return std::make_unique<HostBackend>(); }
 
