@@ -30,6 +30,7 @@ struct RunState {
   int64_t global_batch = 0;
   double t_start = 0, t_train = 0;  // the run's start and the first step's
   double t_measure = 0;             // the first measured step's start (after warm-up)
+  double t_end = 0;                 // the last step's end
   double tp_comm_seconds = 0;       // per measured step, of compute (the profiler's)
   StepBreakdown spent;              // summed over the measured steps
   TrainResult result;               // losses, noise, steps... filled in as the run goes

@@ -168,12 +168,13 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     run.result.losses.push_back(loss);
     for (RunObserver* o : watch) o->step_ends(done, run);
   }
-  for (RunObserver* o : watch) o->run_ends(run);
+  run.t_end = now_seconds();
   const GroupBytes moved = rt.traffic();
   const double ran = double(std::max<int64_t>(1, run.total - run.start));  // steps this process ran
   run.result.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / ran, (moved.dp - traffic_before.dp) / ran,
                                     (moved.pp - traffic_before.pp) / ran,
                                     (moved.embedding - traffic_before.embedding) / ran};
+  for (RunObserver* o : watch) o->run_ends(run);
   return finish(run, *health);
 }
 
@@ -182,7 +183,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
 TrainResult Trainer::finish(RunState& run, HealthObserver& health) {
   RankRuntime& rt = *rt_;
   TrainResult& r = run.result;
-  const double t_end = now_seconds();
+  const double t_end = run.t_end;
   r.steps = run.total;
   r.final_train_loss = r.losses.empty() ? NAN : r.losses.back();
   r.train_seconds = t_end - run.t_train;
