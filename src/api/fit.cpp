@@ -14,7 +14,9 @@
 #include "core/timer.h"
 #include "dist/comm.h"
 #include "train/trainer.h"
-#include "tune/tune.h"
+#include "train/plan.h"
+#include "train/validate.h"
+#include "tune/policy.h"
 
 namespace saturate {
 
@@ -78,16 +80,22 @@ sat::TrainConfig train_config(const FitOptions& o, bool validate) {
   return c;
 }
 
-// batch_size 0: the tuner's micro-batch, accumulation and scaled rate (as --batch auto).
-void tune_batch(const sat::ModelConfig& mc, const sat::Dataset& train, bool progress, sat::TrainConfig& c) {
-  sat::TuneConfig t;
-  t.progress = progress && (!c.comm || c.comm->rank() == 0) ? 1 : 0;
-  t.noise_steps = 0;  // the throughput objective does not use it
-  const sat::TuneResult tr = sat::tune(mc, c, train, nullptr, t);
-  c.batch = tr.choice.micro_batch;
-  c.accum = tr.choice.accum;
-  c.optim.lr = tr.choice.lr;
-  c.schedule.warmup_fraction = std::max(c.schedule.warmup_fraction, tr.choice.warmup_fraction);
+// batch_size 0: the tuner's micro-batch, accumulation and scaled rate, by the policy of
+// saturate train --batch auto (tune/policy.h) without its cache, its cost model or its lines.
+void tune_batch(const sat::ModelConfig& mc, const sat::Dataset& train, bool progress, sat::dist::Comm& comm,
+                sat::TrainConfig& c) {
+  sat::TunePolicy p;
+  p.tune.progress = progress ? 1 : 0;
+  p.tune.noise_steps = 0;  // the throughput objective does not use it
+  p.cache = p.cost_model = p.print = false;
+  sat::apply_tuning(p, mc, train, nullptr, comm, c);
+}
+
+// The job's plan, as saturate train builds it: validated, for this process's ranks.
+std::unique_ptr<sat::JobPlan> plan_job(const sat::ModelConfig& mc, const sat::TrainConfig& c, const sat::Dataset& train,
+                                       const sat::Dataset* val, int world) {
+  sat::validate_run(mc, c, world);
+  return std::make_unique<sat::JobPlan>(sat::resolved_model(mc, c), c, train, val, c.dp_of(world));
 }
 
 // The model's weights into a trainer's parameters (on the host: the trainer runs on the CPU).
@@ -145,10 +153,18 @@ History run_fit(Model& model, const Dataset& train, const FitOptions& o) {
   const sat::Dataset& ds = *train.impl()->data;
   sat::fit_to_data(mc, ds);
   const sat::Dataset* val = o.validation ? o.validation->impl()->data.get() : nullptr;
-  std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();  // data-parallel under mpirun
   sat::TrainConfig c = train_config(o, val != nullptr);
+  // Validated and planned before MPI starts (every rank fails alike), as saturate train.
+  const int world = sat::dist::detect_process().world;
+  std::unique_ptr<sat::JobPlan> job;
+  if (o.batch_size > 0) job = plan_job(mc, c, ds, val, world);
+  else sat::validate_run(mc, c, world);  // the tuner chooses the batch the job is planned for
+  std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();  // data-parallel under mpirun
   if (comm->size() > 1) c.comm = comm.get();
-  if (o.batch_size == 0) tune_batch(mc, ds, o.progress, c);
+  if (o.batch_size == 0) {
+    tune_batch(mc, ds, o.progress, *comm, c);
+    job = plan_job(mc, c, ds, val, world);
+  }
   SAT_CHECK(ds.size() >= c.batch * c.accum * comm->size(), "fit: dataset '", ds.name(), "' has ", ds.size(),
             " samples, fewer than one step's ", c.batch * c.accum * comm->size(), " (FitOptions::batch_size ", c.batch,
             c.accum > 1 ? sat::str_cat(" x ", c.accum, " accumulation") : "",
@@ -166,7 +182,7 @@ History run_fit(Model& model, const Dataset& train, const FitOptions& o) {
     logs.push_back(e);
     return o.on_epoch && !o.on_epoch(e);
   };
-  sat::Trainer t(mc, c, ds, val);
+  sat::Trainer t(*job, c);
   trainer = &t;
   load_into(model, t);
   ep.started = sat::now_seconds();

@@ -1,0 +1,102 @@
+// The flags of `saturate`: one structure for the commands that share them (train, tune and
+// info), each group of flags registered by one function, and the conversions from flags to
+// the engine's typed configs (ModelConfig, Layout, TrainConfig, TunePolicy). Every number is
+// range-checked where CLI11 parses it (check_numbers), so nothing below sees a typo's value.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "nn/models.h"
+#include "train/config.h"
+#include "tune/layout_tune.h"
+#include "tune/policy.h"
+
+namespace CLI {
+class App;
+}
+
+namespace sat::cli {
+
+constexpr int64_t kWarmupNotGiven = std::numeric_limits<int64_t>::min();
+
+// The flags of train and tune (and info's subset of them). The defaults train well with
+// nothing set (README "Defaults"): AdamW at 1e-3 with weight decay 0.01, warmed up over the
+// first 5% of the steps, then a cosine decay to 0.
+struct RunArgs {
+  // Model and data.
+  std::string model = "mlp", data = "fashion-mnist", shuffle = "on", normalize, eval = "on", last_batch = "drop";
+  int64_t vocab = 0, seq_len = 0;  // --seq-len: GPT models' window (0: the context)
+  uint64_t seed = 0;
+  // Layout: the micro-batch ("auto": tuned), tensor and pipeline parallelism (the
+  // data-parallel degree is what is left), recomputation, ZeRO.
+  std::string batch = "64", pp_schedule = "1f1b", pp_split, recompute = "none";
+  int64_t accum = 1;
+  int tp = 1, pp = 1, virtual_stages = 1, zero = 0;
+  bool sequence_parallel = false;
+  int ranks = 1;  // info: the data-parallel ranks planned for
+  // Optimizer and schedule. NaN: not given (the optimizer's default applies).
+  std::string optimizer = "adamw", schedule = "cosine";
+  double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
+  bool nesterov = false;
+  int64_t epochs = 1, steps = 0, warmup = kWarmupNotGiven, step_size = 0;
+  // Device and data parallelism.
+  std::string device = "auto", precision = "fp32", cuda_graph = "on", dist_backend = "auto";
+  int threads = 0;
+  double bucket_mb = 25;
+  bool sync_bn = false;
+  // Outputs, weights, checkpoints, profiling.
+  std::string out, init_weights, save_weights, checkpoint_dir, resume, trace, trace_steps;
+  bool overwrite = false, profile = false, noise_scale = false;
+  int64_t checkpoint_every = 0;
+  double checkpoint_every_minutes = 0;
+  int keep = 0;
+  // Tuning (saturate tune, --batch auto, --layout).
+  std::string memory_budget, objective = "throughput", layout;
+  int64_t global_batch = 0, lr_batch = 64;
+  double knee = 0.03;
+  int layout_candidates = 3;
+  std::vector<std::string> given;  // the layout flags given explicitly (they fix fields of --layout's search)
+};
+
+// --model's help: the built-in models, the families and model files.
+const char* model_help();
+
+// One function per group of flags.
+void add_model_options(CLI::App* c, RunArgs& a);
+void add_data_options(CLI::App* c, RunArgs& a);
+void add_layout_options(CLI::App* c, RunArgs& a, bool info);
+void add_optimizer_options(CLI::App* c, RunArgs& a);
+void add_device_options(CLI::App* c, RunArgs& a);
+void add_output_options(CLI::App* c, RunArgs& a);
+void add_tuning_options(CLI::App* c, RunArgs& a);
+// The commands' sets of them.
+void add_train_options(CLI::App* c, RunArgs& a, bool tune);  // train's and tune's (tune: no --noise-scale)
+void add_info_options(CLI::App* c, RunArgs& a);
+
+// Every number of every option of app and its subcommands checked where CLI11 parses it:
+// floats finite and within float's range, integers within their flag's range.
+void check_numbers(CLI::App* app, const std::string& command);
+// The layout flags given on the command line (with --layout they fix fields of the search).
+void note_layout_flags(const CLI::App* c, RunArgs& a);
+
+// "8GiB", "512MiB", "2G" (binary), "1.5GB", "500MB" (decimal) or plain bytes.
+size_t parse_bytes(const std::string& flag, const std::string& v);
+// --batch N (not "auto").
+int64_t parse_batch(const std::string& v);
+
+// --model with --vocab and --seq-len.
+ModelConfig model_for(const RunArgs& a);
+// The layout flags (batch: the micro-batch, "auto" resolved by the caller).
+Layout layout_of(const RunArgs& a, int64_t batch);
+// Every setting of train and tune but the layout's: optimizer, schedule, data order,
+// device, outputs, checkpoints.
+TrainConfig train_config(const RunArgs& a);
+// --batch auto's settings and cache key parts.
+TunePolicy tune_policy(const RunArgs& a, const std::string& data_description, bool tune_only);
+// --layout auto|FIELDS and its options (the layout flags given fix fields of the search).
+LayoutTuneConfig layout_tune_config(const RunArgs& a);
+
+}  // namespace sat::cli
