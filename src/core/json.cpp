@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <limits>
 #include <sstream>
@@ -80,32 +79,26 @@ class TrackedChars {
   const char** furthest_ = nullptr;
 };
 
-// Runs nlohmann's SAX parser over `text` with `handler`, whose `read()` is the number of
-// characters read so far.
-template <class Handler>
-bool sax_parse(std::string_view text, Handler& handler) {
-  const char* furthest = text.data();
-  handler.read = [&furthest, begin = text.data()] { return size_t(furthest - begin); };
-  return JsonValue::sax_parse(TrackedChars(text.data(), &furthest), TrackedChars(text.data() + text.size(), &furthest),
-                              &handler, JsonValue::input_format_t::json, true, false);
-}
-
-// The SAX interface's part every handler here shares.
-struct SaxBase {
+// nlohmann's SAX handler that builds the document, refusing duplicate keys and deep
+// nesting; a syntax error becomes one line with the place it is at and what was expected
+// there. Given a key path as `target`, it stops at that value instead, noting where it is
+// (JsonRef::line: only for error messages, by reading the text again).
+class Builder {
+ public:
   using number_integer_t = JsonValue::number_integer_t;
   using number_unsigned_t = JsonValue::number_unsigned_t;
   using number_float_t = JsonValue::number_float_t;
   using string_t = JsonValue::string_t;
   using binary_t = JsonValue::binary_t;
-  std::function<size_t()> read;
-  bool binary(binary_t&) { return false; }  // JSON text has none
-};
 
-// Builds the document, refusing duplicate keys and deep nesting; a syntax error becomes one
-// line with the place it is at and what was expected there.
-class Builder : public SaxBase {
- public:
-  explicit Builder(std::string_view text) : text_(text) {}
+  explicit Builder(std::string_view text, const std::string* target = nullptr) : text_(text), target_(target) {}
+
+  // Runs nlohmann's parser over the text, false at the first error (message, error_at).
+  bool run() {
+    return JsonValue::sax_parse(TrackedChars(text_.data(), &furthest_),
+                                TrackedChars(text_.data() + text_.size(), &furthest_), this,
+                                JsonValue::input_format_t::json, true, false);
+  }
 
   bool null() { return put(nullptr); }
   bool boolean(bool b) { return put(b); }
@@ -113,6 +106,7 @@ class Builder : public SaxBase {
   bool number_unsigned(number_unsigned_t x) { return put(x); }
   bool number_float(number_float_t x, const string_t&) { return put(x); }
   bool string(string_t& s) { return put(std::move(s)); }
+  bool binary(binary_t&) { return false; }  // JSON text has none
   bool start_object(size_t) { return open(JsonValue::object()); }
   bool start_array(size_t) { return open(JsonValue::array()); }
   bool end_object() { return close(); }
@@ -128,6 +122,7 @@ class Builder : public SaxBase {
   JsonValue root;
   std::string message;  // the error, if any
   size_t error_at = 0;
+  size_t found = std::string::npos;  // where the target value was seen
 
  private:
   struct Frame {
@@ -136,8 +131,24 @@ class Builder : public SaxBase {
     std::unordered_set<std::string> keys;  // an object's so far
   };
 
+  size_t read() const { return size_t(furthest_ - text_.data()); }
+  // The key path of the value that comes next.
+  std::string next_path() const {
+    if (stack_.empty()) return "";
+    const Frame& f = stack_.back();
+    return f.v->is_array() ? str_cat(f.path, "[", f.v->size(), "]") : child_path(f.path, key_);
+  }
+  // Whether this is the target value: where the parser is then is on the line the value
+  // starts on (a scalar holds no line break, and a number's end is seen at the character
+  // after it, at worst the line's own break; a container is seen at its opening bracket).
+  bool is_target(const std::string& path) {
+    if (!target_ || path != *target_) return false;
+    found = read() - 1;
+    return true;
+  }
   template <class T>
   bool put(T&& x) {
+    if (target_ && is_target(next_path())) return false;
     slot() = JsonValue(std::forward<T>(x));
     return true;
   }
@@ -152,10 +163,8 @@ class Builder : public SaxBase {
   }
   bool open(JsonValue empty) {
     if (stack_.size() >= kMaxDepth) return error(read() - 1, str_cat("nested deeper than ", kMaxDepth, " levels"));
-    std::string path;
-    if (!stack_.empty())
-      path = stack_.back().v->is_array() ? str_cat(stack_.back().path, "[", stack_.back().v->size(), "]")
-                                         : child_path(stack_.back().path, key_);
+    std::string path = next_path();
+    if (is_target(path)) return false;
     JsonValue& v = slot();
     v = std::move(empty);
     stack_.push_back({&v, std::move(path), {}});
@@ -184,6 +193,8 @@ class Builder : public SaxBase {
   std::string unexpected(const std::string& context, bool after_value, const std::string& got) const;
 
   std::string_view text_;
+  const std::string* target_;
+  const char* furthest_ = text_.data();  // how far nlohmann's parser has read
   std::vector<Frame> stack_;
   std::string key_;
 };
@@ -253,65 +264,6 @@ bool Builder::parse_error(size_t position, const std::string& last_token, const 
   return error(start, m);
 }
 
-// Finds where the value at a key path starts (its first character) by reading the text
-// again: only for error messages.
-class Locator : public SaxBase {
- public:
-  explicit Locator(const std::string& target) : target_(target) {}
-
-  bool null() { return value(); }
-  bool boolean(bool) { return value(); }
-  bool number_integer(number_integer_t) { return value(); }
-  bool number_unsigned(number_unsigned_t) { return value(); }
-  bool number_float(number_float_t, const string_t&) { return value(); }
-  bool string(string_t&) { return value(); }
-  bool start_object(size_t) { return open(false); }
-  bool start_array(size_t) { return open(true); }
-  bool end_object() { return close(); }
-  bool end_array() { return close(); }
-  bool key(string_t& k) {
-    key_ = k;
-    return true;
-  }
-  bool parse_error(size_t, const std::string&, const nlohmann::json::exception&) { return false; }
-
-  size_t found = std::string::npos;  // offset of the value's last character read
-
- private:
-  struct Frame {
-    std::string path;
-    bool array;
-    size_t items = 0;
-  };
-  std::string next_path() {
-    if (stack_.empty()) return "";
-    Frame& f = stack_.back();
-    return f.array ? str_cat(f.path, "[", f.items++, "]") : child_path(f.path, key_);
-  }
-  bool value() {
-    if (next_path() != target_) return true;
-    found = read() - 1;  // the value's last character (for a number, the one after it)
-    return false;
-  }
-  bool open(bool array) {
-    std::string p = next_path();
-    if (p == target_) {
-      found = read() - 1;  // the bracket
-      return false;
-    }
-    stack_.push_back({std::move(p), array, 0});
-    return true;
-  }
-  bool close() {
-    stack_.pop_back();
-    return true;
-  }
-
-  const std::string& target_;
-  std::vector<Frame> stack_;
-  std::string key_;
-};
-
 }  // namespace
 
 JsonValue json_number(double x) {
@@ -330,7 +282,7 @@ JsonRef JsonRef::parse(std::string_view text, const std::string& file) {
   doc->file = file;
   doc->text = std::string(text);
   Builder b(doc->text);
-  if (!sax_parse(doc->text, b)) {
+  if (!b.run()) {
     const auto [line, col] = line_col(doc->text, b.error_at);
     ::sat::fail(file, ":", line, ":", col, ": ", b.message.empty() ? "not JSON" : b.message);
   }
@@ -361,12 +313,9 @@ const char* JsonRef::type_name(const JsonValue& v) {
 const std::string& JsonRef::file() const { return doc_->file; }
 
 int JsonRef::line() const {
-  // Where the parser stops reading a value is on the line the value starts on: a scalar
-  // holds no line break (a number's end is seen at the character after it, at worst the
-  // line's own break), and a container is found at its opening bracket.
-  Locator loc(path_);
-  sax_parse(doc_->text, loc);
-  return loc.found == std::string::npos ? 0 : int(line_col(doc_->text, loc.found).first);
+  Builder b(doc_->text, &path_);
+  b.run();
+  return b.found == std::string::npos ? 0 : int(line_col(doc_->text, b.found).first);
 }
 
 std::string JsonRef::where() const {
