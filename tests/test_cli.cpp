@@ -321,7 +321,7 @@ TEST(Cli, HardwareKindsFilesAndThisMachine) {
   EXPECT_NE(unknown.out.find("a100-40gb, a100-80gb, h100-sxm, h200, this"), std::string::npos) << unknown.out;
   std::ofstream(d / "bad.json") << R"({"base": "a100-80gb", "inter_node": {"bandwidth_gbs": -25}})";
   expect_user_error(saturate("hardware --gpu " + (d / "bad.json").string()),
-                    "bad.json: key 'inter_node.bandwidth_gbs': expected a positive number, got -25");
+                    "bad.json:1: key 'inter_node.bandwidth_gbs': expected a positive number, got -25");
   expect_user_error(saturate("hardware --gpu " + (d / "missing.json").string()), "missing.json: cannot read the file");
   expect_user_error(saturate("hardware --gpu this --threads -1"), "--threads");
   expect_user_error(saturate("hardware --gpus h100-sxm"), "--gpus");

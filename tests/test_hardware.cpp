@@ -68,10 +68,12 @@ std::string cluster_error(const std::string& from, const std::string& to) {
   if (at != std::string::npos) text.replace(at, from.size(), to);
   const std::string path = write_file("cluster.json", text);
   const std::string e = error_of([&] { hardware(path); });
-  // "FILE: what", or "FILE:LINE:COL: what" for a syntax error
+  // "FILE:LINE: what", or "FILE:LINE:COL: what" for a syntax error
   EXPECT_EQ(e.rfind(path + ":", 0), 0u) << "the error should start with the file: " << e;
-  if (e.rfind(path + ": ", 0) == 0) return e.substr(path.size() + 2);
-  return e.rfind(path + ":", 0) == 0 ? e.substr(path.size() + 1) : e;
+  if (e.rfind(path + ":", 0) != 0) return e;
+  const std::string rest = e.substr(path.size() + 1);
+  const size_t digits = rest.find_first_not_of("0123456789");
+  return digits > 0 && rest.compare(digits, 2, ": ") == 0 ? rest.substr(digits + 2) : rest;
 }
 
 void expect_same(const Hardware& a, const Hardware& b) {
@@ -265,7 +267,13 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
             "comm_eff)");
   EXPECT_EQ(cluster_error("\"gpus_per_node\": 8,", "\"gpus_per_node\": 8"), "4:3: expected ',' or '}' after an object member, got '\"'");
   const std::string top = write_file("list.json", "[1]");
-  EXPECT_EQ(error_of([&] { hardware(top); }), top + ": expected an object, got an array");
+  EXPECT_EQ(error_of([&] { hardware(top); }), top + ":1: expected an object, got an array");
+  // The line of the value (or of the object a key is missing from).
+  std::string text = kCluster;
+  const std::string figure = "\"memory_bandwidth_gbs\": 2039";
+  text.replace(text.find(figure), figure.size(), "\"memory_bandwidth_gbs\": -1");
+  const std::string five = write_file("line.json", text);
+  EXPECT_EQ(error_of([&] { hardware(five); }), five + ":5: key 'memory_bandwidth_gbs': expected a positive number, got -1");
   // Regression (fuzz_hardware): figures that leave a double in SI units were taken, as
   // infinite FLOP/s or a bandwidth of 0, and the description could not be written back.
   EXPECT_EQ(cluster_error("\"fp32\": 19.5", "\"fp32\": 1e300"),

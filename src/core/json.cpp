@@ -1,19 +1,30 @@
 #include "core/json.h"
 
-#include <charconv>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <sstream>
+#include <unordered_set>
 
 #include "core/error.h"
 
 namespace sat {
 
+struct JsonRef::Document {
+  std::string file;
+  std::string text;  // kept to find a value's line when an error needs it
+  JsonValue root;
+};
+
 namespace {
 
-constexpr int kMaxDepth = 256;
+constexpr size_t kMaxDepth = 256;
+constexpr double kMaxExact = 9007199254740992.0;  // 2^53
 
 std::string child_path(const std::string& parent, std::string_view key) {
   return parent.empty() ? std::string(key) : str_cat(parent, ".", key);
@@ -29,320 +40,258 @@ std::string describe_char(std::string_view text, size_t pos) {
   return buf;
 }
 
-// Bytes of the UTF-8 sequence starting at s[0] (well-formed: no overlong forms, no
-// surrogates, at most U+10FFFF), or 0.
-size_t utf8_sequence(std::string_view s) {
-  const auto b = [&](size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0u; };
-  const unsigned c = b(0);
-  const auto cont = [&](size_t i, unsigned lo = 0x80, unsigned hi = 0xbf) { return b(i) >= lo && b(i) <= hi; };
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) return cont(1) ? 2 : 0;
-  if (c == 0xe0) return cont(1, 0xa0) && cont(2) ? 3 : 0;
-  if (c == 0xed) return cont(1, 0x80, 0x9f) && cont(2) ? 3 : 0;
-  if (c >= 0xe1 && c <= 0xef) return cont(1) && cont(2) ? 3 : 0;
-  if (c == 0xf0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
-  if (c >= 0xf1 && c <= 0xf3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
-  if (c == 0xf4) return cont(1, 0x80, 0x8f) && cont(2) && cont(3) ? 4 : 0;
-  return 0;
+// 1-based line and column (in bytes) of offset `at`.
+std::pair<size_t, size_t> line_col(std::string_view text, size_t at) {
+  at = std::min(at, text.size());
+  size_t line = 1, start = 0;
+  for (size_t i = 0; i < at; ++i)
+    if (text[i] == '\n') ++line, start = i + 1;
+  return {line, at - start + 1};
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xc0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += char(0xe0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3f));
-    out += char(0x80 | (cp & 0x3f));
-  } else {
-    out += char(0xf0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3f));
-    out += char(0x80 | ((cp >> 6) & 0x3f));
-    out += char(0x80 | (cp & 0x3f));
+// The text as nlohmann's parser reads it, one character at a time: the furthest point read
+// tells a SAX handler where the value it is given ends (nlohmann reports positions for
+// errors only).
+class TrackedChars {
+ public:
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  TrackedChars() = default;
+  TrackedChars(const char* p, const char** furthest) : p_(p), furthest_(furthest) {}
+  reference operator*() const { return *p_; }
+  TrackedChars& operator++() {
+    *furthest_ = ++p_;
+    return *this;
   }
-}
+  TrackedChars operator++(int) {
+    TrackedChars old = *this;
+    ++*this;
+    return old;
+  }
+  bool operator==(const TrackedChars& o) const { return p_ == o.p_; }
 
-void append_escaped(std::string& out, const std::string& s) {
-  out += '"';
-  for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(c));
-          out += buf;
-        } else {
-          out += ch;
-        }
+ private:
+  const char* p_ = nullptr;
+  const char** furthest_ = nullptr;
+};
+
+// nlohmann's SAX handler that builds the document, refusing duplicate keys and deep
+// nesting; a syntax error becomes one line with the place it is at and what was expected
+// there. Given a key path as `target`, it stops at that value instead, noting where it is
+// (JsonRef::line: only for error messages, by reading the text again).
+class Builder {
+ public:
+  using number_integer_t = JsonValue::number_integer_t;
+  using number_unsigned_t = JsonValue::number_unsigned_t;
+  using number_float_t = JsonValue::number_float_t;
+  using string_t = JsonValue::string_t;
+  using binary_t = JsonValue::binary_t;
+
+  explicit Builder(std::string_view text, const std::string* target = nullptr) : text_(text), target_(target) {}
+
+  // Runs nlohmann's parser over the text, false at the first error (message, error_at).
+  bool run() {
+    return JsonValue::sax_parse(TrackedChars(text_.data(), &furthest_),
+                                TrackedChars(text_.data() + text_.size(), &furthest_), this,
+                                JsonValue::input_format_t::json, true, false);
+  }
+
+  bool null() { return put(nullptr); }
+  bool boolean(bool b) { return put(b); }
+  bool number_integer(number_integer_t x) { return put(x); }
+  bool number_unsigned(number_unsigned_t x) { return put(x); }
+  bool number_float(number_float_t x, const string_t&) { return put(x); }
+  bool string(string_t& s) { return put(std::move(s)); }
+  bool binary(binary_t&) { return false; }  // JSON text has none
+  bool start_object(size_t) { return open(JsonValue::object()); }
+  bool start_array(size_t) { return open(JsonValue::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(string_t& k) {
+    Frame& f = stack_.back();
+    if (!f.keys.insert(k).second) return error(key_start(), str_cat("duplicate key '", child_path(f.path, k), "'"));
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(size_t position, const std::string& last_token, const nlohmann::json::exception& e);
+
+  JsonValue root;
+  std::string message;  // the error, if any
+  size_t error_at = 0;
+  size_t found = std::string::npos;  // where the target value was seen
+
+ private:
+  struct Frame {
+    JsonValue* v;
+    std::string path;
+    std::unordered_set<std::string> keys;  // an object's so far
+  };
+
+  size_t read() const { return size_t(furthest_ - text_.data()); }
+  // The key path of the value that comes next.
+  std::string next_path() const {
+    if (stack_.empty()) return "";
+    const Frame& f = stack_.back();
+    return f.v->is_array() ? str_cat(f.path, "[", f.v->size(), "]") : child_path(f.path, key_);
+  }
+  // Whether this is the target value: where the parser is then is on the line the value
+  // starts on (a scalar holds no line break, and a number's end is seen at the character
+  // after it, at worst the line's own break; a container is seen at its opening bracket).
+  bool is_target(const std::string& path) {
+    if (!target_ || path != *target_) return false;
+    found = read() - 1;
+    return true;
+  }
+  template <class T>
+  bool put(T&& x) {
+    if (target_ && is_target(next_path())) return false;
+    slot() = JsonValue(std::forward<T>(x));
+    return true;
+  }
+  JsonValue& slot() {
+    if (stack_.empty()) return root;
+    JsonValue& c = *stack_.back().v;
+    if (c.is_array()) return c.emplace_back();
+    // Appended as it is (the key is new): ordered_json's own insertion looks for the key
+    // first, which makes a large object quadratic.
+    auto& members = static_cast<JsonValue::object_t::Container&>(c.get_ref<JsonValue::object_t&>());
+    return members.emplace_back(std::move(key_), nullptr).second;
+  }
+  bool open(JsonValue empty) {
+    if (stack_.size() >= kMaxDepth) return error(read() - 1, str_cat("nested deeper than ", kMaxDepth, " levels"));
+    std::string path = next_path();
+    if (is_target(path)) return false;
+    JsonValue& v = slot();
+    v = std::move(empty);
+    stack_.push_back({&v, std::move(path), {}});
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+  bool error(size_t at, std::string what) {
+    error_at = at;
+    message = std::move(what);
+    return false;
+  }
+  // Where the key just read starts: its opening quote (the closing one was the last read).
+  size_t key_start() const {
+    size_t i = read() - 1;
+    while (i > 0) {
+      --i;
+      size_t slashes = 0;
+      while (slashes < i && text_[i - 1 - slashes] == '\\') ++slashes;
+      if (text_[i] == '"' && slashes % 2 == 0) break;
     }
+    return i;
   }
-  out += '"';
+  std::string unexpected(const std::string& context, bool after_value, const std::string& got) const;
+
+  std::string_view text_;
+  const std::string* target_;
+  const char* furthest_ = text_.data();  // how far nlohmann's parser has read
+  std::vector<Frame> stack_;
+  std::string key_;
+};
+
+// What was expected where nlohmann's parser stopped (its context: "value", "object key",
+// ...), and what came instead.
+std::string Builder::unexpected(const std::string& context, bool after_value, const std::string& got) const {
+  if (context == "value" && after_value) return str_cat("unexpected ", got, " after the JSON value");
+  if (context == "value") return str_cat("expected a value, got ", got);
+  if (context == "object key") return str_cat("expected a key (a string in double quotes), got ", got);
+  if (context == "object separator") return str_cat("expected ':' after the key '", key_, "', got ", got);
+  if (context == "object") return str_cat("expected ',' or '}' after an object member, got ", got);
+  if (context == "array") return str_cat("expected ',' or ']' after an array item, got ", got);
+  return str_cat("unexpected ", got);
 }
 
-void append_number(std::string& out, double x) {
-  if (!std::isfinite(x)) fail("cannot write ", x, " as JSON (JSON has no NaN or infinity)");
-  char buf[32];
-  if (x == std::trunc(x) && std::fabs(x) <= 9007199254740992.0) {  // integers up to 2^53: no exponent
-    std::snprintf(buf, sizeof buf, "%.0f", x);
-    out += std::strcmp(buf, "-0") == 0 ? "0" : buf;
-    return;
+// Where the token nlohmann's parser did not expect starts: "unexpected TOKEN" names its
+// kind, and `position` is just past it. A string's or number's text is `token` (nlohmann
+// restarts its token text for those only).
+size_t token_start(std::string_view text, size_t position, const std::string& kind, const std::string& token) {
+  if (kind == "end of input") return text.size();
+  if (kind == "string literal" || kind == "number literal") return position - std::min(position, token.size());
+  const size_t n = kind == "false literal" ? 5 : kind.ends_with(" literal") ? 4 : 1;  // true, null; '{', ',', ...
+  return position - std::min(position, n);
+}
+
+// nlohmann's message is "syntax error while parsing CONTEXT - unexpected KIND[; expected X]"
+// for a token out of place, or "... - LEXER ERROR; last read: 'TEXT'[; expected X]" for text
+// that is no token; `position` is just past what was read.
+bool Builder::parse_error(size_t position, const std::string& last_token, const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t last = std::min(position ? position - 1 : 0, text_.size());  // the last character read
+  if (e.id == 406)
+    return error(position - std::min(position, last_token.size()), str_cat("the number ", last_token, " is out of range"));
+  const std::string lead = "syntax error while parsing ";
+  const size_t at = what.find(lead), dash = what.find(" - ", at);
+  if (at == std::string::npos || dash == std::string::npos) {
+    const size_t colon = what.find(": ");
+    return error(last, colon == std::string::npos ? what : what.substr(colon + 2));
   }
-  auto r = std::to_chars(buf, buf + sizeof buf, x);  // shortest text that reads back to x
-  out.append(buf, r.ptr);
+  const std::string context = what.substr(at + lead.size(), dash - at - lead.size()), rest = what.substr(dash + 3);
+  const bool after_value = rest.ends_with("expected end of input");
+  if (rest.starts_with("unexpected ")) {
+    const std::string kind = rest.substr(11, rest.find("; expected") - 11);
+    const size_t start = token_start(text_, position, kind, last_token);
+    return error(start, unexpected(context, after_value, describe_char(text_, start)));
+  }
+  if (rest.starts_with("invalid string: ill-formed UTF-8 byte")) {  // (its "last read" would print the bytes)
+    const auto byte = [&](size_t i) { return static_cast<unsigned char>(text_[i]); };
+    size_t b = last;  // the sequence's first byte
+    if (b > 0 && (b >= text_.size() || byte(b) < 0x80)) --b;  // cut short
+    while (b > 0 && (byte(b) & 0xc0) == 0x80 && byte(b - 1) >= 0x80) --b;
+    return error(b, str_cat("invalid UTF-8 (", describe_char(text_, b), ") in a string"));
+  }
+  if (!rest.starts_with("invalid literal;")) return error(last, rest);  // within a string or number: where it stopped
+  // A character no token starts with, or a misspelt true, false or null: where a value was
+  // expected, the word it is part of.
+  size_t start = last;
+  const auto letter = [&](size_t i) { return i < text_.size() && std::isalpha(static_cast<unsigned char>(text_[i])); };
+  if (context == "value" && !after_value) {
+    if (start > 0 && !letter(start) && letter(start - 1)) --start;
+    while (start > 0 && letter(start) && letter(start - 1)) --start;
+  }
+  std::string m = unexpected(context, after_value, describe_char(text_, start));
+  if (context == "value" && !after_value && start < text_.size() && std::strchr("tfn", text_[start]))
+    m += " (true, false and null are lower case)";
+  return error(start, m);
 }
 
 }  // namespace
 
-// Recursive descent over the text; `pos_` is the next byte.
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const std::string& file)
-      : text_(text), file_(std::make_shared<const std::string>(file)) {}
-
-  Json parse_document() {
-    if (text_.substr(0, 3) == "\xEF\xBB\xBF") pos_ = 3;  // a byte order mark
-    skip_ws();
-    Json v = parse_value("", 0);
-    skip_ws();
-    if (pos_ < text_.size()) error(pos_, "unexpected ", describe_char(text_, pos_), " after the JSON value");
-    return v;
-  }
-
- private:
-  template <typename... Args>
-  [[noreturn]] void error(size_t at, const Args&... args) const {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < at && i < text_.size(); ++i) {
-      if (text_[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    fail(*file_, ":", line, ":", col, ": ", args...);
-  }
-
-  void skip_ws() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
-      ++pos_;
-  }
-  bool peek(char c) const { return pos_ < text_.size() && text_[pos_] == c; }
-
-  Json located(Json v, const std::string& path) const {
-    v.file_ = file_;
-    v.path_ = path;
-    return v;
-  }
-
-  Json parse_value(const std::string& path, int depth) {
-    if (pos_ >= text_.size()) error(pos_, "expected a value, got end of input");
-    const char c = text_[pos_];
-    if (c == '{' || c == '[') {
-      if (depth >= kMaxDepth) error(pos_, "nested deeper than ", kMaxDepth, " levels");
-      return c == '{' ? parse_object(path, depth + 1) : parse_array(path, depth + 1);
-    }
-    if (c == '"') return located(Json(parse_string()), path);
-    if (c == '-' || (c >= '0' && c <= '9')) return located(Json(parse_number()), path);
-    if (c == 't' || c == 'f' || c == 'n') return located(parse_literal(), path);
-    error(pos_, "expected a value, got ", describe_char(text_, pos_));
-  }
-
-  Json parse_object(const std::string& path, int depth) {
-    Json obj = located(Json::object(), path);
-    ++pos_;  // {
-    skip_ws();
-    if (peek('}')) {
-      ++pos_;
-      return obj;
-    }
-    for (;;) {
-      skip_ws();
-      if (!peek('"')) error(pos_, "expected a key (a string in double quotes), got ", describe_char(text_, pos_));
-      const size_t key_at = pos_;
-      std::string key = parse_string();
-      if (obj.find(key)) error(key_at, "duplicate key '", child_path(path, key), "'");
-      skip_ws();
-      if (!peek(':')) error(pos_, "expected ':' after the key '", key, "', got ", describe_char(text_, pos_));
-      ++pos_;
-      skip_ws();
-      const std::string member_path = child_path(path, key);
-      obj.members_.emplace_back(std::move(key), parse_value(member_path, depth));
-      skip_ws();
-      if (peek('}')) {
-        ++pos_;
-        return obj;
-      }
-      if (!peek(',')) error(pos_, "expected ',' or '}' after an object member, got ", describe_char(text_, pos_));
-      ++pos_;
-    }
-  }
-
-  Json parse_array(const std::string& path, int depth) {
-    Json arr = located(Json::array(), path);
-    ++pos_;  // [
-    skip_ws();
-    if (peek(']')) {
-      ++pos_;
-      return arr;
-    }
-    for (;;) {
-      skip_ws();
-      arr.items_.push_back(parse_value(str_cat(path, "[", arr.items_.size(), "]"), depth));
-      skip_ws();
-      if (peek(']')) {
-        ++pos_;
-        return arr;
-      }
-      if (!peek(',')) error(pos_, "expected ',' or ']' after an array item, got ", describe_char(text_, pos_));
-      ++pos_;
-    }
-  }
-
-  Json parse_literal() {
-    for (auto [word, value] : {std::pair{"true", Json(true)}, std::pair{"false", Json(false)}, std::pair{"null", Json()}}) {
-      const size_t n = std::strlen(word);
-      if (text_.substr(pos_, n) == word) {
-        pos_ += n;
-        return value;
-      }
-    }
-    error(pos_, "expected a value, got ", describe_char(text_, pos_), " (true, false and null are lower case)");
-  }
-
-  // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-  double parse_number() {
-    const size_t start = pos_;
-    const auto digits = [&] {
-      const size_t from = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      return pos_ - from;
-    };
-    if (peek('-')) ++pos_;
-    if (peek('0')) {
-      ++pos_;
-      if (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') error(start, "a number cannot start with 0 (leading zeros are not JSON)");
-    } else if (digits() == 0) {
-      error(pos_, "expected a digit, got ", describe_char(text_, pos_));
-    }
-    if (peek('.')) {
-      ++pos_;
-      if (digits() == 0) error(pos_, "expected a digit after the decimal point, got ", describe_char(text_, pos_));
-    }
-    if (peek('e') || peek('E')) {
-      ++pos_;
-      if (peek('+') || peek('-')) ++pos_;
-      if (digits() == 0) error(pos_, "expected a digit in the exponent, got ", describe_char(text_, pos_));
-    }
-    const std::string_view num = text_.substr(start, pos_ - start);
-    double x = 0;
-    if (std::from_chars(num.data(), num.data() + num.size(), x).ec == std::errc::result_out_of_range) {
-      // from_chars leaves x alone: tell overflow (an error) from underflow (as good as zero).
-      x = std::strtod(std::string(num).c_str(), nullptr);
-      if (std::isinf(x)) error(start, "the number ", num, " is out of range");
-    }
-    return x;
-  }
-
-  uint32_t parse_hex4() {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i, ++pos_) {
-      if (pos_ >= text_.size()) error(pos_, "expected 4 hex digits after \\u, got end of input");
-      const char c = text_[pos_];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (d < 0) error(pos_, "expected 4 hex digits after \\u, got ", describe_char(text_, pos_));
-      v = v * 16 + uint32_t(d);
-    }
-    return v;
-  }
-
-  // \uXXXX (a surrogate pair counts as one), at the 'u'.
-  void parse_unicode_escape(std::string& out) {
-    const size_t at = pos_ - 1;
-    ++pos_;
-    uint32_t cp = parse_hex4();
-    if (cp >= 0xdc00 && cp <= 0xdfff) error(at, "a low surrogate \\u", std::hex, cp, " without a high one before it");
-    if (cp >= 0xd800 && cp <= 0xdbff) {
-      if (text_.substr(pos_, 2) != "\\u") error(at, "a high surrogate \\u", std::hex, cp, " must be followed by a low one");
-      pos_ += 2;
-      const uint32_t lo = parse_hex4();
-      if (lo < 0xdc00 || lo > 0xdfff) error(at, "a high surrogate \\u", std::hex, cp, " must be followed by a low one");
-      cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-    }
-    append_utf8(out, cp);
-  }
-
-  void parse_escape(std::string& out) {
-    const char c = pos_ < text_.size() ? text_[pos_] : 0;
-    const char* from = "\"\\/bfnrt";
-    const char* to = "\"\\/\b\f\n\r\t";
-    if (const char* p = c ? std::strchr(from, c) : nullptr) {
-      out += to[p - from];
-      ++pos_;
-    } else if (c == 'u') {
-      parse_unicode_escape(out);
-    } else {
-      error(pos_ - 1, "unknown escape \\", pos_ < text_.size() ? std::string(1, c) : std::string(), " in a string");
-    }
-  }
-
-  std::string parse_string() {
-    const size_t start = pos_;
-    ++pos_;  // "
-    std::string out;
-    for (;;) {
-      if (pos_ >= text_.size()) error(start, "a string that is never closed (missing '\"')");
-      const unsigned char c = static_cast<unsigned char>(text_[pos_]);
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (c == '\\') {
-        ++pos_;
-        parse_escape(out);
-      } else if (c < 0x20) {
-        error(pos_, c == '\n' ? "a line break inside a string (write \\n, or close the string)"
-                              : "a control character inside a string (write it as \\u00XX)");
-      } else {
-        const size_t n = utf8_sequence(text_.substr(pos_));
-        if (n == 0) error(pos_, "invalid UTF-8 (", describe_char(text_, pos_), ") in a string");
-        out.append(text_.substr(pos_, n));
-        pos_ += n;
-      }
-    }
-  }
-
-  std::string_view text_;
-  size_t pos_ = 0;
-  std::shared_ptr<const std::string> file_;
-};
-
-Json Json::array(std::vector<Json> items) {
-  Json j;
-  j.type_ = Type::array;
-  j.items_ = std::move(items);
-  return j;
+JsonValue json_number(double x) {
+  if (std::isfinite(x) && x == std::trunc(x) && std::fabs(x) <= kMaxExact) return JsonValue(int64_t(x));
+  return JsonValue(x);
 }
 
-Json Json::object() {
-  Json j;
-  j.type_ = Type::object;
-  return j;
+JsonRef::JsonRef() {
+  static const auto none = std::make_shared<const Document>();
+  doc_ = none;
+  v_ = &none->root;
 }
 
-Json Json::parse(std::string_view text, const std::string& file) { return JsonParser(text, file).parse_document(); }
+JsonRef JsonRef::parse(std::string_view text, const std::string& file) {
+  auto doc = std::make_shared<Document>();
+  doc->file = file;
+  doc->text = std::string(text);
+  Builder b(doc->text);
+  if (!b.run()) {
+    const auto [line, col] = line_col(doc->text, b.error_at);
+    ::sat::fail(file, ":", line, ":", col, ": ", b.message.empty() ? "not JSON" : b.message);
+  }
+  doc->root = std::move(b.root);
+  const JsonValue* root = &doc->root;
+  return JsonRef(std::move(doc), root, "");
+}
 
-Json Json::parse_file(const std::string& path) {
+JsonRef JsonRef::parse_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   SAT_CHECK(f, path, ": cannot read the file (", std::strerror(errno), ")");
   std::ostringstream ss;
@@ -351,85 +300,102 @@ Json Json::parse_file(const std::string& path) {
   return parse(ss.str(), path);
 }
 
-const char* Json::type_name(Type t) {
-  switch (t) {
-    case Type::null: return "null";
-    case Type::boolean: return "a boolean";
-    case Type::number: return "a number";
-    case Type::string: return "a string";
-    case Type::array: return "an array";
-    case Type::object: return "an object";
-  }
+const char* JsonRef::type_name(const JsonValue& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
   return "?";
 }
 
-std::string Json::where() const {
-  const std::string file = file_ ? *file_ : "";
-  if (path_.empty()) return file;
-  return str_cat(file, file.empty() ? "" : ": ", "key '", path_, "'");
+const std::string& JsonRef::file() const { return doc_->file; }
+
+int JsonRef::line() const {
+  Builder b(doc_->text, &path_);
+  b.run();
+  return b.found == std::string::npos ? 0 : int(line_col(doc_->text, b.found).first);
 }
 
-void Json::fail(const std::string& what) const {
-  const std::string w = where();
-  ::sat::fail(w, w.empty() ? "" : ": ", what);
+std::string JsonRef::where() const {
+  const int l = line();
+  return str_cat(file(), l > 0 ? str_cat(":", l) : "", path_.empty() ? "" : str_cat(": key '", path_, "'"));
 }
 
-void Json::type_error(Type want) const { fail(str_cat("expected ", type_name(want), ", got ", type_name(type_))); }
+void JsonRef::fail(const std::string& what) const { ::sat::fail(where(), ": ", what); }
 
-bool Json::boolean() const {
-  if (type_ != Type::boolean) type_error(Type::boolean);
-  return bool_;
+void JsonRef::fail_here(const std::string& what) const {
+  const int l = line();
+  ::sat::fail(file(), l > 0 ? str_cat(":", l) : "", ": ", what);
 }
 
-double Json::number() const {
-  if (type_ != Type::number) type_error(Type::number);
-  return num_;
+void JsonRef::type_error(const char* want) const { fail(str_cat("expected ", want, ", got ", type_name(*v_))); }
+
+bool JsonRef::boolean() const {
+  if (!v_->is_boolean()) type_error("a boolean");
+  return v_->get<bool>();
 }
 
-int64_t Json::integer() const {
+double JsonRef::number() const {
+  if (!v_->is_number()) type_error("a number");
+  return v_->get<double>();
+}
+
+int64_t JsonRef::integer() const {
+  if (v_->is_number_unsigned()) {
+    const uint64_t u = v_->get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) fail(str_cat("expected an integer, got ", u));
+    return int64_t(u);
+  }
+  if (v_->is_number_integer()) return v_->get<int64_t>();
   const double x = number();
-  if (x != std::trunc(x) || std::fabs(x) > 9007199254740992.0) fail(str_cat("expected an integer, got ", x));
+  if (x != std::trunc(x) || std::fabs(x) > kMaxExact) fail(str_cat("expected an integer, got ", x));
   return int64_t(x);
 }
 
-const std::string& Json::string() const {
-  if (type_ != Type::string) type_error(Type::string);
-  return str_;
+const std::string& JsonRef::string() const {
+  if (!v_->is_string()) type_error("a string");
+  return v_->get_ref<const std::string&>();
 }
 
-const std::vector<Json>& Json::items() const {
-  if (type_ != Type::array) type_error(Type::array);
-  return items_;
+std::vector<JsonRef> JsonRef::items() const {
+  if (!v_->is_array()) type_error("an array");
+  std::vector<JsonRef> out;
+  out.reserve(v_->size());
+  for (size_t i = 0; i < v_->size(); ++i) out.push_back(JsonRef(doc_, &(*v_)[i], str_cat(path_, "[", i, "]")));
+  return out;
 }
 
-const std::vector<Json::Member>& Json::members() const {
-  if (type_ != Type::object) type_error(Type::object);
-  return members_;
+std::vector<std::pair<std::string, JsonRef>> JsonRef::members() const {
+  if (!v_->is_object()) type_error("an object");
+  std::vector<std::pair<std::string, JsonRef>> out;
+  out.reserve(v_->size());
+  for (const auto& [k, v] : v_->items()) out.emplace_back(k, JsonRef(doc_, &v, child_path(path_, k)));
+  return out;
 }
 
-const Json* Json::find(std::string_view key) const {
-  for (const auto& [k, v] : members())
-    if (k == key) return &v;
-  return nullptr;
+std::optional<JsonRef> JsonRef::find(std::string_view key) const {
+  if (!v_->is_object()) type_error("an object");
+  const auto it = v_->find(std::string(key));
+  if (it == v_->end()) return std::nullopt;
+  return JsonRef(doc_, &*it, child_path(path_, key));
 }
 
-const Json& Json::at(std::string_view key) const {
-  if (const Json* v = find(key)) return *v;
-  const std::string file = file_ ? *file_ + ": " : "";
-  ::sat::fail(file, "missing key '", child_path(path_, key), "'");
+JsonRef JsonRef::at(std::string_view key) const {
+  if (auto v = find(key)) return *v;
+  fail_here(str_cat("missing key '", child_path(path_, key), "'"));
 }
 
-const Json& Json::item(size_t i) const {
-  const auto& v = items();
-  if (i >= v.size()) fail(str_cat("expected at least ", i + 1, " items, got ", v.size()));
-  return v[i];
+JsonRef JsonRef::item(size_t i) const {
+  if (!v_->is_array()) type_error("an array");
+  if (i >= v_->size()) fail(str_cat("expected at least ", i + 1, " items, got ", v_->size()));
+  return JsonRef(doc_, &(*v_)[i], str_cat(path_, "[", i, "]"));
 }
 
-size_t Json::size() const {
-  return type_ == Type::array ? items_.size() : type_ == Type::object ? members_.size() : 0;
-}
+size_t JsonRef::size() const { return v_->is_array() || v_->is_object() ? v_->size() : 0; }
 
-void Json::expect_keys(std::initializer_list<std::string_view> allowed) const {
+void JsonRef::expect_keys(std::initializer_list<std::string_view> allowed) const {
   for (const auto& [k, v] : members()) {
     bool known = false;
     for (auto a : allowed) known = known || a == k;
@@ -437,64 +403,8 @@ void Json::expect_keys(std::initializer_list<std::string_view> allowed) const {
     std::string list;
     size_t i = 0;
     for (auto a : allowed) list += str_cat(i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ", a), ++i;
-    const std::string file = file_ ? *file_ + ": " : "";
-    ::sat::fail(file, "unknown key '", child_path(path_, k), "' (expected ", list, ")");
+    v.fail_here(str_cat("unknown key '", v.path(), "' (expected ", list, ")"));
   }
-}
-
-Json& Json::set(const std::string& key, Json value) {
-  if (type_ == Type::null) type_ = Type::object;
-  if (type_ != Type::object) type_error(Type::object);
-  for (auto& [k, v] : members_)
-    if (k == key) {
-      v = std::move(value);
-      return *this;
-    }
-  members_.emplace_back(key, std::move(value));
-  return *this;
-}
-
-Json& Json::push(Json value) {
-  if (type_ == Type::null) type_ = Type::array;
-  if (type_ != Type::array) type_error(Type::array);
-  items_.push_back(std::move(value));
-  return *this;
-}
-
-void Json::dump_to(std::string& out, int indent, int depth) const {
-  const auto newline = [&](int d) {
-    if (indent < 0) return;
-    out += '\n';
-    out.append(size_t(indent) * size_t(d), ' ');
-  };
-  switch (type_) {
-    case Type::null: out += "null"; return;
-    case Type::boolean: out += bool_ ? "true" : "false"; return;
-    case Type::number: append_number(out, num_); return;
-    case Type::string: append_escaped(out, str_); return;
-    case Type::array:
-    case Type::object: break;
-  }
-  const bool arr = type_ == Type::array;
-  const size_t n = size();
-  out += arr ? '[' : '{';
-  for (size_t i = 0; i < n; ++i) {
-    if (i) out += ',';
-    newline(depth + 1);
-    if (!arr) {
-      append_escaped(out, members_[i].first);
-      out += indent < 0 ? ":" : ": ";
-    }
-    (arr ? items_[i] : members_[i].second).dump_to(out, indent, depth + 1);
-  }
-  if (n) newline(depth);
-  out += arr ? ']' : '}';
-}
-
-std::string Json::dump(int indent) const {
-  std::string out;
-  dump_to(out, indent, 0);
-  return out;
 }
 
 }  // namespace sat

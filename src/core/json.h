@@ -1,111 +1,99 @@
-// A small, strict JSON reader and writer for the files users write by hand (a cluster's
-// hardware description, run files) and the data files saturate reads: RFC 8259 and nothing
-// more (no comments, no trailing commas, no NaN, no duplicate keys, UTF-8 only).
+// Reading the JSON files users write by hand (a cluster's hardware, a model file) and the
+// caches saturate reads back, with nlohmann-json: RFC 8259 and nothing more (no comments, no
+// trailing commas, no NaN), no duplicate keys, at most 256 levels of nesting, members kept in
+// file order. Writing is nlohmann's own (JsonValue::dump).
 //
-// Every value read from a file knows the file and its key path, so each mistake is one line
-// that says where it is:
+// A value read from a file knows the file, its key path and its line, so each mistake is one
+// line that says where it is:
 //   cluster.json:3:17: expected ',' or '}' after an object member, got '"'
-//   cluster.json: missing key 'inter_node.latency_us'
-//   cluster.json: key 'inter_node.bandwidth_gbs': expected a number, got a string
-//   cluster.json: unknown key 'inter_node.bandwith_gbs' (expected bandwidth_gbs or latency_us)
-// All of them are sat::Error (core/error.h).
+//   cluster.json:7: missing key 'inter_node.latency_us'
+//   cluster.json:8: key 'inter_node.bandwidth_gbs': expected a number, got a string
+//   cluster.json:8: unknown key 'inter_node.bandwith_gbs' (expected bandwidth_gbs or latency_us)
+// All of them are sat::Error (core/error.h). A value's line is found only when an error
+// needs it (the text is scanned again for the value's key path): reading costs nothing more
+// than nlohmann's parse.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace sat {
 
-class Json {
+// A document's values: nlohmann's, with object members in file order.
+using JsonValue = nlohmann::ordered_json;
+
+// x as JSON writes it best: a whole number up to 2^53 as an integer ("80", not "80.0").
+JsonValue json_number(double x);
+
+// A value of a parsed document and its place in it (the document is shared: a JsonRef
+// keeps it alive and is cheap to copy).
+class JsonRef {
  public:
-  enum class Type { null, boolean, number, string, array, object };
-  using Member = std::pair<std::string, Json>;
+  JsonRef();  // null, of no file
+  // `text` as one JSON value (surrounding whitespace allowed, a UTF-8 byte order mark
+  // skipped). `file` names the source in every error; syntax errors give its line and
+  // column: "FILE:LINE:COL: what".
+  static JsonRef parse(std::string_view text, const std::string& file = "<json>");
+  // The file at `path` ("PATH: cannot read the file (...)" when it cannot be read).
+  static JsonRef parse_file(const std::string& path);
 
-  Json() = default;  // null
-  Json(std::nullptr_t) {}
-  Json(bool b) : type_(Type::boolean), bool_(b) {}
-  Json(double x) : type_(Type::number), num_(x) {}
-  template <typename T>
-    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
-  Json(T x) : Json(double(x)) {}  // every integer type (exact up to 2^53)
-  Json(std::string s) : type_(Type::string), str_(std::move(s)) {}
-  Json(const char* s) : Json(std::string(s)) {}
-  static Json array(std::vector<Json> items = {});
-  static Json object();
+  const JsonValue& value() const { return *v_; }
+  bool is_null() const { return v_->is_null(); }
+  bool is_bool() const { return v_->is_boolean(); }
+  bool is_number() const { return v_->is_number(); }
+  bool is_string() const { return v_->is_string(); }
+  bool is_array() const { return v_->is_array(); }
+  bool is_object() const { return v_->is_object(); }
 
-  // The text as one JSON value (surrounding whitespace allowed, a UTF-8 byte order mark
-  // skipped). `file` names the source in every error message, syntax errors with
-  // line:column ("FILE:LINE:COL: what").
-  static Json parse(std::string_view text, const std::string& file = "<json>");
-  // The file at `path` ("PATH: cannot read ..." when it cannot be read).
-  static Json parse_file(const std::string& path);
-
-  Type type() const { return type_; }
-  bool is_null() const { return type_ == Type::null; }
-  bool is_bool() const { return type_ == Type::boolean; }
-  bool is_number() const { return type_ == Type::number; }
-  bool is_string() const { return type_ == Type::string; }
-  bool is_array() const { return type_ == Type::array; }
-  bool is_object() const { return type_ == Type::object; }
-
-  // The value as a type: sat::Error naming the file and key when it is another type.
+  // The value as a type: sat::Error naming the file, line and key when it is another type.
   bool boolean() const;
   double number() const;
-  int64_t integer() const;  // a number without a fraction, |x| <= 2^53
+  int64_t integer() const;  // a number without a fraction, |x| <= 2^53 (or any int64 written as one)
   const std::string& string() const;
-  const std::vector<Json>& items() const;      // an array's
-  const std::vector<Member>& members() const;  // an object's, in file order
+  std::vector<JsonRef> items() const;                            // an array's
+  std::vector<std::pair<std::string, JsonRef>> members() const;  // an object's, in file order
 
   // An object's member: error when this is not an object or the key is missing.
-  const Json& at(std::string_view key) const;
-  // An object's member or nullptr (error when this is not an object).
-  const Json* find(std::string_view key) const;
-  bool contains(std::string_view key) const { return find(key) != nullptr; }
+  JsonRef at(std::string_view key) const;
+  // An object's member, if there (error when this is not an object).
+  std::optional<JsonRef> find(std::string_view key) const;
+  bool contains(std::string_view key) const { return find(key).has_value(); }
   // An array's item: error when this is not an array or i is past its end.
-  const Json& item(size_t i) const;
+  JsonRef item(size_t i) const;
   // Items of an array, members of an object, 0 otherwise.
   size_t size() const;
 
-  // Where the value is: "FILE: key 'a.b[2].c'", "FILE" for the top level; without the file
-  // for values built in code.
-  std::string where() const;
+  const std::string& file() const;
   const std::string& path() const { return path_; }  // "a.b[2].c"; "" at the top level
-  // Throws sat::Error "FILE: key 'PATH': what" (for checks of a value's content).
+  // The line the value is on (its first character; 1 for the first line).
+  int line() const;
+  // "FILE:LINE: key 'PATH'", "FILE:LINE" at the top level.
+  std::string where() const;
+  // Throws sat::Error "FILE:LINE: key 'PATH': what" (for checks of a value's content).
   [[noreturn]] void fail(const std::string& what) const;
-  // For objects: an error naming the first key that is not among `allowed`, and the
-  // allowed ones (catches typos in hand-written files).
+  // For objects: an error naming the first key (in file order) that is not among
+  // `allowed`, and the allowed ones (catches typos in hand-written files).
   void expect_keys(std::initializer_list<std::string_view> allowed) const;
 
-  // Building: sets (replaces, or appends in order) an object's member / appends an item.
-  Json& set(const std::string& key, Json value);
-  Json& push(Json value);
+  static const char* type_name(const JsonValue& v);  // "a number", "an object", ...
 
-  // The text: indented by `indent` spaces per level, or on one line when indent < 0.
-  // Numbers are written so that they read back to the same double; NaN and infinities
-  // are an error (JSON has none).
-  std::string dump(int indent = 2) const;
-
-  static const char* type_name(Type t);  // "a number", "an object", ...
+  struct Document;
 
  private:
-  friend class JsonParser;
-  void dump_to(std::string& out, int indent, int depth) const;
-  [[noreturn]] void type_error(Type want) const;
+  JsonRef(std::shared_ptr<const Document> doc, const JsonValue* v, std::string path)
+      : doc_(std::move(doc)), v_(v), path_(std::move(path)) {}
+  [[noreturn]] void type_error(const char* want) const;
+  [[noreturn]] void fail_here(const std::string& what) const;  // "FILE:LINE: what"
 
-  Type type_ = Type::null;
-  bool bool_ = false;
-  double num_ = 0;
-  std::string str_;
-  std::vector<Json> items_;
-  std::vector<Member> members_;
-  // Where a parsed value came from (empty for values built in code).
-  std::shared_ptr<const std::string> file_;
+  std::shared_ptr<const Document> doc_;
+  const JsonValue* v_ = nullptr;
   std::string path_;
 };
 

@@ -1,7 +1,10 @@
 #include "core/text.h"
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <utility>
 
 namespace sat {
 
@@ -41,6 +44,41 @@ std::string html_escape(const std::string& s) {
     }
   }
   return o;
+}
+
+std::string choice_list(std::initializer_list<std::string_view> names) {
+  std::string s;
+  size_t i = 0;
+  for (auto n : names) s += str_cat(i == 0 ? "" : i + 1 == names.size() ? " or " : ", ", n), ++i;
+  return s;
+}
+
+void check_choice(std::string_view setting, std::string_view text, std::initializer_list<std::string_view> names) {
+  for (auto n : names)
+    if (text == n) return;
+  fail(setting, ": expected ", choice_list(names), ", got '", text, "'");
+}
+
+bool parse_on_off(std::string_view setting, std::string_view text) {
+  static constexpr Named<bool> kOnOff[] = {{"on", true}, {"off", false}};
+  return parse_named(setting, text, kOnOff);
+}
+
+size_t parse_size(const std::string& flag, const std::string& text) {
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"", 1},        {"B", 1},          {"K", 0x1p10},  {"KiB", 0x1p10}, {"M", 0x1p20}, {"MiB", 0x1p20},
+      {"G", 0x1p30},  {"GiB", 0x1p30},   {"T", 0x1p40},  {"TiB", 0x1p40}, {"KB", 1e3},   {"MB", 1e6},
+      {"GB", 1e9},    {"TB", 1e12}};
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  double unit = 0;
+  if (end != text.c_str())
+    for (const auto& [name, bytes] : kUnits)
+      if (std::string_view(end) == name) unit = bytes;
+  // (at most 2^60 bytes: the conversion to size_t must be in range)
+  SAT_CHECK(unit > 0 && x > 0 && std::isfinite(x) && x * unit <= 0x1p60, flag,
+            ": expected a size such as 8GiB, 512MiB, 2G, 40GB or 1500000000 (bytes, at most 1 EiB), got '", text, "'");
+  return size_t(x * unit);
 }
 
 }  // namespace sat

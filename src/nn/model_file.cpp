@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/rng.h"
+#include "core/text.h"
 #include "nn/blocks.h"
 #include "nn/layers/activation.h"
 #include "nn/layers/attention.h"
@@ -73,43 +74,47 @@ bool arity_ok(const std::string& type, size_t n) {
   return n == (type == "add" || type == "cross_entropy" || type == "swiglu" ? 2u : 1u);
 }
 
-// The fields of one layer, read with errors that name the file, the layer and the field.
+// The fields of one layer, read with errors that name the file (and line), the layer and
+// the field.
 class Fields {
  public:
-  Fields(const std::string& spec, const FileLayer& l) : spec_(spec), l_(l) {}
-  [[noreturn]] void fail(const std::string& what) const {
-    ::sat::fail(spec_, ": layer '", l_.name, "' (", l_.type, "): ", what);
+  Fields(const ModelFile& f, const FileLayer& l) : f_(f), l_(l) {}
+  // "SPEC:LINE: layer 'NAME' (TYPE): " (the field's line, or the layer's).
+  std::string where(const char* key = nullptr) const {
+    std::string line;
+    if (f_.lines) line = str_cat(":", (key && find(key) ? *find(key) : l_.args).line());
+    return str_cat(f_.where, line, ": layer '", l_.name, "' (", l_.type, "): ");
   }
-  const Json* find(const char* key) const { return l_.args.find(key); }
+  [[noreturn]] void fail(const std::string& what, const char* key = nullptr) const { ::sat::fail(where(key), what); }
+  std::optional<JsonRef> find(const char* key) const { return l_.args.find(key); }
   int64_t count(const char* key, std::optional<int64_t> def = std::nullopt, int64_t lo = 1) const {
-    const Json* v = find(key);
+    const auto v = find(key);
     if (!v) {
       if (!def) fail(str_cat("missing field '", key, "'"));
       return *def;
     }
-    SAT_CHECK(v->is_number() && std::floor(v->number()) == v->number() && v->number() >= double(lo) &&
-                  v->number() <= double(kMaxCount),
-              spec_, ": layer '", l_.name, "' (", l_.type, "): field '", key, "' must be an integer from ", lo, " to ",
-              kMaxCount);
+    if (!(v->is_number() && std::floor(v->number()) == v->number() && v->number() >= double(lo) &&
+          v->number() <= double(kMaxCount)))
+      fail(str_cat("field '", key, "' must be an integer from ", lo, " to ", kMaxCount), key);
     return int64_t(v->number());
   }
   double number(const char* key, double def, double lo, double hi) const {
-    const Json* v = find(key);
+    const auto v = find(key);
     if (!v) return def;
-    SAT_CHECK(v->is_number() && v->number() >= lo && v->number() < hi, spec_, ": layer '", l_.name, "' (", l_.type,
-              "): field '", key, "' must be a number in [", lo, ", ", hi, ")");
+    if (!(v->is_number() && v->number() >= lo && v->number() < hi))
+      fail(str_cat("field '", key, "' must be a number in [", lo, ", ", hi, ")"), key);
     return v->number();
   }
   bool flag(const char* key, bool def) const {
-    const Json* v = find(key);
+    const auto v = find(key);
     if (!v) return def;
-    SAT_CHECK(v->is_bool(), spec_, ": layer '", l_.name, "' (", l_.type, "): field '", key, "' must be true or false");
+    if (!v->is_bool()) fail(str_cat("field '", key, "' must be true or false"), key);
     return v->boolean();
   }
   std::string text(const char* key, const std::string& def) const {
-    const Json* v = find(key);
+    const auto v = find(key);
     if (!v) return def;
-    SAT_CHECK(v->is_string(), spec_, ": layer '", l_.name, "' (", l_.type, "): field '", key, "' must be a string");
+    if (!v->is_string()) fail(str_cat("field '", key, "' must be a string"), key);
     return v->string();
   }
   // "default" | "zeros" | "ones" | "normal(STD)" | "uniform(BOUND)" | "constant(V)" |
@@ -133,11 +138,11 @@ class Fields {
       }
     }
     fail(str_cat("field '", key, "': expected default, zeros, ones, normal(STD), uniform(BOUND), constant(V)",
-                 fan_out > 0 ? " or kaiming_normal_fan_out" : "", ", got '", s, "'"));
+                 fan_out > 0 ? " or kaiming_normal_fan_out" : "", ", got '", s, "'"), key);
   }
 
  private:
-  const std::string& spec_;
+  const ModelFile& f_;
   const FileLayer& l_;
 };
 
@@ -152,41 +157,49 @@ struct Reader {
   const std::string& spec;
   ModelFile& f;
 
-  [[noreturn]] void fail_at(const Json& j, const std::string& what) const { ::sat::fail(spec, ": ", j.path(), ": ", what); }
+  // "SPEC:LINE" for the value j (the line only in a file someone wrote).
+  std::string at(const JsonRef& j) const { return f.lines ? str_cat(spec, ":", j.line()) : spec; }
+  [[noreturn]] void fail_at(const JsonRef& j, const std::string& what) const {
+    ::sat::fail(at(j), ": ", j.path(), ": ", what);
+  }
 
-  FileLayer layer(const Json& j, int64_t i, bool repeated) const {
+  FileLayer layer(const JsonRef& j, int64_t i, bool repeated) const {
     if (!j.is_object()) fail_at(j, "expected a layer object, a {\"block\": [...]} or a {\"repeat\": N, \"layers\": [...]}");
     FileLayer l;
-    const Json* name = j.find("name");
-    const Json* type = j.find("type");
+    l.args = j;
+    const auto name = j.find("name"), type = j.find("type");
     if (!name || !name->is_string() || name->string().empty()) fail_at(j, "every layer needs a \"name\" (a non-empty string)");
     l.name = repeated ? substitute(name->string(), i) : name->string();
-    if (!type || !type->is_string()) ::sat::fail(spec, ": layer '", l.name, "': missing field 'type' (one of: ", type_list(), ")");
+    if (!type || !type->is_string())
+      ::sat::fail(at(j), ": layer '", l.name, "': missing field 'type' (one of: ", type_list(), ")");
     l.type = type->string();
     auto t = layer_types().find(l.type);
-    SAT_CHECK(t != layer_types().end(), spec, ": layer '", l.name, "': unknown type '", l.type, "' (one of: ", type_list(), ")");
+    if (t == layer_types().end())
+      ::sat::fail(at(*type), ": layer '", l.name, "': unknown type '", l.type, "' (one of: ", type_list(), ")");
     for (const auto& [key, value] : j.members()) {
       if (key == "name" || key == "type" || key == "inputs") continue;
       if (std::find(t->second.begin(), t->second.end(), key) != t->second.end()) continue;
       std::string allowed = "name, type, inputs";
       for (auto& k : t->second) allowed += ", " + k;
-      ::sat::fail(spec, ": layer '", l.name, "' (", l.type, "): unknown field '", key, "' (expected ", allowed, ")");
+      ::sat::fail(at(value), ": layer '", l.name, "' (", l.type, "): unknown field '", key, "' (expected ", allowed, ")");
     }
-    if (const Json* in = j.find("inputs")) {
-      SAT_CHECK(in->is_array(), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs' must be a list of names");
-      for (const Json& v : in->items()) {
-        SAT_CHECK(v.is_string(), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs' must be a list of names");
+    if (const auto in = j.find("inputs")) {
+      const auto bad = [&] {
+        ::sat::fail(at(*in), ": layer '", l.name, "' (", l.type, "): field 'inputs' must be a list of names");
+      };
+      if (!in->is_array()) bad();
+      for (const JsonRef& v : in->items()) {
+        if (!v.is_string()) bad();
         l.inputs.push_back(repeated ? substitute(v.string(), i) : v.string());
       }
     }
-    l.args = j;
     return l;
   }
 
-  void entries(const Json& list, bool in_block, int64_t i, bool repeated) {
+  void entries(const JsonRef& list, bool in_block, int64_t i, bool repeated) {
     if (!list.is_array()) fail_at(list, "expected a list of layers");
     bool first = true;
-    for (const Json& e : list.items()) {
+    for (const JsonRef& e : list.items()) {
       if (e.is_object() && e.contains("block")) {
         e.expect_keys({"block"});
         entries(e.at("block"), true, i, repeated);
@@ -205,18 +218,20 @@ struct Reader {
     }
   }
 
-  void inputs(const Json& j) {
+  void inputs(const JsonRef& j) {
     if (!j.is_object() || j.size() != 2)
       fail_at(j, "expected two inputs, the sample and the target: {\"x\": {\"shape\": [C, H, W]}, \"y\": {\"shape\": [], "
                  "\"dtype\": \"int32\"}}");
     for (const auto& [name, d] : j.members()) {
       d.expect_keys({"shape", "dtype"});
       FileInput in{name, Shape{}, DType::f32};
+      static constexpr Named<DType> kDTypes[] = {{"float32", DType::f32}, {"int32", DType::i32}};
       const std::string dtype = d.contains("dtype") ? d.at("dtype").string() : "float32";
-      if (dtype == "int32") in.dtype = DType::i32;
-      else if (dtype != "float32") fail_at(d.at("dtype"), "expected float32 or int32, got '" + dtype + "'");
+      const auto t = find_named(dtype, kDTypes);
+      if (!t) fail_at(d.at("dtype"), str_cat("expected ", choice_list(kDTypes), ", got '", dtype, "'"));
+      in.dtype = *t;
       std::vector<int64_t> dims;
-      for (const Json& n : d.at("shape").items()) {
+      for (const JsonRef& n : d.at("shape").items()) {
         const int64_t v = n.integer();
         if (v < 1 || v > kMaxCount) fail_at(n, str_cat("expected a dimension from 1 to ", kMaxCount));
         dims.push_back(v);
@@ -230,27 +245,31 @@ struct Reader {
 
 // Every input names an input of the model or an earlier layer; duplicates, dangling and
 // cyclic references are refused, naming the layer.
-void resolve(const std::string& spec, ModelFile& f) {
+void resolve(ModelFile& f) {
   std::map<std::string, int> at;  // name -> layer index (-1: a model input)
   for (auto& in : f.inputs) at[in.name] = -1;
   for (size_t i = 0; i < f.layers.size(); ++i) {
     const FileLayer& l = f.layers[i];
-    SAT_CHECK(at.emplace(l.name, int(i)).second, spec, ": layer '", l.name, "' (", l.type, "): the name '", l.name,
-              "' is used twice (names must be unique: they name the parameters)");
+    if (!at.emplace(l.name, int(i)).second)
+      Fields(f, l).fail(str_cat("the name '", l.name, "' is used twice (names must be unique: they name the parameters)"),
+                        "name");
   }
   for (size_t i = 0; i < f.layers.size(); ++i) {
     FileLayer& l = f.layers[i];
+    const Fields fl(f, l);
     if (l.inputs.empty()) {
-      if (l.type == "cross_entropy") ::sat::fail(spec, ": layer '", l.name, "' (cross_entropy): field 'inputs' must name the logits and the target (such as [\"fc2\", \"", f.inputs[1].name, "\"])");
+      if (l.type == "cross_entropy")
+        fl.fail(str_cat("field 'inputs' must name the logits and the target (such as [\"fc2\", \"", f.inputs[1].name, "\"])"));
       l.inputs.push_back(i == 0 ? f.inputs[0].name : f.layers[i - 1].name);
     }
-    SAT_CHECK(arity_ok(l.type, l.inputs.size()), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': expected ",
-              l.type == "attention" ? "1 (q, k and v fused) or 3 (q, k, v)" : l.type == "swiglu" ? "2 (gate, up)" :
-              arity_ok(l.type, 2) ? "2" : "1", " input(s), got ", l.inputs.size());
+    if (!arity_ok(l.type, l.inputs.size()))
+      fl.fail(str_cat("field 'inputs': expected ",
+                      l.type == "attention" ? "1 (q, k and v fused) or 3 (q, k, v)" : l.type == "swiglu" ? "2 (gate, up)"
+                      : arity_ok(l.type, 2) ? "2" : "1", " input(s), got ", l.inputs.size()), "inputs");
     for (const std::string& in : l.inputs) {
       auto it = at.find(in);
-      SAT_CHECK(it != at.end(), spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': no input or layer is named '",
-                in, "' (a dangling reference)");
+      if (it == at.end())
+        fl.fail(str_cat("field 'inputs': no input or layer is named '", in, "' (a dangling reference)"), "inputs");
       if (it->second < int(i)) continue;
       // A later layer (or this one): a cycle when it leads back here, else out of order.
       std::vector<int> todo{it->second};
@@ -263,10 +282,10 @@ void resolve(const std::string& spec, ModelFile& f) {
         cycle = k == int(i);
         for (const std::string& n : f.layers[size_t(k)].inputs) todo.push_back(at.count(n) ? at[n] : -1);
       }
-      SAT_CHECK(!cycle, spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': '", in,
-                "' is a cyclic reference (it depends on '", l.name, "' itself)");
-      ::sat::fail(spec, ": layer '", l.name, "' (", l.type, "): field 'inputs': '", in,
-                  "' comes later in the file (list the layers in the order they run)");
+      if (cycle)
+        fl.fail(str_cat("field 'inputs': '", in, "' is a cyclic reference (it depends on '", l.name, "' itself)"), "inputs");
+      fl.fail(str_cat("field 'inputs': '", in, "' comes later in the file (list the layers in the order they run)"),
+              "inputs");
     }
   }
 }
@@ -288,12 +307,11 @@ class FileBuilder {
     for (const FileLayer& l : f_.layers) {
       if (l.starts_block) g_.begin_block();
       try {
-        const int out = add(l, Fields(spec_, l));
+        const int out = add(l, Fields(f_, l));
         value_[l.name] = out;
       } catch (const Error& e) {
-        const std::string prefix = spec_ + ": layer '";
-        if (std::string(e.what()).rfind(prefix, 0) == 0) throw;
-        ::sat::fail(spec_, ": layer '", l.name, "' (", l.type, "): ", e.what());
+        if (std::string(e.what()).rfind(spec_ + ":", 0) == 0) throw;  // names the layer already
+        ::sat::fail(Fields(f_, l).where(), e.what());
       }
     }
   }
@@ -382,11 +400,12 @@ class FileBuilder {
   int linear(const FileLayer& l, const Fields& fl) {
     int x = in(l, 0);
     const int64_t width = shape(x)[-1], out = fl.count("out");
+    static constexpr Named<LinearTP::Split> kSplits[] = {
+        {"none", LinearTP::Split::none}, {"column", LinearTP::Split::column}, {"row", LinearTP::Split::row}};
     const std::string tp = fl.text("tp", "none");
-    LinearTP::Split s = LinearTP::Split::none;
-    if (tp == "column") s = LinearTP::Split::column;
-    else if (tp == "row") s = LinearTP::Split::row;
-    else if (tp != "none") fl.fail("field 'tp' must be none, column or row, got '" + tp + "'");
+    const auto named = find_named(tp, kSplits);
+    if (!named) fl.fail(str_cat("field 'tp' must be ", choice_list(kSplits), ", got '", tp, "'"), "tp");
+    const LinearTP::Split s = *named;
     if (s == LinearTP::Split::row && !split(x))
       fl.fail(str_cat("\"tp\": \"row\" reads a column-parallel layer's split outputs, but '", l.inputs[0], "' is whole"));
     const int64_t parts = r_.tp.parts, in_full = s == LinearTP::Split::row ? width * parts : width;
@@ -437,7 +456,7 @@ class FileBuilder {
 
   int avgpool(const FileLayer& l, const Fields& fl, int x) {
     int64_t h = 1, w = 1;
-    if (const Json* o = fl.find("output")) {
+    if (const auto o = fl.find("output")) {
       SAT_CHECK(o->is_array() && o->size() == 2 && o->item(0).is_number() && o->item(1).is_number(),
                 "field 'output' must be [H, W]");
       h = o->item(0).integer(), w = o->item(1).integer();
@@ -479,25 +498,28 @@ std::string read_text(const std::string& spec, const std::string& path) {
   return text;
 }
 
-// The model of `text` (from `path`, named in parse errors), checked.
-ModelFile parse_model_file(const std::string& spec, const std::string& text, const std::string& path) {
+// The model of `text` (from `path`, named in parse errors), checked; `lines`: messages give
+// the line (a file someone wrote).
+ModelFile parse_model_file(const std::string& spec, const std::string& text, const std::string& path, bool lines) {
   ModelFile f;
   f.path = path;
   f.where = spec;
+  f.lines = lines;
   f.crc = uint32_t(fnv1a64(text));
-  const Json doc = Json::parse(text, path);
+  const JsonRef doc = JsonRef::parse(text, path);
   doc.expect_keys({"name", "inputs", "layers", "loss"});
   Reader r{spec, f};
   r.inputs(doc.at("inputs"));
   r.entries(doc.at("layers"), false, 0, false);
-  SAT_CHECK(!f.layers.empty(), spec, ": 'layers' is empty");
-  resolve(spec, f);
+  SAT_CHECK(!f.layers.empty(), r.at(doc.at("layers")), ": 'layers' is empty");
+  resolve(f);
   f.loss = doc.contains("loss") ? doc.at("loss").string() : f.layers.back().name;
   auto loss = std::find_if(f.layers.begin(), f.layers.end(), [&](const FileLayer& l) { return l.name == f.loss; });
-  SAT_CHECK(loss != f.layers.end(), spec, ": 'loss' names '", f.loss, "', which is no layer of the file");
-  SAT_CHECK(loss->type == "cross_entropy", spec, ": layer '", f.loss, "' (", loss->type, "): the loss must be a "
-            "scalar, and a ", loss->type, " gives a tensor per sample: name a cross_entropy layer as 'loss'");
-  SAT_CHECK(&*loss == &f.layers.back(), spec, ": layer '", f.loss, "' (cross_entropy): the loss must be the last layer");
+  SAT_CHECK(loss != f.layers.end(), r.at(doc.at("loss")), ": 'loss' names '", f.loss, "', which is no layer of the file");
+  if (loss->type != "cross_entropy")
+    Fields(f, *loss).fail(str_cat("the loss must be a scalar, and a ", loss->type, " gives a tensor per sample: name a "
+                                  "cross_entropy layer as 'loss'"));
+  if (&*loss != &f.layers.back()) Fields(f, *loss).fail("the loss must be the last layer");
   loss->starts_block = false;  // the loss stays with what precedes it
   for (auto& l : f.layers) f.transformer_blocks += l.type == "transformer_block";
   return f;
@@ -541,11 +563,11 @@ void build_from_file(BuiltModel& m, Graph& g) {
 
 ModelConfig model_file_config(const std::string& spec, const std::string& path) {
   const std::string where = "--model " + spec;
-  return config_of(spec, where, parse_model_file(where, read_text(where, path), path));
+  return config_of(spec, where, parse_model_file(where, read_text(where, path), path, true));
 }
 
 ModelConfig model_text_config(const std::string& name, const std::string& text) {
-  return config_of(name, "model '" + name + "'", parse_model_file("model '" + name + "'", text, name));
+  return config_of(name, "model '" + name + "'", parse_model_file("model '" + name + "'", text, name, false));
 }
 
 bool file_has_tensor_parallel(const ModelFile& f) {

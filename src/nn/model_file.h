@@ -45,13 +45,14 @@ struct FileInput {
 struct FileLayer {
   std::string name, type;
   std::vector<std::string> inputs;  // resolved: never empty
-  Json args;                        // the layer's object (name, type and inputs included)
+  JsonRef args;                     // the layer's object (name, type and inputs included)
   bool starts_block = true;         // false inside a "block" group after its first layer, and for the loss
 };
 
 struct ModelFile {
   std::string path;
   std::string where;  // how messages name it: "--model file:NET.json", or "model 'NAME'" from the library
+  bool lines = false;  // messages give the line (a file someone wrote, not the library's text)
   uint32_t crc = 0;  // of the file's bytes: ranks compare it
   std::vector<FileInput> inputs;  // the sample, then the target
   std::vector<FileLayer> layers;  // expanded, in the order they run
@@ -59,7 +60,7 @@ struct ModelFile {
   int64_t transformer_blocks = 0;
 };
 
-// Reads and checks `path` (sat::Error "--model file:PATH: layer 'NAME' (TYPE): what" for
+// Reads and checks `path` (sat::Error "--model file:PATH:LINE: layer 'NAME' (TYPE): what" for
 // each mistake: an unknown type or field, a missing or misspelt one, a dangling or cyclic
 // reference, a duplicate name, a shape that does not fit, a loss that is not a scalar) and
 // returns the model's configuration: tokens or image input, classes, context and

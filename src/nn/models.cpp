@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/text.h"
 #include "nn/blocks.h"
 #include "nn/model_file.h"
 #include "nn/layers/activation.h"
@@ -101,16 +102,17 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   else check_file_tensor_parallel(c, tp, sp);
 }
 
-Recompute parse_recompute(const std::string& s) {
-  if (s == "none") return Recompute::none;
-  if (s == "selective") return Recompute::selective;
-  if (s == "full") return Recompute::full;
-  fail("--recompute: unknown mode '", s, "' (expected none, selective or full)");
+namespace {
+constexpr Named<Recompute> kRecompute[] = {
+    {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
+}  // namespace
+
+Recompute parse_recompute(const std::string& s, std::string_view setting) {
+  if (auto r = find_named(s, kRecompute)) return *r;
+  fail(setting, ": unknown mode '", s, "' (expected ", choice_list(kRecompute), ")");
 }
 
-const char* recompute_name(Recompute r) {
-  return r == Recompute::full ? "full" : r == Recompute::selective ? "selective" : "none";
-}
+const char* recompute_name(Recompute r) { return name_of(r, kRecompute); }
 
 void check_recompute(const ModelConfig& c) {
   if (c.recompute == Recompute::none) return;

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nn/graph.h"
@@ -19,7 +20,8 @@ namespace sat {
 //              residual blocks) is kept; backward reruns the block's forward just before
 //              the block's backward (Graph::begin_block, Node::rc_first).
 enum class Recompute { none, selective, full };
-Recompute parse_recompute(const std::string& s);  // sat::Error naming --recompute
+// sat::Error naming `setting` (the flag, or a file's key) and the modes.
+Recompute parse_recompute(const std::string& s, std::string_view setting = "--recompute");
 const char* recompute_name(Recompute r);
 
 // The families --model builds: a preset name (model_names()) or FAMILY:SPEC (see

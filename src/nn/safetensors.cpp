@@ -1,22 +1,89 @@
 #include "nn/safetensors.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <set>
-#include <vector>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/io.h"
+#include "core/json.h"
 #include "nn/shard.h"
 
 namespace sat {
 namespace {
 
+constexpr uint64_t kMaxHeader = uint64_t(100) << 20;
+constexpr uint64_t kMaxDim = uint64_t(1) << 40;
+
+// Every dtype of the format, with its element size.
+struct FormatDType {
+  const char* name;
+  size_t size;
+};
+constexpr FormatDType kFormatDTypes[] = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1},
+                                         {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+                                         {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}};
+
+size_t format_dtype_size(const std::string& name) {
+  for (const auto& d : kFormatDTypes)
+    if (name == d.name) return d.size;
+  return 0;
+}
+
+std::string dims_str(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += str_cat(i ? ", " : "", dims[i]);
+  return s + "]";
+}
+
+// A header entry's list of whole numbers from 0 to max: nlohmann's own conversion of 1e30 or
+// -1 to an integer type is undefined behaviour.
+std::vector<uint64_t> naturals(const std::string& at, const JsonValue& entry, const char* key, uint64_t max) {
+  const auto it = entry.find(key);
+  SAT_CHECK(it != entry.end(), at, ": no '", key, "'");
+  SAT_CHECK(it->is_array(), at, ": '", key, "' is not an array; expected whole numbers");
+  std::vector<uint64_t> v;
+  for (const auto& x : *it) {
+    SAT_CHECK(x.is_number_unsigned() && x.get<uint64_t>() <= max, at, ": '", key, "' holds ", x.dump(),
+              "; expected whole numbers from 0 to ", max);
+    v.push_back(x.get<uint64_t>());
+  }
+  return v;
+}
+
+// One entry of the header, checked on its own: a known dtype, a shape, offsets within the
+// data that span exactly the shape's bytes.
+SafetensorsTensor read_entry(const std::string& path, const std::string& name, const JsonValue& entry,
+                             uint64_t data_size) {
+  const std::string at = str_cat(path, ": tensor '", name, "'");
+  SAT_CHECK(entry.is_object(), at, ": its header entry is not an object");
+  SafetensorsTensor t;
+  t.name = name;
+  const auto dt = entry.find("dtype");
+  SAT_CHECK(dt != entry.end() && dt->is_string(), at, ": no 'dtype' string");
+  t.dtype = dt->get<std::string>();
+  const size_t elem = format_dtype_size(t.dtype);
+  if (elem == 0) {
+    std::string names;
+    for (const auto& d : kFormatDTypes) names += str_cat(names.empty() ? "" : ", ", d.name);
+    fail(at, " has dtype '", t.dtype, "' (expected one of ", names, ")");
+  }
+  const std::vector<uint64_t> dims = naturals(at, entry, "shape", kMaxDim);
+  const std::vector<uint64_t> offs = naturals(at, entry, "data_offsets", uint64_t(1) << 62);
+  SAT_CHECK(dims.size() <= size_t(Shape::kMaxDims), at, " has ", dims.size(), " dimensions; expected at most ",
+            Shape::kMaxDims);
+  t.shape.assign(dims.begin(), dims.end());
+  SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1], at, ": 'data_offsets' must be [BEGIN, END] with BEGIN <= END");
+  SAT_CHECK(offs[1] <= data_size, at, " has data offsets outside the file (truncated file?)");
+  t.begin = offs[0], t.end = offs[1];
+  unsigned __int128 numel = 1;
+  for (uint64_t d : dims) numel = std::min<unsigned __int128>(numel * d, uint64_t(1) << 62);
+  SAT_CHECK(numel * elem == t.end - t.begin, at, " has shape ", dims_str(t.shape), " of ", t.dtype, " but ",
+            t.end - t.begin, " bytes of data");
+  return t;
+}
 
 // decl: a parameter's declaration (a tensor-parallel part is loaded from the full tensor).
 struct Entry { std::string name; Tensor t; const ParamDecl* decl = nullptr; };
@@ -44,46 +111,95 @@ const char* safetensors_dtype(DType t) {
   return "?";
 }
 
-void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name) {
-  auto es = entries(ps);
-  nlohmann::ordered_json h;
-  h["__metadata__"] = {{"format", "pt"}, {"producer", "saturate"}, {"model", model_name}};
-  size_t off = 0;
-  for (auto& e : es) {
-    h[e.name] = {{"dtype", safetensors_dtype(e.t.dtype)}, {"shape", e.t.shape.vec()}, {"data_offsets", {off, off + e.t.bytes()}}};
-    off += e.t.bytes();
+uint64_t write_safetensors(const std::vector<SafetensorsBlob>& tensors, const SafetensorsMetadata& metadata,
+                           const std::function<void(const void*, size_t)>& write) {
+  JsonValue h = JsonValue::object();
+  if (!metadata.empty()) {
+    JsonValue& m = h["__metadata__"] = JsonValue::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
   }
-  std::string header = h.dump();
-  while ((header.size() + 8) % 8) header += ' ';
+  std::vector<uint64_t> bytes;
+  uint64_t off = 0;
+  for (const SafetensorsBlob& t : tensors) {
+    bytes.push_back(uint64_t(std::accumulate(t.shape.begin(), t.shape.end(), int64_t(1), std::multiplies<>())) *
+                    dtype_size(t.dtype));
+    h[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + bytes.back()}}};
+    off += bytes.back();
+  }
+  // (a name or metadata that is not UTF-8 is written with U+FFFD: the header stays JSON)
+  std::string header = h.dump(-1, ' ', false, JsonValue::error_handler_t::replace);
+  while (header.size() % 8) header += ' ';  // the data starts 8-byte aligned
+  uint8_t n[8];
+  for (int i = 0; i < 8; ++i) n[i] = uint8_t(uint64_t(header.size()) >> (8 * i));  // little-endian
+  write(n, 8);
+  write(header.data(), header.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (bytes[i] > 0) write(tensors[i].data, size_t(bytes[i]));
+  return 8 + header.size() + off;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), f_(path, std::ios::binary) {
+  SAT_CHECK(f_, path, ": cannot open safetensors file: ", std::strerror(errno));
+  f_.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(f_.tellg());
+  f_.seekg(0);
+  uint8_t n[8] = {};
+  SAT_CHECK(size >= 8 && f_.read(reinterpret_cast<char*>(n), 8), path, ": not a safetensors file (shorter than 8 bytes)");
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= uint64_t(n[i]) << (8 * i);
+  SAT_CHECK(hlen >= 2 && hlen <= size - 8 && hlen < kMaxHeader, path, ": not a safetensors file (header length ", hlen,
+            " does not fit a file of ", size, " bytes)");
+  std::string header(hlen, '\0');
+  SAT_CHECK(f_.read(header.data(), std::streamsize(hlen)), path, ": reading the safetensors header failed");
+  data_start_ = 8 + hlen;
+  const JsonRef h = JsonRef::parse(header, path + ": safetensors header");  // (refuses a name given twice)
+  SAT_CHECK(h.is_object(), path, ": safetensors header is not a JSON object");
+  for (const auto& [name, entry] : h.value().items()) {
+    if (name == "__metadata__") {
+      SAT_CHECK(entry.is_object(), path, ": '__metadata__' must map names to strings");
+      for (const auto& [k, v] : entry.items()) {
+        SAT_CHECK(v.is_string(), path, ": '__metadata__' must map names to strings ('", k, "' does not)");
+        metadata_.emplace_back(k, v.get<std::string>());
+      }
+      continue;
+    }
+    tensors_.push_back(read_entry(path, name, entry, size - data_start_));
+  }
+  // No two tensors share a byte.
+  std::vector<const SafetensorsTensor*> by_offset;
+  for (const auto& t : tensors_)
+    if (t.end > t.begin) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    SAT_CHECK(by_offset[i]->begin >= by_offset[i - 1]->end, path, ": tensors '", by_offset[i - 1]->name, "' and '",
+              by_offset[i]->name, "' overlap in the data");
+}
+
+const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void SafetensorsFile::read(const SafetensorsTensor& t, void* dst) {
+  f_.clear();
+  f_.seekg(std::streamoff(data_start_ + t.begin));
+  f_.read(static_cast<char*>(dst), std::streamsize(t.end - t.begin));
+  SAT_CHECK(f_, path_, ": reading tensor '", t.name, "' failed (truncated file?)");
+}
+
+void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name) {
+  std::vector<SafetensorsBlob> blobs;
+  for (auto& e : entries(ps)) blobs.push_back({e.name, e.t.dtype, e.t.shape.vec(), e.t.ptr});
   write_file_atomic("--save-weights", path, [&](std::ostream& f) {
-    uint64_t n = header.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(header.data(), std::streamsize(header.size()));
-    for (auto& e : es) f.write(static_cast<const char*>(e.t.ptr), std::streamsize(e.t.bytes()));
+    write_safetensors(blobs, {{"format", "pt"}, {"producer", "saturate"}, {"model", model_name}},
+                      [&](const void* p, size_t n) { f.write(static_cast<const char*>(p), std::streamsize(n)); });
   });
 }
 
 void load_safetensors(const std::string& path, ParamStore& ps, const std::set<std::string>* model_names) {
   SAT_CHECK(ps.device() == Device::cpu, "internal error: load weights before moving parameters to the GPU");
-  std::ifstream f(path, std::ios::binary);
-  SAT_CHECK(f, path, ": cannot open safetensors file: ", std::strerror(errno));
-  f.seekg(0, std::ios::end);
-  const uint64_t size = uint64_t(f.tellg());
-  f.seekg(0);
-  uint64_t hlen = 0;
-  SAT_CHECK(size >= 8 && f.read(reinterpret_cast<char*>(&hlen), 8), path, ": not a safetensors file (shorter than 8 bytes)");
-  SAT_CHECK(hlen >= 2 && hlen <= size - 8 && hlen < (100u << 20), path, ": not a safetensors file (header length ", hlen,
-            " does not fit a file of ", size, " bytes)");
-  std::string header(hlen, '\0');
-  f.read(header.data(), std::streamsize(hlen));
-  nlohmann::json h;
-  try {
-    h = nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    fail(path, ": safetensors header is not valid JSON (", e.what(), ")");
-  }
-  SAT_CHECK(h.is_object(), path, ": safetensors header is not a JSON object");
-  const uint64_t data_size = size - 8 - hlen;
+  SafetensorsFile file(path);
   std::map<std::string, Tensor> want;
   std::map<std::string, const ParamDecl*> split;  // tensor-parallel parts: the file holds the full tensor
   for (auto& e : entries(ps)) {
@@ -91,10 +207,8 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
     if (e.decl && e.decl->shard.split()) split[e.name] = e.decl;
   }
   std::set<std::string> seen;
-  for (auto& item : h.items()) {
-    const std::string& name = item.key();
-    const nlohmann::json& info = item.value();
-    if (name == "__metadata__") continue;
+  for (const SafetensorsTensor& st : file.tensors()) {
+    const std::string& name = st.name;
     auto it = want.find(name);
     if (it == want.end()) {
       // PyTorch state_dicts of tied models carry lm_head.weight as a second name of wte;
@@ -105,44 +219,16 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
     }
     const ParamDecl* part = split.count(name) ? split.at(name) : nullptr;
     const Tensor t = part ? Tensor(nullptr, part->full_shape(), it->second.dtype) : it->second;
-    try {
-      std::string dt = info.at("dtype");
-      // Whole numbers >= 0 only: nlohmann's conversion of 1e30 or -1 to an integer type is
-      // undefined behaviour, and a shape of huge dimensions overflows its element count.
-      auto naturals = [&](const char* key, uint64_t max) {
-        const nlohmann::json& a = info.at(key);
-        SAT_CHECK(a.is_array(), path, ": tensor '", name, "': '", key, "' is not an array; expected whole numbers");
-        std::vector<uint64_t> v;
-        for (const auto& x : a) {
-          SAT_CHECK(x.is_number_unsigned() && x.get<uint64_t>() <= max, path, ": tensor '", name, "': '", key,
-                    "' holds ", x.dump(), "; expected whole numbers from 0 to ", max);
-          v.push_back(x.get<uint64_t>());
-        }
-        return v;
-      };
-      std::vector<uint64_t> dims = naturals("shape", uint64_t(1) << 40);
-      std::vector<uint64_t> offs = naturals("data_offsets", data_size);
-      SAT_CHECK(dims.size() <= size_t(Shape::kMaxDims), path, ": tensor '", name, "' has ", dims.size(),
-                " dimensions; expected at most ", Shape::kMaxDims);
-      SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size, path, ": tensor '", name,
-                "' has data offsets outside the file (truncated file?)");
-      unsigned __int128 numel = 1;
-      for (uint64_t d : dims) numel = std::min<unsigned __int128>(numel * d, uint64_t(1) << 62);
-      const Shape shape(std::vector<int64_t>(dims.begin(), dims.end()));
-      bool i64_counter = t.dtype == DType::i64;
-      if (shape != t.shape && !(i64_counter && numel == 1))
-        fail(path, ": tensor '", name, "' has shape ", shape.str(), ", expected ", t.shape.str());
-      SAT_CHECK(dt == safetensors_dtype(t.dtype), path, ": tensor '", name, "' has dtype ", dt, ", expected ", safetensors_dtype(t.dtype));
-      SAT_CHECK(offs[1] - offs[0] == t.bytes(), path, ": tensor '", name, "' has ", offs[1] - offs[0], " bytes of data, expected ",
-                t.bytes());
-      f.seekg(std::streamoff(8 + hlen + offs[0]));
-      std::vector<uint8_t> full(part ? t.bytes() : 0);
-      f.read(part ? reinterpret_cast<char*>(full.data()) : static_cast<char*>(t.ptr), std::streamsize(t.bytes()));
-      SAT_CHECK(f, path, ": reading tensor '", name, "' failed (truncated file?)");
-      if (part) shard_extract(*part, full.data(), it->second.ptr, dtype_size(t.dtype));
-    } catch (const nlohmann::json::exception& e) {
-      fail(path, ": tensor '", name, "' has a malformed header entry (", e.what(), ")");
-    }
+    const Shape shape(st.shape);
+    // BatchNorm's counter: PyTorch's is a scalar [], saturate's a [1] (one element: its bytes).
+    const bool i64_counter = t.dtype == DType::i64 && t.shape.numel() == 1 && st.end - st.begin == 8;
+    SAT_CHECK(shape == t.shape || i64_counter, path, ": tensor '", name, "' has shape ", shape.str(), ", expected ",
+              t.shape.str());
+    SAT_CHECK(st.dtype == safetensors_dtype(t.dtype), path, ": tensor '", name, "' has dtype ", st.dtype, ", expected ",
+              safetensors_dtype(t.dtype));
+    std::vector<uint8_t> full(part ? t.bytes() : 0);
+    file.read(st, part ? static_cast<void*>(full.data()) : t.ptr);
+    if (part) shard_extract(*part, full.data(), it->second.ptr, dtype_size(t.dtype));
     seen.insert(name);
   }
   for (auto& [name, t] : want)

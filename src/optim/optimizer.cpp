@@ -4,11 +4,12 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace sat {
 
 OptimConfig resolve_optim(OptimConfig c) {
-  SAT_CHECK(c.name == "sgd" || c.name == "adamw", "--optimizer: expected sgd or adamw, got '", c.name, "'");
+  check_choice("--optimizer", c.name, {"sgd", "adamw"});
   SAT_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr: expected a positive number, got ", c.lr);
   SAT_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum: expected a value in [0, 1), got ", c.momentum);
   SAT_CHECK(!c.nesterov || c.momentum > 0, "--nesterov needs --momentum > 0 (as in PyTorch)");
@@ -91,8 +92,7 @@ int64_t Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
 }
 
 ScheduleConfig resolve_schedule(ScheduleConfig s) {
-  SAT_CHECK(s.name == "constant" || s.name == "step" || s.name == "cosine",
-            "--schedule: expected constant, step or cosine, got '", s.name, "'");
+  check_choice("--schedule", s.name, {"constant", "step", "cosine"});
   SAT_CHECK(s.warmup >= 0, "--warmup: expected a number of steps >= 0");
   SAT_CHECK(s.warmup_fraction >= 0 && s.warmup_fraction <= 1, "--warmup: expected a share of the steps in [0, 1]");
   return s;

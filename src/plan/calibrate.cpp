@@ -3,91 +3,75 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/json.h"
+#include "core/text.h"
 
 namespace sat {
 
 namespace {
 
-using json = nlohmann::json;
-
-// A key of an object, with the file and the key's path in the error.
-const json& at(const json& j, const std::string& key, const std::string& where) {
-  SAT_CHECK(j.is_object() && j.contains(key), where, ": missing key '", key, "'");
-  return j[key];
-}
-
-double number(const json& j, const std::string& key, const std::string& where) {
-  const json& v = at(j, key, where);
-  SAT_CHECK(v.is_number(), where, ": key '", key, "': expected a number");
-  const double x = v.get<double>();
-  SAT_CHECK(x > 0 && std::isfinite(x), where, ": key '", key, "': expected a positive number, got ", x);
+// A positive figure (sat::Error "FILE:LINE: key 'PATH': ...").
+double number(const JsonRef& j, const char* key) {
+  const JsonRef v = j.at(key);
+  const double x = v.number();
+  if (!(x > 0 && std::isfinite(x))) v.fail(str_cat("expected a positive number, got ", x));
   return x;
 }
 
-std::string text(const json& j, const std::string& key, const std::string& where) {
-  const json& v = at(j, key, where);
-  SAT_CHECK(v.is_string(), where, ": key '", key, "': expected a string");
-  return v.get<std::string>();
+JsonRef non_empty_list(const JsonRef& j, const char* key) {
+  const JsonRef v = j.at(key);
+  if (v.items().empty()) v.fail("expected a non-empty array");
+  return v;
 }
 
-std::vector<CalibrationRun> megatron_rows(const json& j, const std::string& path) {
-  const json& setup = at(j, "setup", path);
-  const double s = number(setup, "seq_len", path + ": setup"), V = number(setup, "vocab", path + ": setup");
-  const json& rows = at(j, "rows", path);
-  SAT_CHECK(rows.is_array() && !rows.empty(), path, ": key 'rows': expected a non-empty array");
+std::vector<CalibrationRun> megatron_rows(const JsonRef& j) {
+  const JsonRef setup = j.at("setup");
+  const double s = number(setup, "seq_len"), V = number(setup, "vocab");
   std::vector<CalibrationRun> out;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const std::string w = str_cat(path, ": rows[", i, "]");
-    const json& r = rows[i];
-    const double l = number(r, "layers", w), h = number(r, "hidden", w), B = number(r, "batch", w);
+  for (const JsonRef& r : non_empty_list(j, "rows").items()) {
+    const double l = number(r, "layers"), h = number(r, "hidden"), B = number(r, "batch");
     CalibrationRun run;
-    run.model = model_config(str_cat("gpt:layers=", int64_t(l), ",heads=", int64_t(number(r, "heads", w)), ",width=",
+    run.model = model_config(str_cat("gpt:layers=", int64_t(l), ",heads=", int64_t(number(r, "heads")), ",width=",
                                      int64_t(h), ",context=", int64_t(s), ",vocab=", int64_t(V)));
-    run.gpus = int(number(r, "gpus", w));
+    run.gpus = int(number(r, "gpus"));
     run.global_batch = int64_t(B);
-    const int tp = int(number(r, "tp", w)), pp = int(number(r, "pp", w));
-    SAT_CHECK(run.gpus % (tp * pp) == 0, w, ": gpus ", run.gpus, " do not divide by tp x pp = ", tp * pp);
+    const int tp = int(number(r, "tp")), pp = int(number(r, "pp"));
+    if (run.gpus % (tp * pp) != 0) r.fail(str_cat("gpus ", run.gpus, " do not divide by tp x pp = ", tp * pp));
     run.layout.tp = tp, run.layout.pp = pp, run.layout.dp = run.gpus / (tp * pp);
     if (pp > 1) run.layout.schedule = PipeSchedule::interleaved;
     run.layout.recompute = Recompute::full, run.layout.sp = false, run.layout.zero = 0;
     run.flops_per_step = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
-    run.measured_step_seconds = run.flops_per_step / (number(r, "tflops_per_gpu", w) * 1e12 * run.gpus);
+    run.measured_step_seconds = run.flops_per_step / (number(r, "tflops_per_gpu") * 1e12 * run.gpus);
     run.overlap_dp = false;
-    run.label = str_cat(r.contains("params_b") ? str_cat(r["params_b"].get<double>(), "B") : std::string("GPT"),
-                        " t", tp, " p", pp, " d", run.layout.dp.value());
+    run.label = str_cat(r.contains("params_b") ? str_cat(r.at("params_b").number(), "B") : std::string("GPT"), " t", tp,
+                        " p", pp, " d", run.layout.dp.value());
     out.push_back(run);
   }
   return out;
 }
 
-CalibrationRun saturate_run(const json& r, const std::string& w) {
+CalibrationRun saturate_run(const JsonRef& r) {
+  static constexpr Named<DType> kPrecisions[] = {{"bf16", DType::bf16}, {"fp16", DType::f16}, {"fp32", DType::f32}};
   CalibrationRun run;
-  run.model = model_config(text(r, "model", w));
-  run.label = r.contains("label") ? text(r, "label", w) : run.model.name;
-  run.gpus = int(number(r, "gpus", w));
-  run.gpus_per_node = r.contains("gpus_per_node") ? int(number(r, "gpus_per_node", w)) : 8;
-  run.global_batch = int64_t(number(r, "global_batch", w));
-  if (r.contains("layout")) run.layout = parse_layout(text(r, "layout", w));
-  if (r.contains("overlap_dp")) {
-    SAT_CHECK(r["overlap_dp"].is_boolean(), w, ": key 'overlap_dp': expected true or false");
-    run.overlap_dp = r["overlap_dp"].get<bool>();
-  }
-  const std::string prec = r.contains("precision") ? text(r, "precision", w) : "bf16";
-  SAT_CHECK(prec == "bf16" || prec == "fp16" || prec == "fp32", w, ": key 'precision': expected bf16, fp16 or fp32");
-  run.precision = prec == "bf16" ? DType::bf16 : prec == "fp16" ? DType::f16 : DType::f32;
+  run.model = model_config(r.at("model").string());
+  run.label = r.contains("label") ? r.at("label").string() : run.model.name;
+  run.gpus = int(number(r, "gpus"));
+  run.gpus_per_node = r.contains("gpus_per_node") ? int(number(r, "gpus_per_node")) : 8;
+  run.global_batch = int64_t(number(r, "global_batch"));
+  if (r.contains("layout")) run.layout = parse_layout(r.at("layout").string());
+  if (r.contains("overlap_dp")) run.overlap_dp = r.at("overlap_dp").boolean();
+  run.precision = r.contains("precision") ? parse_named(r.at("precision").where(), r.at("precision").string(), kPrecisions)
+                                          : DType::bf16;
   if (r.contains("step_seconds")) {
-    run.measured_step_seconds = number(r, "step_seconds", w);
+    run.measured_step_seconds = number(r, "step_seconds");
   } else if (r.contains("samples_per_second")) {
-    run.measured_step_seconds = double(run.global_batch) / number(r, "samples_per_second", w);
+    run.measured_step_seconds = double(run.global_batch) / number(r, "samples_per_second");
   } else {
-    SAT_CHECK(r.contains("tflops_per_gpu"), w, ": needs one of 'step_seconds', 'samples_per_second', 'tflops_per_gpu'");
-    run.flops_per_step = -number(r, "tflops_per_gpu", w);  // resolved once the model's FLOPs are known
+    if (!r.contains("tflops_per_gpu")) r.fail("needs one of 'step_seconds', 'samples_per_second', 'tflops_per_gpu'");
+    run.flops_per_step = -number(r, "tflops_per_gpu");  // resolved once the model's FLOPs are known
   }
   return run;
 }
@@ -95,19 +79,10 @@ CalibrationRun saturate_run(const json& r, const std::string& w) {
 }  // namespace
 
 std::vector<CalibrationRun> read_runs(const std::string& path) {
-  std::ifstream f(path);
-  SAT_CHECK(f.good(), "--calibrate ", path, ": cannot open the file");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::parse_error& e) {
-    fail("--calibrate ", path, ": not valid JSON (", e.what(), ")");
-  }
-  if (j.is_object() && j.contains("rows")) return megatron_rows(j, path);
-  const json& runs = at(j, "runs", path);
-  SAT_CHECK(runs.is_array() && !runs.empty(), path, ": key 'runs': expected a non-empty array");
+  const JsonRef j = JsonRef::parse_file(path);
+  if (j.is_object() && j.contains("rows")) return megatron_rows(j);
   std::vector<CalibrationRun> out;
-  for (size_t i = 0; i < runs.size(); ++i) out.push_back(saturate_run(runs[i], str_cat(path, ": runs[", i, "]")));
+  for (const JsonRef& r : non_empty_list(j, "runs").items()) out.push_back(saturate_run(r));
   return out;
 }
 

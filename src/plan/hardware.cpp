@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iterator>
+#include <optional>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -95,8 +96,8 @@ std::string builtin_list(const char* last) {
 enum class Range { positive, non_negative, fraction };  // fraction: (0, 1]
 
 // obj[key] in `unit` into x when the key is there; when `required`, a missing key is an error.
-void read_number(const Json& obj, const char* key, bool required, Unit unit, Range range, double& x) {
-  const Json* v = required ? &obj.at(key) : obj.find(key);
+void read_number(const JsonRef& obj, const char* key, bool required, Unit unit, Range range, double& x) {
+  const std::optional<JsonRef> v = required ? obj.at(key) : obj.find(key);
   if (!v) return;
   const double n = v->number();
   if (range == Range::positive && !(n > 0)) v->fail(str_cat("expected a positive number, got ", n));
@@ -110,28 +111,29 @@ void read_number(const Json& obj, const char* key, bool required, Unit unit, Ran
   x = si;
 }
 
-void read_bool(const Json& obj, const char* key, bool& x) {
-  if (const Json* v = obj.find(key)) x = v->boolean();
+void read_bool(const JsonRef& obj, const char* key, bool& x) {
+  if (const auto v = obj.find(key)) x = v->boolean();
 }
 
-// obj[key] as an object of the listed keys (nullptr when absent and not required).
-const Json* read_section(const Json& obj, const char* key, bool required, std::initializer_list<std::string_view> keys) {
-  const Json* s = required ? &obj.at(key) : obj.find(key);
-  if (!s) return nullptr;
-  if (!s->is_object()) s->fail(str_cat("expected an object, got ", Json::type_name(s->type())));
+// obj[key] as an object of the listed keys (none when absent and not required).
+std::optional<JsonRef> read_section(const JsonRef& obj, const char* key, bool required,
+                                    std::initializer_list<std::string_view> keys) {
+  const std::optional<JsonRef> s = required ? obj.at(key) : obj.find(key);
+  if (!s) return s;
+  if (!s->is_object()) s->fail(str_cat("expected an object, got ", JsonRef::type_name(s->value())));
   s->expect_keys(keys);
   return s;
 }
 
-void read_link(const Json& obj, const char* key, bool required, Link& link) {
-  const Json* s = read_section(obj, key, required, {"bandwidth_gbs", "latency_us"});
+void read_link(const JsonRef& obj, const char* key, bool required, Link& link) {
+  const auto s = read_section(obj, key, required, {"bandwidth_gbs", "latency_us"});
   if (!s) return;
   read_number(*s, "bandwidth_gbs", required, kInGBs, Range::positive, link.bandwidth);
   read_number(*s, "latency_us", required, kInUs, Range::non_negative, link.alpha);
 }
 
-void read_peaks(const Json& obj, bool required, Hardware& h) {
-  const Json* s = read_section(obj, "peak_tflops", required, {"fp32", "tf32", "bf16", "fp16"});
+void read_peaks(const JsonRef& obj, bool required, Hardware& h) {
+  const auto s = read_section(obj, "peak_tflops", required, {"fp32", "tf32", "bf16", "fp16"});
   if (!s) return;
   read_number(*s, "fp32", required, kInTflops, Range::positive, h.peak_fp32);
   read_number(*s, "tf32", required, kInTflops, Range::non_negative, h.peak_tf32);
@@ -139,9 +141,9 @@ void read_peaks(const Json& obj, bool required, Hardware& h) {
   read_number(*s, "fp16", required, kInTflops, Range::non_negative, h.peak_fp16);
 }
 
-void read_efficiency(const Json& obj, Efficiency& e) {
-  const Json* s = read_section(obj, "efficiency", false,
-                               {"gemm_max", "gemm_half_flops", "memory_eff", "kernel_overhead_us", "comm_eff"});
+void read_efficiency(const JsonRef& obj, Efficiency& e) {
+  const auto s = read_section(obj, "efficiency", false,
+                              {"gemm_max", "gemm_half_flops", "memory_eff", "kernel_overhead_us", "comm_eff"});
   if (!s) return;
   read_number(*s, "gemm_max", false, kOne, Range::fraction, e.gemm_max);
   read_number(*s, "gemm_half_flops", false, kOne, Range::non_negative, e.gemm_half_flops);
@@ -152,7 +154,7 @@ void read_efficiency(const Json& obj, Efficiency& e) {
 
 // The point-to-point links are the collectives' unless the file gives them (a base is a
 // built-in kind: its links are the same for both).
-void read_links(const Json& j, bool required, Hardware& h) {
+void read_links(const JsonRef& j, bool required, Hardware& h) {
   read_link(j, "intra_node", required, h.intra);
   read_link(j, "inter_node", required, h.inter);
   h.p2p_intra = h.intra, h.p2p_inter = h.inter, h.intra_busy = h.intra;
@@ -161,23 +163,23 @@ void read_links(const Json& j, bool required, Hardware& h) {
   read_link(j, "intra_node_busy", false, h.intra_busy);
 }
 
-void read_cache(const Json& j, Cache& c) {
-  const Json* s = read_section(j, "cache", false, {"size_mib", "bandwidth_gbs"});
+void read_cache(const JsonRef& j, Cache& c) {
+  const auto s = read_section(j, "cache", false, {"size_mib", "bandwidth_gbs"});
   if (!s) return;
   read_number(*s, "size_mib", true, kInMiB, Range::positive, c.bytes);
   read_number(*s, "bandwidth_gbs", true, kInGBs, Range::positive, c.bandwidth);
 }
 
-void read_gpus_per_node(const Json& j, bool required, int& x) {
-  const Json* g = required ? &j.at("gpus_per_node") : j.find("gpus_per_node");
+void read_gpus_per_node(const JsonRef& j, bool required, int& x) {
+  const std::optional<JsonRef> g = required ? j.at("gpus_per_node") : j.find("gpus_per_node");
   if (!g) return;
   const int64_t n = g->integer();
   if (n < 1 || n > 1000000) g->fail(str_cat("expected a positive number of devices, got ", n));
   x = int(n);
 }
 
-Hardware base_of(const Json& j) {
-  const Json* b = j.find("base");
+Hardware base_of(const JsonRef& j) {
+  const auto b = j.find("base");
   if (!b) return Hardware{};
   const Builtin* k = find_builtin(b->string());
   if (!k) b->fail(str_cat("unknown kind '", b->string(), "' (expected a built-in kind: ", builtin_list(""), ")"));
@@ -185,8 +187,8 @@ Hardware base_of(const Json& j) {
 }
 
 Hardware from_file(const std::string& path) {
-  const Json j = Json::parse_file(path);
-  if (!j.is_object()) j.fail(str_cat("expected an object, got ", Json::type_name(j.type())));
+  const JsonRef j = JsonRef::parse_file(path);
+  if (!j.is_object()) j.fail(str_cat("expected an object, got ", JsonRef::type_name(j.value())));
   j.expect_keys({"name", "base", "gpu", "gpus_per_node", "memory_gib", "memory_bandwidth_gbs", "peak_tflops",
                  "tf32_matmul", "intra_node", "inter_node", "p2p_intra_node", "p2p_inter_node", "intra_node_busy",
                  "cache", "efficiency"});
@@ -213,11 +215,8 @@ bool looks_like_file(const std::string& s) {
 
 // ---- writing ------------------------------------------------------------------------------
 
-Json link_json(const Link& l) {
-  Json j = Json::object();
-  j.set("bandwidth_gbs", kInGBs.from_si(l.bandwidth));
-  j.set("latency_us", kInUs.from_si(l.alpha));
-  return j;
+JsonValue link_json(const Link& l) {
+  return {{"bandwidth_gbs", json_number(kInGBs.from_si(l.bandwidth))}, {"latency_us", json_number(kInUs.from_si(l.alpha))}};
 }
 
 bool same_link(const Link& a, const Link& b) { return a.alpha == b.alpha && a.bandwidth == b.bandwidth; }
@@ -266,32 +265,26 @@ Hardware hardware(const std::string& kind_or_file, dist::Comm* world) {
 }
 
 std::string hardware_json(const Hardware& h) {
-  Json j = Json::object();
-  j.set("name", h.name);
-  j.set("gpu", h.gpu);
-  j.set("gpus_per_node", h.gpus_per_node);
-  j.set("memory_gib", kInGiB.from_si(h.memory_bytes));
-  j.set("memory_bandwidth_gbs", kInGBs.from_si(h.memory_bandwidth));
-  Json peaks = Json::object();
-  peaks.set("fp32", kInTflops.from_si(h.peak_fp32)).set("tf32", kInTflops.from_si(h.peak_tf32));
-  peaks.set("bf16", kInTflops.from_si(h.peak_bf16)).set("fp16", kInTflops.from_si(h.peak_fp16));
-  j.set("peak_tflops", peaks);
-  j.set("tf32_matmul", h.tf32_matmul);
-  j.set("intra_node", link_json(h.intra));
-  j.set("inter_node", link_json(h.inter));
-  if (!same_link(h.p2p_intra, h.intra)) j.set("p2p_intra_node", link_json(h.p2p_intra));
-  if (!same_link(h.p2p_inter, h.inter)) j.set("p2p_inter_node", link_json(h.p2p_inter));
-  if (!same_link(h.intra_busy, h.intra)) j.set("intra_node_busy", link_json(h.intra_busy));
-  if (h.cache.bytes > 0) {
-    Json c = Json::object();
-    c.set("size_mib", kInMiB.from_si(h.cache.bytes)).set("bandwidth_gbs", kInGBs.from_si(h.cache.bandwidth));
-    j.set("cache", c);
-  }
-  Json e = Json::object();
-  e.set("gemm_max", h.eff.gemm_max).set("gemm_half_flops", h.eff.gemm_half_flops);
-  e.set("memory_eff", h.eff.memory_eff).set("kernel_overhead_us", kInUs.from_si(h.eff.kernel_overhead));
-  e.set("comm_eff", h.eff.comm_eff);
-  j.set("efficiency", e);
+  const auto num = json_number;
+  JsonValue j;
+  j["name"] = h.name;
+  j["gpu"] = h.gpu;
+  j["gpus_per_node"] = h.gpus_per_node;
+  j["memory_gib"] = num(kInGiB.from_si(h.memory_bytes));
+  j["memory_bandwidth_gbs"] = num(kInGBs.from_si(h.memory_bandwidth));
+  j["peak_tflops"] = {{"fp32", num(kInTflops.from_si(h.peak_fp32))}, {"tf32", num(kInTflops.from_si(h.peak_tf32))},
+                      {"bf16", num(kInTflops.from_si(h.peak_bf16))}, {"fp16", num(kInTflops.from_si(h.peak_fp16))}};
+  j["tf32_matmul"] = h.tf32_matmul;
+  j["intra_node"] = link_json(h.intra);
+  j["inter_node"] = link_json(h.inter);
+  if (!same_link(h.p2p_intra, h.intra)) j["p2p_intra_node"] = link_json(h.p2p_intra);
+  if (!same_link(h.p2p_inter, h.inter)) j["p2p_inter_node"] = link_json(h.p2p_inter);
+  if (!same_link(h.intra_busy, h.intra)) j["intra_node_busy"] = link_json(h.intra_busy);
+  if (h.cache.bytes > 0)
+    j["cache"] = {{"size_mib", num(kInMiB.from_si(h.cache.bytes))}, {"bandwidth_gbs", num(kInGBs.from_si(h.cache.bandwidth))}};
+  j["efficiency"] = {{"gemm_max", num(h.eff.gemm_max)}, {"gemm_half_flops", num(h.eff.gemm_half_flops)},
+                     {"memory_eff", num(h.eff.memory_eff)}, {"kernel_overhead_us", num(kInUs.from_si(h.eff.kernel_overhead))},
+                     {"comm_eff", num(h.eff.comm_eff)}};
   return j.dump(2) + "\n";
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/io.h"
+#include "core/text.h"
 #include "dist/comm.h"
 #include "plan/calibrate.h"
 #include "plan/planner.h"
@@ -16,18 +17,6 @@
 namespace sat {
 
 namespace {
-
-double parse_size(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  SAT_CHECK(end != v.c_str() && x > 0, flag, ": expected a size such as 80GiB or 40GB, got '", v, "'");
-  const std::string unit = end;
-  const double k = unit == "" || unit == "B" ? 1 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1024.0 * 1024
-                 : unit == "GiB" ? 1024.0 * 1024 * 1024 : unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : unit == "TB" ? 1e12 : -1;
-  SAT_CHECK(k > 0, flag, ": unknown unit '", unit, "' in '", v, "' (expected B, KiB, MiB, GiB, MB, GB or TB)");
-  SAT_CHECK(std::isfinite(x) && x * k <= 0x1p60, flag, ": expected a size of at most 1 EiB, got '", v, "'");
-  return x * k;
-}
 
 void write_file(const std::string& what, const std::string& path, const std::string& text) {
   write_file_atomic(what, path, text);
@@ -48,9 +37,9 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
             " plans the CPU engine, which trains in fp32 or bf16");
   SAT_CHECK(r.hw.peak(r.precision) > 0, "--precision ", prec, ": ", r.hw.name, " has no peak rate for it");
   r.optimizer = a.optimizer;
-  SAT_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer: expected adamw or sgd, got '", a.optimizer, "'");
+  check_choice("--optimizer", a.optimizer, {"adamw", "sgd"});
   if (!a.layout.empty()) r.filter = parse_layout(a.layout);
-  if (!a.memory_limit.empty()) r.memory_limit = parse_size("--memory-limit", a.memory_limit);
+  if (!a.memory_limit.empty()) r.memory_limit = double(parse_size("--memory-limit", a.memory_limit));
   r.top = a.top;
   return r;
 }

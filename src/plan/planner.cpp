@@ -15,6 +15,7 @@
 
 #include "backend/device.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "data/dataset.h"
 #include "nn/params.h"
 #include "plan/cost.h"
@@ -59,16 +60,11 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
     SAT_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '3', "--layout: zero=", v, ": expected a ZeRO stage 0, 1, 2 or 3");
     f.zero = v[0] - '0';
   } else if (k == "schedule") {
-    SAT_CHECK(v == "1f1b" || v == "interleaved" || v == "none" || v == "gpipe", "--layout: schedule=", v,
-              ": expected 1f1b, interleaved, gpipe or none");
-    f.schedule = parse_pipe_schedule(v);
+    f.schedule = parse_pipe_schedule(v, "--layout: schedule");
   } else if (k == "recompute") {
-    SAT_CHECK(v == "none" || v == "selective" || v == "full", "--layout: recompute=", v,
-              ": expected none, selective or full");
-    f.recompute = parse_recompute(v);
+    f.recompute = parse_recompute(v, "--layout: recompute");
   } else if (k == "sp") {
-    SAT_CHECK(v == "on" || v == "off", "--layout: sp=", v, ": expected on or off");
-    f.sp = v == "on";
+    f.sp = parse_on_off("--layout: sp", v);
   } else {
     fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero)");
   }

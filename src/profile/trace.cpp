@@ -93,7 +93,8 @@ void TraceEvents::clear() { events_.clear(); }
 
 namespace {
 
-std::string quoted(const std::string& s) { return Json(s).dump(-1); }
+// (bytes that are not UTF-8 written as U+FFFD: a trace is JSON whatever a name holds)
+std::string quoted(const std::string& s) { return JsonValue(s).dump(-1, ' ', false, JsonValue::error_handler_t::replace); }
 
 // Microseconds with nanosecond digits, as the profiler writes them ("ts": 1234.567).
 std::string micros(double seconds) { return strf("%.3f", seconds * 1e6); }
@@ -105,7 +106,7 @@ std::string args_json(const std::vector<TraceArg>& args) {
     o += quoted(args[i].key) + ": ";
     if (args[i].is_json) o += args[i].text;
     else if (args[i].is_text) o += quoted(args[i].text);
-    else o += Json(std::isfinite(args[i].number) ? Json(args[i].number) : Json()).dump(-1);
+    else o += std::isfinite(args[i].number) ? json_number(args[i].number).dump() : "null";
   }
   return o + "}";
 }
@@ -148,7 +149,7 @@ std::string TraceEvents::json(const FileInfo& info) const {
                 args_json(e.args).c_str());
     } else if (e.kind == Kind::counter) {
       o += strf("  {\"ph\": \"C\", \"name\": %s, \"pid\": %s, \"tid\": 0, \"ts\": %s, \"args\": {%s: %s}},\n",
-                quoted(name).c_str(), pid.c_str(), ts.c_str(), quoted(name).c_str(), Json(e.t1).dump(-1).c_str());
+                quoted(name).c_str(), pid.c_str(), ts.c_str(), quoted(name).c_str(), json_number(e.t1).dump().c_str());
     } else {
       o += strf("  {\"ph\": \"i\", \"s\": \"t\", \"cat\": %s, \"name\": %s, \"pid\": %s, \"tid\": %d, \"ts\": %s, \"args\": %s},\n",
                 quoted(e.cat).c_str(), quoted(name).c_str(), pid.c_str(), e.tid, ts.c_str(), args_json(e.args).c_str());

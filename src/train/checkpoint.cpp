@@ -31,12 +31,6 @@ constexpr const char* kFormat = "saturate-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
 
-int64_t numel_of(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
 // Writes all of `data` to fd (sat::Error naming the file).
 void write_all(int fd, const void* data, size_t n, const std::string& path, uint32_t& crc) {
   auto* p = static_cast<const uint8_t*>(data);
@@ -175,55 +169,6 @@ void parse_tensors(const Reader& r, const json& j, Manifest& m) {
       ct.pieces.push_back(parse_piece(r, t["pieces"][i], at + "pieces[" + std::to_string(i) + "].", m));
     m.tensors[name] = std::move(ct);
   }
-}
-
-// A safetensors file's header: key -> (dtype, shape, [begin, end) in the data).
-struct FileIndex {
-  struct Item {
-    std::string dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin = 0, end = 0;
-  };
-  std::map<std::string, Item> items;
-  uint64_t data_start = 0;
-};
-
-FileIndex index_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  SAT_CHECK(f, path, ": cannot open checkpoint file: ", std::strerror(errno));
-  f.seekg(0, std::ios::end);
-  const uint64_t size = uint64_t(f.tellg());
-  f.seekg(0);
-  uint64_t hlen = 0;
-  SAT_CHECK(size >= 8 && f.read(reinterpret_cast<char*>(&hlen), 8) && hlen >= 2 && hlen <= size - 8 &&
-                hlen < (uint64_t(100) << 20),
-            path, ": not a safetensors file (truncated?)");
-  std::string header(hlen, '\0');
-  f.read(header.data(), std::streamsize(hlen));
-  FileIndex out;
-  out.data_start = 8 + hlen;
-  json h;
-  try {
-    h = json::parse(header);
-  } catch (const json::exception& e) {
-    fail(path, ": malformed safetensors header (", e.what(), ")");
-  }
-  SAT_CHECK(h.is_object(), path, ": malformed safetensors header (not an object)");
-  const Reader r{path};
-  for (const auto& [key, v] : h.items()) {
-    if (key == "__metadata__") continue;
-    FileIndex::Item it{r.get<std::string>(v, "dtype", key + "."), r.get<std::vector<int64_t>>(v, "shape", key + "."), 0,
-                       0};
-    const auto offs = r.get<std::vector<uint64_t>>(v, "data_offsets", key + ".");
-    SAT_CHECK(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= size - out.data_start &&
-                  it.shape.size() <= size_t(Shape::kMaxDims),
-              path, ": tensor '", key, "' lies outside the file (truncated?)");
-    for (int64_t d : it.shape)
-      SAT_CHECK(d >= 0 && d <= (int64_t(1) << 40), path, ": tensor '", key, "' has a bad shape");
-    it.begin = offs[0], it.end = offs[1];
-    out.items[key] = std::move(it);
-  }
-  return out;
 }
 
 }  // namespace
@@ -430,17 +375,14 @@ std::vector<uint8_t> read_logical(const std::string& dir, const Manifest& m, con
     parts = std::max(p.parts, 1);
     SAT_CHECK(seen.insert(p.index).second, where, ": tensor '", name, "' has piece ", p.index, " twice");
     const std::string path = (fs::path(dir) / p.file).string();
-    const FileIndex fi = index_file(path);
-    auto item = fi.items.find(p.key);
-    SAT_CHECK(item != fi.items.end(), path, ": no tensor '", p.key, "' (the manifest names it)");
-    SAT_CHECK(Shape(item->second.shape) == d.spec.shape && item->second.dtype == t.dtype &&
-                  item->second.end - item->second.begin == uint64_t(d.spec.shape.numel()) * elem,
+    SafetensorsFile file(path);
+    const SafetensorsTensor* item = file.find(p.key);
+    SAT_CHECK(item, path, ": no tensor '", p.key, "' (the manifest names it)");
+    SAT_CHECK(Shape(item->shape) == d.spec.shape && item->dtype == t.dtype &&
+                  item->end - item->begin == uint64_t(d.spec.shape.numel()) * elem,
               path, ": tensor '", p.key, "' is not the piece the manifest describes");
-    std::vector<uint8_t> part(size_t(item->second.end - item->second.begin));
-    std::ifstream f(path, std::ios::binary);
-    f.seekg(std::streamoff(fi.data_start + item->second.begin));
-    f.read(reinterpret_cast<char*>(part.data()), std::streamsize(part.size()));
-    SAT_CHECK(f, path, ": reading tensor '", p.key, "' failed (truncated?)");
+    std::vector<uint8_t> part(size_t(item->end - item->begin));
+    file.read(*item, part.data());
     shard_insert_part(d, d.shard.index, part.data(), full.data(), elem);
   }
   SAT_CHECK(int(seen.size()) == parts, where, ": tensor '", name, "' has ", seen.size(), " of its ", parts, " pieces");
@@ -457,17 +399,11 @@ void sync_path(const std::string& path) {
 }
 
 void write_pieces(const std::string& dir, const std::string& file, const std::vector<CkptEntry>& entries, Manifest& m) {
-  nlohmann::ordered_json h;
-  h["__metadata__"] = {{"format", "pt"}, {"producer", "saturate checkpoint"}};
-  uint64_t off = 0;
-  std::vector<std::string> keys;
+  std::vector<SafetensorsBlob> blobs;
   for (const CkptEntry& e : entries) {
     std::string key = e.name;
     if (e.dim >= 0 && e.parts > 1) key += "@tp" + std::to_string(e.index) + "/" + std::to_string(e.parts);
-    const uint64_t bytes = uint64_t(numel_of(e.shape)) * dtype_size(e.dtype);
-    h[key] = {{"dtype", safetensors_dtype(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + bytes}}};
-    off += bytes;
-    keys.push_back(key);
+    blobs.push_back({key, e.dtype, e.shape, e.data});
     CkptTensor& t = m.tensors[e.name];
     t.shape = e.full_shape;
     t.dtype = safetensors_dtype(e.dtype);
@@ -475,25 +411,21 @@ void write_pieces(const std::string& dir, const std::string& file, const std::ve
     if (e.dim >= 0 && e.parts > 1) p.dim = e.dim, p.parts = e.parts, p.index = e.index, p.stride = e.stride;
     t.pieces.push_back(p);
   }
-  std::string header = h.dump();
-  while (header.size() % 8) header += ' ';
   const std::string path = (fs::path(dir) / file).string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   SAT_CHECK(fd >= 0, "--checkpoint-dir: cannot create ", path, ": ", std::strerror(errno));
   uint32_t crc = 0;
+  uint64_t bytes = 0;
   try {
-    const uint64_t n = header.size();
-    write_all(fd, &n, 8, path, crc);
-    write_all(fd, header.data(), header.size(), path, crc);
-    for (size_t i = 0; i < entries.size(); ++i)
-      write_all(fd, entries[i].data, size_t(numel_of(entries[i].shape)) * dtype_size(entries[i].dtype), path, crc);
+    bytes = write_safetensors(blobs, {{"format", "pt"}, {"producer", "saturate checkpoint"}},
+                              [&](const void* data, size_t n) { write_all(fd, data, n, path, crc); });
     SAT_CHECK(::fsync(fd) == 0, "--checkpoint-dir: fsync of ", path, " failed: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);
     throw;
   }
   SAT_CHECK(::close(fd) == 0, "--checkpoint-dir: closing ", path, " failed: ", std::strerror(errno));
-  m.files[file] = {8 + header.size() + off, crc};
+  m.files[file] = {bytes, crc};
 }
 
 void merge_fragment(Manifest& into, const Manifest& fragment) {

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace sat {
 
@@ -54,20 +55,17 @@ std::string pytorch_name(const Action& a, int stages, int stage) {
   return str_cat(a.chunk * stages + stage, type_name(a.kind), a.micro);
 }
 
-const char* pipe_schedule_name(PipeSchedule k) {
-  switch (k) {
-    case PipeSchedule::none: return "none";
-    case PipeSchedule::gpipe: return "gpipe";
-    case PipeSchedule::one_f_one_b: return "1f1b";
-    case PipeSchedule::interleaved: return "interleaved";
-  }
-  return "?";
-}
+namespace {
+constexpr Named<PipeSchedule> kPipeSchedules[] = {{"none", PipeSchedule::none},
+                                                  {"gpipe", PipeSchedule::gpipe},
+                                                  {"1f1b", PipeSchedule::one_f_one_b},
+                                                  {"interleaved", PipeSchedule::interleaved}};
+}  // namespace
 
-PipeSchedule parse_pipe_schedule(const std::string& s) {
-  for (PipeSchedule k : {PipeSchedule::none, PipeSchedule::gpipe, PipeSchedule::one_f_one_b, PipeSchedule::interleaved})
-    if (s == pipe_schedule_name(k)) return k;
-  fail("--pp-schedule '", s, "': expected one of none, gpipe, 1f1b, interleaved");
+const char* pipe_schedule_name(PipeSchedule k) { return name_of(k, kPipeSchedules); }
+
+PipeSchedule parse_pipe_schedule(const std::string& s, std::string_view setting) {
+  return parse_named(setting, s, kPipeSchedules);
 }
 
 void check_schedule(const ScheduleSpec& s) {

@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sat {
@@ -35,7 +36,8 @@ namespace sat {
 // Megatron's interleaved 1F1B over V model chunks per rank.
 enum class PipeSchedule { none, gpipe, one_f_one_b, interleaved };
 const char* pipe_schedule_name(PipeSchedule k);          // "none", "gpipe", "1f1b", "interleaved"
-PipeSchedule parse_pipe_schedule(const std::string& s);  // sat::Error naming --pp-schedule and the choices
+// sat::Error naming `setting` (the flag, or a file's key) and the choices.
+PipeSchedule parse_pipe_schedule(const std::string& s, std::string_view setting = "--pp-schedule");
 
 enum class ActionKind : uint8_t { forward, backward, send_act, recv_act, send_grad, recv_grad, reduce_grads, optimizer };
 

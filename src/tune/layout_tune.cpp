@@ -44,7 +44,7 @@ std::string layout_choice_line(const Layout& l, double measured, double predicte
 namespace {
 // A cached layout is input like any other: every field within the flags' ranges before it
 // is converted to an integer or trained with. "" when it is sound.
-std::string layout_choice_problem(const Json& c) {
+std::string layout_choice_problem(const JsonRef& c) {
   const std::pair<const char*, std::pair<double, double>> ranges[] = {
       {"dp", {1, 1 << 20}}, {"tp", {1, 4096}}, {"pp", {1, 4096}}, {"micro_batch", {1, 1 << 24}},
       {"accum", {1, 1 << 20}}, {"virtual_stages", {1, 1024}}, {"zero", {0, 3}}};
@@ -62,8 +62,7 @@ std::string layout_choice_problem(const Json& c) {
 bool read_layout_choice(const std::string& path, Layout& l, double& measured, double& predicted) {
   if (!std::filesystem::exists(path)) return false;
   try {
-    const Json j = Json::parse_file(path);
-    const Json& c = j.at("layout_choice");
+    const JsonRef c = JsonRef::parse_file(path).at("layout_choice");
     const std::string why = layout_choice_problem(c);
     if (!why.empty()) {
       std::fprintf(stderr, "layout auto: ignoring the cached choice in %s (%s); tuning again\n", path.c_str(),
@@ -72,9 +71,10 @@ bool read_layout_choice(const std::string& path, Layout& l, double& measured, do
     }
     l.dp = int(c.at("dp").integer()), l.tp = int(c.at("tp").integer()), l.pp = int(c.at("pp").integer());
     l.batch = c.at("micro_batch").integer(), l.accum = c.at("accum").integer();
-    l.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(c.at("schedule").string());
+    const JsonRef schedule = c.at("schedule"), recompute = c.at("recompute");
+    l.pp_schedule = l.pp == 1 ? PipeSchedule::one_f_one_b : parse_pipe_schedule(schedule.string(), schedule.where());
     l.virtual_stages = int(c.at("virtual_stages").integer());
-    l.recompute = parse_recompute(c.at("recompute").string());
+    l.recompute = parse_recompute(recompute.string(), recompute.where());
     l.sequence_parallel = c.at("sequence_parallel").boolean();
     l.zero = int(c.at("zero").integer());
     measured = c.at("measured_samples_per_second").number();

@@ -9,6 +9,7 @@
 #include "backend/device.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "core/timer.h"
 #include "tune/probe.h"
 
@@ -683,8 +684,7 @@ TuneResult Tuner::run() {
 
 TuneResult tune(const ModelConfig& mc, const TrainConfig& base, const Dataset& train, const Dataset* test,
                 const TuneConfig& cfg) {
-  SAT_CHECK(cfg.objective == "throughput" || cfg.objective == "goodput",
-            "--objective: expected throughput or goodput, got '", cfg.objective, "'");
+  check_choice("--objective", cfg.objective, {"throughput", "goodput"});
   SAT_CHECK(cfg.knee >= 0 && cfg.knee < 1, "--knee: expected a fraction in [0, 1), got ", cfg.knee);
   SAT_CHECK(cfg.global_batch >= 0, "--global-batch: expected a positive number, got ", cfg.global_batch);
   SAT_CHECK(base.pp == 1 && base.tp == 1, "--pp/--tp: the tuner chooses the batch of a data-parallel layout; "

@@ -13,6 +13,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/plot.h"
 #include "core/text.h"
 #include "tune/tune.h"
@@ -316,15 +317,9 @@ std::string tune_html(const TuneResult& r) {
 }
 
 TuneChoice read_tune_choice(const std::string& path, int64_t max_batch, int world) {
-  std::ifstream f(path);
-  SAT_CHECK(f, path, ": cannot be read");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    fail(path, ": not JSON (", e.what(), ")");
-  }
-  auto number = [&](const nlohmann::json& c, const char* key, double fallback, bool required) {
+  const JsonRef doc = JsonRef::parse_file(path);
+  const JsonValue& j = doc.value();
+  auto number = [&](const JsonValue& c, const char* key, double fallback, bool required) {
     if (!c.contains(key)) {
       SAT_CHECK(!required, path, ": choice.", key, " is missing");
       return fallback;
@@ -337,13 +332,13 @@ TuneChoice read_tune_choice(const std::string& path, int64_t max_batch, int worl
               " is not a whole number from ", lo, " to ", hi);
     return x;
   };
-  auto text = [&](const nlohmann::json& c, const char* key, const char* fallback) {
+  auto text = [&](const JsonValue& c, const char* key, const char* fallback) {
     if (!c.contains(key)) return std::string(fallback);
     SAT_CHECK(c[key].is_string(), path, ": choice.", key, " is not a string");
     return c[key].get<std::string>();
   };
   SAT_CHECK(j.is_object() && j.contains("choice") && j["choice"].is_object(), path, ": no \"choice\" object");
-  const nlohmann::json& c = j["choice"];
+  const JsonValue& c = j["choice"];
   TuneChoice t;
   t.micro_batch = int64_t(whole(number(c, "micro_batch", 0, true), "micro_batch", 1, double(max_batch)));
   t.accum = int64_t(whole(number(c, "accum", 0, true), "accum", 1, double(1 << 20)));
