@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "plan/planner.h"
 #include "profile/trace.h"
 
@@ -294,24 +295,6 @@ void note_layout_flags(const CLI::App* c, RunArgs& a) {
     if (c->get_option_no_throw(f) && c->count(f)) a.given.push_back(f);
 }
 
-// The one parser of sizes on the command line (--memory-budget).
-size_t parse_bytes(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  std::string unit = end ? std::string(end) : "";
-  double mult = 0;
-  const std::pair<const char*, double> units[] = {
-      {"", 1}, {"B", 1}, {"K", 1024.0}, {"KiB", 1024.0}, {"M", 1048576.0}, {"MiB", 1048576.0},
-      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
-  for (auto& [u, m] : units)
-    if (unit == u) mult = m;
-  // (at most 2^60 bytes: the conversion to size_t must be in range)
-  SAT_CHECK(end != v.c_str() && mult > 0 && x > 0 && std::isfinite(x) && x * mult <= 0x1p60, flag,
-            ": expected a size such as 8GiB, 512MiB, 2G or 1500000000 (bytes, at most 1 EiB), got '", v, "'");
-  return size_t(x * mult);
-}
-
 int64_t parse_batch(const std::string& v) {
   char* end = nullptr;
   errno = 0;
@@ -372,8 +355,8 @@ TrainConfig train_config(const RunArgs& a) {
   cfg.steps = a.steps;
   optimizer_into(a, cfg);
   cfg.seed = a.seed;
-  cfg.shuffle = a.shuffle == "on";
-  cfg.evaluate = a.eval == "on";
+  cfg.shuffle = parse_on_off("--shuffle", a.shuffle);
+  cfg.evaluate = parse_on_off("--eval", a.eval);
   cfg.out_dir = a.out;
   cfg.profile = a.profile;
   cfg.trace_dir = a.trace;
@@ -383,11 +366,9 @@ TrainConfig train_config(const RunArgs& a) {
   }
   cfg.device = a.device;
   cfg.precision = parse_precision(a.precision);
-  SAT_CHECK(a.cuda_graph == "on" || a.cuda_graph == "off", "--cuda-graph: expected on or off, got '", a.cuda_graph, "'");
-  cfg.cuda_graph = a.cuda_graph == "on";
-  SAT_CHECK(a.last_batch == "drop" || a.last_batch == "pad", "--last-batch: expected drop or pad, got '", a.last_batch,
-            "'");
-  cfg.last_batch = a.last_batch == "pad" ? LastBatch::pad : LastBatch::drop;
+  cfg.cuda_graph = parse_on_off("--cuda-graph", a.cuda_graph);
+  static constexpr Named<LastBatch> kLastBatch[] = {{"drop", LastBatch::drop}, {"pad", LastBatch::pad}};
+  cfg.last_batch = parse_named("--last-batch", a.last_batch, kLastBatch);
   cfg.bucket_mb = a.bucket_mb;
   cfg.dist_backend = parse_dist_backend(a.dist_backend);
   cfg.sync_bn = a.sync_bn;
@@ -400,7 +381,7 @@ TrainConfig train_config(const RunArgs& a) {
 
 TunePolicy tune_policy(const RunArgs& a, const std::string& data_description, bool tune_only) {
   TunePolicy p;
-  if (!a.memory_budget.empty()) p.tune.memory_budget = parse_bytes("--memory-budget", a.memory_budget);
+  if (!a.memory_budget.empty()) p.tune.memory_budget = parse_size("--memory-budget", a.memory_budget);
   p.tune.global_batch = a.global_batch;
   p.tune.objective = a.objective;
   p.tune.knee = a.knee;
@@ -420,7 +401,7 @@ LayoutTuneConfig layout_tune_config(const RunArgs& a) {
   SAT_CHECK(a.global_batch >= 1, "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
   t.candidates = a.layout_candidates;
   t.global_batch = a.global_batch;
-  if (!a.memory_budget.empty()) t.memory_budget = parse_bytes("--memory-budget", a.memory_budget);
+  if (!a.memory_budget.empty()) t.memory_budget = parse_size("--memory-budget", a.memory_budget);
   return t;
 }
 

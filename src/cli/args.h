@@ -82,8 +82,6 @@ void check_numbers(CLI::App* app, const std::string& command);
 // The layout flags given on the command line (with --layout they fix fields of the search).
 void note_layout_flags(const CLI::App* c, RunArgs& a);
 
-// "8GiB", "512MiB", "2G" (binary), "1.5GB", "500MB" (decimal) or plain bytes.
-size_t parse_bytes(const std::string& flag, const std::string& v);
 // --batch N (not "auto").
 int64_t parse_batch(const std::string& v);
 

@@ -15,6 +15,7 @@
 #include "backend/support.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "core/io.h"
 #include "core/timer.h"
 #include "data/dataset.h"
@@ -94,8 +95,8 @@ void check_train_outputs(const RunArgs& a, bool tune_only) {
 
 // The flags that need no data and no model, in the order a user meets them.
 void check_run_flags(const RunArgs& a, bool tune_only) {
-  SAT_CHECK(a.shuffle == "on" || a.shuffle == "off", "--shuffle: expected on or off, got '", a.shuffle, "'");
-  SAT_CHECK(a.eval == "on" || a.eval == "off", "--eval: expected on or off, got '", a.eval, "'");
+  (void)parse_on_off("--shuffle", a.shuffle);
+  (void)parse_on_off("--eval", a.eval);
   if (!a.init_weights.empty())
     SAT_CHECK(fs::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
   check_checkpoint_flags(a);
