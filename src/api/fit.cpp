@@ -165,8 +165,9 @@ History run_fit(Model& model, const Dataset& train, const FitOptions& o) {
     tune_batch(mc, ds, o.progress, *comm, c);
     job = plan_job(mc, c, ds, val, world);
   }
-  SAT_CHECK(ds.size() >= c.batch * c.accum * comm->size(), "fit: dataset '", ds.name(), "' has ", ds.size(),
-            " samples, fewer than one step's ", c.batch * c.accum * comm->size(), " (FitOptions::batch_size ", c.batch,
+  const int64_t step_samples = c.global_batch(comm->size());
+  SAT_CHECK(ds.size() >= step_samples, "fit: dataset '", ds.name(), "' has ", ds.size(),
+            " samples, fewer than one step's ", step_samples, " (FitOptions::batch_size ", c.batch,
             c.accum > 1 ? sat::str_cat(" x ", c.accum, " accumulation") : "",
             comm->size() > 1 ? sat::str_cat(" x ", comm->size(), " ranks") : "", ")");
 

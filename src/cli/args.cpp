@@ -304,15 +304,17 @@ int64_t parse_batch(const std::string& v) {
   return b;
 }
 
-ModelConfig model_for(const RunArgs& a) {
-  ModelConfig mc = model_config(a.model);
-  if (a.vocab > 0) {
-    SAT_CHECK(mc.tokens, "--vocab applies to the GPT and Llama models only, not --model ", a.model);
-    mc.vocab = mc.classes = a.vocab;
+ModelConfig model_for(const std::string& model, int64_t vocab, int64_t seq_len) {
+  ModelConfig mc = model_config(model);
+  if (vocab > 0) {
+    SAT_CHECK(mc.tokens, "--vocab applies to the GPT and Llama models only, not --model ", model);
+    mc.vocab = mc.classes = vocab;
   }
-  set_seq_len(mc, a.seq_len);
+  set_seq_len(mc, seq_len);
   return mc;
 }
+
+ModelConfig model_for(const RunArgs& a) { return model_for(a.model, a.vocab, a.seq_len); }
 
 Layout layout_of(const RunArgs& a, int64_t batch) {
   Layout l;

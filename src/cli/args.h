@@ -87,6 +87,8 @@ int64_t parse_batch(const std::string& v);
 
 // --model with --vocab and --seq-len.
 ModelConfig model_for(const RunArgs& a);
+// --model, --vocab (0: the model's) and --seq-len (0: the context), as every command reads them.
+ModelConfig model_for(const std::string& model, int64_t vocab, int64_t seq_len);
 // The layout flags (batch: the micro-batch, "auto" resolved by the caller).
 Layout layout_of(const RunArgs& a, int64_t batch);
 // Every setting of train and tune but the layout's: optimizer, schedule, data order,

@@ -19,21 +19,12 @@
 #include "core/error.h"
 #include "core/io.h"
 #include "data/dataset.h"
+#include "cli/args.h"
 #include "nn/models.h"
 #include "train/trainer.h"
 
 namespace sat {
 namespace {
-
-ModelConfig model_of(const EvalArgs& a) {
-  ModelConfig mc = model_config(a.model);
-  if (a.vocab > 0) {
-    SAT_CHECK(mc.tokens, "--vocab applies to the GPT models only, not --model ", a.model);
-    mc.vocab = mc.classes = a.vocab;
-  }
-  set_seq_len(mc, a.seq_len);
-  return mc;
-}
 
 void check_common(const EvalArgs& a) {
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
@@ -194,7 +185,7 @@ void write_eval_json(const EvalArgs& a, const ModelConfig& mc, const DataSplit& 
 int run_eval(const EvalArgs& a) {
   check_common(a);
   if (!a.json.empty()) check_output_file("--json", a.json);
-  ModelConfig mc = model_of(a);
+  ModelConfig mc = cli::model_for(a.model, a.vocab, a.seq_len);
   DataSplit d = open_test_split(a, mc);
   std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
   // After the weights loaded: a mistake is then the one line the user sees.
@@ -213,7 +204,7 @@ int run_predict(const EvalArgs& a) {
   SAT_CHECK(!a.out.empty(), "--out FILE is required (the CSV of predictions)");
   check_output_file("--out", a.out);
   SAT_CHECK(a.top_k >= 1, "--top-k: expected a positive number of tokens, got ", a.top_k);
-  const ModelConfig mc = model_of(a);
+  const ModelConfig mc = cli::model_for(a.model, a.vocab, a.seq_len);
   return mc.tokens ? predict_next_tokens(a, mc) : predict_classes(a, mc);
 }
 

@@ -16,7 +16,7 @@ std::function<double(int64_t)> throughput_curve(const ModelConfig& mc, const Tra
   r.top = 1;
   r.exact_memory = false;
   r.memory_limit = 1e30;  // the tuner prunes by its own budget
-  const int dp = ranks / (cfg.tp * cfg.pp);
+  const int dp = cfg.dp_of(ranks);
   r.filter.dp = dp, r.filter.tp = cfg.tp, r.filter.pp = cfg.pp;
   r.filter.schedule = cfg.pp_schedule, r.filter.recompute = cfg.recompute, r.filter.sp = cfg.sequence_parallel;
   r.filter.zero = cfg.zero;

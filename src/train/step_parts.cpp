@@ -126,7 +126,7 @@ void NoiseProbe::sample(std::vector<GradNormSample>& out) {
     if (cfg_.zero >= 1) m_.dp_group().all_reduce_sync(v + 1, 1, DType::f64, dist::ReduceOp::sum);
   }
   if (std::isfinite(v[0]) && std::isfinite(v[1]))
-    out.push_back({v[0], v[1], cfg_.batch, cfg_.batch * cfg_.accum * m_.dp()});
+    out.push_back({v[0], v[1], cfg_.batch, cfg_.global_batch(m_.size())});
 }
 
 }  // namespace sat

@@ -24,6 +24,7 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
   o.seed = seed;
   return o;
 }
+
 void fit_to_data(ModelConfig& mc, const Dataset& train) {
   if (mc.tokens) return;
   const Shape sample = train.sample_shape();

@@ -65,7 +65,7 @@ void agree_on_job(const TrainConfig& c, TimedRun& t) {
 TimedRun timed_run(const ModelConfig& mc, const TrainConfig& c_in, const Dataset& train, const Dataset* test) {
   TimedRun t;
   TrainConfig c = c_in;
-  const int dp = (c.comm ? c.comm->size() : 1) / (c.tp * c.pp);
+  const int world = c.comm ? c.comm->size() : 1, dp = c.dp_of(world);
   const Prefix one_batch(test ? *test : train, c.batch * dp);
   c.evaluate = test != nullptr;
   try {
@@ -82,7 +82,7 @@ TimedRun timed_run(const ModelConfig& mc, const TrainConfig& c_in, const Dataset
     t.refused = e.what();
   }
   agree_on_job(c, t);
-  if (t.median_step_seconds > 0) t.samples_per_second = double(c.batch * c.accum * dp) / t.median_step_seconds;
+  if (t.median_step_seconds > 0) t.samples_per_second = double(c.global_batch(world)) / t.median_step_seconds;
   return t;
 }
 
