@@ -25,4 +25,15 @@ inline CmdResult run_command(const std::string& cmd) {
   return r;
 }
 
+// mpirun, or "" when this machine has none (the test then skips).
+inline std::string mpirun() {
+  FILE* p = popen("command -v mpirun 2>/dev/null", "r");
+  char buf[512] = {0};
+  const bool found = p && fgets(buf, sizeof buf, p) != nullptr;
+  if (p) pclose(p);
+  std::string s = found ? std::string(buf) : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
 }  // namespace sat::test

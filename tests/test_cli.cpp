@@ -630,16 +630,7 @@ TEST(Cli, OutDirOfAnotherRunNeedsOverwrite) {
 }
 
 namespace {
-// mpirun, or "" when this machine has none (the test then skips).
-std::string mpirun() {
-  FILE* p = popen("command -v mpirun 2>/dev/null", "r");
-  char buf[512] = {0};
-  const bool found = p && fgets(buf, sizeof buf, p) != nullptr;
-  if (p) pclose(p);
-  std::string s = found ? std::string(buf) : "";
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
+using sat::test::mpirun;
 }  // namespace
 
 // Under mpirun the ranks agree on the resolved configuration and on the weights they start

@@ -49,16 +49,7 @@ void expect_each_built_once(const std::map<std::string, int>& builds, const std:
   for (auto& [key, n] : builds) EXPECT_EQ(n, 1) << what << " built '" << key << "' " << n << " times";
 }
 
-// mpirun, or "" when this machine has none (the test then skips).
-std::string mpirun() {
-  FILE* p = popen("command -v mpirun 2>/dev/null", "r");
-  char buf[512] = {0};
-  const bool found = p && fgets(buf, sizeof buf, p) != nullptr;
-  if (p) pclose(p);
-  std::string s = found ? std::string(buf) : "";
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
+using sat::test::mpirun;
 
 }  // namespace
 
