@@ -243,8 +243,10 @@ RankPlan& JobPlan::stage(int s) {
 }
 
 namespace {
-// The memory of a stage's graph and step under cfg's optimizer and ZeRO stage.
-void plan_stage_memory(RankPlan& r, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp) {
+// The memory of a stage's graph and step under cfg's optimizer and ZeRO stage; under ZeRO-2/3
+// also the sharding it plans (into shards).
+MemoryPlan stage_memory(const RankPlan& r, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp,
+                        ShardPlan& shards) {
   const Graph& g = *r.model.graph;
   size_t inputs = 0;
   if (r.reads_data) {
@@ -252,12 +254,13 @@ void plan_stage_memory(RankPlan& r, const TrainConfig& cfg, const Dataset& train
     if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
   }
   const int slots = optimizer_slots(resolve_optim(cfg.optim));
-  r.memory = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
-  r.shards = {};
+  MemoryPlan m = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
+  shards = {};
   if (cfg.zero >= 2) {
-    r.shards = plan_shards(g, r.actions, cfg.zero, dp);
-    add_sharded_memory(r.memory, g, r.shards, slots);
+    shards = plan_shards(g, r.actions, cfg.zero, dp);
+    add_sharded_memory(m, g, shards, slots);
   }
+  return m;
 }
 }  // namespace
 
@@ -281,19 +284,14 @@ RankPlan JobPlan::plan_stage(int stage) {
     r.reads_data = true;
     r.loader_keep = std::max(r.loader_keep, max_in_flight(r.actions, c));
   }
-  plan_stage_memory(r, cfg, *train_, test_, dp_);
+  r.memory = stage_memory(r, cfg, *train_, test_, dp_, r.shards);
   r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
   return r;
 }
 
 MemoryPlan JobPlan::memory_with(int s, const TrainConfig& other) {
-  RankPlan& r = stage(s);
-  const MemoryPlan mine = r.memory;
-  const ShardPlan shards = r.shards;
-  plan_stage_memory(r, other, *train_, test_, dp_);
-  const MemoryPlan out = r.memory;
-  r.memory = mine, r.shards = shards;
-  return out;
+  ShardPlan shards;
+  return stage_memory(stage(s), other, *train_, test_, dp_, shards);
 }
 
 RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int stage,
