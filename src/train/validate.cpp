@@ -36,10 +36,8 @@ void check_zero(const TrainConfig& cfg, bool cuda, int dp) {
 
 namespace {
 
-// The settings' own ranges.
+// The settings' own ranges (the layout's: Layout::check).
 void check_ranges(const TrainConfig& cfg) {
-  SAT_CHECK(cfg.batch >= 1, "--batch: expected a positive micro-batch size, got ", cfg.batch);
-  SAT_CHECK(cfg.accum >= 1, "--accum: expected a positive number of micro-batches, got ", cfg.accum);
   SAT_CHECK(cfg.steps >= 0 && cfg.epochs >= 0, "--steps/--epochs: expected a non-negative number");
   // (at most 1 TiB: the size in floats is converted to an integer)
   SAT_CHECK(cfg.bucket_mb > 0 && cfg.bucket_mb <= 1 << 20, "--bucket-mb: expected a size from 0 to 1048576 (MiB), got ",
@@ -97,7 +95,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_recompute(rc);
   const Device dev = resolve_device(cfg.device);
   check_device(mc, cfg, dev, world);
-  cfg.check(world);
+  cfg.check(world);  // the layout's ranges and its fit to the job's ranks
   check_zero(cfg, dev != Device::cpu, cfg.dp_of(world));
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
             "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
