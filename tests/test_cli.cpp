@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -662,6 +663,53 @@ TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
   // The same flags and file on both: trains.
   CmdResult ok = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "a.safetensors").string());
   EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+// One rank failing its own setup (its flags, its data, its files) while the others succeed:
+// the job's first collective is the verdict, so whichever rank fails, every rank prints the
+// failing rank's message and the job exits 2 at once (no MPI_ERR_TRUNCATE, no wait for a
+// watchdog). The bound only catches a hang: the job takes about 2 s.
+TEST(Cli, OneRankFailingSetupStopsEveryRank) {
+  const std::string mpi = mpirun();
+  if (mpi.empty()) GTEST_SKIP() << "no mpirun";
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 SAT_COMM_TIMEOUT=60 ";
+  const std::string bin = std::string(SAT_BINARY);
+  fs::path d = tmpdir("one_rank_fails");
+  const std::string run = " train --model mlp --data synthetic --steps 300 --batch 8 --threads 1 --eval off";
+  struct Bad {
+    std::string flags, message;
+  };
+  const std::vector<Bad> bads = {
+      {" --data mnist:" + (d / "nonexistent").string(), "--data mnist:" + (d / "nonexistent").string()},
+      {" --batch 0", "--batch: expected a micro-batch size"},
+      {" --resume " + (d / "nonexistent").string(), "--resume: "},
+      {" --model " + (d / "missing.json").string(), (d / "missing.json").string()},
+      {" --no-such-flag", "--no-such-flag"},
+  };
+  int which = 0;
+  for (int ranks : {2, 4})
+    for (int failing = 0; failing < ranks; ++failing) {
+      const Bad& bad = bads[size_t(which++) % bads.size()];
+      SCOPED_TRACE(sat::str_cat(ranks, " ranks, rank ", failing, " fails with", bad.flags));
+      std::string cmd = env + mpi + " --oversubscribe --bind-to none --tag-output";
+      for (int r = 0; r < ranks; ++r) cmd += sat::str_cat(r ? " :" : "", " -np 1 ", bin, run, r == failing ? bad.flags : "");
+      const auto t0 = std::chrono::steady_clock::now();
+      const CmdResult res = sat::test::run_command(cmd);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_EQ(res.status, 2) << res.out;
+      EXPECT_LT(seconds, 60) << "a hang";
+      EXPECT_EQ(res.out.find("MPI_ERR"), std::string::npos) << res.out;
+      EXPECT_EQ(res.out.find("did not complete"), std::string::npos) << res.out;
+      for (int r = 0; r < ranks; ++r) {  // every rank's own line names the failing rank and its message
+        const std::string tag = sat::str_cat("[1,", r, "]<stderr>:saturate: ");
+        const std::string says = r == failing ? sat::str_cat("error on rank ", r, ": ")
+                                              : sat::str_cat("rank ", r, " stops: error on rank ", failing, ": ");
+        const size_t at = res.out.find(tag + says);
+        ASSERT_NE(at, std::string::npos) << "rank " << r << " does not say '" << says << "':\n" << res.out;
+        const std::string line = res.out.substr(at, res.out.find('\n', at) - at);
+        EXPECT_NE(line.find(bad.message), std::string::npos) << line;
+      }
+    }
 }
 
 namespace {

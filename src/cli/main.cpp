@@ -167,8 +167,8 @@ void add_commands(CLI::App& app, Commands& c) {
   add_tool_commands(app, c);
 }
 
-// A parse error: every rank of a job has the same command line and says so itself (before
-// MPI starts), with the command whose help lists the options.
+// A parse error, with the command whose help lists the options. Under mpirun the other
+// ranks (launched with other flags, MPMD) learn of it at the job's first collective.
 int parse_error(const Commands& c, const CLI::ParseError& e) {
   const sat::dist::ProcessInfo pi = sat::dist::detect_process();
   const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
@@ -178,6 +178,7 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
     if (command.empty() && c.parsed(name)) command = std::string(name) + " ";
   std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(), e.what(),
                command.c_str());
+  if (pi.distributed()) sat::dist::end_job_after_input_error(2, e.what());  // the others stop with it
   return 2;
 }
 
@@ -212,14 +213,17 @@ int guarded(F&& fn) {
   try {
     return fn();
   } catch (const sat::ReportedError&) {
-    return 2;  // every rank met it together and has printed its line
+    // Every rank met it together and has printed its line: end as one job, each rank with
+    // status 2 and MPI finalised (not an abort).
+    sat::dist::finish_job_together();
+    return 2;
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
     if (pi.distributed()) {
       // The other ranks would wait for this one in their next collective: end the job
       // (after every rank has said so, when all of them met the error before training).
       std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, e.what());
-      sat::dist::end_job_after_input_error(2);
+      sat::dist::end_job_after_input_error(2, e.what());
     }
     std::fprintf(stderr, "saturate: error: %s\n", e.what());
     return 2;

@@ -20,6 +20,7 @@
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "dist/comm.h"
+#include "dist/verdict.h"
 #include "plan/hardware.h"
 #include "profile/run_report.h"
 #include "train/checkpoint.h"
@@ -61,15 +62,19 @@ void check_checkpoint_flags(const RunArgs& a) {
 
 // The checkpoint to resume from: --resume DIR (a checkpoint, or the newest under it), or
 // with --resume auto the newest under --checkpoint-dir ("" when there is none: a fresh start).
-std::string resume_from(const RunArgs& a, bool lead) {
+// Each rank looks on its own disk; all must find the same one.
+std::string resume_from(const RunArgs& a, dist::Comm& world) {
   if (a.resume.empty()) return "";
-  if (a.resume != "auto") return resolve_checkpoint(a.resume, "--resume");
-  const std::string newest = newest_checkpoint(a.checkpoint_dir);
-  if (lead)
-    std::fprintf(stderr, newest.empty() ? "--resume auto: no checkpoint in %s yet: starting from the beginning\n"
-                                        : "--resume auto: resuming from %s\n",
-                 newest.empty() ? a.checkpoint_dir.c_str() : newest.c_str());
-  return newest;
+  const std::string from = dist::on_every_rank(world, [&] {
+    return a.resume != "auto" ? resolve_checkpoint(a.resume, "--resume") : newest_checkpoint(a.checkpoint_dir);
+  });
+  dist::agree_on_text(world, from, a.resume == "auto" ? "--resume auto: the newest checkpoint" : "--resume",
+                      "every rank must see the same checkpoints: is --checkpoint-dir on a file system the nodes share?");
+  if (a.resume == "auto" && world.rank() == 0)
+    std::fprintf(stderr, from.empty() ? "--resume auto: no checkpoint in %s yet: starting from the beginning\n"
+                                      : "--resume auto: resuming from %s\n",
+                 from.empty() ? a.checkpoint_dir.c_str() : from.c_str());
+  return from;
 }
 
 // Every output of train and tune, before anything is read or trained (on every rank alike):
@@ -287,7 +292,7 @@ int train_and_report(const RunArgs& a, const ModelConfig& mc, const DataSplit& d
   const bool lead = cfg.comm->rank() == 0;
   Trainer trainer(job, cfg);
   if (!a.init_weights.empty()) trainer.load_weights(a.init_weights);
-  if (const std::string from = resume_from(a, lead); !from.empty()) trainer.resume(from);
+  if (const std::string from = resume_from(a, *cfg.comm); !from.empty()) trainer.resume(from);
   if (lead) print_layout(trainer, cfg, cfg.comm->size());
   const TrainResult r = trainer.run();
   if (r.stop_signal) {  // preempted: the checkpoint is what counts; nothing else is overwritten

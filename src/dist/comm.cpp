@@ -1,6 +1,7 @@
 // Process detection from the launcher's environment, the self communicator (a world of
 // one) and validation shared by the backends.
 #include "dist/comm.h"
+#include "dist/verdict.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -467,7 +468,12 @@ std::unique_ptr<Comm> make_world_comm() {
   if (!p.distributed()) return make_self_comm();
   SAT_CHECK(have_mpi(), "launched as rank ", p.rank, " of ", p.world, " (", p.launcher,
             ") but this saturate was built without MPI: apt-get install libopenmpi-dev and rebuild");
-  return make_mpi_comm();
+  std::unique_ptr<Comm> c = make_mpi_comm();
+  // The job's first collective: whether any rank failed before it got here.
+  Verdict v;
+  agree_on_outcome(*c, nullptr, v);
+  if (!v.ok()) stop_with(*c, v, false);
+  return c;
 }
 
 }  // namespace sat::dist

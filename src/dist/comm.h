@@ -276,12 +276,13 @@ void finish_job_together();
 // non-zero status does the same once MPI is initialised.)
 [[noreturn]] void abort_job(int code);
 
-// Ends the job after an error that every rank meets alike before the job communicates
-// (a bad flag, a layout that does not fit the job), once this rank has printed its line.
-// The launcher ends a whole job as soon as one rank exits with an error, which would cut
-// off the other ranks' lines: so the ranks first wait for each other (at most `grace`
-// seconds), then end the job with abort_job(code).
-[[noreturn]] void end_job_after_input_error(int code, double grace = 10);
+// Ends the job after an error on this rank before the job communicates (a bad flag, a
+// missing file, a layout that does not fit), once this rank has printed its line (message).
+// The job's first collective is the verdict on every rank's setup (dist/verdict.h): this
+// rank takes its part as a failing rank, so that every rank stops within seconds, the
+// others printing this message, and all exit with `code` together. Should the others not
+// arrive within `grace` seconds (a command that does not communicate), abort_job(code).
+[[noreturn]] void end_job_after_input_error(int code, const std::string& message, double grace = 10);
 
 // Validation shared by the backends (throws sat::Error naming the op).
 void check_dtype(const char* op, DType t, bool reduction);

@@ -32,6 +32,7 @@
 // fires. An exit with a non-zero status (glibc's on_exit sees it) therefore calls
 // MPI_Abort instead: the launcher ends the job at once and names the rank.
 #include "dist/comm.h"
+#include "dist/verdict.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -707,19 +708,29 @@ std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
   std::exit(code);
 }
 
-[[noreturn]] void end_job_after_input_error(int code, double grace) {
+[[noreturn]] void end_job_after_input_error(int code, const std::string& message, double grace) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited && detect_process().distributed()) {
     std::fflush(stderr);
+    // The job's first collective is the verdict on every rank's setup (make_world_comm):
+    // this rank's failure is its part of it. Every rank then ends together, with MPI
+    // finalised, as a normal exit with `code` that the launcher passes on.
+    bool agreed = false;
     try {
       std::unique_ptr<Comm> comm = make_mpi_comm();
-      int32_t one = 1;
-      WorkPtr all = comm->all_reduce(&one, 1, DType::i32, ReduceOp::sum);
-      const auto t0 = Clock::now();
-      while (!all->done() && std::chrono::duration<double>(Clock::now() - t0).count() < grace)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      Verdict v;
+      agreed = agree_on_outcome(*comm, &message, v, grace);
+      if (agreed) {
+        comm.reset();
+        finish_job_together();
+      }
     } catch (const std::exception&) {
+      agreed = false;
+    }
+    if (agreed) {
+      std::fflush(stdout);
+      std::exit(code);
     }
   }
   abort_job(code);
@@ -749,7 +760,7 @@ std::unique_ptr<Comm> make_mpi_comm() {
   std::exit(code);
 }
 
-[[noreturn]] void end_job_after_input_error(int code, double) { abort_job(code); }
+[[noreturn]] void end_job_after_input_error(int code, const std::string&, double) { abort_job(code); }
 
 void finish_job_together() {}
 

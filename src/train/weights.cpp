@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "dist/verdict.h"
 #include "nn/safetensors.h"
 #include "nn/shard.h"
 #include "train/agree.h"
@@ -21,13 +22,14 @@ void load_weights(RankRuntime& rt, const std::string& path) {
   if (rt.params->sharding().stage >= 3) {  // read in full, keep the pieces
     const Graph& g = *rt.plan->model.graph;
     ParamStore full(g.params(), g.states(), 0);
-    load_safetensors(path, full, m.pp() > 1 ? &names : nullptr);
+    dist::on_every_rank(*rt.world, [&] { load_safetensors(path, full, m.pp() > 1 ? &names : nullptr); });
     agree_on_replicas(*rt.world, m.dp_group(), store_checksum(full), "--init-weights " + path);
     rt.broadcast_store(full);
     rt.params->shard_from(full);
     return;
   }
-  load_safetensors(path, *rt.params, m.pp() > 1 ? &names : nullptr);
+  // Each rank reads its own file (a node's copy can be missing or damaged): a verdict first.
+  dist::on_every_rank(*rt.world, [&] { load_safetensors(path, *rt.params, m.pp() > 1 ? &names : nullptr); });
   // Before the broadcast, which would hide it: a rank that read another file of that name.
   agree_on_replicas(*rt.world, m.dp_group(), store_checksum(*rt.params), "--init-weights " + path);
   rt.broadcast_store(*rt.params);
