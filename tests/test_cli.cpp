@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/device.h"
@@ -663,6 +664,32 @@ TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
   // The same flags and file on both: trains.
   CmdResult ok = both(" --init-weights " + (d / "a.safetensors").string(), " --init-weights " + (d / "a.safetensors").string());
   EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+// saturate launch: -n bounded by the slots of this machine unless --oversubscribe; a signal
+// to launch reaches mpirun and its ranks, and whether launch is stopped (SIGTERM) or killed
+// (SIGKILL), no process of the job outlives it.
+TEST(Cli, LaunchIsBoundedAndLeavesNothingBehind) {
+  if (mpirun().empty()) GTEST_SKIP() << "no mpirun";
+  const int cores = int(std::thread::hardware_concurrency());
+  expect_user_error(saturate(sat::str_cat("launch -n ", cores + 1, " -- train --steps 1")),
+                        sat::str_cat("-n ", cores + 1, ": this machine offers ", cores, " slot(s)"));
+  for (const char* sig : {"TERM", "KILL"}) {
+    SCOPED_TRACE(sig);
+    const std::string marker = sat::str_cat("--seed 4242", sig[0] == 'T' ? 1 : 2);
+    const std::string script = sat::str_cat(
+        "OMP_WAIT_POLICY=passive ", SAT_BINARY, " launch -n 2 -- train --model mlp --data synthetic --steps 100000000 "
+        "--batch 8 --threads 1 --eval off ", marker, " >/dev/null 2>&1 & L=$!; "
+        "for i in $(seq 100); do [ $(pgrep -f -- '", marker, "' | wc -l) -ge 4 ] && break; sleep 0.2; done; "
+        "echo started $(pgrep -f -- '", marker, "' | wc -l); kill -", sig, " $L; wait $L; "
+        "for i in $(seq 100); do [ $(pgrep -f -- '", marker, "' | wc -l) -eq 0 ] && break; sleep 0.2; done; "
+        "echo left $(pgrep -f -- '", marker, "' | wc -l)");
+    const fs::path file = tmpdir("launch_signals") / sat::str_cat("run-", sig, ".sh");
+    std::ofstream(file) << script << "\n";
+    const CmdResult r = sat::test::run_command("bash " + file.string());
+    EXPECT_NE(r.out.find("started 4"), std::string::npos) << r.out;  // launch, mpirun and 2 ranks
+    EXPECT_NE(r.out.find("left 0"), std::string::npos) << r.out;
+  }
 }
 
 // One rank failing its own setup (its flags, its data, its files) while the others succeed:

@@ -1244,6 +1244,15 @@ TEST(DistLaunch, MpirunCommandAddsTheForgottenFlags) {
   LaunchOptions o;
   o.hardware_threads = 2;
   o.as_root = 1;
+  // More processes than slots: refused, as mpirun does, unless the user says --oversubscribe.
+  try {
+    mpirun_command(4, {"train"}, "/x/saturate", o);
+    ADD_FAILURE() << "-n 4 on 2 slots accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("-n 4: this machine offers 2 slot(s)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--oversubscribe"), std::string::npos) << e.what();
+  }
+  o.oversubscribe = true;
   auto cmd = mpirun_command(4, {"train", "--epochs", "1"}, "/x/saturate", o);
   std::string line = command_line(cmd);
   EXPECT_EQ(cmd.front(), "mpirun");
@@ -1281,13 +1290,46 @@ TEST(DistLaunch, MissingMpirunIsAClearError) {
   EnvGuard g{"PATH"};
   setenv("PATH", "/nonexistent-saturate-test", 1);
   try {
-    exec_command({"mpirun", "-np", "2", "true"});
-    FAIL() << "exec returned";
+    run_forwarding_signals({"mpirun", "-np", "2", "true"});
+    FAIL() << "it ran";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("saturate launch needs mpirun: apt-get install openmpi-bin"),
               std::string::npos)
         << e.what();
   }
+}
+
+namespace {
+
+// run_forwarding_signals(argv, grace) in a forked copy of this process (one thread, so a
+// signal sent to it is the launcher's), sent SIGTERM after 0.5 s: the copy's exit status.
+int launcher_status_after_sigterm(const std::vector<std::string>& argv, double grace) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int st = 1;
+    try {
+      st = run_forwarding_signals(argv, grace);
+    } catch (...) {
+    }
+    _exit(st);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+}  // namespace
+
+// The child's exit status comes back; a signal sent to the launcher reaches the child, and
+// a child that outlives it by the grace period is killed with its process group.
+TEST(DistLaunch, RunForwardingSignalsPassesStatusAndSignals) {
+  EXPECT_EQ(run_forwarding_signals({"sh", "-c", "exit 3"}), 3);
+  // The child traps SIGTERM and exits 7: the launcher's SIGTERM was forwarded to it.
+  EXPECT_EQ(launcher_status_after_sigterm({"sh", "-c", "trap 'exit 7' TERM; while :; do sleep 0.05; done"}, 30), 7);
+  // A child ignoring SIGTERM is killed after the grace period, with its process group.
+  EXPECT_EQ(launcher_status_after_sigterm({"sh", "-c", "trap '' TERM; sleep 60; sleep 60"}, 1.0), 128 + SIGKILL);
 }
 
 // ---- failure: a rank that dies or hangs ends the whole job ----------------------------

@@ -56,6 +56,7 @@ int run_bench_comm(const BenchCommArgs& a) {
 int run_launch(int argc, char** argv) {
   int n = 0;
   int i = 2;
+  dist::LaunchOptions o;
   std::vector<std::string> rest;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
@@ -70,10 +71,14 @@ int run_launch(int argc, char** argv) {
       SAT_CHECK(end != argv[i] && *end == 0 && errno == 0 && v >= 1 && v <= 4096,
                 "-n: expected a number of processes from 1 to 4096, got '", argv[i], "'");
       n = int(v);
+    } else if (arg == "--oversubscribe") {
+      o.oversubscribe = true;
     } else if (arg == "-h" || arg == "--help") {
-      std::printf("usage: saturate launch -n N -- train [options]\n"
-                  "runs N processes of saturate under mpirun, with the flags users forget\n"
-                  "(running as root, oversubscription on small machines), and prints the command\n");
+      std::printf("usage: saturate launch -n N [--oversubscribe] -- train [options]\n"
+                  "runs N processes of saturate under mpirun, with the flags users forget (running as\n"
+                  "root, binding), and prints the command. N is bounded by this machine's hardware\n"
+                  "threads unless --oversubscribe. SIGINT/SIGTERM/SIGHUP are passed on to the ranks\n"
+                  "(a run with --checkpoint-dir checkpoints and stops); nothing outlives launch.\n");
       return 0;
     } else {
       fail("saturate launch: unexpected argument '", arg, "'; usage: saturate launch -n N -- train ...");
@@ -82,8 +87,7 @@ int run_launch(int argc, char** argv) {
   for (; i < argc; ++i) rest.push_back(argv[i]);
   SAT_CHECK(n >= 1, "saturate launch: -n N is required; usage: saturate launch -n N -- train ...");
   SAT_CHECK(!rest.empty(), "saturate launch: nothing to run; usage: saturate launch -n N -- train ...");
-  dist::exec_command(dist::mpirun_command(n, rest, dist::self_executable()));
-  return 0;
+  return dist::run_forwarding_signals(dist::mpirun_command(n, rest, dist::self_executable(), o));
 }
 
 }  // namespace sat::cli

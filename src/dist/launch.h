@@ -10,11 +10,14 @@ struct LaunchOptions {
   int hardware_threads = 0;  // 0: std::thread::hardware_concurrency()
   int as_root = -1;          // -1: geteuid() == 0
   bool openmpi = true;       // OpenMPI's mpirun (MPICH's hydra takes other flags)
+  bool oversubscribe = false;  // the user's --oversubscribe: more processes than slots
   std::vector<std::string> mpirun_args;  // extra flags before the program (hostfile, ...)
 };
 
 // The argv of `mpirun ... self_exe saturate_args...` for n processes on this machine:
-//  * --oversubscribe when n exceeds the hardware threads (OpenMPI refuses otherwise);
+//  * n is bounded by the slots this machine offers (its hardware threads), as mpirun
+//    bounds it without --oversubscribe (sat::Error naming -n otherwise); with the user's
+//    oversubscribe, --oversubscribe when n exceeds them (OpenMPI refuses otherwise);
 //  * --allow-run-as-root when running as root (OpenMPI refuses root otherwise; exec_command
 //    also sets OMPI_ALLOW_RUN_AS_ROOT/_CONFIRM, the environment form of the same);
 //  * --bind-to none: OpenMPI binds each rank to one core (np <= 2) or one socket by
@@ -32,10 +35,15 @@ std::vector<std::string> mpirun_command(int n, const std::vector<std::string>& s
 // The command as one shell-quoted line (for printing).
 std::string command_line(const std::vector<std::string>& argv);
 
-// Prints the command to stderr and execvp's it. Throws sat::Error "saturate launch needs
-// mpirun: apt-get install openmpi-bin" when argv[0] is not found, and another sat::Error
-// when exec fails otherwise.
-[[noreturn]] void exec_command(const std::vector<std::string>& argv);
+// Prints the command to stderr, runs it as a child in a process group of its own and waits
+// for it; returns its exit status (128 + signal when a signal ended it). SIGINT, SIGTERM,
+// SIGHUP and SIGQUIT sent to this process are forwarded to the child (mpirun passes them
+// to its ranks: a run with --checkpoint-dir checkpoints and stops); should the child still
+// run `grace` seconds after the first, its process group is killed. The child is killed
+// should this process die first (PR_SET_PDEATHSIG): nothing is left behind. Throws
+// sat::Error "saturate launch needs mpirun: apt-get install openmpi-bin" when argv[0] is
+// not found, and another sat::Error when it cannot be started otherwise.
+int run_forwarding_signals(const std::vector<std::string>& argv, double grace = 30);
 
 // The path of the running executable (/proc/self/exe), for self_exe.
 std::string self_executable();
