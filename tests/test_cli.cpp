@@ -632,6 +632,54 @@ TEST(Cli, OutDirOfAnotherRunNeedsOverwrite) {
 }
 
 namespace {
+nlohmann::json read_json_file(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+}  // namespace
+
+// A run's --out is always one run's, complete or clearly marked incomplete: summary.json
+// says "running" from the start, "complete" at the end, "failed" after an error; an earlier
+// run's results replaced with --overwrite are gone from the start (never beside the new
+// run's partial metrics.jsonl); a metrics.jsonl that cannot be written stops the run with
+// an error naming it and keeps whole lines only; tune does not replace tune.json without
+// --overwrite.
+TEST(Cli, OutDirIsOneRunsCompleteOrMarkedIncomplete) {
+  fs::path d = tmpdir("one_run");
+  const std::string run = "train --model mlp --data synthetic --batch 8 --threads 1 --eval off --out " + d.string();
+  ASSERT_EQ(saturate(run + " --steps 3").status, 0);
+  EXPECT_EQ(read_json_file(d / "summary.json")["status"], "complete");
+  std::ofstream(d / "tune.json") << "{}\n";  // an earlier run's report: not this run's
+  // A file size limit stands in for a full disk: metrics.jsonl fails after a few dozen lines.
+  CmdResult full = sat::test::run_command("ulimit -f 4; OMP_WAIT_POLICY=passive " + std::string(SAT_BINARY) + " " +
+                                          run + " --steps 400 --overwrite");
+  EXPECT_EQ(full.status, 2) << full.out;
+  EXPECT_NE(full.out.find("--out: cannot write " + (d / "metrics.jsonl").string() + ": File too large"),
+            std::string::npos) << full.out;
+  EXPECT_EQ(read_json_file(d / "summary.json")["status"], "failed");
+  EXPECT_FALSE(fs::exists(d / "tune.json"));
+  std::ifstream mf(d / "metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(mf, line); ++lines)
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "line " << lines + 1 << ": " << line;
+  EXPECT_GT(lines, 5);
+  EXPECT_LT(lines, 400);
+  // Killed at any moment: the mark says running, not the earlier run's "complete".
+  ASSERT_EQ(saturate(run + " --steps 3 --overwrite").status, 0);
+  CmdResult killed = sat::test::run_command(
+      "OMP_WAIT_POLICY=passive " + std::string(SAT_BINARY) + " " + run + " --steps 100000000 --overwrite & P=$!; "
+      "for i in $(seq 200); do grep -q running " + (d / "summary.json").string() + " && break; sleep 0.1; done; "
+      "sleep 1; kill -9 $P; wait $P");
+  EXPECT_EQ(read_json_file(d / "summary.json")["status"], "running") << killed.out;
+  // tune keeps an earlier tune.json unless told to replace it.
+  fs::path t = tmpdir("one_tune");
+  std::ofstream(t / "tune.json") << "{\"earlier\": 1}\n";
+  expect_user_error(saturate("tune --model mlp --data synthetic --threads 1 --out " + t.string()),
+                    "--out: " + t.string() + " already holds the results of another tuning (tune.json)");
+  EXPECT_EQ(read_json_file(t / "tune.json")["earlier"], 1);
+}
+
+namespace {
 using sat::test::mpirun;
 }  // namespace
 

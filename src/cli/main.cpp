@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -240,6 +241,9 @@ int guarded(F&& fn) {
 
 int main(int argc, char** argv) {
   select_blas_kernels(argv);
+  // A file size limit (ulimit -f) makes a write fail with EFBIG, reported as an error
+  // naming the file, instead of killing the process mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   // `saturate launch -n N -- ARGS...` is parsed by hand: everything after -- belongs to the
   // launched command, which CLI11 would otherwise try to parse.
   if (argc >= 2 && std::string(argv[1]) == "launch") return guarded([&] { return sat::cli::run_launch(argc, argv); });

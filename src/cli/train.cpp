@@ -26,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/plan.h"
 #include "train/report.h"
+#include "train/run_dir.h"
 #include "train/signals.h"
 #include "train/trainer.h"
 #include "train/validate.h"
@@ -92,10 +93,12 @@ void check_train_outputs(const RunArgs& a, bool tune_only) {
   for (const std::string& f : files) check_output_file("--out", a.out + "/" + f);
   if (!a.trace.empty() && !tune_only) check_output_file("--out", a.out + "/report.html");
   // --resume goes on with the same run: its metrics.jsonl is kept up to the checkpoint's step.
-  if (tune_only || a.overwrite || !a.resume.empty()) return;
-  for (const char* f : {"metrics.jsonl", "summary.json"})
-    SAT_CHECK(!fs::exists(fs::path(a.out) / f), "--out: ", a.out, " already holds the results of another run (", f,
-              "): give a new directory, or --overwrite to replace them");
+  if (a.overwrite || (!tune_only && !a.resume.empty())) return;
+  const std::vector<const char*> earlier = tune_only ? std::vector<const char*>{"tune.json", "tune.html"}
+                                                     : std::vector<const char*>{"metrics.jsonl", "summary.json"};
+  for (const char* f : earlier)
+    SAT_CHECK(!fs::exists(fs::path(a.out) / f), "--out: ", a.out, " already holds the results of another ",
+              tune_only ? "tuning" : "run", " (", f, "): give a new directory, or --overwrite to replace them");
 }
 
 // The flags that need no data and no model, in the order a user meets them.
@@ -265,7 +268,7 @@ void print_result(const TrainConfig& cfg, const TrainResult& r, const RankPlan& 
   if (cfg.measure_noise) print_noise(r);
 }
 
-void write_summary(const RunArgs& a, const ModelConfig& mc, const DataSplit& data, const Run& run,
+void write_summary(RunDirectory& out, const RunArgs& a, const ModelConfig& mc, const DataSplit& data, const Run& run,
                    const TrainResult& r, const Trainer& trainer, double t0) {
   const RankPlan& rp = trainer.rank_plan();
   RunInfo info;
@@ -280,14 +283,14 @@ void write_summary(const RunArgs& a, const ModelConfig& mc, const DataSplit& dat
   info.seed = a.seed;
   info.wall_seconds = now_seconds() - t0;
   info.memory_budget = double(run.policy.tune.memory_budget);
-  write_json_atomic(a.out + "/summary.json", run_summary(info, run.cfg, r, trainer.memory_plan()));
+  out.complete(run_summary(info, run.cfg, r, trainer.memory_plan()));
   std::fprintf(stderr, "wrote %s/summary.json and %s/metrics.jsonl\n", a.out.c_str(), a.out.c_str());
   if (!a.trace.empty()) std::fprintf(stderr, "wrote %s (saturate report)\n", write_run_report(a.out).c_str());
 }
 
 // Trains with the job's plan; rank 0 reports.
 int train_and_report(const RunArgs& a, const ModelConfig& mc, const DataSplit& data, Run& run, JobPlan& job,
-                     double t0) {
+                     RunDirectory* out, double t0) {
   const TrainConfig& cfg = run.cfg;
   const bool lead = cfg.comm->rank() == 0;
   Trainer trainer(job, cfg);
@@ -299,6 +302,7 @@ int train_and_report(const RunArgs& a, const ModelConfig& mc, const DataSplit& d
     if (lead)
       std::fprintf(stderr, "stopped by signal %d after step %lld: checkpoint %s; the same command with --resume auto "
                    "goes on from there\n", r.stop_signal, (long long)r.steps, r.last_checkpoint.c_str());
+    if (out) out->stopped(r.stop_signal, (long long)r.steps, r.last_checkpoint);
     return stop_exit_status(r.stop_signal);
   }
   if (!a.save_weights.empty()) {
@@ -309,7 +313,7 @@ int train_and_report(const RunArgs& a, const ModelConfig& mc, const DataSplit& d
   if (a.profile) print_profile(trainer, r);
   if (!a.trace.empty()) print_traces(a, trainer);
   print_result(cfg, r, trainer.rank_plan());
-  if (!a.out.empty()) write_summary(a, mc, data, run, r, trainer, t0);
+  if (out) write_summary(*out, a, mc, data, run, r, trainer, t0);
   return 0;
 }
 
@@ -335,6 +339,10 @@ int run_train(const RunArgs& a, bool tune_only) {
   if (!run.auto_batch && !run.auto_layout) job = plan_job(mc, cfg, data, pi.world, pi.rank);
   const std::unique_ptr<dist::Comm> comm = start_job(pi, cfg);
   const bool lead = comm->rank() == 0;
+  // Rank 0 claims --out before anything is written there (a tuned batch's tune.json first).
+  auto out = dist::on_every_rank(*comm, [&] {
+    return lead && !tune_only && !a.out.empty() ? std::make_unique<RunDirectory>(a.out, !a.resume.empty()) : nullptr;
+  });
   if (lead) print_start(mc, data, a, tune_only);
   const Dataset* test = cfg.evaluate ? data.test.get() : nullptr;
   if (run.auto_batch && !apply_tuning(run.policy, mc, *data.train, test, *comm, cfg)) return 0;
@@ -342,7 +350,7 @@ int run_train(const RunArgs& a, bool tune_only) {
   if (!job) job = plan_job(mc, cfg, data, comm->size(), comm->rank());
   const int stage = cfg.with_world(comm->size()).coords(comm->rank()).pp;
   if (run.policy.tune.memory_budget) hold_to_budget(run.policy.tune.memory_budget, job->stage(stage).memory, cfg);
-  return train_and_report(a, mc, data, run, *job, t0);
+  return train_and_report(a, mc, data, run, *job, out.get(), t0);
 }
 
 }  // namespace sat::cli

@@ -1,6 +1,10 @@
 #include "train/report.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <filesystem>
@@ -47,21 +51,46 @@ StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise,
     : progress_(progress >= 0 ? progress : (isatty(STDERR_FILENO) ? 2 : 1)), noise_(noise) {
   if (out_dir.empty()) return;
   check_output_dir("--out", out_dir);
-  const std::string path = out_dir + "/metrics.jsonl";
-  check_output_file("--out", path);
-  if (resumed_at > 0) write_file_atomic("--out", path, metrics_until(path, resumed_at));
-  metrics_.open(path, resumed_at > 0 ? std::ios::app : std::ios::trunc);
-  SAT_CHECK(metrics_, "--out: cannot write ", path);
+  path_ = out_dir + "/metrics.jsonl";
+  check_output_file("--out", path_);
+  if (resumed_at > 0) write_file_atomic("--out", path_, metrics_until(path_, resumed_at));
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resumed_at > 0 ? O_APPEND : O_TRUNC), 0644);
+  SAT_CHECK(fd_ >= 0, "--out: cannot write ", path_, ": ", std::strerror(errno));
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
+  written_ = end > 0 ? (long long)end : 0;
+}
+
+StepReporter::~StepReporter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void StepReporter::write_line(const std::string& line) {
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = n < 0 ? errno : ENOSPC;
+      if (::ftruncate(fd_, off_t(written_)) != 0) {  // the cut line taken back where it can be
+      }
+      ::close(fd_);
+      fd_ = -1;
+      fail("--out: cannot write ", path_, ": ", std::strerror(e), " (the run stops here: the file keeps the steps "
+           "before, and checkpoints already written are kept)");
+    }
+    done += size_t(n);
+  }
+  written_ += (long long)line.size();
 }
 
 void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
-  if (metrics_.is_open()) {
+  if (fd_ >= 0) {
     char line[320];
     int n = std::snprintf(line, sizeof line,
                           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_second\": %.6g, \"seconds\": %.6g",
                           (long long)m.step, m.loss, m.lr, m.samples_per_second, m.seconds);
     if (noise_) std::snprintf(line + n, sizeof line - size_t(n), ", \"noise_scale\": %.6g", m.noise_scale);
-    metrics_ << line << "}\n" << std::flush;
+    write_line(std::string(line) + "}\n");
   }
   if (progress_ == 2) {
     const double frac = double(m.step) / double(total);

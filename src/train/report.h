@@ -19,13 +19,23 @@ class StepReporter {
   // resumed_at > 0: a run resumed from the checkpoint of that step goes on with the existing
   // metrics.jsonl: its lines up to that step are kept (those of steps after it, written
   // before the run stopped, are dropped) and the new ones appended. 0: a new file.
+  // A line that cannot be written whole (a full disk, a file size limit) is a sat::Error
+  // naming metrics.jsonl: the run stops there, its checkpoints kept, and the file holds the
+  // whole lines written before (the cut one is taken back).
   StepReporter(int progress, const std::string& out_dir, bool noise, int64_t resumed_at = 0);
+  ~StepReporter();
+  StepReporter(const StepReporter&) = delete;
+  StepReporter& operator=(const StepReporter&) = delete;
   void step(const StepMetrics& m, int64_t total, double elapsed);
 
  private:
+  void write_line(const std::string& line);
+
   int progress_;
   bool noise_;
-  std::ofstream metrics_;
+  std::string path_;
+  int fd_ = -1;
+  long long written_ = 0;  // bytes of whole lines in the file
 };
 
 // The run's description beyond TrainConfig, for summary.json.
