@@ -332,6 +332,9 @@ std::string run_report_html(const std::string& run_dir) {
   const fs::path dir(run_dir);
   SAT_CHECK(fs::is_directory(dir), "saturate report: ", run_dir, " is not a directory (expected a run's --out directory)");
   const json s = read_json(dir / "summary.json");
+  const std::string status = s.is_object() ? s.value("status", "complete") : "";
+  SAT_CHECK(!s.is_object() || status == "complete", "saturate report: ", (dir / "summary.json").string(),
+            " is the mark of a run that did not finish (status ", status, "): its metrics.jsonl holds the steps it did");
   SAT_CHECK(s.is_object() && s.contains("model") && s.contains("ranks"), "saturate report: ",
             (dir / "summary.json").string(), " is not a run's summary (no model or ranks)");
   const Metrics m = read_metrics(dir / "metrics.jsonl");
