@@ -154,11 +154,17 @@ History run_fit(Model& model, const Dataset& train, const FitOptions& o) {
   sat::fit_to_data(mc, ds);
   const sat::Dataset* val = o.validation ? o.validation->impl()->data.get() : nullptr;
   sat::TrainConfig c = train_config(o, val != nullptr);
-  // Validated and planned before MPI starts (every rank fails alike), as saturate train.
+  // Validated and planned before MPI starts, as saturate train; a rank that fails here
+  // takes its part in the job's first verdict (make_world_comm's) so the others stop too.
   const int world = sat::dist::detect_process().world;
   std::unique_ptr<sat::JobPlan> job;
-  if (o.batch_size > 0) job = plan_job(mc, c, ds, val, world);
-  else sat::validate_run(mc, c, world);  // the tuner chooses the batch the job is planned for
+  try {
+    if (o.batch_size > 0) job = plan_job(mc, c, ds, val, world);
+    else sat::validate_run(mc, c, world);  // the tuner chooses the batch the job is planned for
+  } catch (const sat::Error& e) {
+    sat::dist::report_failure_to_job(e.what());
+    throw;
+  }
   std::unique_ptr<sat::dist::Comm> comm = sat::dist::make_world_comm();  // data-parallel under mpirun
   if (comm->size() > 1) c.comm = comm.get();
   if (o.batch_size == 0) {

@@ -284,6 +284,11 @@ void finish_job_together();
 // arrive within `grace` seconds (a command that does not communicate), abort_job(code).
 [[noreturn]] void end_job_after_input_error(int code, const std::string& message, double grace = 10);
 
+// The same verdict without ending the process (a library call that failed before its job
+// started): true when every rank took it within `grace` seconds (they stop with this rank's
+// message). False outside a distributed job, or once MPI has started.
+bool report_failure_to_job(const std::string& message, double grace = 10);
+
 // Validation shared by the backends (throws sat::Error naming the op).
 void check_dtype(const char* op, DType t, bool reduction);
 void check_rank(const char* op, const char* what, int r, int size);

@@ -708,30 +708,28 @@ std::unique_ptr<Comm> make_mpi_comm() { return std::make_unique<MpiComm>(); }
   std::exit(code);
 }
 
-[[noreturn]] void end_job_after_input_error(int code, const std::string& message, double grace) {
+bool report_failure_to_job(const std::string& message, double grace) {
   int inited = 0;
   MPI_Initialized(&inited);
-  if (!inited && detect_process().distributed()) {
-    std::fflush(stderr);
-    // The job's first collective is the verdict on every rank's setup (make_world_comm):
-    // this rank's failure is its part of it. Every rank then ends together, with MPI
-    // finalised, as a normal exit with `code` that the launcher passes on.
-    bool agreed = false;
-    try {
-      std::unique_ptr<Comm> comm = make_mpi_comm();
-      Verdict v;
-      agreed = agree_on_outcome(*comm, &message, v, grace);
-      if (agreed) {
-        comm.reset();
-        finish_job_together();
-      }
-    } catch (const std::exception&) {
-      agreed = false;
-    }
-    if (agreed) {
-      std::fflush(stdout);
-      std::exit(code);
-    }
+  if (inited || !detect_process().distributed()) return false;
+  std::fflush(stderr);
+  try {
+    std::unique_ptr<Comm> comm = make_mpi_comm();
+    Verdict v;
+    return agree_on_outcome(*comm, &message, v, grace);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+[[noreturn]] void end_job_after_input_error(int code, const std::string& message, double grace) {
+  // The job's first collective is the verdict on every rank's setup (make_world_comm):
+  // this rank's failure is its part of it. Every rank then ends together, with MPI
+  // finalised, as a normal exit with `code` that the launcher passes on.
+  if (report_failure_to_job(message, grace)) {
+    finish_job_together();
+    std::fflush(stdout);
+    std::exit(code);
   }
   abort_job(code);
 }
@@ -759,6 +757,8 @@ std::unique_ptr<Comm> make_mpi_comm() {
   std::fflush(stderr);
   std::exit(code);
 }
+
+bool report_failure_to_job(const std::string&, double) { return false; }
 
 [[noreturn]] void end_job_after_input_error(int code, const std::string&, double) { abort_job(code); }
 
