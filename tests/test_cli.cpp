@@ -550,7 +550,8 @@ TEST(Cli, UnknownConvolutionPathIsRefused) {
 }
 
 // A run whose parameters stop being finite fails (status 2) naming the step, and saves
-// neither weights nor summary: in the last update (the loss never saw it), or earlier.
+// neither weights nor a summary (summary.json marks the run failed): in the last update
+// (the loss never saw it), or earlier.
 TEST(Cli, DivergedRunFailsAndSavesNothing) {
   fs::path d = tmpdir("diverged");
   const std::string run = "train --model mlp --data synthetic --batch 8 --threads 1 --eval off --lr 1e10 "
@@ -559,8 +560,11 @@ TEST(Cli, DivergedRunFailsAndSavesNothing) {
   expect_user_error(saturate(run + "1 --steps 1"), "the parameters are not finite after step 1 of 1");
   expect_user_error(saturate(run + "3 --steps 3"), "the parameters first became non-finite in the update of step 1");
   EXPECT_FALSE(fs::exists(d / "w.safetensors"));
-  EXPECT_FALSE(fs::exists(d / "out1" / "summary.json"));
-  EXPECT_FALSE(fs::exists(d / "out3" / "summary.json"));
+  for (const char* out : {"out1", "out3"}) {  // the directory is marked failed, with no results
+    const nlohmann::json s = nlohmann::json::parse(std::ifstream(d / out / "summary.json"));
+    EXPECT_EQ(s["status"], "failed") << out;
+    EXPECT_FALSE(s.contains("final_train_loss")) << out;
+  }
 }
 
 // Every integer flag is range-checked before any arithmetic (no overflow, no huge
