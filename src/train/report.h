@@ -21,6 +21,9 @@ class StepReporter {
   // before the run stopped, are dropped) and the new ones appended. 0: a new file.
   StepReporter(int progress, const std::string& out_dir, bool noise, int64_t resumed_at = 0);
   void step(const StepMetrics& m, int64_t total, double elapsed);
+  // The line of a run resumed from checkpoint `from` at `step`, with the settings it changed:
+  // {"event": "resume", "from_step": 10, "from": "...", "changes": {"lr": ["0.1", "0.5"]}}.
+  void resumed(int64_t step, const std::string& from, const std::vector<SettingChange>& changes);
 
  private:
   int progress_;
