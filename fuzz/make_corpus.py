@@ -157,3 +157,68 @@ put("tune_cache", "batch-choice.json", json.dumps({"model": "mlp", "choice": {
 put("tune_cache", "strings.json", '{"a": ["\\u00e9", "\\ud800", 1.5e-320, -0, 1E+2, true, null], "b": {}}')
 put("tune_cache", "bad.json", '{"layout_choice": {"dp": 1,}}')
 put("tune_cache", "bom.json", "\ufeff{}")
+
+# ---- manifest: the manifests of two real runs (kept in the corpus; rewrite them with
+#   saturate train --model mlp:784-8-10 --data synthetic --steps 2 --checkpoint-dir A --eval off --threads 1
+#   mpirun -np 2 saturate train --model gpt:layers=1,heads=2,width=8,context=4,vocab=16 --data synthetic \
+#          --batch 2 --steps 2 --tp 2 --optimizer sgd --checkpoint-dir B --eval off --threads 1
+# and copy A/step-00000002/manifest.json to mlp-adamw.json, B's to gpt-tp2.json), and damaged or
+# edited copies of the first. An edited copy keeps its old checksum, which no longer matches
+# (fuzz_manifest.cpp also tries each input with a matching one, to reach the field checks).
+def manifest_edits():
+    path = os.path.join(ROOT, "manifest", "mlp-adamw.json")
+    with open(path) as f:
+        text = f.read()
+    good = json.loads(text)
+
+    def edited(name, edit):
+        m = json.loads(text)
+        edit(m)
+        put("manifest", name, json.dumps(m, indent=1, sort_keys=True))
+
+    put("manifest", "truncated.json", text[:200])
+    edited("bad-float-step.json", lambda m: m.update(step=1e30))
+    edited("bad-file-name.json", lambda m: m.update(files={"../../etc/passwd": m["files"]["rank-00000.safetensors"]}))
+    edited("bad-piece.json", lambda m: m["tensors"]["optim/exp_avg/fc1.bias"]["pieces"][0].update(
+        dim=0, parts=3, index=2, stride=1))
+    edited("no-checksum.json", lambda m: m.pop("checksum"))
+    edited("old-version.json", lambda m: (m.update(version=1), m.pop("checksum"), m.pop("settings")))
+    edited("edited-step.json", lambda m: m.update(step=15))
+    edited("edited-optimizer-steps.json", lambda m: m["optimizer"].update(steps=1))
+    edited("edited-epoch.json", lambda m: m.update(epoch=1, step_in_epoch=0))
+    edited("edited-losses.json", lambda m: m["losses"].append(1.0))
+    edited("edited-global-batch.json", lambda m: m.update(global_batch=2 * good["global_batch"]))
+    edited("edited-settings.json", lambda m: m["settings"].update(seed="7", lr="0.5"))
+    edited("edited-slots.json", lambda m: m["optimizer"].update(slots=["momentum_buffer"]))
+    edited("edited-layout.json", lambda m: m["layout"].update(world=3))
+
+
+manifest_edits()
+
+# ---- resume: LIST '\n' RECORD (fuzz_resume.cpp): --resume-change's value, then a settings
+# record compared with a real run's.
+RUN = ("model=mlp:784-1024-1024-10;model_config=input 784, hidden widths 1024, 1024, 10 classes;vocab=0;seq_len=0;"
+       "classes=10;data=synthetic train;normalize=pixels/255;train_samples=10000;test_samples=-1;batch=64;accum=1;"
+       "epochs=1;steps=10;optimizer=adamw;lr=0.001;momentum=0;nesterov=0;weight_decay=0.01;betas=0.9,0.999,1e-08;"
+       "schedule=cosine;warmup=0,0.05;step_size=0;gamma=0.1;seed=0;shuffle=1;eval=0;tp=1;sequence_parallel=0;"
+       "recompute=0;pp=1;pp_schedule=2;virtual_stages=1;pp_split=;last_batch=0;bucket_mb=25;sync_bn=0;zero=0;"
+       "noise_scale=0;dist_backend=0;device=auto;precision=fp32;cuda_graph=1;checkpoints=1;global_batch=64")
+
+
+def run_with(**changes):
+    fields = dict(f.split("=", 1) for f in RUN.split(";"))
+    fields.update(changes)
+    return ";".join(k + "=" + v for k, v in fields.items())
+
+
+put("resume", "same", "\n" + RUN)
+put("resume", "longer-other-layout", "\n" + run_with(steps="40", tp="2", batch="32", accum="2"))
+put("resume", "lr-refused", "\n" + run_with(lr="0.5"))
+put("resume", "lr-named", "lr,weight-decay\n" + run_with(lr="0.5", weight_decay="0.1"))
+put("resume", "data-normalize", "data,normalize\n" + run_with(data="mnist train", train_samples="60000",
+                                                                normalize="(pixels/255 - 0.5)/0.5"))
+put("resume", "optimizer-never", "optimizer\n" + run_with(optimizer="sgd"))
+put("resume", "unknown-key", "\n" + RUN + ";mystery=1")
+put("resume", "bad-list", "lr,,bogus\n" + RUN)
+put("resume", "empty", "")
+put("resume", "no-equals", "\nlr;steps=;=5;;")

@@ -1,8 +1,12 @@
 // Checkpoints (train/checkpoint.h) through the real binary: resuming continues bit for bit
 // (one process and dp 2 x pp 2; the loader mid-epoch; stopped by SIGTERM or killed after a
 // checkpoint), another layout reshards within 1e-5, a crash while a checkpoint is written
-// leaves the previous one complete, and damaged or foreign checkpoints are refused.
+// leaves the previous one complete, and damaged or foreign checkpoints are refused. A run
+// owns its checkpoint directory (a second writer is refused, a dead owner's hold is taken
+// over), an edited manifest is refused, and what a resumed run may change is decided per
+// setting (train/resume_policy.h).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +17,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +29,8 @@
 #include "mpi_job.h"
 #include "run_command.h"
 #include "train/checkpoint.h"
+#include "train/dir_lock.h"
+#include "train/resume_policy.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -267,6 +275,8 @@ TEST(Checkpoint, SigkillAfterACheckpointResumesExactly) {
 // inside one): afterwards the newest complete checkpoint verifies and resumes, every time.
 TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
   const fs::path d = tmpdir("crash");
+  // A checkpoint being written (not the directory's lock file, which a killed run leaves too).
+  auto temporary = [](const fs::path& p) { return sat::checkpoint_step_of(p.filename().string(), true) >= 0; };
   std::mt19937 rng(1234);
   int inside = 0;
   for (int trial = 0; trial < 20; ++trial) {
@@ -275,7 +285,7 @@ TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
     std::vector<fs::path> stale;  // the last trial's: a new writer must be seen, not them
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(d / "ck", ec))
-      if (e.path().filename().string().front() == '.') stale.push_back(e.path());
+      if (temporary(e.path())) stale.push_back(e.path());
     const auto stale_time = fs::file_time_type::clock::now();
     const pid_t pid = spawn("train " + flags + (trial ? " --resume auto" : ""), d / "run.log");
     // Wait until a checkpoint is being written (its temporary directory exists), then kill
@@ -285,7 +295,7 @@ TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
     auto writing = [&] {
       std::error_code ec;
       for (const auto& e : fs::directory_iterator(d / "ck", ec))
-        if (e.path().filename().string().front() == '.' &&
+        if (temporary(e.path()) &&
             (std::find(stale.begin(), stale.end(), e.path()) == stale.end() || e.last_write_time(ec) > stale_time))
           return true;
       return false;
@@ -297,7 +307,7 @@ TEST(Checkpoint, KilledWhileWritingLeavesThePreviousComplete) {
     kill(pid, SIGKILL);
     wait_status(pid);
     for (const auto& e : fs::directory_iterator(d / "ck"))
-      if (e.path().filename().string().front() == '.') ++inside;  // killed inside a checkpoint
+      if (temporary(e.path())) ++inside;  // killed inside a checkpoint
     const std::string ck = sat::newest_checkpoint((d / "ck").string());
     ASSERT_FALSE(ck.empty()) << "trial " << trial << "\n" << bytes_of(d / "run.log");
     EXPECT_NO_THROW(sat::verify_checkpoint(ck, sat::read_manifest(ck))) << "trial " << trial;
@@ -430,13 +440,13 @@ TEST(Checkpoint, EveryMinutesKeepAndFlagRefusals) {
 // the checkpoint untouched.
 TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefused) {
   const fs::path d = tmpdir("refuse");
-  const std::string flags = kMlp + " --steps 4 --checkpoint-every 2 --checkpoint-dir " + (d / "ck").string();
-  ASSERT_EQ(run("train " + flags).status, 0);
+  const std::string flags = kMlp + " --checkpoint-every 2 --checkpoint-dir " + (d / "ck").string();
+  ASSERT_EQ(run("train " + flags + " --steps 4").status, 0);
   const fs::path ck = d / "ck" / sat::checkpoint_name(4);
   const fs::path shard = ck / "rank-00000.safetensors";
   const std::string good = bytes_of(shard);
   auto refused = [&](const std::string& extra, const std::string& words) {
-    const Cmd c = run("train " + flags + " --resume " + ck.string() + extra);
+    const Cmd c = run("train " + flags + " --steps 6 --resume " + ck.string() + extra);
     EXPECT_EQ(c.status, 2) << c.out;
     EXPECT_NE(c.out.find(words), std::string::npos) << "expected '" << words << "' in:\n" << c.out;
     EXPECT_EQ(c.out.find("terminate called"), std::string::npos) << c.out;
@@ -489,8 +499,8 @@ TEST(Checkpoint, InitWeightsFromACheckpointDirectory) {
 TEST(Checkpoint, ManifestRoundTripsAndNamesBadKeys) {
   sat::Manifest m;
   m.model = "mlp";
-  m.parameters = 7;
-  m.step = 3, m.total_steps = 9, m.epoch = 1, m.step_in_epoch = 2, m.global_batch = 8, m.micro_batch = 4, m.accum = 2;
+  m.parameters = 8;
+  m.step = 3, m.total_steps = 9, m.epoch = 1, m.step_in_epoch = 0, m.global_batch = 8, m.micro_batch = 2, m.accum = 2;
   m.seed = 5, m.optimizer = "adamw", m.optimizer_steps = 3, m.slots = {"exp_avg", "exp_avg_sq"};
   m.layout.dp = 2, m.layout.world = 2;
   m.losses = {1.5, 1.25, 1.0};
@@ -511,18 +521,195 @@ TEST(Checkpoint, ManifestRoundTripsAndNamesBadKeys) {
   };
   std::string j = sat::manifest_json(m);
   EXPECT_NE(error_of(j.substr(0, j.size() / 2)).find("not valid JSON"), std::string::npos);
+  auto resealed = [](std::string t) {  // the checksum of the edited text: the edit itself is refused
+    nlohmann::json e = nlohmann::json::parse(t);
+    e["checksum"] = sat::manifest_checksum(t);
+    return e.dump(1);
+  };
   auto without = [&](const std::string& key) {
     std::string t = j;
     const auto at = t.find("\"" + key + "\"");
     t.replace(at, key.size() + 2, "\"x" + key + "\"");
-    return t;
+    return resealed(t);
   };
   EXPECT_NE(error_of(without("step")).find("'step'"), std::string::npos);
   EXPECT_NE(error_of(without("dp")).find("'layout.dp'"), std::string::npos);
   std::string evil = j;
   const std::string name = "\"rank-00000.safetensors\": {";
   evil.replace(evil.find(name), name.size(), "\"../../etc/passwd\": {");
-  EXPECT_NE(error_of(evil).find("not a plain file name"), std::string::npos) << error_of(evil);
+  EXPECT_NE(error_of(evil).find("edited or damaged"), std::string::npos) << error_of(evil);
+  EXPECT_NE(error_of(resealed(evil)).find("not a plain file name"), std::string::npos) << error_of(resealed(evil));
+  // The checksum covers the content, not its layout: the same manifest spelled compactly reads.
+  EXPECT_NO_THROW(sat::parse_manifest(nlohmann::json::parse(j).dump(), "m.json"));
+}
+
+// The hold on a checkpoint directory: a second holder is refused with the owner's pid, host
+// and start; a holder killed with SIGKILL holds nothing, and its hold is taken over; the
+// file goes away with a holder that ends normally. Then the same through the binary: a
+// second run on a running run's directory is refused at its start, with status 2.
+TEST(Checkpoint, ARunOwnsItsCheckpointDirectory) {
+  const fs::path d = tmpdir("lock");
+  const std::string dir = (d / "ck").string(), lock = sat::dir_lock_path(dir);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    try {
+      sat::DirLock hold(dir, "--checkpoint-dir");
+      const char c = 1;
+      if (write(ready[1], &c, 1) == 1) pause();
+    } catch (...) {
+    }
+    _exit(1);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  try {
+    sat::DirLock second(dir, "--checkpoint-dir");
+    ADD_FAILURE() << "a second hold on " << dir << " was granted";
+  } catch (const sat::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--checkpoint-dir: " + dir + " is in use by another run (pid " + std::to_string(child) +
+                     " on host "), std::string::npos) << m;
+    EXPECT_NE(m.find(" since "), std::string::npos) << m;
+    EXPECT_NE(m.find("): give another directory, or wait for it to end"), std::string::npos) << m;
+  }
+  kill(child, SIGKILL);
+  EXPECT_EQ(wait_status(child), 128 + SIGKILL);
+  EXPECT_TRUE(fs::exists(lock));  // the dead owner's file is left...
+  {
+    sat::DirLock taken(dir, "--checkpoint-dir");  // ...but not its hold
+    EXPECT_NE(bytes_of(lock).find("pid " + std::to_string(getpid()) + " on host "), std::string::npos) << bytes_of(lock);
+  }
+  EXPECT_FALSE(fs::exists(lock));
+
+  // Two runs: the first holds the directory while it trains, the second is refused before
+  // it trains; with the first killed, the directory is free again.
+  const std::string flags = kMlp + " --checkpoint-every 25 --keep 3 --checkpoint-dir " + (d / "ck2").string();
+  const pid_t first = spawn("train " + flags + " --steps 1000000", d / "first.log");
+  const std::string lock2 = sat::dir_lock_path((d / "ck2").string());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (bytes_of(lock2).find("pid ") == std::string::npos &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const Cmd second = run("train " + flags + " --steps 100 --out " + (d / "second").string());
+  EXPECT_EQ(second.status, 2) << second.out;
+  EXPECT_NE(second.out.find("--checkpoint-dir: " + (d / "ck2").string() + " is in use by another run (pid " +
+                            std::to_string(first) + " on host "), std::string::npos) << second.out;
+  EXPECT_EQ(second.out.find("terminate called"), std::string::npos) << second.out;
+  EXPECT_FALSE(fs::exists(d / "second" / "metrics.jsonl"));  // refused before training
+  kill(first, SIGKILL);
+  EXPECT_EQ(wait_status(first), 128 + SIGKILL);
+  const std::string newest = sat::newest_checkpoint((d / "ck2").string());
+  const int64_t at = newest.empty() ? 0 : sat::read_manifest(newest).step;
+  const Cmd after = run("train " + flags + " --steps " + std::to_string(at + 2) + " --resume auto");
+  EXPECT_EQ(after.status, 0) << after.out;
+  EXPECT_FALSE(fs::exists(lock2));
+  fs::remove_all(d);
+}
+
+namespace {
+
+// A manifest's text changed by `edit`; with `reseal`, given the checksum of its new content
+// (as a forger who knows the format would).
+std::string edited(const std::string& text, const std::function<void(nlohmann::json&)>& edit, bool reseal) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  edit(j);
+  if (reseal) j["checksum"] = sat::manifest_checksum(j.dump());
+  return j.dump(1);
+}
+
+}  // namespace
+
+// A manifest edited by hand is refused for its checksum; one edited and given a matching
+// checksum is refused for the fields that no longer agree (the losses are one per step, the
+// optimizer counts one update per step, the data position is the step's, the settings are
+// the header's); restored, it resumes.
+TEST(Checkpoint, EditedManifestsAreRefused) {
+  const fs::path d = tmpdir("edited");
+  const std::string flags = kMlpEpochs + " --checkpoint-dir " + (d / "ck").string();  // 39 steps per epoch
+  ASSERT_EQ(run("train " + flags + " --steps 10").status, 0);
+  const fs::path manifest = d / "ck" / sat::checkpoint_name(10) / "manifest.json";
+  const std::string good = bytes_of(manifest);
+  auto refused = [&](const std::string& text, const std::string& words) {
+    std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
+    const Cmd c = run("train " + flags + " --steps 20 --resume " + manifest.parent_path().string());
+    EXPECT_EQ(c.status, 2) << c.out;
+    EXPECT_NE(c.out.find(manifest.string() + ": the manifest has "), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find(words), std::string::npos) << "expected '" << words << "' in:\n" << c.out;
+  };
+  using J = nlohmann::json;
+  refused(edited(good, [](J& j) { j["step"] = 15; }, false), "edited or damaged (its checksum does not match");
+  refused(edited(good, [](J& j) { j["epoch"] = 1; }, false), "edited or damaged (its checksum does not match");
+  refused(edited(good, [](J& j) { j["losses"][3] = 0.5; }, false), "edited or damaged (its checksum does not match");
+  refused(edited(good, [](J& j) { j.erase("checksum"); }, false), "has no checksum");
+  refused(edited(good, [](J& j) { j["step"] = 15; }, true), "'losses' holds 10 values, one per step, but 'step' is 15");
+  refused(edited(good, [](J& j) { j["optimizer"]["steps"] = 5; }, true), "'optimizer.steps' is 5");
+  refused(edited(good, [](J& j) { j["losses"].push_back(1.0); }, true), "'losses' holds 11 values");
+  refused(edited(good, [](J& j) { j["epoch"] = 3; }, true), "epoch 3, step 10 of it, does not follow from step 10");
+  // A position consistent in itself (4 + 1 x 6 = 10), but not this data's (39 steps per epoch).
+  refused(edited(good, [](J& j) { j["epoch"] = 1, j["step_in_epoch"] = 4; }, true),
+          "is not where step 10 is at 39 steps per epoch");
+  refused(edited(good, [](J& j) { j["settings"]["seed"] = "7"; }, true), "'settings.seed' is 7");
+  refused(edited(good, [](J& j) { j["global_batch"] = 128; }, true), "'global_batch' 128 is not micro_batch x accum x dp");
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << good;
+  const Cmd c = run("train " + flags + " --steps 12 --resume " + manifest.parent_path().string());
+  EXPECT_EQ(c.status, 0) << c.out;
+  fs::remove_all(d);
+}
+
+// The per-setting policy on two records (the CLI's refusals and records: test_cli).
+TEST(Checkpoint, ResumePolicyNamesTheSettingAndBothValues) {
+  const sat::Settings was = sat::settings_of("lr=0.1;steps=10;tp=1;optimizer=adamw;shuffle=1;global_batch=64");
+  EXPECT_EQ(was.at("lr"), "0.1");
+  EXPECT_EQ(was.size(), 6u);
+  auto refusal = [&](const sat::Settings& now, const std::set<std::string>& allowed) {
+    try {
+      sat::resume_changes(was, now, allowed, "ck/step-00000010");
+    } catch (const sat::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  sat::Settings now = was;
+  now["lr"] = "0.5";
+  EXPECT_EQ(refusal(now, {}), "--resume: the checkpoint ck/step-00000010 was trained with --lr 0.1; this run has --lr "
+                              "0.5 (add --resume-change lr to change it)");
+  now["steps"] = "40", now["tp"] = "2";  // the run's length and layout may change
+  const auto changes = sat::resume_changes(was, now, {"lr"}, "ck");
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0].key, "lr");
+  EXPECT_EQ(changes[0].from, "0.1");
+  EXPECT_EQ(changes[0].to, "0.5");
+  now = was;
+  now["shuffle"] = "0";
+  EXPECT_NE(refusal(now, {}).find("--shuffle on; this run has --shuffle off (add --resume-change shuffle"),
+            std::string::npos);
+  now = was;
+  now["optimizer"] = "sgd";
+  EXPECT_NE(refusal(now, {"lr"}).find("--optimizer adamw; this run has --optimizer sgd (the optimizer's state"),
+            std::string::npos);
+  now = was;
+  now["global_batch"] = "32";
+  EXPECT_NE(refusal(now, {}).find("data position would not carry over"), std::string::npos);
+  now = was;
+  now["mystery"] = "1";
+  EXPECT_NE(refusal(now, {}).find("records the setting 'mystery' as (not recorded); this run has 1"), std::string::npos);
+  EXPECT_EQ(sat::parse_resume_change("weight-decay,lr,data"), (std::set<std::string>{"data", "lr", "weight_decay"}));
+  EXPECT_EQ(sat::parse_resume_change("train_samples,steps"), (std::set<std::string>{"data"}));
+  for (const auto& [list, words] : std::vector<std::pair<std::string, std::string>>{
+           {"bogus", "'bogus' is not a setting a resumed run may change"},
+           {"lr,", "expected setting names separated by commas"},
+           {"", "expected setting names"},
+           {"optimizer", "optimizer cannot change on resume"},
+           {"global_batch", "global_batch cannot change on resume"}}) {
+    try {
+      sat::parse_resume_change(list);
+      ADD_FAILURE() << list << " accepted";
+    } catch (const sat::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -705,6 +705,11 @@ TEST(Cli, RanksMustAgreeOnConfigurationAndWeights) {
   EXPECT_NE(lr.out.find("error on rank 1: the ranks disagree on the configuration: this rank has lr 0.02 where rank 0 "
                         "has 0.01"), std::string::npos) << lr.out;
   EXPECT_NE(lr.out.find("error on rank 0: the ranks disagree on the configuration"), std::string::npos) << lr.out;
+  // --normalize is part of the data every rank must share.
+  CmdResult norm = both("", " --normalize 0.5,0.5");
+  EXPECT_EQ(norm.status, 2) << norm.out;
+  EXPECT_NE(norm.out.find("error on rank 1: the ranks disagree on the configuration: this rank has normalize "
+                          "(pixels/255 - 0.5)/0.5 where rank 0 has pixels/255"), std::string::npos) << norm.out;
   // Weights of another file under each rank's --init-weights: refused before the broadcast hides it.
   ASSERT_EQ(saturate(run + " --save-weights " + (d / "a.safetensors").string()).status, 0);
   ASSERT_EQ(saturate(run + " --seed 5 --save-weights " + (d / "b.safetensors").string()).status, 0);
@@ -891,6 +896,62 @@ TEST(Cli, SeqLenCheckpointsResumeOnlyAtTheirWindow) {
                     "written with windows of 16 tokens");
   CmdResult same = saturate(run + "--seq-len 16 --steps 4 --checkpoint-dir " + ck + " --resume auto");
   EXPECT_EQ(same.status, 0) << same.out;
+}
+
+// --resume goes on with the run it continues: a longer run of another layout is taken (and
+// each change recorded in metrics.jsonl and summary.json); another optimizer setting,
+// schedule, data or normalisation only when --resume-change names it, a run no longer than
+// the checkpoint never. Each refusal names the setting and both values, status 2.
+TEST(Cli, ResumeIsCheckedAgainstTheRunItContinues) {
+  fs::path d = tmpdir("resume_policy");
+  fs::create_directories(d / "idx");
+  write_idx_dir(d / "idx", 128);
+  const std::string ck = (d / "ck").string(), at = ck + "/step-00000010";
+  const std::string run = "train --model mlp --data synthetic --batch 32 --threads 1 --eval off --lr 0.1 "
+                          "--checkpoint-dir " + ck + " ";
+  ASSERT_EQ(saturate(run + "--steps 10").status, 0);
+  const std::string resume = run + "--steps 20 --resume auto ";
+  for (const auto& [flags, words] : std::vector<std::pair<std::string, std::string>>{
+           {"--lr 0.5", "was trained with --lr 0.1; this run has --lr 0.5 (add --resume-change lr to change it)"},
+           {"--weight-decay 0.1", "was trained with --weight-decay 0.01; this run has --weight-decay 0.1 (add "
+                                  "--resume-change weight_decay to change it)"},
+           {"--schedule constant", "was trained with --schedule cosine; this run has --schedule constant (add --resume-change schedule"},
+           {"--normalize 0.5,0.5", "was trained with --normalize pixels/255; this run has --normalize (pixels/255 - 0.5)/0.5 (add "
+                                   "--resume-change normalize"},
+           {"--data mnist:" + (d / "idx").string(), "was trained with --data synthetic train; this run has --data mnist train "
+                                                    "(add --resume-change data"},
+           {"--lr 0.5 --resume-change weight_decay", "was trained with --lr 0.1; this run has --lr 0.5"},
+           {"--resume-change bogus", "--resume-change: 'bogus' is not a setting a resumed run may change"},
+           {"--resume-change optimizer", "--resume-change: optimizer cannot change on resume"}})
+    expect_user_error(saturate(resume + flags), flags.rfind("--resume-change", 0) == 0 ? words :
+                      "--resume: the checkpoint " + at + " " + words);
+  expect_user_error(saturate(run + "--steps 5 --resume auto"),
+                    "--steps 5: the checkpoint " + at + " is at step 10 already; give more steps");
+  expect_user_error(saturate(run + "--steps 10 --resume auto"), "is at step 10 already");
+  expect_user_error(saturate(run + "--steps 20 --resume-change lr"), "--resume-change needs --resume");
+  // Allowed: a longer run, another layout, and the learning rate named.
+  const fs::path out = d / "out";
+  CmdResult ok = saturate(resume + "--lr 0.05 --batch 16 --accum 2 --resume-change lr --out " + out.string());
+  ASSERT_EQ(ok.status, 0) << ok.out;
+  std::ifstream metrics(out / "metrics.jsonl");
+  std::vector<nlohmann::json> events;
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("event")) events.push_back(j);
+    steps += j.contains("step");
+  }
+  EXPECT_EQ(steps, 10);
+  ASSERT_EQ(events.size(), 1u);
+  const nlohmann::json want = {{"accum", {"1", "2"}}, {"batch", {"32", "16"}}, {"lr", {"0.1", "0.05"}},
+                               {"steps", {"10", "20"}}};
+  EXPECT_EQ(events[0]["event"], "resume");
+  EXPECT_EQ(events[0]["from"], at);
+  EXPECT_EQ(events[0]["from_step"], 10);
+  EXPECT_EQ(events[0]["changes"], want) << events[0].dump();
+  const nlohmann::json s = read_json(out / "summary.json");
+  EXPECT_EQ(s["resume"]["from"], at);
+  EXPECT_EQ(s["resume"]["changes"], want) << s.dump();
 }
 
 // eval on the weights train saved gives train's final evaluation exactly (the same

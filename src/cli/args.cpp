@@ -12,6 +12,7 @@
 #include "core/text.h"
 #include "plan/planner.h"
 #include "profile/trace.h"
+#include "train/resume_policy.h"
 
 namespace sat::cli {
 
@@ -219,7 +220,12 @@ void add_output_options(CLI::App* c, RunArgs& a) {
   c->add_option("--checkpoint-every-minutes", a.checkpoint_every_minutes, "a checkpoint every X minutes");
   c->add_option("--keep", a.keep, "keep the newest K checkpoints (0: all)");
   c->add_option("--resume", a.resume, "DIR (a checkpoint, or the newest under it) or auto (the newest in "
-                "--checkpoint-dir, or a fresh start)");
+                "--checkpoint-dir, or a fresh start); the run may be longer and of another layout, other settings "
+                "are refused unless --resume-change names them");
+  c->add_option("--resume-change", a.resume_change, "with --resume: the settings this run may change from the "
+                "checkpoint's, separated by commas: lr, momentum, nesterov, weight_decay, betas, schedule, warmup, "
+                "step_size, gamma, seed, shuffle, data, normalize, last_batch, sync_bn, precision, model (each change "
+                "is recorded in metrics.jsonl and summary.json)");
   c->add_flag("--profile", a.profile, "time every layer (after warm-up): a table per layer, and where each rank's "
               "step time goes");
   c->add_option("--trace", a.trace, "write Chrome/TensorBoard trace files of the steps --trace-steps records here "
@@ -378,6 +384,10 @@ TrainConfig train_config(const RunArgs& a) {
   cfg.checkpoint_every = a.checkpoint_every;
   cfg.checkpoint_every_minutes = a.checkpoint_every_minutes;
   cfg.checkpoint_keep = a.keep;
+  if (!a.resume_change.empty()) {
+    SAT_CHECK(!a.resume.empty(), "--resume-change needs --resume (it names what the resumed run may change)");
+    for (const std::string& s : parse_resume_change(a.resume_change)) cfg.resume_change.push_back(s);
+  }
   return cfg;
 }
 

@@ -48,7 +48,7 @@ struct RunArgs {
   double bucket_mb = 25;
   bool sync_bn = false;
   // Outputs, weights, checkpoints, profiling.
-  std::string out, init_weights, save_weights, checkpoint_dir, resume, trace, trace_steps;
+  std::string out, init_weights, save_weights, checkpoint_dir, resume, resume_change, trace, trace_steps;
   bool overwrite = false, profile = false, noise_scale = false;
   int64_t checkpoint_every = 0;
   double checkpoint_every_minutes = 0;

@@ -50,9 +50,9 @@ std::string scaling_text(const DataOptions& opt) {
 }
 
 U8ImageDataset::U8ImageDataset(std::string name, Shape chw, int64_t classes, std::vector<uint8_t> pixels,
-                               std::vector<uint8_t> labels, std::vector<float> lut)
+                               std::vector<uint8_t> labels, std::vector<float> lut, std::string scaling)
     : name_(std::move(name)), chw_(chw), classes_(classes), pixels_(std::move(pixels)),
-      labels_(std::move(labels)), lut_(std::move(lut)) {
+      labels_(std::move(labels)), lut_(std::move(lut)), scaling_(std::move(scaling)) {
   SAT_ASSERT(pixels_.size() == labels_.size() * size_t(chw_.numel()));
   SAT_ASSERT(lut_.size() == size_t(chw_[0]) * 256);
 }

@@ -37,6 +37,9 @@ class Dataset {
   // (label_shape, int32) to y. 0 <= i < size(). Thread-safe.
   virtual void get(int64_t i, void* x, int32_t* y) const = 0;
   virtual std::string name() const = 0;          // "fashion-mnist train", for messages
+  // How image pixels become values ("pixels/255", or --normalize's "(pixels/255 - M)/S"); ""
+  // for data that is not scaled (tokens, tensors given as they are).
+  virtual std::string scaling() const { return ""; }
   virtual size_t storage_bytes() const { return 0; }  // host bytes held (0 = generated)
 
   bool is_tokens() const { return sample_dtype() == DType::i32; }

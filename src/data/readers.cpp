@@ -240,7 +240,7 @@ std::unique_ptr<Dataset> load_idx_split(const std::string& name, const std::stri
     SAT_CHECK(lbl.data[i] < 10, lbl_path, ": label ", int(lbl.data[i]), " at index ", i, "; expected 0..9");
   Shape chw{1, int64_t(img.dims[1]), int64_t(img.dims[2])};
   return std::make_unique<U8ImageDataset>(name, chw, 10, std::move(img.data), std::move(lbl.data),
-                                          pixel_lut(1, opt));
+                                          pixel_lut(1, opt), scaling_text(opt));
 }
 
 // ---------------------------------------------------------------- CIFAR-10
@@ -380,12 +380,12 @@ DataSplit open_cifar10(const std::string& dir_in, const DataOptions& opt) {
   DataSplit s;
   Shape chw{3, 32, 32};
   s.train = std::make_unique<U8ImageDataset>("cifar10 train", chw, 10, std::move(px), std::move(labels),
-                                             pixel_lut(3, opt));
+                                             pixel_lut(3, opt), scaling_text(opt));
   px.clear();
   labels.clear();
   read_cifar_file(test_file, px, labels);
   s.test = std::make_unique<U8ImageDataset>("cifar10 test", chw, 10, std::move(px), std::move(labels),
-                                            pixel_lut(3, opt));
+                                            pixel_lut(3, opt), scaling_text(opt));
   s.description = str_cat("cifar10 (", dir, "): ", s.train->size(), " train / ", s.test->size(),
                           " test images [3, 32, 32], 10 classes, ", scaling_text(opt));
   return s;

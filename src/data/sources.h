@@ -16,7 +16,7 @@ std::string scaling_text(const DataOptions& opt);  // "pixels/255" or "(pixels/2
 class U8ImageDataset : public Dataset {
  public:
   U8ImageDataset(std::string name, Shape chw, int64_t classes, std::vector<uint8_t> pixels,
-                 std::vector<uint8_t> labels, std::vector<float> lut);
+                 std::vector<uint8_t> labels, std::vector<float> lut, std::string scaling);
   int64_t size() const override { return int64_t(labels_.size()); }
   Shape sample_shape() const override { return chw_; }
   DType sample_dtype() const override { return DType::f32; }
@@ -24,6 +24,7 @@ class U8ImageDataset : public Dataset {
   int64_t num_classes() const override { return classes_; }
   void get(int64_t i, void* x, int32_t* y) const override;
   std::string name() const override { return name_; }
+  std::string scaling() const override { return scaling_; }
   size_t storage_bytes() const override { return pixels_.size() + labels_.size(); }
 
  private:
@@ -33,6 +34,7 @@ class U8ImageDataset : public Dataset {
   std::vector<uint8_t> pixels_;  // N*C*H*W
   std::vector<uint8_t> labels_;  // N
   std::vector<float> lut_;       // C*256
+  std::string scaling_;          // scaling_text of the options that made lut_
 };
 
 DataSplit open_idx(const std::string& tag, const std::string& dir, bool is_default_dir, const DataOptions& opt);

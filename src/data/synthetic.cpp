@@ -34,6 +34,7 @@ struct ImageGen {
   int64_t classes, gh, gw;
   std::vector<float> proto;  // classes x C x gh x gw, in [0,1)
   std::vector<float> lut;    // C*256
+  std::string scaling;       // scaling_text of the options that made lut
 };
 
 class SyntheticImages : public Dataset {
@@ -46,6 +47,7 @@ class SyntheticImages : public Dataset {
   Shape label_shape() const override { return Shape{}; }
   int64_t num_classes() const override { return g_->classes; }
   std::string name() const override { return name_; }
+  std::string scaling() const override { return g_->scaling; }
   void get(int64_t i, void* x, int32_t* y) const override {
     const ImageGen& g = *g_;
     const int64_t C = g.chw[0], H = g.chw[1], W = g.chw[2];
@@ -123,6 +125,7 @@ DataSplit open_synthetic_images(Shape chw, int64_t classes, const DataOptions& o
   g->gh = (chw[1] + kCell - 1) / kCell;
   g->gw = (chw[2] + kCell - 1) / kCell;
   g->lut = pixel_lut(chw[0], opt);
+  g->scaling = scaling_text(opt);
   Rng rng(mix_seed(opt.seed, kProtoStream));
   g->proto.resize(size_t(classes * chw[0] * g->gh * g->gw));
   for (float& v : g->proto) v = rng.uniform();

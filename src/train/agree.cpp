@@ -77,7 +77,7 @@ std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, co
   std::string split;
   for (int c : cfg.pp_split) split += str_cat(split.empty() ? "" : ",", c);
   return str_cat("model=", model_spec(mc), ";model_config=", describe_model(mc), ";vocab=", mc.vocab, ";seq_len=", mc.seq_len,
-                 ";classes=", mc.classes, ";data=", train.name(), ";train_samples=", train.size(),
+                 ";classes=", mc.classes, ";data=", train.name(), ";normalize=", train.scaling(), ";train_samples=", train.size(),
                  ";test_samples=", test ? test->size() : -1, ";batch=", cfg.batch, ";accum=", cfg.accum,
                  ";epochs=", cfg.epochs, ";steps=", cfg.steps, ";optimizer=", o.name, ";lr=", o.lr,
                  ";momentum=", o.momentum, ";nesterov=", o.nesterov, ";weight_decay=", o.weight_decay,
@@ -88,7 +88,8 @@ std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, co
                  ";virtual_stages=", cfg.virtual_stages, ";pp_split=", split, ";last_batch=", int(cfg.last_batch),
                  ";bucket_mb=", cfg.bucket_mb, ";sync_bn=", cfg.sync_bn, ";zero=", cfg.zero,
                  ";noise_scale=", cfg.measure_noise, ";dist_backend=", int(cfg.dist_backend), ";device=", cfg.device,
-                 ";precision=", precision_name(cfg.precision), ";cuda_graph=", cfg.cuda_graph);
+                 ";precision=", precision_name(cfg.precision), ";cuda_graph=", cfg.cuda_graph,
+                 ";checkpoints=", !cfg.checkpoint_dir.empty());
 }
 
 void agree_on_config(dist::Comm& world, const std::string& fingerprint) {

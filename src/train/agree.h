@@ -18,8 +18,9 @@
 namespace sat {
 
 // The configuration every rank must share, as "key=value;" fields: the model, the
-// training settings and the data's size (what differs by rank by design, such as the
-// progress display and the output directory, is left out).
+// training settings and the data (its name, sizes and scaling: --normalize); whether the
+// run writes checkpoints (their collectives), but not where (what differs by rank by
+// design, such as the progress display and the output directory, is left out).
 std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test);
 
 // Collective over `world`: every rank's fingerprint against rank 0's; the first field that

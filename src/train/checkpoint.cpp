@@ -28,7 +28,8 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "saturate-checkpoint";
-constexpr int kVersion = 1;
+// 2: the manifest's checksum and the run's settings.
+constexpr int kVersion = 2;
 constexpr const char* kManifest = "manifest.json";
 
 // Writes all of `data` to fd (sat::Error naming the file).
@@ -171,12 +172,104 @@ void parse_tensors(const Reader& r, const json& j, Manifest& m) {
   }
 }
 
+std::string checksum_of(json j) {
+  j.erase("checksum");
+  const std::string canonical = j.dump();  // compact, keys sorted (nlohmann::json's objects are ordered maps)
+  char b[32];
+  std::snprintf(b, sizeof b, "crc32:%08x",
+                unsigned(::crc32(::crc32(0, nullptr, 0), reinterpret_cast<const Bytef*>(canonical.data()),
+                                 uInt(canonical.size()))));
+  return b;
+}
+
+// The redundant fields of a manifest against each other: a forgery that kept the checksum
+// consistent must still tell one story (sat::Error naming `where`).
+void check_consistent(const Manifest& m, const std::string& where) {
+  const std::string edited = ": the manifest has been edited or damaged (";
+  SAT_CHECK(int64_t(m.losses.size()) == m.step, where, edited, "'losses' holds ", m.losses.size(),
+            " values, one per step, but 'step' is ", m.step, ")");
+  SAT_CHECK(m.total_steps >= m.step, where, edited, "'total_steps' ", m.total_steps, " is below 'step' ", m.step, ")");
+  // The optimizer counts one update per step (fp16 skips those with inf/NaN gradients).
+  const auto precision = m.settings.find("precision");
+  const bool skips = precision != m.settings.end() && precision->second == "fp16";
+  SAT_CHECK(m.optimizer_steps == m.step || (skips && m.optimizer_steps >= 0 && m.optimizer_steps < m.step), where,
+            edited, "'optimizer.steps' is ", m.optimizer_steps, ", the optimizer counts one update per step and 'step' is ",
+            m.step, ")");
+  // epoch = step / P and step_in_epoch = step % P for the P steps of an epoch (no epoch: P unknown, 0).
+  const bool position = m.step_in_epoch <= m.step &&
+                        (m.epoch == 0 ? m.step_in_epoch == m.step
+                                      : (m.step - m.step_in_epoch) % m.epoch == 0 &&
+                                            m.step_in_epoch < (m.step - m.step_in_epoch) / m.epoch);
+  SAT_CHECK(position, where, edited, "epoch ", m.epoch, ", step ", m.step_in_epoch, " of it, does not follow from step ",
+            m.step, " at any number of steps per epoch)");
+  const CkptLayout& l = m.layout;
+  constexpr int kMaxRanks = 1 << 20;
+  SAT_CHECK(l.dp >= 1 && l.tp >= 1 && l.pp >= 1 && l.dp <= kMaxRanks && l.tp <= kMaxRanks && l.pp <= kMaxRanks &&
+                int64_t(l.world) == int64_t(l.dp) * l.tp * l.pp && l.zero >= 0 && l.zero <= 3 && l.virtual_stages >= 1,
+            where, edited, "the layout: world ", l.world, " is not dp x tp x pp = ", l.dp, " x ", l.tp, " x ", l.pp,
+            ", or zero or virtual_stages is out of range)");
+  // global_batch = micro_batch x accum x dp, without overflowing.
+  const bool batch = m.global_batch % m.micro_batch == 0 && (m.global_batch / m.micro_batch) % m.accum == 0 &&
+                     m.global_batch / m.micro_batch / m.accum == l.dp;
+  SAT_CHECK(batch, where, edited, "'global_batch' ", m.global_batch, " is not micro_batch x accum x dp = ",
+            m.micro_batch, " x ", m.accum, " x ", l.dp, ")");
+  const bool slots = m.optimizer == "adamw" ? m.slots == std::vector<std::string>{"exp_avg", "exp_avg_sq"}
+                     : m.optimizer == "sgd" ? m.slots.empty() || m.slots == std::vector<std::string>{"momentum_buffer"}
+                                            : false;
+  SAT_CHECK(slots, where, edited, "optimizer '", m.optimizer, "' does not keep the state arrays 'optimizer.slots' names)");
+  SAT_CHECK(m.parameters == manifest_parameters(m), where, edited, "'parameters' is ", m.parameters, ", its 'param/' "
+            "tensors hold ", manifest_parameters(m), ")");
+  // The settings record the same run.
+  auto setting = [&](const char* key, const std::string& want) {
+    const auto it = m.settings.find(key);
+    SAT_CHECK(it == m.settings.end() || it->second == want, where, edited, "'settings.", key, "' is ", it->second,
+              ", the manifest's own field says ", want, ")");
+  };
+  setting("seed", std::to_string(m.seed));
+  setting("shuffle", m.shuffle ? "1" : "0");
+  setting("optimizer", m.optimizer);
+  setting("global_batch", std::to_string(m.global_batch));
+  setting("tp", std::to_string(l.tp));
+  setting("pp", std::to_string(l.pp));
+  setting("zero", std::to_string(l.zero));
+  const auto steps = m.settings.find("steps");
+  if (steps != m.settings.end() && steps->second != "0") setting("steps", std::to_string(m.total_steps));
+}
+
 }  // namespace
+
+int64_t manifest_parameters(const Manifest& m) {
+  int64_t n = 0;
+  for (const auto& [name, t] : m.tensors)  // parse_manifest bounds each to 2^48 values; the sum saturates
+    if (name.rfind("param/", 0) == 0 && t.shape.size() <= size_t(Shape::kMaxDims))
+      n = std::min(n + Shape(t.shape).numel(), int64_t(1) << 62);
+  return n;
+}
+
+std::string manifest_checksum(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  SAT_CHECK(!j.is_discarded() && j.is_object(), "a checkpoint manifest must be a JSON object");
+  return checksum_of(std::move(j));
+}
 
 std::string checkpoint_name(int64_t step) {
   char b[32];
   std::snprintf(b, sizeof b, "step-%08lld", static_cast<long long>(step));
   return b;
+}
+
+int64_t checkpoint_step_of(const std::string& name, bool tmp) {
+  const std::string prefix = tmp ? "." : "", suffix = tmp ? ".tmp" : "";
+  if (name.size() < prefix.size() + suffix.size() + 13 || name.size() > prefix.size() + suffix.size() + 23 ||
+      name.compare(0, prefix.size(), prefix) != 0 || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string mid = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());  // step-NNNNNNNN
+  int64_t step = 0;
+  for (size_t i = 5; i < mid.size(); ++i) {
+    if (mid[i] < '0' || mid[i] > '9') return -1;
+    step = step * 10 + (mid[i] - '0');
+  }
+  return checkpoint_name(step) == mid ? step : -1;  // only saturate's own spelling of the step
 }
 
 std::string temp_checkpoint_dir(const std::string& root, int64_t step) {
@@ -212,8 +305,10 @@ std::string manifest_json(const Manifest& m) {
               {"schedule", l.schedule}}},
             {"losses", m.losses},
             {"files", files},
-            {"tensors", tensors_json(m.tensors)}};
+            {"tensors", tensors_json(m.tensors)},
+            {"settings", m.settings}};
   if (m.seq_len > 0) j["seq_len"] = m.seq_len;
+  j["checksum"] = checksum_of(j);
   return j.dump(1);
 }
 
@@ -229,6 +324,9 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   SAT_CHECK(r.get<std::string>(j, "format", "") == kFormat, where, ": not a saturate checkpoint manifest");
   const int version = r.get<int>(j, "version", "");
   SAT_CHECK(version == kVersion, where, ": checkpoint format version ", version, ", this saturate reads ", kVersion);
+  SAT_CHECK(j.contains("checksum"), where, ": the manifest has no checksum: it has been edited or damaged");
+  SAT_CHECK(j["checksum"] == checksum_of(j), where, ": the manifest has been edited or damaged (its checksum does "
+            "not match its content)");
   Manifest m;
   m.model = r.get<std::string>(j, "model", "");
   m.parameters = r.get<int64_t>(j, "parameters", "");
@@ -272,6 +370,10 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   }
   SAT_CHECK(j.contains("tensors"), where, ": key 'tensors' is missing");
   parse_tensors(r, j["tensors"], m);
+  SAT_CHECK(j.contains("settings") && j["settings"].is_object(), where, ": key 'settings' must be an object");
+  for (const auto& [key, value] : j["settings"].items())
+    m.settings[key] = r.get<std::string>(j["settings"], key.c_str(), "settings.");
+  check_consistent(m, where);
   return m;
 }
 
@@ -323,7 +425,7 @@ std::vector<fs::path> checkpoints(const std::string& root) {
   if (!fs::is_directory(root, ec)) return out;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("step-", 0) == 0 && e.is_directory(ec) && complete(e.path())) out.push_back(e.path());
+    if (checkpoint_step_of(n) >= 0 && e.is_directory(ec) && complete(e.path())) out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());  // fixed-width step numbers: name order is step order
   return out;
@@ -447,11 +549,8 @@ void merge_fragment(Manifest& into, const Manifest& fragment) {
 
 void prune_checkpoints(const std::string& root, int keep) {
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(".step-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0)
-      fs::remove_all(e.path(), ec);
-  }
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (checkpoint_step_of(e.path().filename().string(), true) >= 0 && e.is_directory(ec)) fs::remove_all(e.path(), ec);
   if (keep <= 0) return;
   const auto all = checkpoints(root);
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);

@@ -15,6 +15,13 @@
 // and fsynced last, and the directory is renamed into place (then ROOT is fsynced). A crash
 // at any moment leaves every earlier checkpoint complete; a directory without a manifest
 // that parses and whose files match it is not a checkpoint.
+//
+// Checked: the manifest carries a checksum of its own content (`checksum`, the CRC-32 of
+// the canonical serialisation of every other key), and its redundant fields must agree
+// (the losses are one per step, the optimizer's steps and the data position follow from the
+// step, the global batch from the layout...): an edited or damaged manifest is refused, not
+// trusted. It also records the run's settings (`settings`: the configuration every rank
+// agreed on, train/agree.h), which a resumed run is compared with (train/resume_policy.h).
 #pragma once
 #include <cstdint>
 #include <atomic>
@@ -71,13 +78,22 @@ struct Manifest {
   std::vector<double> losses;      // every step's so far
   std::map<std::string, CkptFile> files;
   std::map<std::string, CkptTensor> tensors;  // "param/NAME", "state/NAME", "optim/SLOT/NAME"
+  std::map<std::string, std::string> settings;  // the run's, as "key" -> "value" (train/resume_policy.h)
 };
 
 // "step-00000020".
 std::string checkpoint_name(int64_t step);
+// The manifest's text, with its checksum.
 std::string manifest_json(const Manifest& m);
-// Parses and validates a manifest (sat::Error naming `where` and the key).
+// The checksum a manifest's text must carry: "crc32:XXXXXXXX" of the compact, key-sorted
+// serialisation of the JSON object without its `checksum` key (sat::Error when the text is
+// not a JSON object).
+std::string manifest_checksum(const std::string& text);
+// Parses and validates a manifest: its checksum, every key, and the redundant fields against
+// each other (sat::Error naming `where` and the key, or saying it has been edited or damaged).
 Manifest parse_manifest(const std::string& text, const std::string& where);
+// The parameters the manifest's "param/" tensors hold (their full shapes).
+int64_t manifest_parameters(const Manifest& m);
 // Reads DIR/manifest.json (sat::Error naming it when absent or malformed).
 Manifest read_manifest(const std::string& dir);
 // Checks every file of the manifest: present, of its size and CRC-32 (sat::Error naming the
@@ -115,8 +131,13 @@ void merge_fragment(Manifest& into, const Manifest& fragment);
 // fsync of a file or directory (sat::Error naming it).
 void sync_path(const std::string& path);
 // Keeps the newest `keep` complete checkpoints under ROOT (keep <= 0: all); removes stale
-// temporary directories of writers that died.
+// temporary directories of writers that died. Touches nothing but directories named as
+// saturate names them (step-NNNNNNNN, .step-NNNNNNNN.tmp); the caller must hold ROOT's
+// DirLock (train/dir_lock.h), so that no other run's are among them.
 void prune_checkpoints(const std::string& root, int keep);
+// The step of a directory named checkpoint_name(step) (or, with tmp, the temporary one's
+// name), or -1 for any other name.
+int64_t checkpoint_step_of(const std::string& name, bool tmp = false);
 std::string temp_checkpoint_dir(const std::string& root, int64_t step);
 
 // A checkpoint being written (Trainer::save_checkpoint): the manifest's header, this rank's

@@ -1,5 +1,6 @@
 #include "train/checkpointer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -9,6 +10,8 @@
 #include "core/timer.h"
 #include "nn/shard.h"
 #include "train/checkpoint.h"
+#include "train/dir_lock.h"
+#include "train/resume_policy.h"
 #include "train/signals.h"
 #include "train/runtime.h"
 
@@ -97,7 +100,16 @@ void agree(dist::Comm& w, bool ok, const std::string& message) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(RankRuntime& rt) : rt_(rt) {}
+Checkpointer::Checkpointer(RankRuntime& rt) : rt_(rt) {
+  if (rt.cfg.checkpoint_dir.empty()) return;
+  std::string error;
+  try {
+    if (rt.world->rank() == 0) lock_ = std::make_unique<DirLock>(rt.cfg.checkpoint_dir, "--checkpoint-dir");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(*rt.world, error.empty(), error);
+}
 
 Checkpointer::~Checkpointer() = default;
 
@@ -169,6 +181,8 @@ Manifest Checkpointer::header(int64_t step, int64_t total, const std::vector<dou
                 cfg.sequence_parallel,
                 pipe_schedule_name(cfg.pp_schedule)};
   man.losses = losses;
+  man.settings = settings_of(rt_.fingerprint);
+  man.settings["global_batch"] = std::to_string(man.global_batch);
   return man;
 }
 
@@ -240,6 +254,7 @@ void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& 
         std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
         Manifest mine = q->man;
         write_pieces(q->tmp, file, q->entries, mine);
+        mine.parameters = manifest_parameters(mine);
         // The fragment beside it, for rank 0 to merge in rank order.
         std::snprintf(file, sizeof file, "rank-%05d.part.json", rank);
         std::ofstream f(fs::path(q->tmp) / file, std::ios::trunc);
@@ -265,6 +280,7 @@ void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& 
 // directory renamed into place, old checkpoints pruned.
 void Checkpointer::publish(CheckpointWrite& p) {
   Manifest& man = p.man;
+  int parts = 0;
   for (int r = 0; r < rt_.world->size(); ++r) {
     char file[64];
     std::snprintf(file, sizeof file, "rank-%05d.part.json", r);
@@ -275,10 +291,21 @@ void Checkpointer::publish(CheckpointWrite& p) {
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     merge_fragment(man, parse_manifest(text, part.string()));
     fs::remove(part, ec);
+    ++parts;
   }
-  man.parameters = 0;
-  for (const auto& [name, t] : man.tensors)
-    if (name.rfind("param/", 0) == 0) man.parameters += Shape(t.shape).numel();
+  // Published only when complete: every writing rank's file (the first replica's tensor-
+  // and pipeline-parallel ranks), each of the size its writer recorded.
+  const int writers = rt_.mesh->tp() * rt_.mesh->pp();
+  SAT_CHECK(parts == writers && int(man.files.size()) == writers, "--checkpoint-dir: ", p.tmp, " holds ", parts, " of the ",
+            writers, " ranks' files: the checkpoint is incomplete (was the directory changed by another program?)");
+  for (const auto& [name, f] : man.files) {
+    std::error_code ec;
+    const auto size = fs::file_size(fs::path(p.tmp) / name, ec);
+    SAT_CHECK(!ec && size == f.bytes, "--checkpoint-dir: ", (fs::path(p.tmp) / name).string(), " is ",
+              ec ? "missing" : str_cat(size, " bytes, its writer wrote ", f.bytes),
+              ": the checkpoint is incomplete (was the directory changed by another program?)");
+  }
+  man.parameters = manifest_parameters(man);
   const fs::path mp = fs::path(p.tmp) / "manifest.json";
   {
     std::ofstream f(mp, std::ios::trunc);
@@ -326,11 +353,12 @@ ResumeState Checkpointer::load(const std::string& dir, bool weights_only) {
   const ModelConfig& mc = rt_.mc;
   std::string error;
   Manifest man;
+  std::vector<SettingChange> changes;
   try {
     man = read_manifest(dir);
     if (w.rank() == 0) verify_checkpoint(dir, man);
     SAT_CHECK(man.model == mc.name, dir, ": a checkpoint of model ", man.model, ", this run trains ", mc.name);
-    if (!weights_only) check_resumable(dir, man);
+    if (!weights_only) changes = check_resumable(dir, man);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -349,28 +377,45 @@ ResumeState Checkpointer::load(const std::string& dir, bool weights_only) {
   r.step_in_epoch = man.step_in_epoch;
   r.losses = man.losses;
   r.dir = dir;
+  r.changes = std::move(changes);
   return r;
 }
 
-// What must hold for a run to go on from a checkpoint exactly (sat::Error naming it).
-void Checkpointer::check_resumable(const std::string& dir, const Manifest& man) const {
+// What must hold for a run to go on from a checkpoint (sat::Error naming it): the state
+// carries over, the run is longer than the checkpoint, and every setting that differs may
+// (train/resume_policy.h). Returns those settings.
+std::vector<SettingChange> Checkpointer::check_resumable(const std::string& dir, const Manifest& man) const {
   const dist::Mesh& m = *rt_.mesh;
   const TrainConfig& cfg = rt_.cfg;
   const ModelConfig& mc = rt_.mc;
   const int64_t g = cfg.global_batch(m.size());
-  {
-    SAT_CHECK(man.global_batch == g, dir, ": written at global batch ", man.global_batch, ", this run's is ", g,
-              " (--batch x --accum x data-parallel ranks): the data position would not carry over");
-    SAT_CHECK(man.seed == cfg.seed && man.shuffle == cfg.shuffle, dir, ": written with --seed ", man.seed,
-              " --shuffle ", man.shuffle ? "on" : "off", ", this run has --seed ", cfg.seed, " --shuffle ",
-              cfg.shuffle ? "on" : "off");
-    const std::string opt = rt_.optimizer->config().name;
-    SAT_CHECK(man.optimizer == opt, dir, ": written with --optimizer ", man.optimizer, ", this run uses ", opt);
-    // Another window cuts the data into other samples: the position would point elsewhere.
-    const int64_t window = man.seq_len > 0 ? man.seq_len : mc.context;
-    SAT_CHECK(!mc.tokens || window == mc.seq_len, dir, ": written with windows of ", window, " tokens (--seq-len), "
-              "this run's are ", mc.seq_len, ": the data position would not carry over");
-  }
+  SAT_CHECK(man.global_batch == g, dir, ": written at global batch ", man.global_batch, ", this run's is ", g,
+            " (--batch x --accum x data-parallel ranks): the data position would not carry over");
+  const std::string opt = rt_.optimizer->config().name;
+  SAT_CHECK(man.optimizer == opt, dir, ": written with --optimizer ", man.optimizer, ", this run uses ", opt);
+  // Another window cuts the data into other samples: the position would point elsewhere.
+  const int64_t window = man.seq_len > 0 ? man.seq_len : mc.context;
+  SAT_CHECK(!mc.tokens || window == mc.seq_len, dir, ": written with windows of ", window, " tokens (--seq-len), "
+            "this run's are ", mc.seq_len, ": the data position would not carry over");
+  const int64_t per_epoch = BatchLoader::train_steps(rt_.train.size(), cfg.batch, cfg.accum, m.dp(), cfg.last_batch);
+  const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
+  SAT_CHECK(total > man.step, cfg.steps > 0 ? str_cat("--steps ", cfg.steps) : str_cat("--epochs ", cfg.epochs, " (",
+            total, " steps)"), ": the checkpoint ", dir, " is at step ", man.step, " already; give more ",
+            cfg.steps > 0 ? "steps" : "epochs");
+  Settings now = settings_of(rt_.fingerprint);
+  now["global_batch"] = std::to_string(g);
+  const std::vector<SettingChange> changes = resume_changes(
+      man.settings, now, std::set<std::string>(cfg.resume_change.begin(), cfg.resume_change.end()), dir);
+  // The same data cut the same way: the data position must be the step's.
+  const bool same_data = std::none_of(changes.begin(), changes.end(), [](const SettingChange& c) {
+    return c.key == "data" || c.key == "train_samples" || c.key == "last_batch";
+  });
+  const bool position = per_epoch > 0 ? man.epoch == man.step / per_epoch && man.step_in_epoch == man.step % per_epoch
+                                      : man.epoch == 0 && man.step_in_epoch == man.step;
+  SAT_CHECK(!same_data || position, (fs::path(dir) / "manifest.json").string(), ": the manifest has been edited or "
+            "damaged (epoch ", man.epoch, ", step ", man.step_in_epoch, " of it, is not where step ", man.step,
+            " is at ", per_epoch, " steps per epoch of ", rt_.train.name(), ")");
+  return changes;
 }
 
 // The parameters and states (and without weights_only the optimizer state) from the

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "train/config.h"
 #include "train/observers.h"
 
 namespace sat {
@@ -15,16 +16,20 @@ namespace sat {
 class RankRuntime;
 struct Manifest;
 struct CheckpointWrite;
+class DirLock;
 
-// Where a run resumed from a checkpoint goes on.
+// Where a run resumed from a checkpoint goes on, and what it changed (train/resume_policy.h).
 struct ResumeState {
   int64_t step = 0, epoch = 0, step_in_epoch = 0;
   std::vector<double> losses;
   std::string dir;
+  std::vector<SettingChange> changes;
 };
 
 class Checkpointer final : public RunObserver {
  public:
+  // With a checkpoint directory, takes it for the run (train/dir_lock.h; rank 0 holds it).
+  // Collective; a directory another run holds is a sat::Error on every rank.
   explicit Checkpointer(RankRuntime& rt);
   ~Checkpointer() override;
 
@@ -51,10 +56,12 @@ class Checkpointer final : public RunObserver {
   Manifest header(int64_t step, int64_t total, const std::vector<double>& losses) const;
   void snapshot(CheckpointWrite& p);
   void publish(CheckpointWrite& p);
-  void check_resumable(const std::string& dir, const Manifest& man) const;
+  // What must hold for this run to go on from the checkpoint; the settings it changes.
+  std::vector<SettingChange> check_resumable(const std::string& dir, const Manifest& man) const;
   void load_tensors(const std::string& dir, const Manifest& man, bool weights_only);
 
   RankRuntime& rt_;
+  std::unique_ptr<DirLock> lock_;
   std::unique_ptr<CheckpointWrite> pending_;
   double last_save_ = 0;
   struct {

@@ -99,6 +99,9 @@ struct TrainConfig : Layout {
   int64_t checkpoint_every = 0;
   double checkpoint_every_minutes = 0;
   int checkpoint_keep = 0;
+  // Settings a run resumed from a checkpoint may change beyond the run's length and layout
+  // (--resume-change; train/resume_policy.h names them).
+  std::vector<std::string> resume_change;
   // GPU: --device, --precision, --cuda-graph.
   std::string device = "cpu";
   Precision precision = Precision::fp32;
@@ -157,6 +160,12 @@ struct RankReport {
   StepBreakdown breakdown;
 };
 
+// A setting that differs from the checkpoint's in a resumed run: its key
+// (train/resume_policy.h), the checkpoint's value and this run's.
+struct SettingChange {
+  std::string key, from, to;
+};
+
 struct TrainResult {
   int64_t steps = 0;
   double final_train_loss = 0;
@@ -190,6 +199,8 @@ struct TrainResult {
   double comm_hidden_fraction = 0;
   std::vector<double> rank_step_seconds;  // mean step time of every rank (measured steps)
   int64_t resumed_from = 0;  // the checkpoint's step this run continued from (0: a fresh start)
+  std::string resumed_dir;   // that checkpoint's directory
+  std::vector<SettingChange> resume_changes;  // the settings changed since it, as accepted
   int stop_signal = 0;       // the signal that stopped the run early after a checkpoint (0: none)
   std::string last_checkpoint;  // the directory of the last checkpoint written
   int64_t checkpoints = 0;         // written by this run

@@ -91,6 +91,10 @@ class Progress final : public RunObserver {
  public:
   Progress(RankRuntime& rt, int64_t resumed_at)
       : reporter_(rt.cfg.progress, rt.cfg.out_dir, rt.cfg.measure_noise, resumed_at) {}
+  void step_begins(RunState& run) override {
+    const TrainResult& r = run.result;
+    if (run.step == run.start && r.resumed_from > 0) reporter_.resumed(r.resumed_from, r.resumed_dir, r.resume_changes);
+  }
   void step_ends(StepDone& d, RunState& run) override {
     reporter_.step(d.metrics, run.total, now_seconds() - run.t_train);
   }

@@ -35,15 +35,25 @@ nlohmann::ordered_json breakdown_json(const StepBreakdown& b) {
 }  // namespace
 
 namespace {
-// metrics.jsonl's lines of steps up to `last` (each line starts {"step": N, ...).
+// metrics.jsonl's lines of steps up to `last` (each line starts {"step": N, ...), and of the
+// resumes before it ({"event": "resume", "from_step": N, ...}).
 std::string metrics_until(const std::string& path, int64_t last) {
   std::ifstream f(path);
   std::string out, line;
   while (std::getline(f, line)) {
     long long step = 0;
     if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= last) out += line + "\n";
+    if (std::sscanf(line.c_str(), "{\"event\": \"resume\", \"from_step\": %lld", &step) == 1 && step < last)
+      out += line + "\n";
   }
   return out;
+}
+
+// "resume" events' changes: {"key": [from, to], ...}.
+nlohmann::ordered_json changes_json(const std::vector<SettingChange>& changes) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const SettingChange& c : changes) j[c.key] = {c.from, c.to};
+  return j;
 }
 }  // namespace
 
@@ -107,6 +117,16 @@ void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
   }
 }
 
+void StepReporter::resumed(int64_t step, const std::string& from, const std::vector<SettingChange>& changes) {
+  if (!metrics_.is_open()) return;
+  nlohmann::ordered_json j;
+  j["event"] = "resume";
+  j["from_step"] = step;
+  j["from"] = from;
+  j["changes"] = changes_json(changes);
+  metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
+}
+
 nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
   nlohmann::ordered_json j;
   for (int k = 0; k < int(MemKind::kCount); ++k) j[mem_kind_name(MemKind(k))] = p.by_kind[size_t(k)];
@@ -151,6 +171,8 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
                         {"write_seconds", r.checkpoint_write_seconds}, {"last_bytes", r.checkpoint_bytes},
                         {"last", r.last_checkpoint}, {"resumed_from_step", r.resumed_from}};
   }
+  if (r.resumed_from > 0)
+    s["resume"] = {{"from", r.resumed_dir}, {"from_step", r.resumed_from}, {"changes", changes_json(r.resume_changes)}};
   ordered_json ranks = ordered_json::array();
   for (const RankReport& k : r.ranks) {
     ordered_json mem = ordered_json::object();

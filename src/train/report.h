@@ -27,6 +27,9 @@ class StepReporter {
   StepReporter(const StepReporter&) = delete;
   StepReporter& operator=(const StepReporter&) = delete;
   void step(const StepMetrics& m, int64_t total, double elapsed);
+  // The line of a run resumed from checkpoint `from` at `step`, with the settings it changed:
+  // {"event": "resume", "from_step": 10, "from": "...", "changes": {"lr": ["0.1", "0.5"]}}.
+  void resumed(int64_t step, const std::string& from, const std::vector<SettingChange>& changes);
 
  private:
   void write_line(const std::string& line);

@@ -73,7 +73,8 @@ RankRuntime::~RankRuntime() {
 // The job's agreement and validation, the mesh, the device, and this rank's stage of the plan.
 void RankRuntime::connect(JobPlan* given, const ModelConfig& model, int world_size) {
   // Before any collective whose size depends on them: every rank trains the same thing.
-  agree_on_config(*world, config_fingerprint(model, cfg, train, test));
+  fingerprint = config_fingerprint(model, cfg, train, test);
+  agree_on_config(*world, fingerprint);
   validate_run(model, cfg, world_size);
   mesh = std::make_unique<dist::Mesh>(*world, cfg.tp, cfg.pp);
   mc = resolved_model(model, cfg, mesh->tp_rank());

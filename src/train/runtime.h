@@ -51,6 +51,7 @@ class RankRuntime {
   TrainConfig cfg;            // optimizer and schedule resolved
   const Dataset& train;
   const Dataset* test;        // null without evaluation
+  std::string fingerprint;    // the configuration every rank agreed on (train/agree.h)
   dist::Comm* world = nullptr;
   std::unique_ptr<dist::Mesh> mesh;
   std::unique_ptr<DeviceBackend> device;

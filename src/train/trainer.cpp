@@ -109,7 +109,10 @@ RunState Trainer::begin_run() const {
   SAT_CHECK(run.total >= 1, "--epochs/--steps: nothing to train (", cfg.steps > 0 ? "0 steps" : "0 epochs", ")");
   run.global_batch = run.result.global_batch = cfg.global_batch(m.size());
   run.start = resume_ ? std::min(resume_->step, run.total) : 0;  // steps already done
-  if (resume_) run.result.losses = resume_->losses, run.result.resumed_from = resume_->step;
+  if (resume_) {
+    run.result.losses = resume_->losses, run.result.resumed_from = resume_->step;
+    run.result.resumed_dir = resume_->dir, run.result.resume_changes = resume_->changes;
+  }
   run.result.warmup_excluded =
       cfg.warmup_excluded >= 0 ? cfg.warmup_excluded : std::min<int64_t>(3, (run.total - run.start) / 5);
   run.result.predicted_memory_bytes = rt.device->planned_bytes(rt.plan->memory);

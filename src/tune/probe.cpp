@@ -17,6 +17,9 @@ TrainConfig timed_config(const TrainConfig& base, int64_t max_steps, double seco
   c.out_dir.clear();
   c.profile = false;
   c.trace_dir.clear();
+  c.checkpoint_dir.clear();  // a probe writes no checkpoints (and takes no hold on the run's directory)
+  c.checkpoint_every = 0;
+  c.checkpoint_every_minutes = 0;
   c.progress = 0;
   c.warmup_excluded = 1;
   c.schedule = ScheduleConfig{};
