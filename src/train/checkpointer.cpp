@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "dist/verdict.h"
 #include "nn/shard.h"
 #include "train/checkpoint.h"
 #include "train/dir_lock.h"
@@ -85,17 +86,15 @@ CkptEntry entry_of(const std::string& name, const ParamDecl& d, const void* data
 
 // Every rank's agreement on `ok` (all must be true), with the first failing rank's message.
 void agree(dist::Comm& w, bool ok, const std::string& message) {
-  if (w.size() > 1) {
-    double who = ok ? double(w.size()) : double(w.rank());
-    w.all_reduce_sync(&who, 1, DType::f64, dist::ReduceOp::min);
-    if (who >= double(w.size())) return;
-    const int root = int(who);
-    std::vector<char> text(4096, 0);
-    if (w.rank() == root) std::copy_n(message.data(), std::min<size_t>(message.size(), 4095), text.data());
-    w.broadcast_sync(text.data(), text.size(), DType::u8, root);
-    fail(std::string(text.data()));
+  if (w.size() <= 1) {
+    if (!ok) fail(message);
+    return;
   }
-  if (!ok) fail(message);
+  // The job's verdict (dist/verdict.h): every rank stops with the first failing rank's line.
+  if (!ok) dist::print_rank_error(w.rank(), message);
+  dist::Verdict v;
+  dist::agree_on_outcome(w, ok ? nullptr : &message, v);
+  if (!v.ok()) dist::stop_with(w, v, !ok);
 }
 
 }  // namespace

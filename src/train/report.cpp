@@ -118,13 +118,13 @@ void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
 }
 
 void StepReporter::resumed(int64_t step, const std::string& from, const std::vector<SettingChange>& changes) {
-  if (!metrics_.is_open()) return;
+  if (fd_ < 0) return;
   nlohmann::ordered_json j;
   j["event"] = "resume";
   j["from_step"] = step;
   j["from"] = from;
   j["changes"] = changes_json(changes);
-  metrics_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
+  write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
