@@ -3,9 +3,11 @@
 // once, evaluation's forward-only schedule checked as data, and a run's observers.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "backend/device_backend.h"
@@ -110,6 +112,30 @@ TEST(Support, TheReadmeShowsTheMatrix) {
   const std::string readme((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_NE(readme.find(sat::support_markdown()), std::string::npos)
       << "README.md's table under <!-- support matrix --> should read:\n" << sat::support_markdown();
+}
+
+// docs/promises.md holds each promise to a test: every `Suite.Name` it names is a TEST or a
+// TEST_F of the suite (a renamed or deleted test would leave a promise held by nothing).
+TEST(Docs, EveryPromiseNamesATestThatExists) {
+  const std::string root = SAT_SOURCE_DIR;
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream f(p);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  std::string tests;
+  for (auto& e : std::filesystem::directory_iterator(root + "/tests"))
+    if (e.path().extension() == ".cpp") tests += read(e.path());
+  const std::string doc = read(root + "/docs/promises.md");
+  ASSERT_FALSE(doc.empty()) << "docs/promises.md";
+  const std::regex name("`([A-Z][A-Za-z]*)\\.([A-Z][A-Za-z0-9]*)`");
+  int named = 0;
+  for (auto it = std::sregex_iterator(doc.begin(), doc.end(), name); it != std::sregex_iterator(); ++it, ++named) {
+    const std::string suite = (*it)[1], test = (*it)[2];
+    const bool found = tests.find("TEST(" + suite + ", " + test + ")") != std::string::npos ||
+                       tests.find("TEST_F(" + suite + ", " + test + ")") != std::string::npos;
+    EXPECT_TRUE(found) << "docs/promises.md names " << suite << "." << test << ", which no test defines";
+  }
+  EXPECT_GE(named, 15);
 }
 
 // validate_run refuses from the matrix: what the CPU lacks, named by its flag.
