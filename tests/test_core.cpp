@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sys/stat.h>
 
 #include "core/plan.h"
 
@@ -194,4 +195,35 @@ TEST(Core, ArenaPlannerIsTheFirstFit) {
   EXPECT_EQ(p[b].offset, 4096u);
   EXPECT_EQ(p[c].offset, 0u);
   EXPECT_EQ(p[z].offset, 0u);
+}
+
+// Every input saturate reads goes through InputFile: a FIFO (no writer: opening it to read
+// would block forever), a device or a directory is refused at once, naming the flag.
+TEST(Core, InputFilesAreRegularFilesOpenedWithoutBlocking) {
+  const auto d = std::filesystem::temp_directory_path() / "sat_core_inputs";
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  const std::string fifo = (d / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto error_of = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const sat::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of([&] { sat::read_input_file("--flag", fifo); }),
+            "--flag: " + fifo + " is a FIFO, not a regular file; expected a file");
+  EXPECT_NE(error_of([&] { sat::InputFile("--flag", "/dev/null"); }).find("is a character device"), std::string::npos);
+  EXPECT_NE(error_of([&] { sat::InputFile("--flag", d.string()); }).find("is a directory"), std::string::npos);
+  EXPECT_NE(error_of([&] { sat::check_input_path("--init-weights", fifo, true); }).find("--init-weights: " + fifo + " is a FIFO"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { sat::check_input_path("--init-weights", d.string(), true); }), "");
+  EXPECT_NE(error_of([&] { sat::read_input_file("--flag", (d / "missing").string()); }).find("cannot read the file"),
+            std::string::npos);
+  std::ofstream(d / "text") << "hello";
+  EXPECT_EQ(sat::read_input_file("--flag", (d / "text").string()), "hello");
+  EXPECT_NE(error_of([&] { sat::read_input_file("--flag", (d / "text").string(), 3); }).find("more than the 3"),
+            std::string::npos);
 }

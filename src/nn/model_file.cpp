@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/io.h"
 #include "core/rng.h"
 #include "core/text.h"
 #include "nn/blocks.h"
@@ -488,14 +489,7 @@ class FileBuilder {
 
 // A regular file of a sane size, checked before reading: a device or a huge file is refused.
 std::string read_text(const std::string& spec, const std::string& path) {
-  std::error_code ec;
-  SAT_CHECK(std::filesystem::is_regular_file(path, ec), spec, ": ", path, " is not a readable regular file");
-  const auto size = std::filesystem::file_size(path, ec);
-  SAT_CHECK(!ec && size <= kMaxFileBytes, spec, ": ", path, " is over ", kMaxFileBytes >> 20, " MiB");
-  std::ifstream in(path, std::ios::binary);
-  std::string text(size, '\0');
-  SAT_CHECK(in && in.read(text.data(), std::streamsize(size)), spec, ": cannot read ", path);
-  return text;
+  return read_input_file(spec, path, kMaxFileBytes);
 }
 
 // The model of `text` (from `path`, named in parse errors), checked; `lines`: messages give
