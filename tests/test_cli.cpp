@@ -2,6 +2,7 @@
 // flag or file and exit status 2 (never a crash or a stack trace, nothing saved is
 // lost); a good run writes summary.json and metrics.jsonl as the README documents.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -888,4 +889,50 @@ TEST(Cli, EvalAndPredictMistakes) {
   expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + " --prompt " +
                                  (d / "long.txt").string() + out), "17 tokens, more than");
   EXPECT_FALSE(fs::exists(d / "n.csv"));
+}
+
+// A command that must end on its own: `timeout` turns a hang into status 124 (the bound
+// only catches a hang).
+CmdResult saturate_within(int seconds, const std::string& args) {
+  return sat::test::run_command("timeout " + std::to_string(seconds) + " env OMP_WAIT_POLICY=passive " + SAT_BINARY +
+                                " " + args);
+}
+
+// Every input read through core/io.h's InputFile: a FIFO without a writer (whose open
+// would block forever), given as any kind of input, is refused at once naming the flag.
+TEST(Cli, FifosGivenAsInputsAreRefusedAtOnce) {
+  const fs::path d = tmpdir("fifo_inputs");
+  const std::string f = (d / "f.json").string(), ck = (d / "ck").string();
+  ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+  fs::create_directories(ck);
+  ASSERT_EQ(::mkfifo((fs::path(ck) / "manifest.json").c_str(), 0600), 0);
+  const std::string fifo = " is a FIFO, not a regular file";
+  const std::string train = "train --model mlp --data synthetic --steps 1 --threads 1 --out " + (d / "o").string();
+  expect_user_error(saturate_within(60, train + " --init-weights " + f), "--init-weights: " + f + fifo);
+  expect_user_error(saturate_within(60, "eval --model mlp --data synthetic --init-weights " + f),
+                    "--init-weights: " + f + fifo);
+  expect_user_error(saturate_within(60, "plan --model gpt-mini --gpus 8 --global-batch 64 --gpu " + f), "--gpu: " + f + fifo);
+  expect_user_error(saturate_within(60, "hardware --gpu " + f), "--gpu: " + f + fifo);
+  expect_user_error(saturate_within(60, "plan --model gpt-mini --gpus 8 --global-batch 64 --gpu h100-sxm --calibrate " + f),
+                    "--calibrate: " + f + fifo);
+  expect_user_error(saturate_within(60, "info --model file:" + f), "--model file:" + f + ": " + f + fifo);
+  expect_user_error(saturate_within(60, "train --model gpt-mini --steps 1 --data tokens:" + f), "--data: " + f + fifo);
+  expect_user_error(saturate_within(60, train + " --init-weights " + ck), "checkpoint manifest: " + ck + "/manifest.json" + fifo);
+  expect_user_error(saturate_within(60, train + " --resume " + ck), "manifest.json" + fifo);
+}
+
+// Sizes are checked against what this machine holds before anything is allocated: a graph
+// of 10^8 layers (or 10^6, to plan), synthetic samples of 16 GiB; planning itself
+// allocates no data and is linear in the layers (10000 of them plan in seconds; the bound
+// only catches a hang).
+TEST(Cli, SizesBeyondThisMachineAreRefusedBeforeAllocating) {
+  const std::string gpt = "gpt:heads=4,width=64,context=32,vocab=256,layers=";
+  expect_user_error(saturate_within(60, "info --model " + gpt + "100000000"), "--model " + gpt + "100000000: its graph");
+  expect_user_error(saturate_within(60, "plan --gpus 8 --gpu h100-sxm --global-batch 64 --model " + gpt + "1000000"),
+                    "more than half of the");
+  expect_user_error(saturate_within(60, "train --model mlp --steps 1 --data synthetic:1x65536x65536"),
+                    "--data synthetic: a sample of [1, 65536, 65536]");
+  const CmdResult deep = saturate_within(300, "info --model " + gpt + "10000");
+  EXPECT_EQ(deep.status, 0) << deep.out;
+  EXPECT_NE(deep.out.find("100004 in 10000 blocks"), std::string::npos) << deep.out;
 }
