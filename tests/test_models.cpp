@@ -528,3 +528,11 @@ TEST(ModelFamilies, SeqLenIsTheWindowNotTheContext) {
   sat::ModelConfig mlp = sat::model_config("mlp");
   EXPECT_THROW(sat::set_seq_len(mlp, 8), sat::Error);
 }
+
+// An input shape whose element count would overflow int64 once batched (undefined
+// behaviour in Shape::numel before it was checked) is refused where the file gives it.
+TEST(ModelFile, InputShapesTooLargeToCountAreRefused) {
+  const std::string e = file_error(R"({"inputs": {"x": {"shape": [100000000, 100000000, 100000000]}, "y": {"shape": []}},
+    "layers": [{"name": "fc", "type": "linear", "out": 10}], "loss": "cross_entropy"})");
+  EXPECT_NE(e.find("inputs.x.shape: a sample of more than 4294967296 elements; expected fewer"), std::string::npos) << e;
+}

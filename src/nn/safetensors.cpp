@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -96,6 +97,17 @@ std::vector<Entry> entries(const ParamStore& ps) {
     if (!ps.decl(i).shared) e.push_back({ps.decl(i).name, ps.host_param(i), &ps.decl(i)});
   for (size_t i = 0; i < ps.num_states(); ++i) e.push_back({ps.state_decl(i).name, ps.host_state(i)});
   return e;
+}
+
+// Weights that are NaN or infinite would train to NaN, reported later as a divergence that
+// blames --lr: refused at load, naming the file and the tensor.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  if (t.dtype != DType::f32) return;
+  const float* x = t.f32();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    SAT_CHECK(std::isfinite(x[i]), path, ": tensor '", name, "' holds ", x[i], " at element ", i,
+              "; expected finite weights");
 }
 
 }  // namespace
@@ -245,6 +257,7 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
               safetensors_dtype(t.dtype));
     std::vector<uint8_t> full(part ? t.bytes() : 0);
     file.read(st, part ? static_cast<void*>(full.data()) : t.ptr);
+    check_finite(path, name, Tensor(part ? static_cast<void*>(full.data()) : t.ptr, t.shape, t.dtype));
     if (part) shard_extract(*part, full.data(), it->second.ptr, dtype_size(t.dtype));
     seen.insert(name);
   }
