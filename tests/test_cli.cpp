@@ -491,8 +491,8 @@ TEST(Cli, LayoutAutoMistakesAreClearErrors) {
   expect_user_error(saturate(run + "--layout tp=two --global-batch 8"), "--layout: tp=two: expected a positive integer");
   expect_user_error(saturate(run + "--layout bogus=1 --global-batch 8"), "--layout: unknown field 'bogus'");
   expect_user_error(saturate(run + "--layout auto --global-batch 8 --layout-candidates 0"), "--layout-candidates");
-  expect_user_error(saturate(run + "--layout auto --global-batch 8 --memory-budget 64KiB"),
-                    "fits the memory budget of 64.0 KiB per rank (--memory-budget): the smallest");
+  expect_user_error(saturate(run + "--layout auto --global-batch 8 --memory-budget 1MiB"),
+                    "fits the memory budget of 1.0 MiB per rank (--memory-budget): the smallest");
 }
 
 // saturate tune --layout auto on one process: the table of predicted beside measured, tune.json
@@ -935,4 +935,27 @@ TEST(Cli, SizesBeyondThisMachineAreRefusedBeforeAllocating) {
   const CmdResult deep = saturate_within(300, "info --model " + gpt + "10000");
   EXPECT_EQ(deep.status, 0) << deep.out;
   EXPECT_NE(deep.out.find("100004 in 10000 blocks"), std::string::npos) << deep.out;
+}
+
+// Leftovers of the probe: a mistyped command is named (with the nearest one); sizes that
+// are not whole bytes, or not whole float32 elements, are refused, not rounded; bytes of
+// the user's that would drive the terminal (escapes, invalid UTF-8) are printed as \xNN.
+TEST(Cli, MistypedCommandsFractionalSizesAndRawBytes) {
+  const CmdResult r = saturate("trian --model mlp");
+  expect_user_error(r, "unknown command 'trian': expected one of launch, train, tune");
+  EXPECT_NE(r.out.find("(did you mean 'train'?)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("A subcommand is required"), std::string::npos) << r.out;
+  expect_user_error(saturate("zzzzzz"), "unknown command 'zzzzzz'");
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 0.5"), "--memory-budget");
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 64KiB"),
+                    "--memory-budget: 64KiB is 65536 bytes, less than the 1048576 bytes");
+  expect_user_error(saturate("plan --model gpt-mini --gpus 8 --global-batch 64 --memory-limit 1.5"), "--memory-limit");
+  expect_user_error(saturate("bench comm --min-bytes 5"), "--min-bytes: expected a multiple of 4 bytes");
+  expect_user_error(saturate("bench comm --max-bytes 4099"), "--max-bytes: expected a multiple of 4 bytes");
+  expect_user_error(saturate("bench comm --min-bytes 4096 --max-bytes 1024"), "--min-bytes 4096 is more than --max-bytes 1024");
+  const CmdResult raw = saturate("info --model \"$(printf 'gpt\\033[31m\\377\\303\\251')\"");
+  expect_user_error(raw, "unknown model 'gpt\\x1B[31m\\xFF\xc3\xa9'");  // (é is UTF-8: kept)
+  EXPECT_EQ(raw.out.find('\x1b'), std::string::npos) << raw.out;
+  const fs::path d = tmpdir("raw_bytes");
+  expect_user_error(saturate("info --model 'file:" + (d / "a\x07" "b.json").string() + "'"), "a\\x07b.json");
 }
