@@ -2,6 +2,7 @@
 // flag or file and exit status 2 (never a crash or a stack trace, nothing saved is
 // lost); a good run writes summary.json and metrics.jsonl as the README documents.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -492,8 +493,8 @@ TEST(Cli, LayoutAutoMistakesAreClearErrors) {
   expect_user_error(saturate(run + "--layout tp=two --global-batch 8"), "--layout: tp=two: expected a positive integer");
   expect_user_error(saturate(run + "--layout bogus=1 --global-batch 8"), "--layout: unknown field 'bogus'");
   expect_user_error(saturate(run + "--layout auto --global-batch 8 --layout-candidates 0"), "--layout-candidates");
-  expect_user_error(saturate(run + "--layout auto --global-batch 8 --memory-budget 64KiB"),
-                    "fits the memory budget of 64.0 KiB per rank (--memory-budget): the smallest");
+  expect_user_error(saturate(run + "--layout auto --global-batch 8 --memory-budget 1MiB"),
+                    "fits the memory budget of 1.0 MiB per rank (--memory-budget): the smallest");
 }
 
 // saturate tune --layout auto on one process: the table of predicted beside measured, tune.json
@@ -1076,4 +1077,73 @@ TEST(Cli, EvalAndPredictMistakes) {
   expect_one_line_error(saturate("predict --model " + gpt + " --init-weights " + gw + " --prompt " +
                                  (d / "long.txt").string() + out), "17 tokens, more than");
   EXPECT_FALSE(fs::exists(d / "n.csv"));
+}
+
+// A command that must end on its own: `timeout` turns a hang into status 124 (the bound
+// only catches a hang).
+CmdResult saturate_within(int seconds, const std::string& args) {
+  return sat::test::run_command("timeout " + std::to_string(seconds) + " env OMP_WAIT_POLICY=passive " + SAT_BINARY +
+                                " " + args);
+}
+
+// Every input read through core/io.h's InputFile: a FIFO without a writer (whose open
+// would block forever), given as any kind of input, is refused at once naming the flag.
+TEST(Cli, FifosGivenAsInputsAreRefusedAtOnce) {
+  const fs::path d = tmpdir("fifo_inputs");
+  const std::string f = (d / "f.json").string(), ck = (d / "ck").string();
+  ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+  fs::create_directories(ck);
+  ASSERT_EQ(::mkfifo((fs::path(ck) / "manifest.json").c_str(), 0600), 0);
+  const std::string fifo = " is a FIFO, not a regular file";
+  const std::string train = "train --model mlp --data synthetic --steps 1 --threads 1 --out " + (d / "o").string();
+  expect_user_error(saturate_within(60, train + " --init-weights " + f), "--init-weights: " + f + fifo);
+  expect_user_error(saturate_within(60, "eval --model mlp --data synthetic --init-weights " + f),
+                    "--init-weights: " + f + fifo);
+  expect_user_error(saturate_within(60, "plan --model gpt-mini --gpus 8 --global-batch 64 --gpu " + f), "--gpu: " + f + fifo);
+  expect_user_error(saturate_within(60, "hardware --gpu " + f), "--gpu: " + f + fifo);
+  expect_user_error(saturate_within(60, "plan --model gpt-mini --gpus 8 --global-batch 64 --gpu h100-sxm --calibrate " + f),
+                    "--calibrate: " + f + fifo);
+  expect_user_error(saturate_within(60, "info --model file:" + f), "--model file:" + f + ": " + f + fifo);
+  expect_user_error(saturate_within(60, "train --model gpt-mini --steps 1 --data tokens:" + f), "--data: " + f + fifo);
+  expect_user_error(saturate_within(60, train + " --init-weights " + ck), "checkpoint manifest: " + ck + "/manifest.json" + fifo);
+  expect_user_error(saturate_within(60, train + " --resume " + ck), "manifest.json" + fifo);
+}
+
+// Sizes are checked against what this machine holds before anything is allocated: a graph
+// of 10^8 layers (or 10^6, to plan), synthetic samples of 16 GiB; planning itself
+// allocates no data and is linear in the layers (10000 of them plan in seconds; the bound
+// only catches a hang).
+TEST(Cli, SizesBeyondThisMachineAreRefusedBeforeAllocating) {
+  const std::string gpt = "gpt:heads=4,width=64,context=32,vocab=256,layers=";
+  expect_user_error(saturate_within(60, "info --model " + gpt + "100000000"), "--model " + gpt + "100000000: its graph");
+  expect_user_error(saturate_within(60, "plan --gpus 8 --gpu h100-sxm --global-batch 64 --model " + gpt + "1000000"),
+                    "more than half of the");
+  expect_user_error(saturate_within(60, "train --model mlp --steps 1 --data synthetic:1x65536x65536"),
+                    "--data synthetic: a sample of [1, 65536, 65536]");
+  const CmdResult deep = saturate_within(300, "info --model " + gpt + "10000");
+  EXPECT_EQ(deep.status, 0) << deep.out;
+  EXPECT_NE(deep.out.find("100004 in 10000 blocks"), std::string::npos) << deep.out;
+}
+
+// Leftovers of the probe: a mistyped command is named (with the nearest one); sizes that
+// are not whole bytes, or not whole float32 elements, are refused, not rounded; bytes of
+// the user's that would drive the terminal (escapes, invalid UTF-8) are printed as \xNN.
+TEST(Cli, MistypedCommandsFractionalSizesAndRawBytes) {
+  const CmdResult r = saturate("trian --model mlp");
+  expect_user_error(r, "unknown command 'trian': expected one of launch, train, tune");
+  EXPECT_NE(r.out.find("(did you mean 'train'?)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("A subcommand is required"), std::string::npos) << r.out;
+  expect_user_error(saturate("zzzzzz"), "unknown command 'zzzzzz'");
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 0.5"), "--memory-budget");
+  expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 64KiB"),
+                    "--memory-budget: 64KiB is 65536 bytes, less than the 1048576 bytes");
+  expect_user_error(saturate("plan --model gpt-mini --gpus 8 --global-batch 64 --memory-limit 1.5"), "--memory-limit");
+  expect_user_error(saturate("bench comm --min-bytes 5"), "--min-bytes: expected a multiple of 4 bytes");
+  expect_user_error(saturate("bench comm --max-bytes 4099"), "--max-bytes: expected a multiple of 4 bytes");
+  expect_user_error(saturate("bench comm --min-bytes 4096 --max-bytes 1024"), "--min-bytes 4096 is more than --max-bytes 1024");
+  const CmdResult raw = saturate("info --model \"$(printf 'gpt\\033[31m\\377\\303\\251')\"");
+  expect_user_error(raw, "unknown model 'gpt\\x1B[31m\\xFF\xc3\xa9'");  // (é is UTF-8: kept)
+  EXPECT_EQ(raw.out.find('\x1b'), std::string::npos) << raw.out;
+  const fs::path d = tmpdir("raw_bytes");
+  expect_user_error(saturate("info --model 'file:" + (d / "a\x07" "b.json").string() + "'"), "a\\x07b.json");
 }

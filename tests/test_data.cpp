@@ -1196,3 +1196,27 @@ TEST(DataShard, BuffersDoNotDependOnSharding) {
   }
   EXPECT_EQ(mem_stats().current, before);
 }
+
+// Planning (saturate info, saturate plan) reads synthetic data's shapes only: the same
+// sizes, shapes and classes as the data `synthetic` opens, and nothing to generate.
+TEST(Data, SyntheticShapesAreTheDatasShapesWithoutTheData) {
+  for (bool tokens : {false, true}) {
+    sat::DataOptions opt;
+    opt.model_takes_tokens = tokens;
+    opt.image_shape = sat::Shape{3, 32, 32};
+    opt.seq_len = 16;
+    opt.vocab = 512;
+    const sat::DataSplit real = sat::open_dataset("synthetic", opt);
+    const sat::DataSplit shapes = sat::synthetic_shapes(opt);
+    for (auto [a, b] : {std::pair{real.train.get(), shapes.train.get()}, {real.test.get(), shapes.test.get()}}) {
+      EXPECT_EQ(a->size(), b->size());
+      EXPECT_EQ(a->sample_shape(), b->sample_shape());
+      EXPECT_EQ(a->sample_dtype(), b->sample_dtype());
+      EXPECT_EQ(a->label_shape(), b->label_shape());
+      EXPECT_EQ(a->num_classes(), b->num_classes());
+    }
+    std::vector<float> x(3 * 32 * 32);
+    std::vector<int32_t> y(16);
+    EXPECT_THROW(shapes.train->get(0, x.data(), y.data()), sat::Error);
+  }
+}

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "error_of.h"
+#include "nn/params.h"
 #include "nn/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -109,4 +111,34 @@ TEST(Safetensors, DamagedHeadersAreRefused) {
   EXPECT_EQ(error_of([&] { sat::SafetensorsFile f(path); }),
             path + ": not a safetensors file (header length 65535 does not fit a file of 10 bytes)");
   fs::remove(path);
+}
+
+// Weights that are NaN or infinite are refused when loaded, naming the file and the tensor
+// (they trained to NaN, reported later as a divergence that blamed --lr).
+TEST(Safetensors, NonFiniteWeightsAreRefusedAtLoad) {
+  sat::ParamDecl d;
+  d.name = "layer.weight";
+  d.spec = {sat::Shape{3}, sat::DType::f32};
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    const std::vector<float> w = {1, bad, 3};
+    const std::string path = temp_file("nan.safetensors");
+    std::string bytes;
+    sat::write_safetensors({{"layer.weight", sat::DType::f32, {3}, w.data()}}, {},
+                           [&](const void* p, size_t k) { bytes.append(static_cast<const char*>(p), k); });
+    std::ofstream(path, std::ios::binary) << bytes;
+    sat::ParamStore ps({d}, {}, 0);
+    const std::string e = error_of([&] { sat::load_safetensors(path, ps); });
+    EXPECT_EQ(e.rfind(path + ": tensor 'layer.weight' holds ", 0), 0u) << e;
+    EXPECT_NE(e.find(" at element 1; expected finite weights"), std::string::npos) << e;
+    fs::remove(path);
+  }
+}
+
+// Shapes are counted in int64 with a check: a shape whose element count overflows is an
+// error naming it, not undefined behaviour (model files' input shapes reached it).
+TEST(Safetensors, ShapesWhoseCountOverflowsAreErrors) {
+  const sat::Shape big{int64_t(1) << 40, int64_t(1) << 40};
+  EXPECT_EQ(error_of([&] { (void)big.numel(); }),
+            "a tensor of shape [1099511627776, 1099511627776] has more elements than fit in 64 bits");
+  EXPECT_EQ((sat::Shape{int64_t(1) << 31, int64_t(1) << 31}.numel()), int64_t(1) << 62);
 }

@@ -62,7 +62,24 @@ TEST(Text, SizesInEveryUnit) {
   for (const char* bad : {"", "lots", "20 GiB", "20gb", "20Gb", "20GiBs", "-1G", "0", "0G", "inf", "nan", "1e30TiB",
                           "1048577T", "G"}) {
     const std::string e = error_of([&] { sat::parse_size("--memory-limit", bad); });
-    EXPECT_EQ(e, std::string("--memory-limit: expected a size such as 8GiB, 512MiB, 2G, 40GB or 1500000000 (bytes, at "
-                             "most 1 EiB), got '") + bad + "'") << bad;
+    EXPECT_EQ(e, std::string("--memory-limit: expected a size such as 8GiB, 512MiB, 2G, 40GB or 1500000000 (a whole "
+                             "number of bytes, at most 1 EiB), got '") + bad + "'") << bad;
   }
+  // Half a byte is not a size (it was rounded down to 0); a budget below its minimum is refused.
+  EXPECT_EQ(sat::parse_size("--memory-budget", "1.1KB"), 1100u);
+  for (const char* bad : {"0.5", "1.5B", "0.0005KB"})
+    EXPECT_NE(error_of([&] { sat::parse_size("--memory-budget", bad); }).find("a whole number of bytes"),
+              std::string::npos) << bad;
+  EXPECT_EQ(error_of([&] { sat::parse_size("--memory-budget", "64KiB", sat::kMinMemoryBytes); }),
+            "--memory-budget: 64KiB is 65536 bytes, less than the 1048576 bytes it must hold at least");
+  EXPECT_EQ(sat::parse_size("--memory-budget", "1MiB", sat::kMinMemoryBytes), size_t(1) << 20);
+}
+
+TEST(Text, PrintableKeepsUtf8AndEscapesTheRest) {
+  EXPECT_EQ(sat::printable("plain, caf\xc3\xa9 \xe2\x82\xac"), "plain, caf\xc3\xa9 \xe2\x82\xac");  // valid UTF-8 kept
+  EXPECT_EQ(sat::printable("a\x1b[31mred\x07"), "a\\x1B[31mred\\x07");            // escape, bell
+  EXPECT_EQ(sat::printable("bad \xff\xc3( \xed\xa0\x80"), "bad \\xFF\\xC3( \\xED\\xA0\\x80");  // invalid, surrogate
+  EXPECT_EQ(sat::printable("overlong \xc0\xaf"), "overlong \\xC0\\xAF");
+  EXPECT_EQ(sat::printable(std::string("nul\0x", 5)), "nul\\x00x");
+  EXPECT_EQ(sat::printable("tab\tand\nnewline\x7f"), "tab\\x09and\\x0Anewline\\x7F");
 }

@@ -393,7 +393,7 @@ TrainConfig train_config(const RunArgs& a) {
 
 TunePolicy tune_policy(const RunArgs& a, const std::string& data_description, bool tune_only) {
   TunePolicy p;
-  if (!a.memory_budget.empty()) p.tune.memory_budget = parse_size("--memory-budget", a.memory_budget);
+  if (!a.memory_budget.empty()) p.tune.memory_budget = parse_size("--memory-budget", a.memory_budget, kMinMemoryBytes);
   p.tune.global_batch = a.global_batch;
   p.tune.objective = a.objective;
   p.tune.knee = a.knee;
@@ -413,7 +413,7 @@ LayoutTuneConfig layout_tune_config(const RunArgs& a) {
   SAT_CHECK(a.global_batch >= 1, "--layout auto needs --global-batch (the samples per optimizer step the layouts share)");
   t.candidates = a.layout_candidates;
   t.global_batch = a.global_batch;
-  if (!a.memory_budget.empty()) t.memory_budget = parse_size("--memory-budget", a.memory_budget);
+  if (!a.memory_budget.empty()) t.memory_budget = parse_size("--memory-budget", a.memory_budget, kMinMemoryBytes);
   return t;
 }
 

@@ -29,7 +29,7 @@ namespace {
 void check_common(const EvalArgs& a) {
   SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
   cpu::set_num_threads(a.threads);
-  SAT_CHECK(std::filesystem::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
+  check_input_path("--init-weights", a.init_weights, true);
 }
 
 // The data as train opens it (the same seed and scaling give the same samples); the model
@@ -98,8 +98,7 @@ int predict_classes(const EvalArgs& a, ModelConfig mc) {
 // --prompt FILE: whitespace-separated token ids, each below the vocabulary, at most the
 // model's context of them (the graph is built for the prompt's length).
 std::vector<int32_t> read_prompt(const std::string& path, const ModelConfig& mc) {
-  std::ifstream f(path);
-  SAT_CHECK(f, "--prompt: cannot read ", path);
+  std::istringstream f(read_input_file("--prompt", path));
   std::vector<int32_t> tok;
   std::string word;
   while (f >> word) {

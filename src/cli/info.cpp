@@ -154,9 +154,9 @@ int run_info(const RunArgs& a) {
   cfg.optim.momentum = float(a.momentum);
   validate_run(mc, cfg, a.ranks * cfg.pp * cfg.tp);
   (void)resolve_optim(cfg.optim);  // (--optimizer's name, before anything is printed)
-  // The plan of `saturate train` on data of the model's default shape (synthetic data is
-  // generated on demand, so opening it costs nothing): loader rings included.
-  const DataSplit data = open_dataset("synthetic", data_options_for(mc, 0));
+  // The plan of `saturate train` on data of the model's default shape (its shapes only:
+  // planning generates and allocates no data): loader rings included.
+  const DataSplit data = synthetic_shapes(data_options_for(mc, 0));
   JobPlan job(resolved_model(mc, cfg), cfg, *data.train, data.test.get(), a.ranks);
   print_model(job);
   print_memory(job, a);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "cli/tools.h"
 #include "cli/train.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "dist/comm.h"
 #include "plan/plan_cli.h"
 #include "profile/run_report.h"
@@ -177,9 +179,45 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
   for (const char* name : {"train", "tune", "eval", "predict", "info", "hardware", "plan", "schedule", "bench comm",
                            "report"})
     if (command.empty() && c.parsed(name)) command = std::string(name) + " ";
-  std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(), e.what(),
-               command.c_str());
+  std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(),
+               sat::printable(e.what()).c_str(), command.c_str());
   if (pi.distributed()) sat::dist::end_job_after_input_error(2, e.what());  // the others stop with it
+  return 2;
+}
+
+// Edits (insert, delete, replace a letter) from a to b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> d(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = d[0];
+    d[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = d[j];
+      d[j] = std::min({d[j] + 1, d[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return d[b.size()];
+}
+
+// `saturate trian`: the first word names no command (CLI11 would say a subcommand is
+// required). Returns 2 after saying so, 0 when the word is a command or a flag.
+int unknown_command(const CLI::App& app, const char* word) {
+  if (!word || word[0] == '-') return 0;
+  std::vector<std::string> names{"launch"};
+  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(s->get_name());
+  std::string list, near;
+  for (const std::string& n : names) {
+    if (n == word) return 0;
+    list += (list.empty() ? "" : ", ") + n;
+    if (near.empty() && edit_distance(word, n) <= 2) near = n;
+  }
+  std::fprintf(stderr, "saturate: error: unknown command '%s': expected one of %s%s\nrun 'saturate --help' for the "
+               "commands\n", sat::printable(word).c_str(), list.c_str(),
+               near.empty() ? "" : (" (did you mean '" + near + "'?)").c_str());
+  if (sat::dist::detect_process().distributed())  // the other ranks stop with it
+    sat::dist::end_job_after_input_error(2, sat::str_cat("unknown command '", word, "'"));
   return 2;
 }
 
@@ -223,16 +261,16 @@ int guarded(F&& fn) {
     if (pi.distributed()) {
       // The other ranks would wait for this one in their next collective: end the job
       // (after every rank has said so, when all of them met the error before training).
-      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, e.what());
+      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, sat::printable(e.what()).c_str());
       sat::dist::end_job_after_input_error(2, e.what());
     }
-    std::fprintf(stderr, "saturate: error: %s\n", e.what());
+    std::fprintf(stderr, "saturate: error: %s\n", sat::printable(e.what()).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "saturate: error: out of host memory\n");
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "saturate: error: %s\n", e.what());
+    std::fprintf(stderr, "saturate: error: %s\n", sat::printable(e.what()).c_str());
     return 1;
   }
 }
@@ -255,6 +293,7 @@ int main(int argc, char** argv) {
   Commands c;
   add_commands(app, c);
   sat::cli::check_numbers(&app, "");
+  if (argc >= 2 && unknown_command(app, argv[1])) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -35,7 +35,12 @@ int run_hardware(const HardwareArgs& a) {
 int run_bench_comm(const BenchCommArgs& a) {
   const dist::BenchCommOptions& o = a.options;
   SAT_CHECK(a.backend == "mpi" || a.backend == "nccl", "--backend: expected mpi or nccl, got '", a.backend, "'");
-  SAT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes, "--min-bytes/--max-bytes: expected 4 <= min <= max");
+  // (the sweep's messages are float32 elements: a size that is not whole elements was rounded)
+  SAT_CHECK(o.min_bytes >= 4 && o.min_bytes % 4 == 0, "--min-bytes: expected a multiple of 4 bytes (float32 "
+            "elements), at least 4, got ", o.min_bytes);
+  SAT_CHECK(o.max_bytes % 4 == 0, "--max-bytes: expected a multiple of 4 bytes (float32 elements), got ", o.max_bytes);
+  SAT_CHECK(o.min_bytes <= o.max_bytes, "--min-bytes ", o.min_bytes, " is more than --max-bytes ", o.max_bytes,
+            "; expected min <= max");
   SAT_CHECK(o.iters >= 1, "--iters: expected at least 1");
   auto comm = dist::make_world_comm();
   std::unique_ptr<dist::Comm> nccl;

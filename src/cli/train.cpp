@@ -105,8 +105,7 @@ void check_train_outputs(const RunArgs& a, bool tune_only) {
 void check_run_flags(const RunArgs& a, bool tune_only) {
   (void)parse_on_off("--shuffle", a.shuffle);
   (void)parse_on_off("--eval", a.eval);
-  if (!a.init_weights.empty())
-    SAT_CHECK(fs::exists(a.init_weights), "--init-weights: ", a.init_weights, " does not exist");
+  if (!a.init_weights.empty()) check_input_path("--init-weights", a.init_weights, true);
   check_checkpoint_flags(a);
   check_train_outputs(a, tune_only);
   const auto given = [&](const char* f) { return std::count(a.given.begin(), a.given.end(), f) > 0; };

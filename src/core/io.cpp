@@ -99,7 +99,72 @@ void check_not_special(const std::string& what, const std::string& path) {
             fs::is_directory(st) ? "a directory" : "a device, FIFO or socket", "): give a file name; it was left as it is");
 }
 
+// What a file that is not a regular file is, for messages.
+const char* kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "not a regular file";
+}
+
+std::string prefix(const std::string& what) { return what.empty() ? "" : what + ": "; }
+
 }  // namespace
+
+InputFile::InputFile(const std::string& what, const std::string& path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  SAT_CHECK(fd_ >= 0, prefix(what), path, ": cannot read the file (", std::strerror(errno), ")");
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd_, &st) == 0;
+  const int err = errno;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    SAT_CHECK(stat_ok, prefix(what), path, ": cannot read the file (", std::strerror(err), ")");
+    fail(prefix(what), path, " is ", kind_of(st.st_mode), ", not a regular file; expected a file");
+  }
+  size_ = uint64_t(st.st_size);
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int InputFile::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+std::string read_input_file(const std::string& what, const std::string& path, uint64_t max_bytes) {
+  InputFile f(what, path);
+  SAT_CHECK(f.size() <= max_bytes, prefix(what), path, " is ", f.size(), " bytes, more than the ", max_bytes,
+            " expected of it");
+  std::string text(size_t(f.size()), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t r = ::read(f.fd(), text.data() + got, text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    SAT_CHECK(r >= 0, prefix(what), path, ": cannot read the file (", std::strerror(errno), ")");
+    if (r == 0) break;
+    got += size_t(r);
+  }
+  text.resize(got);  // (a file that shrank while read: what it held)
+  return text;
+}
+
+void check_input_path(const std::string& what, const std::string& path, bool dir_ok) {
+  struct stat st {};
+  SAT_CHECK(::stat(path.c_str(), &st) == 0, prefix(what), path, " does not exist or cannot be read (",
+            std::strerror(errno), ")");
+  if (S_ISREG(st.st_mode) || (dir_ok && S_ISDIR(st.st_mode))) return;
+  fail(prefix(what), path, " is ", kind_of(st.st_mode), ", not a regular file",
+       dir_ok ? " or a directory" : "", "; expected a file", dir_ok ? " or a directory" : "");
+}
 
 void check_output_file(const std::string& what, const std::string& path) {
   SAT_CHECK(!path.empty() && path.back() != '/', what, ": expected a file name, got '", path, "'");

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/io.h"
 
 namespace sat {
 
@@ -291,13 +292,8 @@ JsonRef JsonRef::parse(std::string_view text, const std::string& file) {
   return JsonRef(std::move(doc), root, "");
 }
 
-JsonRef JsonRef::parse_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  SAT_CHECK(f, path, ": cannot read the file (", std::strerror(errno), ")");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  SAT_CHECK(!f.bad(), path, ": cannot read the file");
-  return parse(ss.str(), path);
+JsonRef JsonRef::parse_file(const std::string& path, const std::string& what) {
+  return parse(read_input_file(what, path, kMaxFileBytes), path);
 }
 
 const char* JsonRef::type_name(const JsonValue& v) {

@@ -41,8 +41,11 @@ class JsonRef {
   // skipped). `file` names the source in every error; syntax errors give its line and
   // column: "FILE:LINE:COL: what".
   static JsonRef parse(std::string_view text, const std::string& file = "<json>");
-  // The file at `path` ("PATH: cannot read the file (...)" when it cannot be read).
-  static JsonRef parse_file(const std::string& path);
+  // The file at `path` ("PATH: cannot read the file (...)" when it cannot be read; a FIFO
+  // or device refused at once, core/io.h), at most 256 MiB; `what` (a flag) prefixes
+  // those errors.
+  static JsonRef parse_file(const std::string& path, const std::string& what = "");
+  static constexpr uint64_t kMaxFileBytes = uint64_t(256) << 20;
 
   const JsonValue& value() const { return *v_; }
   bool is_null() const { return v_->is_null(); }

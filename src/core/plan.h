@@ -4,6 +4,11 @@
 // order (as TFLite's and ggml's planners do); deterministic. A buffer may be live in
 // several disjoint intervals (one context of a pipeline stage serves several
 // micro-batches of a step, one after the other).
+//
+// The first fit does not scan the placed buffers (quadratic: a deep model's activations are
+// all live at the turn from forward to backward, and each new one would pass every one
+// below it): a segment tree over time keeps their address ranges merged, and a buffer's
+// offset is found from the O(log T) merged sets its lifetime meets, in O(log) each.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -44,10 +49,14 @@ class ArenaPlanner {
   const PlanBuffer& operator[](int i) const { return bufs_[size_t(i)]; }
   size_t size() const { return bufs_.size(); }
   size_t arena_bytes() const { return arena_; }
+  // Range sets the last solve() looked into (its work: O(log T) per buffer and lifetime
+  // interval, times the rounds a first fit takes).
+  size_t visits() const { return visits_; }
 
  private:
   std::vector<PlanBuffer> bufs_;
   size_t arena_ = 0;
+  size_t visits_ = 0;
 };
 
 }  // namespace sat

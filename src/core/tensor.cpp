@@ -33,6 +33,10 @@ bool Shape::operator==(const Shape& o) const {
   return true;
 }
 
+void Shape::numel_overflow() const {
+  fail("a tensor of shape ", str(), " has more elements than fit in 64 bits");
+}
+
 std::string Shape::str() const {
   std::string s = "[";
   for (int i = 0; i < nd; ++i) {

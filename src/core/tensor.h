@@ -42,15 +42,21 @@ struct Shape {
 
   int64_t operator[](int i) const { return d[i < 0 ? nd + i : i]; }
   int64_t& operator[](int i) { return d[i < 0 ? nd + i : i]; }
+  // The element count; a sat::Error naming the shape when it does not fit in int64
+  // (shapes come from model files and safetensors headers).
   int64_t numel() const {
     int64_t n = 1;
-    for (int i = 0; i < nd; ++i) n *= d[i];
+    for (int i = 0; i < nd; ++i)
+      if (__builtin_mul_overflow(n, d[i], &n)) numel_overflow();
     return n;
   }
   bool operator==(const Shape& o) const;
   bool operator!=(const Shape& o) const { return !(*this == o); }
   std::vector<int64_t> vec() const { return {d.begin(), d.begin() + nd}; }
   std::string str() const;  // "[2, 3, 4]"
+
+ private:
+  [[noreturn]] void numel_overflow() const;
 };
 
 struct Tensor {

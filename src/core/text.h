@@ -19,6 +19,12 @@ __attribute__((format(printf, 1, 2))) std::string strf(const char* format, ...);
 // s with & < > " ' replaced by entities: safe as HTML text and as an attribute value.
 std::string html_escape(const std::string& s);
 
+// s safe to print on a terminal: valid UTF-8 kept as it is; control bytes (below 0x20,
+// 0x7f) and bytes that are not valid UTF-8 (overlong forms, surrogates, stray bytes)
+// written as \xNN. Every error line saturate prints goes through it (file names, JSON
+// strings and flag values are the user's bytes).
+std::string printable(std::string_view s);
+
 // ---- names from a fixed set ------------------------------------------------------------
 
 // One value of an enum and its name: a table of these is the enum's one spelling, read by
@@ -71,9 +77,12 @@ bool parse_on_off(std::string_view setting, std::string_view text);
 // ---- sizes --------------------------------------------------------------------------
 
 // A size in bytes: a positive number, optionally fractional, and a unit: none or B; K, KiB,
-// M, MiB, G, GiB, T, TiB (powers of 1024); KB, MB, GB, TB (powers of 1000). At most 2^60
-// bytes (1 EiB), rounded down to a whole byte. sat::Error "FLAG: expected a size such as
-// 8GiB, 512MiB, 2G, 40GB or 1500000000 (bytes, at most 1 EiB), got 'x'" otherwise.
-size_t parse_size(const std::string& flag, const std::string& text);
+// M, MiB, G, GiB, T, TiB (powers of 1024); KB, MB, GB, TB (powers of 1000), a whole number
+// of bytes from `min_bytes` to 2^60 (1 EiB). sat::Error "FLAG: expected a size such as
+// 8GiB, 512MiB, 2G, 40GB or 1500000000 (bytes, at most 1 EiB), got 'x'" otherwise ("0.5"
+// is half a byte: refused, not rounded), and "FLAG: ... is less than MIN" below min_bytes.
+size_t parse_size(const std::string& flag, const std::string& text, size_t min_bytes = 1);
+// A memory budget or limit holds at least this much (a model's smallest step plan is more).
+constexpr size_t kMinMemoryBytes = size_t(1) << 20;
 
 }  // namespace sat

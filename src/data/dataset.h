@@ -89,6 +89,12 @@ struct DataSplit {
 // Throws sat::Error naming the file (or --data) and what was expected.
 DataSplit open_dataset(const std::string& spec, const DataOptions& opt);
 
+// The datasets `synthetic` opens for this model, with their sizes and shapes only: nothing
+// is generated or allocated (for planning: `saturate info`, `saturate plan`). Their get()
+// is an internal error. chw: the images' shape (the model's, or synthetic:CxHxW's).
+DataSplit synthetic_shapes(const DataOptions& opt, Shape chw);
+inline DataSplit synthetic_shapes(const DataOptions& opt) { return synthetic_shapes(opt, opt.image_shape); }
+
 // Parses --normalize: "MEAN,STD" (one value for all channels) or
 // "M1,..,Mc,S1,..,Sc" (2C numbers: C means then C stds, e.g. for CIFAR-10
 // "0.4914,0.4822,0.4465,0.2470,0.2435,0.2616"). Fills opt.mean/opt.std.

@@ -1,6 +1,7 @@
 // File formats: IDX (MNIST / Fashion-MNIST, gzip or plain), CIFAR-10 binary batches,
 // llm.c token shards. Every file is read through zlib's gz* calls, which read gzip and
 // plain files alike. Every failure is a sat::Error naming the file and what was expected.
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <fstream>
 
 #include "backend/device.h"
+#include "core/io.h"
 #include "data/sources.h"
 
 namespace sat::data_detail {
@@ -21,9 +23,13 @@ namespace fs = std::filesystem;
 class GzFile {
  public:
   explicit GzFile(std::string path) : path_(std::move(path)) {
+    const int fd = InputFile("--data", path_).release();  // a FIFO or device refused, not waited on
     errno = 0;
-    f_ = gzopen(path_.c_str(), "rb");
-    if (!f_) fail(path_, ": cannot open (", errno ? std::strerror(errno) : "out of memory", ")");
+    f_ = gzdopen(fd, "rb");
+    if (!f_) {
+      ::close(fd);
+      fail(path_, ": cannot open (", errno ? std::strerror(errno) : "out of memory", ")");
+    }
     gzbuffer(f_, 1 << 18);
   }
   ~GzFile() { gzclose(f_); }
@@ -318,7 +324,7 @@ class TokenDataset : public Dataset {
 
 std::unique_ptr<TokenDataset> read_token_shard(const std::string& path, const std::string& name,
                                                const DataOptions& opt) {
-  SAT_CHECK(is_file(path), path, ": token file not found; expected an llm.c token shard (--data tokens:FILE)");
+  SAT_CHECK(fs::exists(path), path, ": token file not found; expected an llm.c token shard (--data tokens:FILE)");
   GzFile f(path);
   int32_t hdr[256];
   f.read_exact(hdr, sizeof(hdr), "token-shard header (256 int32)");

@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/device.h"
+#include "core/alloc.h"
 #include "core/rng.h"
 #include "data/sources.h"
 
@@ -115,10 +117,45 @@ class SyntheticTokens : public Dataset {
 // Independent streams derived from the seed.
 enum : uint64_t { kProtoStream = 0x5107, kTrainStream = 0x7a1, kTestStream = 0x7e57, kChainStream = 0xc4a1 };
 
+// Synthetic data's sizes and shapes, for planning: nothing generated (get() is never called).
+class SyntheticShapes : public Dataset {
+ public:
+  SyntheticShapes(const DataOptions& opt, Shape chw, int64_t n, std::string name)
+      : opt_(opt), chw_(chw), n_(n), name_(std::move(name)) {}
+  int64_t size() const override { return n_; }
+  Shape sample_shape() const override { return opt_.model_takes_tokens ? Shape{opt_.seq_len} : chw_; }
+  DType sample_dtype() const override { return opt_.model_takes_tokens ? DType::i32 : DType::f32; }
+  Shape label_shape() const override { return opt_.model_takes_tokens ? Shape{opt_.seq_len} : Shape{}; }
+  int64_t num_classes() const override { return opt_.model_takes_tokens ? opt_.vocab : opt_.num_classes; }
+  std::string name() const override { return name_; }
+  void get(int64_t, void*, int32_t*) const override {
+    fail("internal error: ", name_, " has shapes only; its samples are never generated");
+  }
+
+ private:
+  DataOptions opt_;
+  Shape chw_;
+  int64_t n_;
+  std::string name_;
+};
+
+// What generating synthetic data holds in host memory (its generator, and a sample as the
+// loader copies it) against what this machine has: refused naming --data before anything
+// is allocated.
+void check_synthetic_fits(const std::string& what, double bytes) {
+  const double avail = double(host_available_memory());
+  SAT_CHECK(avail == 0 || bytes <= avail / 2, "--data synthetic: ", what, " needs ", format_bytes(bytes),
+            " of host memory, more than half of the ", format_bytes(avail),
+            " this machine has available; expected smaller samples");
+}
+
 }  // namespace
 
 DataSplit open_synthetic_images(Shape chw, int64_t classes, const DataOptions& opt) {
   SAT_CHECK(classes >= 2, "--data synthetic: the model has ", classes, " classes; expected at least 2");
+  const double C = double(chw[0]), H = double(chw[1]), W = double(chw[2]);
+  check_synthetic_fits(str_cat("a sample of ", chw.str(), " float32 and ", classes, " class prototypes"),
+                       4 * C * H * W + 4 * double(classes) * C * std::ceil(H / kCell) * std::ceil(W / kCell));
   auto g = std::make_shared<ImageGen>();
   g->chw = chw;
   g->classes = classes;
@@ -139,6 +176,7 @@ DataSplit open_synthetic_images(Shape chw, int64_t classes, const DataOptions& o
 }
 
 DataSplit open_synthetic_tokens(const DataOptions& opt) {
+  check_synthetic_fits(str_cat("a vocabulary of ", opt.vocab, " token ids"), 4 * double(opt.vocab));
   auto g = std::make_shared<TokenGen>();
   g->T = opt.seq_len;
   g->vocab = opt.vocab;
@@ -164,3 +202,17 @@ DataSplit open_synthetic_tokens(const DataOptions& opt) {
 }
 
 }  // namespace sat::data_detail
+
+namespace sat {
+
+DataSplit synthetic_shapes(const DataOptions& opt, Shape chw) {
+  DataSplit s;
+  using namespace data_detail;
+  const bool tok = opt.model_takes_tokens;
+  s.train = std::make_unique<SyntheticShapes>(opt, chw, tok ? kTokenTrain : kImageTrain, "synthetic train (shapes)");
+  s.test = std::make_unique<SyntheticShapes>(opt, chw, tok ? kTokenTest : kImageTest, "synthetic test (shapes)");
+  s.description = "synthetic data's shapes (nothing generated)";
+  return s;
+}
+
+}  // namespace sat

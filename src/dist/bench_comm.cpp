@@ -82,8 +82,9 @@ std::string fmt(const char* f, double v) {
 }
 
 void check_options(const BenchCommOptions& o) {
-  SAT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes, "bench comm: need 4 <= min bytes (", o.min_bytes,
-            ") <= max bytes (", o.max_bytes, ")");
+  SAT_CHECK(o.min_bytes >= 4 && o.min_bytes <= o.max_bytes && o.min_bytes % 4 == 0 && o.max_bytes % 4 == 0,
+            "bench comm: need 4 <= min bytes (", o.min_bytes, ") <= max bytes (", o.max_bytes,
+            "), both multiples of 4 (float32 elements)");
   SAT_CHECK(o.step >= 2, "bench comm: the size step must be at least 2 (got ", o.step, ")");
   SAT_CHECK(o.iters >= 1 && o.warmup >= 0, "bench comm: need at least one timed iteration");
 }

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/text.h"
+
 namespace sat::dist {
 
 namespace {
@@ -29,7 +31,7 @@ bool settle(const WorkPtr& w, double grace) {
 }  // namespace
 
 void print_rank_error(int rank, const std::string& message) {
-  std::fprintf(stderr, "saturate: error on rank %d: %s\n", rank, message.c_str());
+  std::fprintf(stderr, "saturate: error on rank %d: %s\n", rank, printable(message).c_str());
   std::fflush(stderr);
 }
 
@@ -71,7 +73,7 @@ void stop_with(const Comm& c, const Verdict& v, bool failed_here) {
   if (!failed_here) {
     const std::string others = v.failures > 1 ? str_cat(" (and on ", v.failures - 1, " other rank(s))") : "";
     std::fprintf(stderr, "saturate: rank %d stops: error on rank %d%s: %s\n", c.rank(), v.first, others.c_str(),
-                 v.message.c_str());
+                 printable(v.message).c_str());
     std::fflush(stderr);
   }
   throw ReportedError(v.message);

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/io.h"
 #include "core/rng.h"
 #include "core/text.h"
 #include "nn/blocks.h"
@@ -32,6 +33,7 @@ namespace {
 // Widths and counts above this are surely a typo (as for --model's families); the layer
 // count bounds what a "repeat" may expand to.
 constexpr int64_t kMaxCount = 100'000'000;
+constexpr uint64_t kMaxSampleElements = uint64_t(1) << 32;  // one sample's input (a batch of them stays in int64)
 constexpr size_t kMaxLayers = 1'000'000;
 constexpr uintmax_t kMaxFileBytes = 64u << 20;
 
@@ -237,6 +239,11 @@ struct Reader {
         dims.push_back(v);
       }
       if (dims.size() > 4) fail_at(d.at("shape"), "expected at most 4 dimensions per sample");
+      // (a batch of them is counted in int64 too: Shape::numel refuses what overflows)
+      unsigned __int128 numel = 1;
+      for (int64_t v : dims) numel = std::min<unsigned __int128>(numel * uint64_t(v), kMaxSampleElements + 1);
+      if (numel > kMaxSampleElements)
+        fail_at(d.at("shape"), str_cat("a sample of more than ", kMaxSampleElements, " elements; expected fewer"));
       in.shape = Shape(dims);
       f.inputs.push_back(in);
     }
@@ -488,14 +495,7 @@ class FileBuilder {
 
 // A regular file of a sane size, checked before reading: a device or a huge file is refused.
 std::string read_text(const std::string& spec, const std::string& path) {
-  std::error_code ec;
-  SAT_CHECK(std::filesystem::is_regular_file(path, ec), spec, ": ", path, " is not a readable regular file");
-  const auto size = std::filesystem::file_size(path, ec);
-  SAT_CHECK(!ec && size <= kMaxFileBytes, spec, ": ", path, " is over ", kMaxFileBytes >> 20, " MiB");
-  std::ifstream in(path, std::ios::binary);
-  std::string text(size, '\0');
-  SAT_CHECK(in && in.read(text.data(), std::streamsize(size)), spec, ": cannot read ", path);
-  return text;
+  return read_input_file(spec, path, kMaxFileBytes);
 }
 
 // The model of `text` (from `path`, named in parse errors), checked; `lines`: messages give

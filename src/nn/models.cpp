@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/device.h"
+#include "core/alloc.h"
 #include "core/text.h"
 #include "nn/blocks.h"
 #include "nn/model_file.h"
@@ -332,12 +334,34 @@ void count_build(const ModelConfig& cfg, int64_t B, bool training, const std::ve
 
 const std::map<std::string, int>& graph_builds() { return builds(); }
 
+int64_t estimated_nodes(const ModelConfig& cfg) {
+  switch (cfg.family) {
+    case ModelFamily::gpt:
+    case ModelFamily::llama: return cfg.n_layer * kNodesPerBlock + kNodesPerBlock;
+    case ModelFamily::mlp: return int64_t(cfg.mlp_widths.size()) * 4;
+    case ModelFamily::file: return cfg.file ? int64_t(cfg.file->layers.size()) + 4 : 0;
+    case ModelFamily::convnet:
+    case ModelFamily::resnet: return 256;
+  }
+  return 0;
+}
+
+void check_graph_fits_host(const ModelConfig& cfg) {
+  const double need = double(estimated_nodes(cfg)) * double(kHostBytesPerNode);
+  const double avail = double(host_available_memory());
+  SAT_CHECK(avail == 0 || need <= avail / 2, "--model ", cfg.name, ": its graph of about ", estimated_nodes(cfg),
+            " layer nodes needs about ", format_bytes(need), " of host memory to build and plan (",
+            kHostBytesPerNode >> 10, " KiB a node), more than half of the ", format_bytes(avail),
+            " this machine has available; expected a smaller model");
+}
+
 BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const std::vector<std::pair<int, int>>& stage) {
   SAT_CHECK(B >= 1, "--batch must be at least 1, got ", B);
   count_build(cfg, B, training, stage);
   const bool file = cfg.family == ModelFamily::file;
   if (!file) check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);  // a file's layers check it as they are built
   check_recompute(cfg);
+  check_graph_fits_host(cfg);
   BuiltModel m;
   m.config = cfg;
   m.graph = std::make_unique<Graph>(training, cfg.act, cfg.device);

@@ -1,7 +1,10 @@
 #include "nn/safetensors.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -96,6 +99,17 @@ std::vector<Entry> entries(const ParamStore& ps) {
   return e;
 }
 
+// Weights that are NaN or infinite would train to NaN, reported later as a divergence that
+// blames --lr: refused at load, naming the file and the tensor.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  if (t.dtype != DType::f32) return;
+  const float* x = t.f32();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    SAT_CHECK(std::isfinite(x[i]), path, ": tensor '", name, "' holds ", x[i], " at element ", i,
+              "; expected finite weights");
+}
+
 }  // namespace
 
 const char* safetensors_dtype(DType t) {
@@ -138,19 +152,21 @@ uint64_t write_safetensors(const std::vector<SafetensorsBlob>& tensors, const Sa
   return 8 + header.size() + off;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), f_(path, std::ios::binary) {
-  SAT_CHECK(f_, path, ": cannot open safetensors file: ", std::strerror(errno));
-  f_.seekg(0, std::ios::end);
-  const uint64_t size = uint64_t(f_.tellg());
-  f_.seekg(0);
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  uint64_t size = 0;
+  {
+    InputFile in("", path);
+    size = in.size();
+    fd_ = in.release();
+  }
   uint8_t n[8] = {};
-  SAT_CHECK(size >= 8 && f_.read(reinterpret_cast<char*>(n), 8), path, ": not a safetensors file (shorter than 8 bytes)");
+  SAT_CHECK(size >= 8 && read_at(0, n, 8), path, ": not a safetensors file (shorter than 8 bytes)");
   uint64_t hlen = 0;
   for (int i = 0; i < 8; ++i) hlen |= uint64_t(n[i]) << (8 * i);
   SAT_CHECK(hlen >= 2 && hlen <= size - 8 && hlen < kMaxHeader, path, ": not a safetensors file (header length ", hlen,
             " does not fit a file of ", size, " bytes)");
   std::string header(hlen, '\0');
-  SAT_CHECK(f_.read(header.data(), std::streamsize(hlen)), path, ": reading the safetensors header failed");
+  SAT_CHECK(read_at(8, header.data(), hlen), path, ": reading the safetensors header failed");
   data_start_ = 8 + hlen;
   const JsonRef h = JsonRef::parse(header, path + ": safetensors header");  // (refuses a name given twice)
   SAT_CHECK(h.is_object(), path, ": safetensors header is not a JSON object");
@@ -181,11 +197,24 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool SafetensorsFile::read_at(uint64_t offset, void* dst, uint64_t n) const {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd_, p, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)), off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r, offset += uint64_t(r), n -= uint64_t(r);
+  }
+  return true;
+}
+
 void SafetensorsFile::read(const SafetensorsTensor& t, void* dst) {
-  f_.clear();
-  f_.seekg(std::streamoff(data_start_ + t.begin));
-  f_.read(static_cast<char*>(dst), std::streamsize(t.end - t.begin));
-  SAT_CHECK(f_, path_, ": reading tensor '", t.name, "' failed (truncated file?)");
+  SAT_CHECK(read_at(data_start_ + t.begin, dst, t.end - t.begin), path_, ": reading tensor '", t.name,
+            "' failed (truncated file?)");
 }
 
 void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name) {
@@ -228,6 +257,7 @@ void load_safetensors(const std::string& path, ParamStore& ps, const std::set<st
               safetensors_dtype(t.dtype));
     std::vector<uint8_t> full(part ? t.bytes() : 0);
     file.read(st, part ? static_cast<void*>(full.data()) : t.ptr);
+    check_finite(path, name, Tensor(part ? static_cast<void*>(full.data()) : t.ptr, t.shape, t.dtype));
     if (part) shard_extract(*part, full.data(), it->second.ptr, dtype_size(t.dtype));
     seen.insert(name);
   }

@@ -8,7 +8,6 @@
 // BEGIN, counted from the start of the data) and "__metadata__" to a map of strings.
 #pragma once
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <set>
 #include <string>
@@ -58,7 +57,11 @@ uint64_t write_safetensors(const std::vector<SafetensorsBlob>& tensors, const Sa
 // that is not strings.
 class SafetensorsFile {
  public:
+  // Opened as core/io.h's InputFile: a FIFO or device is refused at once.
   explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }  // in header order
@@ -70,7 +73,9 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  std::ifstream f_;
+  int fd_ = -1;
+  // Reads n bytes at `offset` of the file; false when it ends first or a read fails.
+  bool read_at(uint64_t offset, void* dst, uint64_t n) const;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsTensor> tensors_;
   SafetensorsMetadata metadata_;

@@ -79,7 +79,7 @@ CalibrationRun saturate_run(const JsonRef& r) {
 }  // namespace
 
 std::vector<CalibrationRun> read_runs(const std::string& path) {
-  const JsonRef j = JsonRef::parse_file(path);
+  const JsonRef j = JsonRef::parse_file(path, "--calibrate");
   if (j.is_object() && j.contains("rows")) return megatron_rows(j);
   std::vector<CalibrationRun> out;
   for (const JsonRef& r : non_empty_list(j, "runs").items()) out.push_back(saturate_run(r));

@@ -187,7 +187,7 @@ Hardware base_of(const JsonRef& j) {
 }
 
 Hardware from_file(const std::string& path) {
-  const JsonRef j = JsonRef::parse_file(path);
+  const JsonRef j = JsonRef::parse_file(path, "--gpu");
   if (!j.is_object()) j.fail(str_cat("expected an object, got ", JsonRef::type_name(j.value())));
   j.expect_keys({"name", "base", "gpu", "gpus_per_node", "memory_gib", "memory_bandwidth_gbs", "peak_tflops",
                  "tf32_matmul", "intra_node", "inter_node", "p2p_intra_node", "p2p_inter_node", "intra_node_busy",

@@ -39,7 +39,7 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   r.optimizer = a.optimizer;
   check_choice("--optimizer", a.optimizer, {"adamw", "sgd"});
   if (!a.layout.empty()) r.filter = parse_layout(a.layout);
-  if (!a.memory_limit.empty()) r.memory_limit = double(parse_size("--memory-limit", a.memory_limit));
+  if (!a.memory_limit.empty()) r.memory_limit = double(parse_size("--memory-limit", a.memory_limit, kMinMemoryBytes));
   r.top = a.top;
   return r;
 }

@@ -588,7 +588,7 @@ struct Search {
 
   void make_exact(Prediction& p) {
     const Layout& l = p.layout;
-    if (!data) data = std::make_unique<DataSplit>(open_dataset("synthetic", data_options_for(mc, 0)));
+    if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
     for (int s : planned_stages(l, table(l))) {
       const RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);

@@ -22,10 +22,11 @@ using json = nlohmann::json;
 using namespace plot;
 
 json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  SAT_CHECK(f, "saturate report: ", p.string(), " not found (expected a run's --out directory)");
+  std::error_code ec;
+  SAT_CHECK(fs::exists(p, ec), "saturate report: ", p.string(), " not found (expected a run's --out directory)");
+  const std::string text = read_input_file("saturate report", p.string());
   try {
-    return json::parse(f);
+    return json::parse(text);
   } catch (const std::exception& e) {
     fail("saturate report: ", p.string(), " is not valid JSON: ", e.what());
   }
@@ -41,8 +42,9 @@ struct Metrics {
 };
 
 Metrics read_metrics(const fs::path& p) {
-  std::ifstream f(p);
-  SAT_CHECK(f, "saturate report: ", p.string(), " not found (expected a run's --out directory)");
+  std::error_code ec;
+  SAT_CHECK(fs::exists(p, ec), "saturate report: ", p.string(), " not found (expected a run's --out directory)");
+  std::istringstream f(read_input_file("saturate report", p.string()));
   Metrics m;
   int64_t line_no = 0;
   for (std::string line; std::getline(f, line);) {
@@ -91,8 +93,7 @@ std::vector<json> trace_files(const fs::path& dir, std::string& problem) {
   if (ec) problem = "the trace directory " + dir.string() + " cannot be read: " + ec.message();
   std::sort(paths.begin(), paths.end());
   for (const auto& p : paths) {
-    std::ifstream f(p);
-    json j = json::parse(f, nullptr, false);
+    json j = json::parse(read_input_file("saturate report", p.string()), nullptr, false);
     if (j.is_discarded() || !j.contains("traceEvents")) {
       problem = p.string() + " is not a trace file";
       continue;

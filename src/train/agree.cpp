@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace sat {
 namespace {
@@ -36,7 +37,7 @@ uint64_t hash_bytes(const void* data, size_t bytes, uint64_t h = 146959810393466
 
 // Prints this rank's line, waits until every rank has printed its own, and ends the run.
 [[noreturn]] void fail_together(dist::Comm& world, const std::string& line) {
-  std::fprintf(stderr, "saturate: error on rank %d: %s\n", world.rank(), line.c_str());
+  std::fprintf(stderr, "saturate: error on rank %d: %s\n", world.rank(), printable(line).c_str());
   std::fflush(stderr);
   world.barrier();
   throw ReportedError(line);

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/io.h"
 #include "nn/safetensors.h"
 #include "nn/shard.h"
 
@@ -379,6 +380,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
 
 Manifest read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kManifest).string();
+  if (fs::exists(path)) (void)InputFile("checkpoint manifest", path);  // a FIFO or device: refused, not waited on
   std::ifstream f(path, std::ios::binary);
   SAT_CHECK(f, path, ": no checkpoint manifest (", std::strerror(errno), ")");
   f.seekg(0, std::ios::end);

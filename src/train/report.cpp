@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/io.h"
@@ -38,7 +39,9 @@ namespace {
 // metrics.jsonl's lines of steps up to `last` (each line starts {"step": N, ...), and of the
 // resumes before it ({"event": "resume", "from_step": N, ...}).
 std::string metrics_until(const std::string& path, int64_t last) {
-  std::ifstream f(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return "";
+  std::istringstream f(read_input_file("--out", path));
   std::string out, line;
   while (std::getline(f, line)) {
     long long step = 0;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/io.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "optim/optimizer.h"
@@ -85,6 +86,7 @@ std::vector<std::string> Trainer::trace_files() const {
 EvalResult Trainer::evaluate(const EvalSink& sink) { return sat::evaluate(*rt_, sink); }
 
 void Trainer::load_weights(const std::string& path) {
+  check_input_path("--init-weights", path, true);  // a FIFO or device: refused, not waited on
   if (std::filesystem::is_directory(path))  // a checkpoint's parameters
     checkpointer_->load(resolve_checkpoint(path, "--init-weights"), true);
   else

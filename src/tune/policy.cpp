@@ -69,9 +69,9 @@ void copy_tune_files(const fs::path& from, const std::string& to) {
     std::string text[2];
     const char* names[2] = {"tune.json", "tune.html"};
     for (int i = 0; i < 2; ++i) {
-      std::ifstream f(from / names[i], std::ios::binary);
-      if (!f) return;
-      text[i].assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      std::error_code ec;
+      if (!fs::exists(from / names[i], ec)) return;
+      text[i] = read_input_file("tune cache", (from / names[i]).string());
     }
     write_tune_files(to, text[0], text[1]);
   } catch (const Error& e) {
