@@ -1118,6 +1118,9 @@ TEST(Cli, SizesBeyondThisMachineAreRefusedBeforeAllocating) {
   expect_user_error(saturate_within(60, "info --model " + gpt + "100000000"), "--model " + gpt + "100000000: its graph");
   expect_user_error(saturate_within(60, "plan --gpus 8 --gpu h100-sxm --global-batch 64 --model " + gpt + "1000000"),
                     "more than half of the");
+  // The search holds a graph per tensor-parallel size, micro-batch, ...: counted before the first.
+  expect_user_error(saturate_within(60, "plan --gpus 8 --gpu h100-sxm --global-batch 64 --model " + gpt + "100000"),
+                    "planning it searches");
   expect_user_error(saturate_within(60, "train --model mlp --steps 1 --data synthetic:1x65536x65536"),
                     "--data synthetic: a sample of [1, 65536, 65536]");
   const CmdResult deep = saturate_within(300, "info --model " + gpt + "10000");
