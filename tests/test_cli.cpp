@@ -929,7 +929,9 @@ TEST(Cli, ResumeIsCheckedAgainstTheRunItContinues) {
   expect_user_error(saturate(run + "--steps 5 --resume auto"),
                     "--steps 5: the checkpoint " + at + " is at step 10 already; give more steps");
   expect_user_error(saturate(run + "--steps 10 --resume auto"), "is at step 10 already");
-  expect_user_error(saturate(run + "--steps 20 --resume-change lr"), "--resume-change needs --resume");
+  expect_user_error(saturate(run + "--steps 20 --resume-change lr"), "holds another run's checkpoints (step-00000010)");
+  expect_user_error(saturate("train --model mlp --data synthetic --steps 20 --resume-change lr"),
+                    "--resume-change needs --resume");
   // Allowed: a longer run, another layout, and the learning rate named.
   const fs::path out = d / "out";
   CmdResult ok = saturate(resume + "--lr 0.05 --batch 16 --accum 2 --resume-change lr --out " + out.string());

@@ -58,6 +58,13 @@ void check_checkpoint_flags(const RunArgs& a) {
               a.checkpoint_dir, ec ? ": " + ec.message() : std::string(": ") + std::strerror(errno));
   }
   if (!a.resume.empty() && a.resume != "auto") resolve_checkpoint(a.resume, "--resume");
+  // A new run beside another run's checkpoints would prune its own (theirs have higher
+  // steps) and --resume auto would go on from theirs: the directory is that run's.
+  if (a.resume.empty() && !a.checkpoint_dir.empty()) {
+    const std::string other = newest_checkpoint(a.checkpoint_dir);
+    SAT_CHECK(other.empty(), "--checkpoint-dir: ", a.checkpoint_dir, " holds another run's checkpoints (",
+              fs::path(other).filename().string(), "): go on with it with --resume auto, or give another directory");
+  }
   if (!a.checkpoint_dir.empty() || !a.resume.empty()) require(resolve_device(a.device), Feature::checkpoints);
 }
 
