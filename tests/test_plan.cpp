@@ -375,4 +375,107 @@ TEST(Plan, NothingFitsSaysTheSmallest) {
   EXPECT_NE(plan_text(p, r).find("no layout fits: the smallest needs"), std::string::npos);
 }
 
+// The bytes of the first row whose name starts with `what` (0: none).
+double row_bytes(const std::vector<MemoryRow>& rows, const std::string& what) {
+  for (const MemoryRow& r : rows)
+    if (r.what.rfind(what, 0) == 0) return r.bytes;
+  return 0;
+}
+
+double rows_sum(const std::vector<MemoryRow>& rows) {
+  double s = 0;
+  for (const MemoryRow& r : rows) s += r.bytes;
+  return s;
+}
+
+// GPT-3 175B on 384 A100s of 80 GB under ZeRO-3 with full recomputation, as in the SC21 run
+// that trained it in 80 GB: each rank holds 1/dp of the fp32 master, gradients, optimizer
+// state and the bf16 copy, the units gathered in flight and the checkpoints, which fit.
+TEST(Plan, Gpt175BFitsUnderZero3WithFullRecomputation) {
+  PlanRequest r;
+  r.model = model_config("gpt:layers=96,heads=96,width=12288,context=2048,vocab=51200");
+  r.hw = hardware("a100-80gb");
+  r.gpus = 384;
+  r.gpus_per_node = r.hw.gpus_per_node;
+  r.global_batch = 1536;
+  r.precision = DType::bf16;
+  r.filter = parse_layout("dp=384,tp=1,pp=1,zero=3,recompute=full");
+  r.top = 1;
+  const PlanResult p = plan_layouts(r);
+  ASSERT_EQ(p.best.size(), 1u) << plan_text(p, r);
+  const Prediction& b = p.best[0];
+  EXPECT_TRUE(b.fits && b.memory_exact) << plan_text(p, r);
+  EXPECT_LE(b.memory_bytes, 80.0 * (1 << 30)) << plan_text(p, r);
+  EXPECT_NEAR(rows_sum(b.memory_rows), b.memory_bytes, 1) << plan_text(p, r);
+  const double P = p.model_parameters, dp = 384;
+  const double lp = row_bytes(b.memory_rows, "low-precision parameters");
+  EXPECT_GE(lp, 2 * P / dp) << plan_text(p, r);
+  EXPECT_LE(lp, 2 * P / dp * 1.01) << plan_text(p, r);  // the units' padding to dp equal pieces
+  EXPECT_DOUBLE_EQ(lp * 2, row_bytes(b.memory_rows, "parameters (fp32 master, this rank's 1/dp shard)"));
+  const std::string text = plan_text(p, r);
+  EXPECT_EQ(text.find("no layout fits"), std::string::npos) << text;
+  EXPECT_NE(text.find("low-precision parameters (bf16, this rank's 1/dp shard)"), std::string::npos) << text;
+  // Every row is at most the device's memory: no kind summed over its lifetimes.
+  for (const MemoryRow& m : b.memory_rows) EXPECT_LT(m.bytes, 80.0 * (1 << 30)) << m.what;
+}
+
+// The estimate by kind follows the mixed-precision design: under ZeRO-3 the bf16 copy is
+// 1/dp of it, the gathered units two (in use and prefetched) in bf16, the buckets two in
+// fp32; under ZeRO-1/2 the copy is whole. The rows sum to the estimate.
+TEST(Plan, EstimateByKindFollowsTheShardedDesign) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 4, 32);
+  r.exact_memory = false;
+  r.top = 1;
+  const double P = [] {
+    const BuiltModel m = build_model(model_config("gpt-mini"), 1, true);
+    return double(m.graph->param_count());
+  }();
+  for (int zero : {1, 2, 3}) {
+    r.filter = parse_layout(str_cat("dp=4,tp=1,pp=1,micro=2,recompute=none,zero=", zero));
+    const PlanResult p = plan_layouts(r);
+    ASSERT_EQ(p.best.size(), 1u) << zero;
+    const Prediction& b = p.best[0];
+    EXPECT_NEAR(rows_sum(b.memory_rows), b.memory_bytes, 1e-6 * b.memory_bytes) << zero;
+    const double lp = row_bytes(b.memory_rows, "low-precision parameters");
+    const double gathered = row_bytes(b.memory_rows, "gathered units");
+    const double buckets = row_bytes(b.memory_rows, "gradient buckets");
+    if (zero == 3) {
+      EXPECT_DOUBLE_EQ(lp, 2 * P / 4);
+      EXPECT_GT(gathered, 0);
+      EXPECT_DOUBLE_EQ(buckets, 2 * gathered);  // per unit: 2 x 4 bytes against 2 x 2 (bf16)
+    } else {
+      EXPECT_DOUBLE_EQ(lp, 2 * P);
+      EXPECT_EQ(gathered, 0);
+      EXPECT_EQ(buckets > 0, zero == 2);
+    }
+  }
+}
+
+// The exact plan by kind: the low-precision copy whole under ZeRO-0/1/2, 1/dp under ZeRO-3,
+// and the rows, the kinds live at the peak, sum to the total, none beyond it.
+TEST(Plan, ExactMemoryByKindSumsToTheTotal) {
+  const PlanRequest r = request("gpt-mini", gpu_like(), 4, 32);
+  for (int zero : {0, 1, 2, 3}) {
+    PlanRequest one = r;
+    one.filter = parse_layout(str_cat("dp=4,tp=1,pp=1,micro=2,recompute=full,zero=", zero));
+    one.top = 1;
+    const PlanResult p = plan_layouts(one);
+    ASSERT_EQ(p.best.size(), 1u) << zero;
+    const Prediction& b = p.best[0];
+    ASSERT_TRUE(b.memory_exact);
+    EXPECT_NEAR(rows_sum(b.memory_rows), b.memory_bytes, 1) << zero;
+    for (const MemoryRow& m : b.memory_rows) EXPECT_LE(m.bytes, b.memory_bytes) << m.what;
+    const double master = double(b.memory.by_kind[size_t(MemKind::parameters)]);
+    const double lp = row_bytes(b.memory_rows, "low-precision parameters");
+    EXPECT_DOUBLE_EQ(lp * 2, master) << zero;  // sharded exactly as the master is
+    if (zero < 3) {
+      EXPECT_NEAR(lp, 2 * p.model_parameters, 0.01 * 2 * p.model_parameters) << zero;  // whole (tensors padded)
+    } else {
+      EXPECT_LT(lp, 2 * p.model_parameters / 4 * 1.05) << zero;
+    }
+    const std::string json = plan_json(p, one);
+    EXPECT_NE(json.find("memory_at_peak"), std::string::npos);
+  }
+}
+
 }  // namespace

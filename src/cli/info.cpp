@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "plan/planner.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 #include "train/validate.h"
@@ -141,6 +142,15 @@ void print_memory(JobPlan& job, const RunArgs& a) {
   }
 }
 
+// The model as the plan is made for: with --device cuda, the GPU engine's (its activations
+// and GEMM inputs in the precision, the low-precision copy of the parameters, the library
+// workspace), planned on any machine; otherwise the CPU engine's.
+ModelConfig planned_model(const ModelConfig& mc, const TrainConfig& cfg, bool gpu) {
+  ModelConfig m = resolved_model(mc, cfg);
+  if (gpu) m.device = Device::cuda, m.act = activation_dtype(cfg.precision, Device::cuda);
+  return m;
+}
+
 }  // namespace
 
 int run_info(const RunArgs& a) {
@@ -157,7 +167,9 @@ int run_info(const RunArgs& a) {
   // The plan of `saturate train` on data of the model's default shape (its shapes only:
   // planning generates and allocates no data): loader rings included.
   const DataSplit data = synthetic_shapes(data_options_for(mc, 0));
-  JobPlan job(resolved_model(mc, cfg), cfg, *data.train, data.test.get(), a.ranks);
+  JobPlan job(planned_model(mc, cfg, gpu), cfg, *data.train, data.test.get(), a.ranks);
+  if (gpu)
+    for (int s = 0; s < cfg.pp; ++s) shard_lp_copy(job.stage(s).memory, cfg.zero, job.model().act);
   print_model(job);
   print_memory(job, a);
   if (cfg.recompute != Recompute::none) print_recompute(job);

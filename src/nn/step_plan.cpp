@@ -180,7 +180,7 @@ StepPlan plan_step(const Graph& g, const Timeline& tl) {
   for (size_t i = 0; i < planner.size(); ++i) {
     const PlanBuffer& b = planner[int(i)];
     sp.by_kind[size_t(b.kind)] += b.bytes;
-    for (auto [t0, t1] : b.live) sp.lifetimes.push_back({b.bytes, t0, t1});
+    for (auto [t0, t1] : b.live) sp.lifetimes.push_back({b.bytes, t0, t1, b.kind});
   }
   const auto& nodes = g.nodes();
   sp.ctx.resize(size_t(sp.contexts));
@@ -217,6 +217,16 @@ std::vector<size_t> live_bytes(const StepPlan& p) {
   int64_t now = 0;
   for (int t = 0; t < end; ++t) live[size_t(t)] = size_t(now += delta[size_t(t)]);
   return live;
+}
+
+std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const StepPlan& p) {
+  std::array<size_t, size_t(MemKind::kCount)> by{};
+  const std::vector<size_t> live = live_bytes(p);
+  if (live.empty()) return by;
+  const int peak = int(std::max_element(live.begin(), live.end()) - live.begin());
+  for (const auto& l : p.lifetimes)
+    if (l.t0 <= peak && peak <= l.t1) by[size_t(l.kind)] += l.bytes;
+  return by;
 }
 
 }  // namespace sat

@@ -69,12 +69,14 @@ struct StepPlan {
   // The step's timeline, for memory over the step (traces): an action of the rank's
   // schedule spans `units` time units; within it node i's forward runs at unit i, its
   // backward at bwd_unit[i] and its recompute at rec_unit[i] (-1: none). lifetimes: every
-  // transient buffer's bytes and the intervals [t0, t1] (inclusive units) it is live in.
+  // transient buffer's bytes and the intervals [t0, t1] (inclusive units) it is live in,
+  // with the buffer's kind.
   int units = 1;
   std::vector<int> bwd_unit, rec_unit;
   struct Live {
     size_t bytes;
     int t0, t1;
+    MemKind kind = MemKind::scratch;
   };
   std::vector<Live> lifetimes;
 };
@@ -83,5 +85,10 @@ StepPlan plan_step(const Graph& g, const Timeline& t);
 // the last unit a buffer lives in): what the arena holds then. Its largest element is the
 // step's transient peak, at most the arena (whose packing may leave gaps).
 std::vector<size_t> live_bytes(const StepPlan& p);
+// The bytes of each transient kind live at the step's transient peak (the first unit at
+// which live_bytes is largest): they sum to that peak, unlike StepPlan::by_kind, which sums
+// every buffer of a kind whenever it lives (a kind's bytes there can exceed the arena many
+// times over).
+std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const StepPlan& p);
 
 }  // namespace sat

@@ -41,6 +41,9 @@ ojson layout_json(const Prediction& p, Device d) {
   j["compute_seconds"] = num(p.compute_seconds), j["tp_comm_seconds"] = num(p.tp_comm_seconds);
   j["pp_comm_seconds"] = num(p.pp_comm_seconds), j["dp_exposed_seconds"] = num(p.dp_exposed_seconds);
   j["optimizer_seconds"] = num(p.optimizer_seconds);
+  ojson peak = ojson::object();
+  for (const MemoryRow& m : p.memory_rows) peak[m.what] = m.bytes;
+  if (!p.memory_rows.empty()) j["memory_at_peak"] = peak;
   if (p.memory_exact) {
     ojson k = ojson::object();
     for (int i = 0; i < int(MemKind::kCount); ++i)
@@ -62,6 +65,17 @@ std::string row(int i, const Prediction& p, bool tokens) {
              p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble_fraction);
 }
 
+// The rank's memory by kind, as live at its peak (the rows sum to the total).
+std::string memory_table(const Prediction& p) {
+  std::string s = p.memory_exact ? strf("  memory of pipeline stage %d (the most of any rank), exact plan, by kind as live "
+                                        "at its peak:\n", p.memory_stage)
+                                 : strf("  memory of pipeline stage %d (the most of any rank), estimate, by kind:\n",
+                                        p.memory_stage);
+  for (const MemoryRow& m : p.memory_rows) s += strf("    %-66s %10s\n", m.what.c_str(), format_bytes(m.bytes).c_str());
+  s += strf("    %-66s %10s\n", "total", format_bytes(p.memory_bytes).c_str());
+  return s;
+}
+
 }  // namespace
 
 std::string plan_text(const PlanResult& p, const PlanRequest& r) {
@@ -79,10 +93,12 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
     const Prediction* m = p.smallest ? &*p.smallest : nullptr;
     s += "no layout fits";
     if (m)
-      s += strf(": the smallest needs %s per device (%s); more devices, a smaller micro-batch or global batch, "
+      s += strf(": the smallest needs %s per device (%s, %s); more devices, a smaller micro-batch or global batch, "
                "recomputation or a higher ZeRO stage would be needed",
-               format_bytes(m->memory_bytes).c_str(), m->layout.str().c_str());
+               format_bytes(m->memory_bytes).c_str(), m->layout.str().c_str(),
+               m->memory_exact ? "exact plan" : "estimate");
     s += "\n";
+    if (m && !m->memory_rows.empty()) s += memory_table(*m);
     if (p.best.empty()) return s;
   }
   s += strf("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",
@@ -98,14 +114,7 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
            "exposed data-parallel %.3g s + optimizer %.3g s\n",
            b.step_seconds, b.compute_seconds, b.tp_comm_seconds, 100 * b.bubble_fraction, b.dp_exposed_seconds,
            b.optimizer_seconds);
-  if (b.memory_exact) {
-    s += strf("  memory of pipeline stage %d (the most of any rank), exact plan:\n", b.memory_stage);
-    for (int i = 0; i < int(MemKind::kCount); ++i)
-      if (b.memory.by_kind[size_t(i)])
-        s += strf("    %-34s %s\n", mem_kind_name(MemKind(i)), format_bytes(double(b.memory.by_kind[size_t(i)])).c_str());
-    s += strf("    %-34s %s (transient kinds share it by lifetime)\n", "step arena", format_bytes(double(b.memory.transient)).c_str());
-    s += strf("    %-34s %s\n", "total", format_bytes(b.memory_bytes).c_str());
-  }
+  if (!b.memory_rows.empty()) s += memory_table(b);
   return s;
 }
 
@@ -162,7 +171,8 @@ std::string memory_svg(const Prediction& b, double limit) {
   if (!b.memory_exact) return "";
   const double W = 760, top = 30, h = 28, scale = (W - 20) / std::max(limit, b.memory_bytes);
   const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W, top + h + 120);
+  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W,
+                       top + h + 30 + 15.0 * double(b.memory_rows.size()));
   double x = 10;
   int k = 0, line = 0;
   auto part = [&](const std::string& what, double bytes) {
@@ -174,13 +184,7 @@ std::string memory_svg(const Prediction& b, double limit) {
     ++line;
     x += bytes * scale;
   };
-  const MemKind persistent[] = {MemKind::parameters, MemKind::gradients, MemKind::optimizer_state, MemKind::model_state,
-                                MemKind::lp_params, MemKind::workspace};
-  for (MemKind m : persistent)
-    if (b.memory.by_kind[size_t(m)]) part(mem_kind_name(m), double(b.memory.by_kind[size_t(m)]));
-  if (b.memory.transient) part("step arena (activations, saved, gradients, scratch)", double(b.memory.transient));
-  if (b.memory.staging) part("ZeRO staging arena", double(b.memory.staging));
-  if (b.memory.inputs) part("input batches", double(b.memory.inputs));
+  for (const MemoryRow& m : b.memory_rows) part(m.what, m.bytes);
   s += strf("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-width='2'/>", 10 + limit * scale,
            10 + limit * scale, top + h + 4);
   s += strf("<text x='%.1f' y='22' fill='#c00' text-anchor='end'>device memory %s </text>", 10 + limit * scale,
@@ -229,7 +233,7 @@ std::string plan_html(const PlanResult& p, const PlanRequest& r) {
   s += "<p>Each dot is a layout the search timed, at its estimated memory per device; grey ones do not fit. "
        "The circle is the best.</p>" + scatter_svg(p, limit, tokens);
   if (!p.best.empty()) {
-    s += strf("<h2>Memory of the best layout (pipeline stage %d, exact plan)</h2>", p.best[0].memory_stage);
+    s += strf("<h2>Memory of the best layout (pipeline stage %d, exact plan, by kind as live at its peak)</h2>", p.best[0].memory_stage);
     s += memory_svg(p.best[0], limit);
     s += "<h2>Pipeline timeline of the best layout (simulated)</h2>" + timeline_svg(p.timeline);
   }

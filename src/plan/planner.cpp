@@ -281,10 +281,37 @@ struct Search {
     p.memory_bytes = -1;
     for (int s = 0; s < int(f.size()); ++s) {
       const StageFacts& x = f[size_t(s)];
-      const double mem = state_bytes(p.layout, x.params, x.unit) + x.kept + x.work;
+      const double mem = state_bytes(p.layout, x.params, x.unit).total() + x.kept + x.work;
       if (mem > p.memory_bytes) p.memory_bytes = mem, p.memory_stage = s;
     }
     p.fits = p.memory_bytes <= limit();
+  }
+
+  // An estimated prediction's rows: its stage's estimate by kind.
+  void add_estimate_rows(Prediction& p) {
+    if (p.memory_exact || !p.memory_rows.empty()) return;
+    const BlockTable& t = table(p.layout);
+    const auto f = facts(p.layout, t, cuts(p.layout, t));
+    p.memory_rows = estimate_rows(p.layout, f[size_t(p.memory_stage)]);
+  }
+
+  // The estimate of the stage that needs the most, by kind (they sum to memory_bytes).
+  std::vector<MemoryRow> estimate_rows(const Layout& l, const StageFacts& x) const {
+    const StateBytes b = state_bytes(l, x.params, x.unit);
+    std::vector<MemoryRow> rows;
+    auto add = [&](const char* what, double bytes) {
+      if (bytes > 0) rows.push_back({what, bytes});
+    };
+    add(l.zero >= 3 ? "parameters (fp32 master, this rank's 1/dp shard)" : "parameters (fp32 master, whole)", b.params);
+    add(l.zero >= 2 ? "gradients (fp32, this rank's 1/dp shard)" : "gradients (fp32, whole)", b.grads);
+    add(l.zero >= 1 ? "optimizer state (fp32, this rank's 1/dp shard)" : "optimizer state (fp32, whole)", b.optimizer);
+    add(l.zero >= 3 ? "low-precision parameters (this rank's 1/dp shard)" : "low-precision parameters (whole)", b.lp);
+    add(mem_kind_name(MemKind::workspace), b.workspace);
+    add("activations kept for backward (micro-batches in flight)", x.kept);
+    add("working set of the largest block", x.work);
+    add("gathered units in flight (ZeRO-3: in use and prefetched)", b.gathered);
+    add("gradient buckets in flight (fp32, ZeRO-2/3)", b.buckets);
+    return rows;
   }
 
   // The step ends when the last stage has reduced its gradients and updated its parameters.
@@ -350,16 +377,29 @@ struct Search {
     }
   }
 
-  // Parameters, gradients, optimizer state (and on a GPU the low-precision copy and the
-  // library workspace) of a stage with `params` parameters, and ZeRO-2/3's staging.
-  double state_bytes(const Layout& l, double params, double unit) const {
-    const double d = l.dp;
-    const double p = 4 * params / (l.zero >= 3 ? d : 1), g = 4 * params / (l.zero >= 2 ? d : 1);
-    const double o = 4.0 * slots * params / (l.zero >= 1 ? d : 1);
-    double lp = 0;
-    if (gpu && act != DType::f32) lp = 2 * params / (l.zero >= 3 ? d : 1);
-    const double staging = l.zero >= 2 ? 2 * unit * (4 + (l.zero >= 3 ? 4 : 0)) : 0;
-    return p + g + o + lp + staging + (gpu ? double(kCudaWorkspaceBytes) : 0);
+  // A rank's state with `params` parameters, as the mixed-precision engine holds it (FSDP's
+  // design): the fp32 master parameters, gradients and optimizer state, sharded by the ZeRO
+  // stage (3, 2 and 1 up); the low-precision copy the layers read (bf16/f16), sharded exactly
+  // as the master is (1/dp under ZeRO-3, whole below); the library workspace on a GPU; and
+  // ZeRO-2/3's staging of the largest unit (`unit` parameters): under ZeRO-3 the units
+  // gathered in flight, the one in use and the one prefetched, in the dtype the layers read
+  // (the low-precision copy's, f32 without one), and the fp32 gradient buckets of the units
+  // being reduced, two of them.
+  struct StateBytes {
+    double params = 0, grads = 0, optimizer = 0, lp = 0, workspace = 0, gathered = 0, buckets = 0;
+    double total() const { return params + grads + optimizer + lp + workspace + gathered + buckets; }
+  };
+  StateBytes state_bytes(const Layout& l, double params, double unit) const {
+    const double d = l.dp, lp_size = act == DType::f32 ? 0 : double(dtype_size(act));
+    StateBytes b;
+    b.params = 4 * params / (l.zero >= 3 ? d : 1);
+    b.grads = 4 * params / (l.zero >= 2 ? d : 1);
+    b.optimizer = 4.0 * slots * params / (l.zero >= 1 ? d : 1);
+    b.lp = lp_size * params / (l.zero >= 3 ? d : 1);
+    b.workspace = gpu ? double(kCudaWorkspaceBytes) : 0;
+    b.gathered = l.zero >= 3 ? 2 * unit * (lp_size > 0 ? lp_size : 4) : 0;
+    b.buckets = l.zero >= 2 ? 2 * unit * 4 : 0;
+    return b;
   }
 
   // ---- enumeration ----
@@ -621,9 +661,13 @@ struct Search {
     if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
     for (int s : planned_stages(l, table(l))) {
-      const RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);
+      RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);
+      shard_lp_copy(r.memory, l.zero, act);
       const double bytes = double(r.memory.total());
-      if (bytes > most) most = bytes, p.memory = r.memory, p.memory_stage = s;
+      if (bytes > most) {
+        most = bytes, p.memory = r.memory, p.memory_stage = s;
+        p.memory_rows = memory_rows(r.memory, live_at_peak(r.step), l.zero, act);
+      }
     }
     p.memory_bytes = most;
     p.memory_exact = true;
@@ -674,6 +718,16 @@ bool mesh_taken(const std::vector<Prediction>& best, const Layout& l) {
 
 }  // namespace
 
+void shard_lp_copy(MemoryPlan& m, int zero, DType lp) {
+  if (zero < 3 || lp == DType::f32) return;
+  size_t& have = m.by_kind[size_t(MemKind::lp_params)];
+  const size_t shard = m.by_kind[size_t(MemKind::parameters)] / 4 * dtype_size(lp);
+  if (have <= shard) return;
+  m.persistent -= have - shard;
+  if (m.device) m.device -= have - shard;
+  have = shard;
+}
+
 PlanResult plan_layouts(const PlanRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();
   SAT_CHECK(r.gpus >= 1, "--gpus: expected a positive number of devices, got ", r.gpus);
@@ -691,6 +745,7 @@ PlanResult plan_layouts(const PlanRequest& r) {
   int64_t fitting = 0, tried = 0;
   for (size_t i : order) fitting += out.considered[i].fits;
   std::vector<bool> taken(out.considered.size());
+  std::optional<Prediction> least_exact;  // the least memory of the layouts planned exactly that do not fit
   // One pass in ranking order; with one_per_mesh, a first pass takes the fastest of each
   // mesh and the second fills what is left in ranking order (one process has one mesh).
   for (int pass = r.one_per_mesh ? 0 : 1; pass < 2; ++pass)
@@ -707,7 +762,13 @@ PlanResult plan_layouts(const PlanRequest& r) {
         std::fprintf(stderr, "exact %s: estimate %.4g, plan %.4g (%+.1f%%)\n", p.layout.str().c_str(), estimate,
                      p.memory_bytes, 100 * (estimate / p.memory_bytes - 1));
       if (p.fits) out.best.push_back(p);
+      else if (p.memory_exact && (!least_exact || p.memory_bytes < least_exact->memory_bytes)) least_exact = p;
     }
+  // The estimate let through layouts that the exact plans refused: the smallest of those
+  // plans is what the nearest layout needs, not the estimate that let it through.
+  if (out.best.empty() && least_exact &&
+      (!out.smallest || out.smallest->fits || least_exact->memory_bytes < out.smallest->memory_bytes))
+    out.smallest = least_exact;
   std::stable_sort(out.best.begin(), out.best.end(),
                    [](const Prediction& a, const Prediction& b) { return a.step_seconds < b.step_seconds; });
   if (out.best.empty() && out.considered.size() == 1) {  // one layout asked for: say how it does
@@ -715,6 +776,8 @@ PlanResult plan_layouts(const PlanRequest& r) {
     if (r.exact_memory) s.make_exact(p);
     out.best.push_back(p);
   }
+  for (Prediction& p : out.best) s.add_estimate_rows(p);
+  if (out.smallest) s.add_estimate_rows(*out.smallest);
   if (!out.best.empty()) out.timeline = s.timeline(out.best[0].layout);
   out.why = why_best(out.best, fitting);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

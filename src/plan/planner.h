@@ -18,6 +18,7 @@
 // every stage of pipelines of up to 4 stages: the others hold fewer micro-batches of the same
 // blocks).
 #pragma once
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,24 @@ struct PlanRequest {
   bool overlap_dp = true;
 };
 
+// A rank's memory by what it holds, as live at its peak: rows that sum to MemoryPlan::total().
+struct MemoryRow {
+  std::string what;
+  double bytes = 0;
+};
+// The persistent kinds (whole, or this rank's shard under ZeRO), the step arena's transient
+// kinds live at the arena's peak (arena_peak: live_at_peak of the step) and the gaps its
+// packing leaves, the ZeRO-2/3 staging arena (its gathered units and gradient buckets when
+// the plan gives the bytes in flight at its peak, else the arena whole) and the input
+// batches. `lp`: the low-precision copy's dtype (f32: none).
+std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const std::array<size_t, size_t(MemKind::kCount)>& arena_peak,
+                                   int zero, DType lp);
+
+// Under ZeRO-3 the low-precision copy (lp: its dtype) is sharded exactly as the fp32 master
+// is: the same elements, in its dtype. A rank plan that holds it whole (an engine that keeps
+// the whole copy on every rank) is brought to that design; one that shards it is left as it is.
+void shard_lp_copy(MemoryPlan& m, int zero, DType lp);
+
 struct Prediction {
   Layout layout;
   double step_seconds = 0;
@@ -86,6 +105,7 @@ struct Prediction {
   int memory_stage = 0;     // the pipeline stage that needs it
   bool memory_exact = false;
   MemoryPlan memory;        // that rank's exact plan (when memory_exact)
+  std::vector<MemoryRow> memory_rows;  // and its bytes live at the peak, by kind (memory_rows)
   bool fits = false;
 };
 
