@@ -432,6 +432,26 @@ TEST(Cli, PrecisionsOfTheCpuEngine) {
   fs::remove_all(out);
 }
 
+// `saturate info --device cuda` plans the GPU engine here: under bf16 the low-precision copy
+// of the fp32 master is sharded as the master is, whole under ZeRO-1, 1/dp under ZeRO-3.
+TEST(Cli, InfoOnAGpuShardsTheLowPrecisionCopyAsTheMaster) {
+  auto line_bytes = [](const std::string& out, const std::string& kind) {
+    const size_t at = out.find("\n  " + kind);
+    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + 3 + kind.size()));
+  };
+  const std::string args = "info --model gpt-mini --batch 4 --ranks 4 --precision bf16 --device cuda --zero ";
+  const auto z1 = saturate(args + "1"), z3 = saturate(args + "3");
+  ASSERT_EQ(z1.status, 0) << z1.out;
+  ASSERT_EQ(z3.status, 0) << z3.out;
+  EXPECT_NE(z3.out.find("memory plan per rank on a GPU"), std::string::npos) << z3.out;
+  const double whole = line_bytes(z1.out, "parameters"), shard = line_bytes(z3.out, "parameters");
+  EXPECT_GT(whole, 0);
+  EXPECT_EQ(line_bytes(z1.out, "low-precision parameters") * 2, whole) << z1.out;
+  EXPECT_EQ(line_bytes(z3.out, "low-precision parameters") * 2, shard) << z3.out;
+  EXPECT_LT(shard, whole / 3) << z3.out;
+  EXPECT_NE(z3.out.find(", low-precision parameters "), std::string::npos) << z3.out;  // in what ZeRO-3 saves
+}
+
 TEST(Cli, TuneAndBudgetMistakesAreClearErrors) {
   expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget lots"), "--memory-budget");
   expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 1KiB"), "--memory-budget");

@@ -388,6 +388,20 @@ double rows_sum(const std::vector<MemoryRow>& rows) {
   return s;
 }
 
+// The bytes live at the peak by kind: those of the buffers live at the first unit with the
+// most, which sum to it (not every buffer of a kind whenever it lives).
+TEST(Plan, LiveAtPeakSplitsThePeakByKind) {
+  StepPlan p;
+  p.lifetimes = {{100, 0, 5, MemKind::activations}, {50, 2, 3, MemKind::scratch},
+                 {70, 4, 9, MemKind::activation_grads}, {30, 7, 8, MemKind::scratch}};
+  const auto live = live_bytes(p);
+  EXPECT_EQ(*std::max_element(live.begin(), live.end()), 170u);
+  const auto at = live_at_peak(p);
+  EXPECT_EQ(at[size_t(MemKind::activations)], 100u);
+  EXPECT_EQ(at[size_t(MemKind::activation_grads)], 70u);
+  EXPECT_EQ(at[size_t(MemKind::scratch)], 0u);  // neither scratch buffer is live at unit 4
+}
+
 // GPT-3 175B on 384 A100s of 80 GB under ZeRO-3 with full recomputation, as in the SC21 run
 // that trained it in 80 GB: each rank holds 1/dp of the fp32 master, gradients, optimizer
 // state and the bf16 copy, the units gathered in flight and the checkpoints, which fit.

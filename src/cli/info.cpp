@@ -114,6 +114,9 @@ void print_zero_saving(JobPlan& job) {
               kind(w, MemKind::parameters).c_str(), kind(p, MemKind::gradients).c_str(),
               kind(w, MemKind::gradients).c_str(), kind(p, MemKind::optimizer_state).c_str(),
               kind(w, MemKind::optimizer_state).c_str());
+  if (p.by_kind[size_t(MemKind::lp_params)])
+    std::printf(", low-precision parameters %s (was %s)", kind(p, MemKind::lp_params).c_str(),
+                kind(w, MemKind::lp_params).c_str());
   if (cfg.zero >= 2)
     std::printf(", plus a staging arena of %s for gathered parameters and gradient buckets",
                 format_bytes(double(p.staging)).c_str());
@@ -126,7 +129,8 @@ void print_memory(JobPlan& job, const RunArgs& a) {
   const std::string zero_note =
       cfg.zero ? ", ZeRO-" + std::to_string(cfg.zero) + " over " + std::to_string(a.ranks) + " rank(s)" : "";
   const std::string slot_note = slots ? " with " + std::to_string(slots) + " state slot(s)" : "";
-  std::printf("memory plan per rank (micro-batch %lld%s, optimizer %s%s%s%s):\n", (long long)cfg.batch,
+  std::printf("memory plan per rank%s (micro-batch %lld%s, optimizer %s%s%s%s):\n",
+              job.model().device == Device::cuda ? " on a GPU" : "", (long long)cfg.batch,
               cfg.accum > 1 ? (" x " + std::to_string(cfg.accum) + " accumulation").c_str() : "", a.optimizer.c_str(),
               slot_note.c_str(), zero_note.c_str(), cfg.precision == Precision::bf16 ? ", bf16 activations" : "");
   const RankPlan& first = job.stage(0);

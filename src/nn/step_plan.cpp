@@ -208,23 +208,29 @@ StepPlan plan_step(const Graph& g, const Timeline& tl) {
   return sp;
 }
 
-std::vector<size_t> live_bytes(const StepPlan& p) {
+namespace {
+std::vector<size_t> live_of(const std::vector<StepPlan::Live>& lifetimes) {
   int end = 0;
-  for (const auto& l : p.lifetimes) end = std::max(end, l.t1 + 1);
+  for (const auto& l : lifetimes) end = std::max(end, l.t1 + 1);
   std::vector<int64_t> delta(size_t(end) + 1, 0);
-  for (const auto& l : p.lifetimes) delta[size_t(l.t0)] += int64_t(l.bytes), delta[size_t(l.t1) + 1] -= int64_t(l.bytes);
+  for (const auto& l : lifetimes) delta[size_t(l.t0)] += int64_t(l.bytes), delta[size_t(l.t1) + 1] -= int64_t(l.bytes);
   std::vector<size_t> live(static_cast<size_t>(end));
   int64_t now = 0;
   for (int t = 0; t < end; ++t) live[size_t(t)] = size_t(now += delta[size_t(t)]);
   return live;
 }
+}  // namespace
 
-std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const StepPlan& p) {
+std::vector<size_t> live_bytes(const StepPlan& p) { return live_of(p.lifetimes); }
+
+std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const StepPlan& p) { return live_at_peak(p.lifetimes); }
+
+std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const std::vector<StepPlan::Live>& lifetimes) {
   std::array<size_t, size_t(MemKind::kCount)> by{};
-  const std::vector<size_t> live = live_bytes(p);
+  const std::vector<size_t> live = live_of(lifetimes);
   if (live.empty()) return by;
   const int peak = int(std::max_element(live.begin(), live.end()) - live.begin());
-  for (const auto& l : p.lifetimes)
+  for (const auto& l : lifetimes)
     if (l.t0 <= peak && peak <= l.t1) by[size_t(l.kind)] += l.bytes;
   return by;
 }

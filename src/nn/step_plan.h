@@ -90,5 +90,7 @@ std::vector<size_t> live_bytes(const StepPlan& p);
 // every buffer of a kind whenever it lives (a kind's bytes there can exceed the arena many
 // times over).
 std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const StepPlan& p);
+// The same of any buffers' lifetimes (another arena's: ZeRO's staging).
+std::array<size_t, size_t(MemKind::kCount)> live_at_peak(const std::vector<StepPlan::Live>& lifetimes);
 
 }  // namespace sat

@@ -16,7 +16,7 @@ const char* sharded(int zero, int from) { return zero >= from ? ", this rank's 1
 
 }  // namespace
 
-std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const std::array<size_t, size_t(MemKind::kCount)>& arena_peak,
+std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const KindBytes& arena_peak, const KindBytes& staging_peak,
                                    int zero, DType lp) {
   std::vector<MemoryRow> rows;
   auto kind = [&](MemKind k) { return double(m.by_kind[size_t(k)]); };
@@ -36,9 +36,10 @@ std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const std::array<size_t,
     at_peak += double(arena_peak[k]);
   }
   add("step arena: gaps its packing leaves", double(m.transient) - at_peak);
-  // ZeRO-2/3's staging arena: split when the plan's kinds are the bytes in flight at its peak.
-  const double gathered = kind(MemKind::gathered_params), buckets = kind(MemKind::grad_buckets);
-  if (m.staging && gathered + buckets <= double(m.staging)) {
+  // ZeRO-2/3's staging arena: its units in flight at its peak when the plan gives them.
+  const double gathered = double(staging_peak[size_t(MemKind::gathered_params)]);
+  const double buckets = double(staging_peak[size_t(MemKind::grad_buckets)]);
+  if (gathered + buckets > 0 && gathered + buckets <= double(m.staging)) {
     add("gathered units in flight (ZeRO-3)", gathered);
     add("gradient buckets in flight (fp32, ZeRO-2/3)", buckets);
     add("staging arena: gaps its packing leaves", double(m.staging) - gathered - buckets);

@@ -253,6 +253,7 @@ struct Search {
     double kept = 0;    // bytes kept for backward by the micro-batches in flight
     double work = 0;    // the largest block's working set beyond them
     double unit = 0;    // the largest block's parameters (ZeRO-2/3's staging holds two)
+    double spanning = 0;  // a tied unit used at both ends of the stage (its staging spans the pass)
     double bwd = 0;     // one micro-batch's backward through all of the stage's chunks
     double tied = 0;    // tied parameters whose gradients the stage sums with another stage
   };
@@ -273,6 +274,7 @@ struct Search {
       }
       if (l.pp > 1 && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
       if (l.pp > 1 && s == l.pp - 1) f.params += t.tied;
+      if (l.pp == 1) f.spanning = t.tied;
     }
     return out;
   }
@@ -281,7 +283,7 @@ struct Search {
     p.memory_bytes = -1;
     for (int s = 0; s < int(f.size()); ++s) {
       const StageFacts& x = f[size_t(s)];
-      const double mem = state_bytes(p.layout, x.params, x.unit).total() + x.kept + x.work;
+      const double mem = state_bytes(p.layout, x).total() + x.kept + x.work;
       if (mem > p.memory_bytes) p.memory_bytes = mem, p.memory_stage = s;
     }
     p.fits = p.memory_bytes <= limit();
@@ -297,7 +299,7 @@ struct Search {
 
   // The estimate of the stage that needs the most, by kind (they sum to memory_bytes).
   std::vector<MemoryRow> estimate_rows(const Layout& l, const StageFacts& x) const {
-    const StateBytes b = state_bytes(l, x.params, x.unit);
+    const StateBytes b = state_bytes(l, x);
     std::vector<MemoryRow> rows;
     auto add = [&](const char* what, double bytes) {
       if (bytes > 0) rows.push_back({what, bytes});
@@ -384,12 +386,14 @@ struct Search {
   // ZeRO-2/3's staging of the largest unit (`unit` parameters): under ZeRO-3 the units
   // gathered in flight, the one in use and the one prefetched, in the dtype the layers read
   // (the low-precision copy's, f32 without one), and the fp32 gradient buckets of the units
-  // being reduced, two of them.
+  // being reduced, two of them; a tied unit used at both ends of the stage (GPT's embedding
+  // and output head) stays gathered, and its bucket held, from its first use to its last.
   struct StateBytes {
     double params = 0, grads = 0, optimizer = 0, lp = 0, workspace = 0, gathered = 0, buckets = 0;
     double total() const { return params + grads + optimizer + lp + workspace + gathered + buckets; }
   };
-  StateBytes state_bytes(const Layout& l, double params, double unit) const {
+  StateBytes state_bytes(const Layout& l, const StageFacts& x) const {
+    const double params = x.params, unit = x.unit;
     const double d = l.dp, lp_size = act == DType::f32 ? 0 : double(dtype_size(act));
     StateBytes b;
     b.params = 4 * params / (l.zero >= 3 ? d : 1);
@@ -397,8 +401,8 @@ struct Search {
     b.optimizer = 4.0 * slots * params / (l.zero >= 1 ? d : 1);
     b.lp = lp_size * params / (l.zero >= 3 ? d : 1);
     b.workspace = gpu ? double(kCudaWorkspaceBytes) : 0;
-    b.gathered = l.zero >= 3 ? 2 * unit * (lp_size > 0 ? lp_size : 4) : 0;
-    b.buckets = l.zero >= 2 ? 2 * unit * 4 : 0;
+    b.gathered = l.zero >= 3 ? (2 * unit + x.spanning) * (lp_size > 0 ? lp_size : 4) : 0;
+    b.buckets = l.zero >= 2 ? (2 * unit + x.spanning) * 4 : 0;
     return b;
   }
 
@@ -666,7 +670,8 @@ struct Search {
       const double bytes = double(r.memory.total());
       if (bytes > most) {
         most = bytes, p.memory = r.memory, p.memory_stage = s;
-        p.memory_rows = memory_rows(r.memory, live_at_peak(r.step), l.zero, act);
+        // (The ZeRO staging plan keeps no lifetimes by kind: its arena is one row.)
+        p.memory_rows = memory_rows(r.memory, live_at_peak(r.step), KindBytes{}, l.zero, act);
       }
     }
     p.memory_bytes = most;

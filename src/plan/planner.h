@@ -79,10 +79,11 @@ struct MemoryRow {
 };
 // The persistent kinds (whole, or this rank's shard under ZeRO), the step arena's transient
 // kinds live at the arena's peak (arena_peak: live_at_peak of the step) and the gaps its
-// packing leaves, the ZeRO-2/3 staging arena (its gathered units and gradient buckets when
-// the plan gives the bytes in flight at its peak, else the arena whole) and the input
+// packing leaves, the ZeRO-2/3 staging arena (split into its gathered units and gradient
+// buckets live at its peak when staging_peak gives them, else whole) and the input
 // batches. `lp`: the low-precision copy's dtype (f32: none).
-std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const std::array<size_t, size_t(MemKind::kCount)>& arena_peak,
+using KindBytes = std::array<size_t, size_t(MemKind::kCount)>;
+std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const KindBytes& arena_peak, const KindBytes& staging_peak,
                                    int zero, DType lp);
 
 // Under ZeRO-3 the low-precision copy (lp: its dtype) is sharded exactly as the fp32 master
