@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "plan/cost.h"
@@ -431,6 +432,34 @@ TEST(Plan, Gpt175BFitsUnderZero3WithFullRecomputation) {
   EXPECT_NE(text.find("low-precision parameters (bf16, this rank's 1/dp shard)"), std::string::npos) << text;
   // Every row is at most the device's memory: no kind summed over its lifetimes.
   for (const MemoryRow& m : b.memory_rows) EXPECT_LT(m.bytes, 80.0 * (1 << 30)) << m.what;
+}
+
+// When the exact plans refuse what the estimate let through, the smallest need said is the
+// exact plan's, with its table by kind (not the estimate that let it through).
+TEST(Plan, NothingFitsSaysTheExactPlansNeed) {
+  PlanRequest r;
+  r.model = model_config("gpt:layers=96,heads=96,width=12288,context=2048,vocab=51200");
+  r.hw = hardware("a100-80gb");
+  r.gpus = 384;
+  r.gpus_per_node = r.hw.gpus_per_node;
+  r.global_batch = 1536;
+  r.filter = parse_layout("dp=384,tp=1,pp=1,zero=3,recompute=full,micro=1");
+  r.top = 1;
+  const PlanResult all = plan_layouts(r);
+  ASSERT_EQ(all.best.size(), 1u);
+  ASSERT_TRUE(all.best[0].memory_exact);
+  const double exact = all.best[0].memory_bytes, estimate = all.considered.at(0).memory_bytes;
+  if (estimate >= exact) GTEST_SKIP() << "the estimate is not below the exact plan here";
+  PlanRequest tight = r;
+  tight.memory_limit = (estimate + exact) / 2;  // the estimate fits, the exact plan does not
+  const PlanResult p = plan_layouts(tight);
+  ASSERT_TRUE(p.smallest.has_value());
+  EXPECT_TRUE(p.smallest->memory_exact);
+  EXPECT_EQ(p.smallest->memory_bytes, exact);
+  const std::string text = plan_text(p, tight);
+  EXPECT_NE(text.find("no layout fits: the smallest needs " + format_bytes(exact)), std::string::npos) << text;
+  EXPECT_NE(text.find("exact plan)"), std::string::npos) << text;
+  EXPECT_NE(text.find("it does not fit"), std::string::npos) << text;
 }
 
 // The estimate by kind follows the mixed-precision design: under ZeRO-3 the bf16 copy is

@@ -98,7 +98,7 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
                format_bytes(m->memory_bytes).c_str(), m->layout.str().c_str(),
                m->memory_exact ? "exact plan" : "estimate");
     s += "\n";
-    if (m && !m->memory_rows.empty()) s += memory_table(*m);
+    if (m && !m->memory_rows.empty() && p.best.empty()) s += memory_table(*m);  // (else the best's follows)
     if (p.best.empty()) return s;
   }
   s += strf("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",

@@ -784,7 +784,8 @@ PlanResult plan_layouts(const PlanRequest& r) {
   for (Prediction& p : out.best) s.add_estimate_rows(p);
   if (out.smallest) s.add_estimate_rows(*out.smallest);
   if (!out.best.empty()) out.timeline = s.timeline(out.best[0].layout);
-  out.why = why_best(out.best, fitting);
+  out.why = out.best.empty() || out.best[0].fits ? why_best(out.best, fitting)
+                                                 : "the one layout asked for; it does not fit";
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
