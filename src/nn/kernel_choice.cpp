@@ -174,10 +174,12 @@ std::vector<double> measure(const std::vector<std::string>& names,
   return best;
 }
 
+// Another thread may have chosen for the same key meanwhile: the last choice stands (both
+// are candidates of the same key).
 KernelChoice remember(KernelChoice c) {
   std::lock_guard<std::mutex> lock(g_mu);
-  for (const KernelChoice& old : g_choices)
-    if (old.key == c.key) return old;
+  for (KernelChoice& old : g_choices)
+    if (old.key == c.key) return old = c;
   g_choices.push_back(c);
   return c;
 }

@@ -51,7 +51,7 @@ struct KernelChoice {
 const char* kernel_source_name(KernelChoice::Source s);
 
 constexpr int kKernelReps = 3;                 // timed runs per candidate, at most
-constexpr double kKernelShapeSeconds = 0.4;    // the time cap per shape (warm-ups aside: at least one run each)
+constexpr double kKernelShapeSeconds = 1.0;    // the time cap per shape (warm-ups aside: at least one run each)
 
 // The chosen candidate's name, one of `names` (not empty). make_runner is called only when
 // measuring. A candidate that throws is left out (with a warning); all throwing: the first.
