@@ -105,6 +105,10 @@ TEST(KernelChoice, ConvChoiceIsAMeasuredCandidateAndCached) {
 
   auto b = conv_on(4, 16, 8, 16);  // the process's choice
   EXPECT_EQ(b->cpu_path(), a->cpu_path());
+  // Another batch of the same layer (a data-parallel rank's share): the same choice, so that
+  // ranks follow one process's trajectory.
+  auto half = conv_on(2, 16, 8, 16);
+  EXPECT_EQ(half->cpu_path(), a->cpu_path());
   EXPECT_EQ(sat::kernel_choices().size(), 1u);
 
   sat::forget_kernel_choices();  // as a new process: the file's choice, not measured again
@@ -192,7 +196,7 @@ TEST(KernelChoice, DamagedCacheIsIgnoredAndRewritten) {
   for (const std::string& text : {std::string("{\"machine\": \"x\", \"choi"), std::string("[1, 2]"),
                                  std::string("{\"machine\": \"another\", \"choices\": {}}"),
                                  std::string("{\"machine\": ") + sat::JsonValue(sat::kernel_machine_key()).dump() +
-                                     ", \"choices\": {\"Conv2d B2 C16 H8 W8 O16 k3 s1 p1 g1 bias train f32 threads " +
+                                     ", \"choices\": {\"Conv2d C16 H8 W8 O16 k3 s1 p1 g1 bias train (16 images) f32 threads " +
                                      std::to_string(sat::cpu::num_threads()) +
                                      "\": {\"chosen\": \"no-such-path\", \"ms\": {}}}}"}) {
     SCOPED_TRACE(text);

@@ -295,8 +295,8 @@ std::string Conv2d::forced_path() {
 // data-parallel trajectory beyond test_dp_train's bound (ResNet-18, 2 ranks against 1, 3
 // SGD steps: 3.7e-5 against the bound 1e-5; F(2x2) 3.3e-6, oneDNN 5e-8), and moved
 // ResNet-18's step-1 gradients against PyTorch's by 6.8e-4 (test_parity; F(2x2) 6.3e-7).
-// Every candidate stays within both tests' bounds whichever mix of them is chosen, which
-// matters because ranks see another batch than one process and so may choose otherwise.
+// im2col, oneDNN and F(2x2) each stay within both bounds (a mix of them too, as long as ranks
+// and one process take the same path per layer: choose_path).
 std::vector<std::string> Conv2d::auto_paths() const {
   std::vector<std::string> names{"im2col"};
   if (B_ == 0) return names;
@@ -318,6 +318,12 @@ std::string Conv2d::rule_path() const {
 }
 
 // A forced path where the shape takes it (otherwise the rule's), or the measured choice.
+// The choice is made per image geometry, not per batch: it is measured on a fixed number of
+// images (kMeasureImages, fewer for large images) and keyed without the batch, so that a
+// data-parallel rank (a share of the batch) takes the path one process takes for the same
+// layer. Keyed by the batch, they chose differently (im2col on some of ResNet-18's layers at
+// batch 4, oneDNN at batch 8), and the mix moved 2 ranks 1.8e-5 off one process's losses in
+// test_dp_train's three steps (bound 1e-5; any one path alone: 5e-8; the rule: 6e-6).
 std::string Conv2d::choose_path(const LayerSetup& s) const {
   if (!probe_path_.empty()) return probe_path_;
   const std::string forced = forced_path();
@@ -325,16 +331,19 @@ std::string Conv2d::choose_path(const LayerSetup& s) const {
   if (forced == "onednn") return groups_ == 1 && B_ > 0 ? forced : "im2col";
   if (forced == "im2col") return forced;
   if (forced == "rule") return rule_path();
+  constexpr int64_t kMeasureImages = 16, kMeasureFloats = int64_t(1) << 24;  // images; their inputs + outputs
+  const int64_t per_image = C_ * H_ * W_ + O_ * Ho_ * Wo_;
+  const int64_t images = std::clamp(kMeasureFloats / std::max<int64_t>(per_image, 1), int64_t(1), kMeasureImages);
   const KernelKey key{"Conv2d",
-                      str_cat("B", B_, " C", C_, " H", H_, " W", W_, " O", O_, " k", k_, " s", s_, " p", p_, " g",
-                              groups_, bias_ ? " bias" : "", s.training ? " train" : " infer"),
+                      str_cat("C", C_, " H", H_, " W", W_, " O", O_, " k", k_, " s", s_, " p", p_, " g", groups_,
+                              bias_ ? " bias" : "", s.training ? " train" : " infer", " (", images, " images)"),
                       "f32", cpu::num_threads()};
   return choose_kernel(key, auto_paths(), [&](const std::string& path) {
     auto probe = std::make_shared<Conv2d>(C_, O_, k_, s_, p_, bias_, w_init_, groups_);
     probe->probe_path_ = path;
     LayerSetup ps;
     ps.name = s.name;
-    ps.inputs = {TensorSpec{Shape{B_, C_, H_, W_}, DType::f32}};
+    ps.inputs = {TensorSpec{Shape{images, C_, H_, W_}, DType::f32}};
     ps.training = s.training;
     ps.act = DType::f32;
     ps.device = Device::cpu;
