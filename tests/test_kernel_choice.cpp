@@ -196,7 +196,7 @@ TEST(KernelChoice, DamagedCacheIsIgnoredAndRewritten) {
   for (const std::string& text : {std::string("{\"machine\": \"x\", \"choi"), std::string("[1, 2]"),
                                  std::string("{\"machine\": \"another\", \"choices\": {}}"),
                                  std::string("{\"machine\": ") + sat::JsonValue(sat::kernel_machine_key()).dump() +
-                                     ", \"choices\": {\"Conv2d C16 H8 W8 O16 k3 s1 p1 g1 bias train (16 images) f32 threads " +
+                                     ", \"choices\": {\"Conv2d C16 H8 W8 O16 k3 s1 p1 g1 bias train f32 threads " +
                                      std::to_string(sat::cpu::num_threads()) +
                                      "\": {\"chosen\": \"no-such-path\", \"ms\": {}}}}"}) {
     SCOPED_TRACE(text);

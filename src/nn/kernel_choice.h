@@ -13,8 +13,8 @@
 //
 // The winner is kept for the process, and in a per-machine JSON file beside the tune cache:
 // $XDG_CACHE_HOME/saturate/tune/kernels-<hash>.json (~/.cache without XDG_CACHE_HOME), the
-// hash of the machine key (CPU model, its vector flags, the thread-independent library
-// versions), which the file also holds. The file is written atomically; a damaged one is
+// hash of the machine key (CPU model, its vector flags, OpenBLAS's and oneDNN's versions),
+// which the file also holds; the thread count is part of each choice's key. The file is written atomically; a damaged one is
 // ignored with a warning and rewritten.
 //
 // Ranks on one machine (data and tensor parallelism) take the same kernel for the same key:
@@ -36,7 +36,7 @@ namespace sat {
 // the kernels' speed depends on), the dtype they compute in and the thread count.
 struct KernelKey {
   std::string kind;   // "Conv2d"
-  std::string shape;  // "B32 C64 H32 W32 O64 k3 s1 p1 g1 bias train"
+  std::string shape;  // "C64 H32 W32 O64 k3 s1 p1 g1 bias train"
   std::string dtype;  // "f32"
   int threads = 1;
   std::string str() const;

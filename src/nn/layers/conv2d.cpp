@@ -318,12 +318,15 @@ std::string Conv2d::rule_path() const {
 }
 
 // A forced path where the shape takes it (otherwise the rule's), or the measured choice.
-// The choice is made per image geometry, not per batch: it is measured on a fixed number of
-// images (kMeasureImages, fewer for large images) and keyed without the batch, so that a
-// data-parallel rank (a share of the batch) takes the path one process takes for the same
-// layer. Keyed by the batch, they chose differently (im2col on some of ResNet-18's layers at
-// batch 4, oneDNN at batch 8), and the mix moved 2 ranks 1.8e-5 off one process's losses in
-// test_dp_train's three steps (bound 1e-5; any one path alone: 5e-8; the rule: 6e-6).
+// The choice is made per layer geometry, not per batch: it is measured on the batch of the
+// first run on this machine that meets the geometry (at most kMeasureFloats of input and
+// output) and keyed without the batch, so that a data-parallel rank (a share of the batch)
+// takes the path one process takes for the same layer. Keyed by the batch, they chose
+// differently (im2col on some of ResNet-18's layers at batch 4, oneDNN at batch 8), and the
+// mix moved 2 ranks 1.8e-5 off one process's losses in test_dp_train's three steps (bound
+// 1e-5; any one path alone: 5e-8; the rule: 6e-6). Measured on a fixed 16 images instead,
+// the choice misled larger batches: Winograd ran convnet's 14x14 32->64 layer in 4.2 ms at
+// 16 images and 37 ms at 64 (oneDNN: 9.0 and 24). Delete the cache file to measure again.
 std::string Conv2d::choose_path(const LayerSetup& s) const {
   if (!probe_path_.empty()) return probe_path_;
   const std::string forced = forced_path();
@@ -331,12 +334,12 @@ std::string Conv2d::choose_path(const LayerSetup& s) const {
   if (forced == "onednn") return groups_ == 1 && B_ > 0 ? forced : "im2col";
   if (forced == "im2col") return forced;
   if (forced == "rule") return rule_path();
-  constexpr int64_t kMeasureImages = 16, kMeasureFloats = int64_t(1) << 24;  // images; their inputs + outputs
+  constexpr int64_t kMeasureFloats = int64_t(1) << 24;  // of the measured batch's input and output
   const int64_t per_image = C_ * H_ * W_ + O_ * Ho_ * Wo_;
-  const int64_t images = std::clamp(kMeasureFloats / std::max<int64_t>(per_image, 1), int64_t(1), kMeasureImages);
+  const int64_t images = std::clamp(kMeasureFloats / std::max<int64_t>(per_image, 1), int64_t(1), std::max<int64_t>(B_, 1));
   const KernelKey key{"Conv2d",
                       str_cat("C", C_, " H", H_, " W", W_, " O", O_, " k", k_, " s", s_, " p", p_, " g", groups_,
-                              bias_ ? " bias" : "", s.training ? " train" : " infer", " (", images, " images)"),
+                              bias_ ? " bias" : "", s.training ? " train" : " infer"),
                       "f32", cpu::num_threads()};
   return choose_kernel(key, auto_paths(), [&](const std::string& path) {
     auto probe = std::make_shared<Conv2d>(C_, O_, k_, s_, p_, bias_, w_init_, groups_);
