@@ -152,25 +152,32 @@ class FileLock {
   int fd_ = -1;
 };
 
-// Best seconds per candidate (infinity: it threw), warm-up first, within the shape's cap.
+// Best seconds per candidate (infinity: it threw). Each is built and warmed up, then the
+// timed runs go round the candidates (A B C A B C ...), so that a burst of other work on a
+// shared machine slows all of them rather than one; rounds go on while the shape's cap lasts.
 std::vector<double> measure(const std::vector<std::string>& names,
                             const std::function<std::function<void()>(const std::string&)>& make_runner) {
   std::vector<double> best(names.size(), HUGE_VAL);
-  const double share = kKernelShapeSeconds / double(names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
+  std::vector<std::function<void()>> runs(names.size());
+  auto guarded = [&](size_t i, bool timed) {
     try {
-      std::function<void()> run = make_runner(names[i]);
-      run();  // warm-up
-      const double t_end = now_seconds() + share;
-      for (int r = 0; r < kKernelReps && (r == 0 || now_seconds() < t_end); ++r) {
-        const double t0 = now_seconds();
-        run();
-        best[i] = std::min(best[i], now_seconds() - t0);
-      }
+      if (!runs[i]) runs[i] = make_runner(names[i]);
+      const double t0 = now_seconds();
+      runs[i]();
+      if (timed) best[i] = std::min(best[i], now_seconds() - t0);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "saturate: kernel %s could not be measured (%s); left out\n", names[i].c_str(), e.what());
+      runs[i] = nullptr;
+      best[i] = -1;  // never again
     }
-  }
+  };
+  const double t_end = now_seconds() + kKernelShapeSeconds;
+  for (size_t i = 0; i < names.size(); ++i) guarded(i, false);  // build and warm up
+  for (int r = 0; r < kKernelReps && (r == 0 || now_seconds() < t_end); ++r)
+    for (size_t i = 0; i < names.size(); ++i)
+      if (best[i] >= 0) guarded(i, true);
+  for (double& b : best)
+    if (b < 0) b = HUGE_VAL;
   return best;
 }
 

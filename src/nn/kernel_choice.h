@@ -6,10 +6,11 @@
 // scratch, so the memory plan is the chosen kernel's, exactly):
 //   choose_kernel(key, {"im2col", "onednn", ...}, make_runner)
 // make_runner(name) builds one candidate (its own buffers, outside sat::alloc: they never
-// count in a run's measured peak and are freed before the next candidate is built) and
-// returns a function that runs it once (forward + backward). Each candidate runs once to
-// warm up (oneDNN compiles its kernels then), then up to kReps times while the shape's time
-// cap lasts (at least once); the fastest best time wins. One candidate: no measuring.
+// count in a run's measured peak, and are freed before choose_kernel returns) and returns a
+// function that runs it once (forward + backward). Each candidate runs once to warm up
+// (oneDNN compiles its kernels then), then the candidates run in turn, up to kKernelReps
+// rounds while the shape's time cap lasts (at least one); the lowest best time wins. One
+// candidate: no measuring.
 //
 // The winner is kept for the process, and in a per-machine JSON file beside the tune cache:
 // $XDG_CACHE_HOME/saturate/tune/kernels-<hash>.json (~/.cache without XDG_CACHE_HOME), the
@@ -51,7 +52,7 @@ struct KernelChoice {
 const char* kernel_source_name(KernelChoice::Source s);
 
 constexpr int kKernelReps = 3;                 // timed runs per candidate, at most
-constexpr double kKernelShapeSeconds = 1.0;    // the time cap per shape (warm-ups aside: at least one run each)
+constexpr double kKernelShapeSeconds = 1.0;    // the time cap per shape, warm-ups included (at least one timed round)
 
 // The chosen candidate's name, one of `names` (not empty). make_runner is called only when
 // measuring. A candidate that throws is left out (with a warning); all throwing: the first.
