@@ -563,8 +563,8 @@ TEST(Cli, NonFiniteNumbersAreRefused) {
 TEST(Cli, UnknownConvolutionPathIsRefused) {
   const std::string run = "train --model convnet --data synthetic --batch 4 --steps 1 --threads 1 --eval off";
   expect_user_error(saturate(run, "SAT_CONV=winograd "),
-                    "SAT_CONV: expected auto, im2col, onednn, winograd2 or winograd4, got 'winograd'");
-  for (const char* ok : {"auto", "im2col", "winograd2"}) {
+                    "SAT_CONV: expected auto, rule, im2col, onednn, winograd2 or winograd4, got 'winograd'");
+  for (const char* ok : {"auto", "rule", "im2col", "winograd2"}) {
     const CmdResult r = saturate(run, std::string("SAT_CONV=") + ok + " ");
     EXPECT_EQ(r.status, 0) << ok << ": " << r.out;
   }

@@ -184,7 +184,9 @@ TEST(Conv2d, WinogradMatchesReference) {
         std::printf("F(%dx%d) %-40s out %.1e dx %.1e dW %.1e\n", int(m), int(m), name(cc).c_str(), e[0], e[1], e[2]);
       }
   }
-  // Without SAT_CONV: Conv2d's own choice, by measurement (conv2d.cpp).
+  // SAT_CONV=rule: the fixed rule that measuring replaces (conv2d.cpp, Conv2d::rule_path;
+  // what measuring chooses is tested in test_kernel_choice.cpp).
+  const ForceConv rule("rule");
   sat::Conv2d deep(512, 512, 3, 1, 1, false), mid(128, 128, 3, 1, 1, false), wide(64, 64, 3, 1, 1, false),
       tiny(512, 512, 3, 1, 1, false), narrow(32, 64, 3, 1, 1, false), odd(8, 64, 3, 1, 1, false);
   for (auto [c, hw] : {std::pair{&deep, 4}, {&mid, 16}, {&wide, 32}, {&tiny, 2}, {&narrow, 14}, {&odd, 16}}) {

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/io.h"
+#include "nn/kernel_choice.h"
 #include "core/text.h"
 #include "core/timer.h"
 #include "nn/layers/tensor_parallel.h"
@@ -216,7 +217,7 @@ std::string Profiler::table(double gemm_peak) const {
   if (above_peak)
     out += "(GFLOP/s count a layer's nominal FLOPs, as PyTorch does; above 100% of peak, the layer multiplies less "
            "than that: Winograd convolutions)\n";
-  return out;
+  return out + kernel_choices_table();
 }
 
 }  // namespace sat

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "backend/cpu/blas.h"
+#include "nn/kernel_choice.h"
 
 namespace sat {
 
@@ -242,9 +243,10 @@ void Conv2d::setup(LayerSetup& s) {
   onednn_.reset();
   wg_m_ = 0;
   wf_u_ = wf_v_ = wf_m_ = wb_u_ = wb_du_ = wb_v_ = wb_dm_ = -1;
-  if (const int64_t m = s.device == Device::cpu ? winograd_chosen() : 0) {
-    setup_winograd(s, m);
-  } else if (s.device == Device::cpu && onednn_chosen()) {
+  path_ = s.device == Device::cpu ? choose_path(s) : "";
+  if (path_ == "winograd2" || path_ == "winograd4") {
+    setup_winograd(s, path_ == "winograd2" ? 2 : 4);
+  } else if (path_ == "onednn") {
     setup_onednn(s);
   } else if (s.device == Device::cuda) {
     // cuDNN needs no scratch of ours, except the filter gradient in a 16-bit act dtype.
@@ -278,76 +280,79 @@ std::string Conv2d::forced_path() {
   const char* env = std::getenv("SAT_CONV");
   const std::string v = env ? env : "";
   if (v.empty() || v == "auto") return "";
-  SAT_CHECK(v == "im2col" || v == "onednn" || v == "winograd2" || v == "winograd4",
-            "SAT_CONV: expected auto, im2col, onednn, winograd2 or winograd4, got '", v, "'");
+  SAT_CHECK(v == "rule" || v == "im2col" || v == "onednn" || v == "winograd2" || v == "winograd4",
+            "SAT_CONV: expected auto, rule, im2col, onednn, winograd2 or winograd4, got '", v, "'");
   SAT_CHECK(v != "onednn" || onednn_available(),
             "SAT_CONV=onednn: this build has no oneDNN (apt-get install libdnnl-dev ocl-icd-opencl-dev, then rebuild)");
   return v;
 }
 
-// oneDNN or im2col + OpenBLAS for this shape; SAT_CONV=onednn|im2col forces one (for
-// benchmarks and tests). Measured by bench/conv/paths (forward + backward ms per step, best
-// of 2-4, 2 threads, AMD EPYC Zen 3 with AVX2, oneDNN 2.6.3 and OpenBLAS 0.3.21,
-// 2026-11-26): oneDNN's blocked direct convolutions win wherever an image has 8x8 outputs
-// or more, and im2col's grouped GEMMs win on 4x4 maps and below and on the smallest
-// convolutions (one input channel into 16):
-//   ResNet-18 b32  32x32 64->64       im2col 89-92   oneDNN 65-68   (1.31-1.40)
-//                  16x16 128->128     74-76          62-65          (1.17-1.20)
-//                  8x8 256->256       69-70          62-64          (1.09-1.12)
-//                  8x8 128->256 s2    38.3           39.6           (0.97, taken anyway)
-//                  4x4 512->512       67.6-69.8      76.6-83.7      (0.83-0.89)
-//                  4x4 256->512 s2    36.5           46.3           (0.79)
-//                  first, 3->64       8.7            5.1            (1.69)
-//   convnet b64    28x28 1->32        6.39           3.98           (1.60)
-//                  14x14 32->64       15.5           10.6           (1.47)
-//   branchnet b64  28x28 16->16       20.8-21.3      6.7-6.8        (3.05-3.19)
-//                  28x28 1->16        1.68           2.44           (0.69)
-// Over ResNet-18's convolutions the rule gives 1.16x against im2col alone by these rows;
-// whole ResNet-18 b32 training steps, alternated, ran 1.16-1.43x faster (4 pairs).
-bool Conv2d::onednn_chosen() const {
-  const std::string forced = forced_path();
-  if (!onednn_available() || groups_ != 1 || B_ == 0) return false;
-  if (forced == "onednn") return true;
-  if (forced == "im2col") return false;
-  return Ho_ * Wo_ >= 64 && C_ * O_ >= 32;
+// The paths measuring chooses between: im2col always, oneDNN where it takes the shape, and
+// Winograd F(2x2) where it fits (3x3, stride 1, padding 1, channels in multiples of 16).
+// F(4x4) is never a candidate, only forced (SAT_CONV=winograd4), although it ran ResNet-18's
+// 16x16 to 4x4 convolutions 10-50% faster than F(2x2): its weight gradient, G^T dU G with
+// coefficients up to 1/24 over sums whose order data parallelism changes, moved the
+// data-parallel trajectory beyond test_dp_train's bound (ResNet-18, 2 ranks against 1, 3
+// SGD steps: 3.7e-5 against the bound 1e-5; F(2x2) 3.3e-6, oneDNN 5e-8), and moved
+// ResNet-18's step-1 gradients against PyTorch's by 6.8e-4 (test_parity; F(2x2) 6.3e-7).
+// im2col, oneDNN and F(2x2) each stay within both bounds (a mix of them too, as long as ranks
+// and one process take the same path per layer: choose_path).
+std::vector<std::string> Conv2d::auto_paths() const {
+  std::vector<std::string> names{"im2col"};
+  if (B_ == 0) return names;
+  if (onednn_available() && groups_ == 1) names.push_back("onednn");
+  if (winograd_fits()) names.push_back("winograd2");
+  return names;
 }
 
-// Winograd F(m x m, 3x3) (conv2d_winograd.cpp) for this shape, and its tile m (0: another
-// path); SAT_CONV=winograd2|winograd4 forces it where it fits (3x3, stride 1, padding 1,
-// channels in multiples of 16). Measured by bench/conv/paths against oneDNN (forward +
-// backward ms per step, best of 2, 2 threads, the same machine as above, 2026-11-26), on
-// ResNet-18 b32's 3x3 stride-1 convolutions:
-//                  oneDNN     F(2x2)            F(4x4)
-//   32x32 64->64   68-71      68-82 (0.87-0.99) 43-51 (1.40-1.60)
-//   16x16 128->128 65-69      51-53 (1.26-1.30) 31-34 (1.98-2.14)
-//   8x8 256->256   66-70      42-43 (1.52-1.64) 29 (2.27-2.43)
-//   4x4 512->512   79-84      39-44 (1.91-2.03) 36-38 (2.12-2.33)
-// (F(2x2) with its rows padded to 48, below, in a later run: 16x16 1.42-1.51, 8x8
-// 1.67-1.75, 4x4 1.79-1.86; --profile: 148-180 nominal GFLOP/s, 86-105% of the GEMM peak.)
-// F(2x2) on all of them from 16x16 maps down, although F(4x4) ran them 10-50% faster (the
-// convolutions together 1.40x oneDNN's speed against F(2x2)'s 1.32x, path auto): F(4x4)'s
-// weight gradient, G^T dU G with coefficients up to 1/24 over sums whose order data
-// parallelism changes, left the one-process trajectory (test_dp_train, ResNet-18 with 2
-// ranks against 1, 3 SGD steps: 3.7e-5 with F(4x4) on 16x16 and 8x8 maps, 3.3e-6 with
-// F(2x2), 5e-8 with oneDNN alone; the test's bound is 1e-5). F(2x2) also keeps the scratch
-// small: its transformed weights and their gradient take 16/36 of F(4x4)'s (2 x 16.8 MiB
-// against 2 x 37.7 MiB at 512 channels, where the plan peaks, in layer 4's backward).
-// 32x32 maps stay on oneDNN: F(2x2) is no faster there, and F(4x4), 1.40-1.60x faster, moves
-// ResNet-18's step-1 gradients at the parity test's batch of 4, which has ReLU inputs
-// within 1e-6 of zero whose signs follow every layer's rounding (tests/test_parity.cpp,
-// Resnet18SgdDefaultConvolutions, against PyTorch's: this rule 2.4e-5, as oneDNN alone;
-// F(2x2) on every layer 6.3e-7; F(4x4) on every layer 6.8e-4). Smaller channel products
-// lose or gain little (convnet's 14x14 32->64: 0.79 with F(4x4); branchnet's 28x28
-// 16->16: 1.15-1.18): they stay on the paths above. Maps under 4x4 keep im2col's pruned
-// taps, which skip the padding that Winograd would multiply.
-int64_t Conv2d::winograd_chosen() const {
+// The fixed rule, the choice before measuring and now under SAT_CONV=rule (and for a forced
+// path the shape cannot take). It was measured on a 2-thread AMD EPYC (Zen 3, AVX2 only):
+// oneDNN from 8x8 output maps up (1.1-3x im2col), im2col on 4x4 maps and below and the
+// smallest convolutions (1 input channel into 16), Winograd F(2x2) on 3x3 convolutions of
+// 64x64 channels and more on 16x16 to 4x4 maps (1.3-2x oneDNN). On other machines the
+// ratios differ, hence the measurement (bench/conv/paths compares the two).
+std::string Conv2d::rule_path() const {
+  if (winograd_fits() && C_ * O_ >= 64 * 64 && H_ >= 4 && W_ >= 4 && H_ * W_ <= 16 * 16) return "winograd2";
+  if (onednn_available() && groups_ == 1 && B_ > 0 && Ho_ * Wo_ >= 64 && C_ * O_ >= 32) return "onednn";
+  return "im2col";
+}
+
+// A forced path where the shape takes it (otherwise the rule's), or the measured choice.
+// The choice is made per layer geometry, not per batch: it is measured on the batch of the
+// first run on this machine that meets the geometry (at most kMeasureFloats of input and
+// output) and keyed without the batch, so that a data-parallel rank (a share of the batch)
+// takes the path one process takes for the same layer. Keyed by the batch, they chose
+// differently (im2col on some of ResNet-18's layers at batch 4, oneDNN at batch 8), and the
+// mix moved 2 ranks 1.8e-5 off one process's losses in test_dp_train's three steps (bound
+// 1e-5; any one path alone: 5e-8; the rule: 6e-6). Measured on a fixed 16 images instead,
+// the choice misled larger batches: Winograd ran convnet's 14x14 32->64 layer in 4.2 ms at
+// 16 images and 37 ms at 64 (oneDNN: 9.0 and 24). Delete the cache file to measure again.
+std::string Conv2d::choose_path(const LayerSetup& s) const {
+  if (!probe_path_.empty()) return probe_path_;
   const std::string forced = forced_path();
-  if (!winograd_fits()) return 0;
-  if (forced == "winograd2") return 2;
-  if (forced == "winograd4") return 4;
-  if (!forced.empty()) return 0;
-  if (C_ * O_ < 64 * 64 || H_ < 4 || W_ < 4 || H_ * W_ > 16 * 16) return 0;
-  return 2;
+  if (forced == "winograd2" || forced == "winograd4") return winograd_fits() ? forced : rule_path();
+  if (forced == "onednn") return groups_ == 1 && B_ > 0 ? forced : "im2col";
+  if (forced == "im2col") return forced;
+  if (forced == "rule") return rule_path();
+  constexpr int64_t kMeasureFloats = int64_t(1) << 24;  // of the measured batch's input and output
+  const int64_t per_image = C_ * H_ * W_ + O_ * Ho_ * Wo_;
+  const int64_t images = std::clamp(kMeasureFloats / std::max<int64_t>(per_image, 1), int64_t(1), std::max<int64_t>(B_, 1));
+  const KernelKey key{"Conv2d",
+                      str_cat("C", C_, " H", H_, " W", W_, " O", O_, " k", k_, " s", s_, " p", p_, " g", groups_,
+                              bias_ ? " bias" : "", s.training ? " train" : " infer"),
+                      "f32", cpu::num_threads()};
+  return choose_kernel(key, auto_paths(), [&](const std::string& path) {
+    auto probe = std::make_shared<Conv2d>(C_, O_, k_, s_, p_, bias_, w_init_, groups_);
+    probe->probe_path_ = path;
+    LayerSetup ps;
+    ps.name = s.name;
+    ps.inputs = {TensorSpec{Shape{images, C_, H_, W_}, DType::f32}};
+    ps.training = s.training;
+    ps.act = DType::f32;
+    ps.device = Device::cpu;
+    probe->setup(ps);
+    return layer_runner(probe, ps);
+  });
 }
 
 void Conv2d::forward(LayerCtx& c) {

@@ -1,8 +1,8 @@
 // 2-D convolution, NCHW (PyTorch's nn.Conv2d with square kernel, stride, padding and
 // groups; no dilation). CPU paths: im2col + OpenBLAS GEMMs per group of images (one GEMM
 // per channel group), oneDNN's convolution primitives (conv2d_dnnl.cpp) or Winograd's
-// F(m x m, 3x3) (conv2d_winograd.cpp) for the shapes where they are faster (onednn_chosen,
-// winograd_chosen). GPU path (conv2d.cu): cuDNN's convolution API.
+// F(m x m, 3x3) (conv2d_winograd.cpp), chosen per shape by timing them on the machine
+// (choose_path, nn/kernel_choice.h). GPU path (conv2d.cu): cuDNN's convolution API.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -75,9 +75,15 @@ class Conv2d : public Layer {
   // OpenBLAS; null: im2col.
   struct Dnnl;
   std::shared_ptr<Dnnl> onednn_;
-  static bool onednn_available();  // this build has oneDNN
-  static std::string forced_path();  // SAT_CONV's path, "" for auto; sat::Error for an unknown one
-  bool onednn_chosen() const;      // after the geometry is set: this shape takes oneDNN
+  // SAT_CONV's path: "" for auto (measured), "rule", or a path; sat::Error for an unknown one.
+  static std::string forced_path();
+  // After the geometry is set: the CPU path this shape takes (im2col, onednn, winograd2,
+  // winograd4), and the fixed rule that chose it before measuring (SAT_CONV=rule).
+  std::string choose_path(const LayerSetup& s) const;
+  std::string rule_path() const;
+  std::vector<std::string> auto_paths() const;  // the candidates measuring times
+  std::string path_;        // the chosen CPU path, after setup
+  std::string probe_path_;  // set on the copies measuring times: this path, no choosing
   void setup_onednn(LayerSetup& s);
   void forward_onednn(LayerCtx& c);
   void backward_onednn(LayerCtx& c);
@@ -93,14 +99,15 @@ class Conv2d : public Layer {
   // im2col and Winograd paths.
   void bias_grad(const float* dy, int64_t HW, float* db, bool acc) const;
   bool winograd_fits() const;      // the shape Winograd F(m x m, 3x3) computes
-  int64_t winograd_chosen() const; // after the geometry is set: this shape's tile m (0: not Winograd)
   void setup_winograd(LayerSetup& s, int64_t m);
   void forward_winograd(LayerCtx& c);
   void backward_winograd(LayerCtx& c);
 
  public:
+  static bool onednn_available();  // this build has oneDNN
   bool uses_onednn() const { return onednn_ != nullptr; }  // after setup
   int64_t winograd_tile() const { return wg_m_; }          // after setup: m of F(m x m, 3x3), 0: not Winograd
+  const std::string& cpu_path() const { return path_; }    // after a CPU setup: im2col, onednn, winograd2 or winograd4
 };
 
 }  // namespace sat
