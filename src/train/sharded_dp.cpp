@@ -295,6 +295,7 @@ void ShardedDP::after_update() {
     works.push_back(dp_.all_gather(p + lo + dp_.rank() * n, p + lo, size_t(n), DType::f32));
   }
   for (auto& w : works) wait(w);
+  ps_.refresh_lp();  // the whole updated parameters are here now
 }
 
 std::unique_ptr<ParamStore> ShardedDP::unsharded() const {
