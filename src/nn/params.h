@@ -83,9 +83,8 @@ class ParamStore {
   // The parameter in the low-precision dtype, what the layers read under mixed precision;
   // == param(i) under f32. Under ZeRO-3 it lies in the low-precision buffer bound to its unit.
   Tensor param_lp(size_t i) const {
-    void* lp = lp_dtype_ == DType::f32 ? nullptr : lp_ptr(i);
-    if (!lp) return param(i);
-    return {lp, decls_[i].spec.shape, lp_dtype_, device_};
+    if (lp_dtype_ == DType::f32) return param(i);
+    return {lp_ptr(i), decls_[i].spec.shape, lp_dtype_, device_};
   }
   int find_param(const std::string& name) const;  // -1 when absent
   int64_t offset(size_t i) const { return offsets_[i]; }  // of parameter i in the flat arrays, in floats
