@@ -303,6 +303,17 @@ TEST(ZeroRanks, Bf16FollowsOneProcess) {
   }
 }
 
+// Over 4 ranks: ZeRO-3 in bf16 over dp 4, and over dp 2 x pp 2 (the tied embedding's bf16
+// pieces gathered on both stages).
+TEST(ZeroRanks, Bf16FollowsOneProcessOnFourRanks) {
+  if (!world_is(4)) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R zero_np4)";
+  const auto bf16 = sat::Precision::bf16;
+  expect_exact({.model = "gpt-mini", .zero = 3, .batch = 1, .accum = 1, .steps = 12, .lr = 3e-4f, .precision = bf16,
+                .tol = 1e-3});
+  expect_exact({.model = "gpt-mini", .zero = 3, .pp = 2, .batch = 1, .accum = 4, .steps = 12, .lr = 3e-4f,
+                .precision = bf16, .tol = 1e-3});
+}
+
 // bf16's plan by kind, per rank, and its measured peak (never above the plan, within 2%)
 // for ZeRO 0 to 3: the bf16 copy is whole (ZeRO 0, 1, 2: laid out as the master) or 1/dp of
 // the model's (ZeRO-3: its pieces of every unit, padded as the store pads), and ZeRO-3's
