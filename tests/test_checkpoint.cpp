@@ -174,6 +174,19 @@ TEST(Checkpoint, ResumeIsBitExactUnderZero) {
   }
 }
 
+// Under bf16 the layers read the parameters' bf16 copy (under ZeRO-3 each rank's shard of
+// it): loading a checkpoint refreshes it from the loaded float32 master, bit for bit.
+TEST(Checkpoint, ResumeIsBitExactInBf16) {
+  for (int zero : {0, 3}) {
+    const Pair p = straight_and_resumed("bf16zero" + std::to_string(zero),
+                                        kGptPlain + " --batch 2 --precision bf16 --zero " + std::to_string(zero),
+                                        zero ? 2 : 1, 24, 12);
+    ASSERT_EQ(p.straight.size(), 12u) << zero;
+    EXPECT_EQ(p.resumed, p.straight) << zero;
+    EXPECT_TRUE(p.same_weights) << zero;
+  }
+}
+
 // A checkpoint of dp 2 x tp 2 read by other layouts: the same global batch (8), so the same
 // samples per step; the sums only change order.
 TEST(Checkpoint, ReshardsAcrossLayouts) {

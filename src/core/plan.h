@@ -22,8 +22,8 @@ namespace sat {
 enum class MemKind : int {
   parameters, gradients, optimizer_state, model_state, inputs,
   activations, saved, activation_grads, scratch,
-  lp_params, workspace,  // GPU only: low-precision parameter copy; cuBLASLt/cuDNN workspace
-  gathered_params, grad_buckets,  // ZeRO-3's gathered units; ZeRO-2/3's gradient buckets
+  lp_params, workspace,  // low-precision parameter copy (mixed precision); GPU only: cuBLASLt/cuDNN workspace
+  gathered_params, grad_buckets,  // ZeRO-3's gathered units (bf16 under bf16); ZeRO-2/3's f32 gradient buckets
   kCount
 };
 const char* mem_kind_name(MemKind k);
