@@ -89,7 +89,7 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
   sp.stage = stage, sp.parts = parts;
   if (stage < 2 || g.params().empty()) return sp;
   sp.units = shard_units(g, stage);
-  if (stage >= 3 && g.device() == Device::cpu) sp.gathered_dtype = g.act();  // bf16: the layers' copy
+  if (stage >= 3) sp.gathered_dtype = g.act();  // mixed precision: the layers' low-precision copy, on either device
   sp.range = ParamStore::unit_ranges(g.params(), sp.sharding(0));
   order_units(g, sp);
   const size_t U = sp.units.size();
