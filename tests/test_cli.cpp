@@ -97,6 +97,9 @@ TEST(Cli, UnknownModelAndFlag) {
   expect_user_error(saturate("bench comm --backend gloo"), "--backend");
   if (sat::cuda_device_count() == 0)  // no GPU (or no NCCL in this build): a clear error, not a crash
     expect_user_error(saturate("bench comm --backend nccl"), "--backend nccl");
+  if (sat::cuda_device_count() == 0)  // ZeRO on GPUs is compiled: refused here for want of a GPU, as any cuda run
+    expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --zero 3 --device cuda"),
+                      "--device cuda: no usable GPU");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 1 --noise-scale"), "--noise-scale needs --accum 2");
   expect_user_error(saturate("info --model mlp --zero 3"), "--zero");
   expect_user_error(saturate("train --model gpt-mini --data synthetic --steps 1 --recompute some"),

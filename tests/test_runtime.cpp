@@ -96,8 +96,12 @@ TEST(Support, EveryFeatureHasOneRowAndTheRefusalsNameTheFlag) {
     }
   }
   EXPECT_EQ(rows.size(), size_t(sat::Feature::kCount));
-  EXPECT_EQ(error_of([] { sat::require(sat::Device::cuda, sat::Feature::zero23, "--zero 2"); }),
-            "--zero 2 needs --device cpu for now (ZeRO-2/3 on GPUs is not built yet)");
+  EXPECT_EQ(error_of([] { sat::require(sat::Device::cuda, sat::Feature::recompute, "--recompute full"); }),
+            "--recompute full needs --device cpu for now (the GPU engine does not recompute activations yet)");
+  // ZeRO on GPUs: compiled, not yet run.
+  EXPECT_EQ(sat::support(sat::Device::cuda, sat::Feature::zero23), sat::Support::compiled);
+  EXPECT_EQ(sat::support(sat::Device::cuda, sat::Feature::zero1), sat::Support::compiled);
+  EXPECT_EQ(error_of([] { sat::require(sat::Device::cuda, sat::Feature::zero23, "--zero 2"); }), "");
   EXPECT_EQ(error_of([] { sat::require(sat::Device::cpu, sat::Feature::fp16, "--precision fp16"); }),
             "--precision fp16 needs --device cuda (the CPU engine's precisions are fp32 and bf16)");
   EXPECT_EQ(error_of([] { sat::require(sat::Device::cpu, sat::Feature::zero23); }), "");
@@ -152,6 +156,24 @@ TEST(Support, ValidationRefusesFromTheMatrix) {
             std::string::npos);
   cfg.dist_backend = sat::DistBackend::automatic;
   EXPECT_EQ(error_of([&] { sat::validate_run(mc, cfg, 1); }), "");
+}
+
+// ZeRO on GPUs is compiled: validation accepts --zero 1/2/3 --device cuda where a GPU exists,
+// and without one refuses it for want of a GPU (the error of any --device cuda run).
+TEST(Support, ZeroOnCudaIsAcceptedWhereAGpuExists) {
+  sat::ModelConfig mc = sat::model_config("mlp");
+  sat::TrainConfig cfg;
+  cfg.device = "cuda";
+  for (int zero : {1, 2, 3}) {
+    cfg.zero = zero;
+    const std::string err = error_of([&] { sat::validate_run(mc, cfg, 2); });
+    if (sat::cuda_device_count() > 0) {
+      EXPECT_EQ(err, "") << "--zero " << zero;
+    } else {
+      EXPECT_EQ(err.rfind("--device cuda: no usable GPU (", 0), 0u) << err;
+      EXPECT_EQ(err.find("--zero"), std::string::npos) << err;
+    }
+  }
 }
 
 // ---- the job's plan: each graph once -----------------------------------------------------

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device.h"
 #include "core/tensor.h"
 
 namespace sat {
@@ -92,6 +93,16 @@ class DeviceBackend {
   // The device's utilisation sampled while training (null where none can be read).
   virtual std::unique_ptr<GpuSampler> utilization() = 0;
   virtual void synchronize() {}
+
+  // The ZeRO paths' work on the store's memory, queued in the step's order (on a GPU on the
+  // compute stream, after what StreamOrder joined): dst = src, or dst += src, over n floats
+  // (a reduced bucket's piece into the gradient shard); bytes of zeros (a bucket's padding);
+  // the store's low-precision copy refreshed from its parameters (after a gather).
+  virtual void add_into(float* dst, const float* src, int64_t n, bool overwrite) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void refresh_lp(ParamStore& ps) = 0;
+  // Memory of `bytes` on this device (ZeRO's staging arena).
+  virtual DeviceBuffer buffer(size_t bytes, const char* what) = 0;
 };
 
 }  // namespace sat

@@ -21,16 +21,23 @@ namespace sat {
 
 namespace {
 
-// CudaOptimizer over a store on the GPU, on the compute stream.
+// CudaOptimizer over a store on the GPU, on the compute stream. It updates what the store's
+// update spans say (ZeRO-1: this rank's shard of the flat arrays; ZeRO-2: its piece of every
+// unit; ZeRO-3: its shard arrays) and writes the low-precision copy of what it updated.
 class GpuOptimizer final : public DeviceOptimizer {
  public:
   GpuOptimizer(const OptimConfig& c, ParamStore& ps, DType act, bool loss_scaling, cudaStream_t stream)
-      : opt_(c, ps.flat_size(), act, loss_scaling), ps_(ps), stream_(stream) {}
+      : opt_(c, ps.shard_len(), act, loss_scaling), ps_(ps), stream_(stream) {
+    const size_t lp_size = dtype_size(ps.lp_dtype());
+    for (const UpdateSpan& u : ps.update_spans())
+      spans_.push_back({u.p, u.g, u.slot, u.n, static_cast<uint8_t*>(ps.flat_lp()) + (u.p - ps.flat_params()) * lp_size});
+    // The gradients of the state's range (the inf/NaN check): this rank's shard of them.
+    grads_ = ps.flat_grads() + (ps.sharding().stage >= 2 ? 0 : ps.shard_begin());
+  }
   void set_lr(float lr) override { lr_ = lr; }
   void step() override {
     opt_.set_lr(lr_, stream_);
-    opt_.step(ps_.flat_params(), ps_.flat_grads(), ps_.optimizer_slots() ? ps_.flat_slot(0) : nullptr, ps_.flat_lp(),
-              stream_);
+    opt_.step(spans_, grads_, ps_.optimizer_slots() ? ps_.flat_slot(0) : nullptr, stream_);
   }
   const OptimConfig& config() const override { return opt_.config(); }
   int64_t steps() const override { return const_cast<CudaOptimizer&>(opt_).steps_host(); }
@@ -46,6 +53,8 @@ class GpuOptimizer final : public DeviceOptimizer {
  private:
   CudaOptimizer opt_;
   ParamStore& ps_;
+  std::vector<CudaOptimizer::Span> spans_;
+  const float* grads_ = nullptr;
   cudaStream_t stream_;
   float lr_ = 0;
 };
@@ -168,6 +177,21 @@ class CudaBackend final : public DeviceBackend {
     return std::make_unique<GpuSampler>(0, bus);
   }
   void synchronize() override { SAT_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream)); }
+  void add_into(float* dst, const float* src, int64_t n, bool overwrite) override {
+    if (n <= 0) return;
+    if (overwrite)
+      SAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, ctx_->stream));
+    else
+      cuda::add_into(dst, src, DType::f32, n, ctx_->stream);
+  }
+  void zero(void* dst, size_t bytes) override {
+    if (bytes) SAT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, ctx_->stream));
+  }
+  void refresh_lp(ParamStore& ps) override {
+    if (ps.lp_dtype() != DType::f32)
+      cuda::convert(ps.flat_params(), DType::f32, ps.flat_lp(), ps.lp_dtype(), ps.lp_size(), ctx_->stream);
+  }
+  DeviceBuffer buffer(size_t bytes, const char* what) override { return DeviceBuffer(Device::cuda, bytes, what); }
 
  private:
   // The data-parallel reduction's stream, of the highest priority (its buckets overlap backward).

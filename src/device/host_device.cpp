@@ -2,6 +2,9 @@
 // memory (counted by core/alloc.h), the host optimizer, collectives waited for.
 #include "device/devices.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "backend/device.h"
 #include "core/alloc.h"
 #include "dist/comm.h"
@@ -70,6 +73,17 @@ class HostBackend final : public DeviceBackend {
   std::unique_ptr<SquaredNorms> squared_norms(size_t, const float*) override { return std::make_unique<HostNorms>(); }
   std::unique_ptr<StreamOrder> stream_order(size_t) override { return host_stream_order(); }
   std::unique_ptr<GpuSampler> utilization() override { return nullptr; }
+  void add_into(float* dst, const float* src, int64_t n, bool overwrite) override {
+    if (overwrite) {
+      std::copy(src, src + n, dst);
+      return;
+    }
+#pragma omp parallel for simd if (n > 65536)
+    for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
+  }
+  void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void refresh_lp(ParamStore& ps) override { ps.refresh_lp(); }
+  DeviceBuffer buffer(size_t bytes, const char* what) override { return DeviceBuffer(Device::cpu, bytes, what); }
 
  private:
   size_t base_ = 0;

@@ -210,10 +210,9 @@ void Engine::set_group(dist::Comm* group) {
     for (NodeRun& run : c.runs) run.ctx.group = group;
 }
 
-void Engine::set_node_hooks(NodeHooks* h) {
-  SAT_CHECK(!h || device() == Device::cpu, "internal error: node hooks need the CPU engine");
-  node_hooks_ = h;
-}
+// On the GPU the hooks decide on the host between nodes (ZeRO's gathers and reductions on
+// the collectives' stream): the segments run eagerly, never replayed as CUDA graphs.
+void Engine::set_node_hooks(NodeHooks* h) { node_hooks_ = h; }
 
 void Engine::set_dloss(float dloss, const float* scale_dev) {
   dloss_ = dloss;
@@ -415,7 +414,7 @@ void Engine::forward_gpu(int ctx, int chunk, bool training, uint64_t seed, const
   for (size_t i = 0; i < g_.nodes().size(); ++i) seeds[i] = mix_seed(seed, g_.nodes()[i].seed_key);
   // The seeds and the loss travel through pinned memory that a replayed graph reads and
   // writes at every replay; the host updates them between replays.
-  enqueue(graphs_on_, graph_key(0, ctx, chunk, si, training, false), st, G.graphs, G.kernels,
+  enqueue(graphs_on_ && !node_hooks_, graph_key(0, ctx, chunk, si, training, false), st, G.graphs, G.kernels,
           G.launches, G.replayed, [&] {
             for (size_t k = 0; k < data.size(); ++k) {
               const size_t idx = size_t(std::find(ins.begin(), ins.end(), ch.data[k]) - ins.begin());
@@ -444,7 +443,7 @@ bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, GradReady* hook)
   const bool hooked = hook != nullptr;
   const int si = G.ctx_slot[size_t(ctx)];  // the layers read its inputs in backward too
   const bool replayed =
-      enqueue(graphs_on_, graph_key(1, ctx, chunk, std::max(si, 0), first_micro, hooked), st, G.graphs, G.kernels,
+      enqueue(graphs_on_ && !node_hooks_, graph_key(1, ctx, chunk, std::max(si, 0), first_micro, hooked), st, G.graphs, G.kernels,
           G.launches, G.replayed, [&] {
             if (ch.has_loss) {
               float* dl = c.grads[size_t(g_.loss())].f32();

@@ -32,7 +32,8 @@ namespace sat {
 
 struct CudaCtx;
 
-// Called around every node of a forward or backward on the CPU: the seam where work tied to
+// Called around every node of a forward or backward (on the GPU too, whose segments then
+// run eagerly, not as CUDA graphs): the seam where work tied to
 // node boundaries plugs in (fully sharded data parallelism gathers a unit's parameters
 // before its first node and reduce-scatters its gradients after its last).
 class NodeHooks {
@@ -134,7 +135,8 @@ class Engine {
   // (LayerCtx::group); it must outlive its use and work on the step's memory (host memory on
   // the CPU; device memory on the step's stream on the GPU).
   void set_group(dist::Comm* group);
-  // Hooks around every node (CPU; null: none). h must outlive its use.
+  // Hooks around every node (null: none; on the GPU no segment is captured while set). h
+  // must outlive its use.
   void set_node_hooks(NodeHooks* h);
 
  private:

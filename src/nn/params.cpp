@@ -235,7 +235,7 @@ void ParamStore::to_device(Device dev, DType lp) {
   o_ = doptim_.as<float>();
   s_ = dstates_.as<uint8_t>();
   if (lp != DType::f32) {
-    lp_ = DeviceBuffer(dev, size_t(flat_) * dtype_size(lp), "low-precision parameters");
+    lp_ = DeviceBuffer(dev, size_t(lp_size()) * dtype_size(lp), "low-precision parameters");
     refresh_lp();
   }
 }
@@ -247,7 +247,7 @@ void ParamStore::refresh_lp() {
     return;
   }
 #if SAT_HAVE_CUDA
-  cuda::convert(p_, DType::f32, lp_.data(), lp_dtype_, flat_, nullptr);
+  cuda::convert(p_, DType::f32, lp_.data(), lp_dtype_, lp_size(), nullptr);
   SAT_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 }

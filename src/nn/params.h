@@ -133,6 +133,9 @@ class ParamStore {
   // shard, shard_len() elements); flat_params() under f32.
   void* flat_lp() const { return lp_dtype_ == DType::f32 ? static_cast<void*>(p_) : lp_.data(); }
   DType lp_dtype() const { return lp_dtype_; }
+  // Elements of the parameters' array, and of the low-precision copy: flat_size(), or under
+  // ZeRO-3 shard_len().
+  int64_t lp_size() const { return int64_t(params_.bytes() / 4); }
   int optimizer_slots() const { return slots_; }
   int64_t param_count() const;
 

@@ -259,25 +259,19 @@ void CudaOptimizer::release() noexcept {
 }
 
 void CudaOptimizer::step(float* params, const float* grads, float* slots, void* params_lp, cudaStream_t stream) {
+  step(std::vector<Span>{{params, grads, 0, n_, params_lp}}, grads, slots, stream);
+}
+
+void CudaOptimizer::step(const std::vector<Span>& spans, const float* grads, float* slots, cudaStream_t stream) {
   last_stream_ = stream;
   const int nslots = optimizer_slots(c_);
-  if (n_ > 0) {
-    SAT_ASSERT(params && grads);
-    SAT_ASSERT(nslots == 0 || slots);
-    SAT_ASSERT(lp_ == DType::f32 || params_lp);
-  }
+  SAT_ASSERT(nslots == 0 || n_ == 0 || slots);
   const bool adamw = c_.name == "adamw";
-  const Algo algo = adamw ? Algo::adamw : c_.momentum > 0 ? Algo::sgd_momentum : Algo::sgd;
-  float* s0 = nslots >= 1 ? slots : nullptr;
-  float* s1 = nslots >= 2 ? slots + n_ : nullptr;
-
-  // float4 (and 4 x 16-bit) access needs every array aligned to it.
-  const bool vec4 = aligned(params, 16) && aligned(grads, 16) && (!s0 || aligned(s0, 16)) &&
-                    (!s1 || aligned(s1, 16)) && (lp_ == DType::f32 || aligned(params_lp, 8));
-
   if (loss_scaling_) {
     SAT_CUDA_CHECK(cudaMemsetAsync(&d_->found_inf, 0, sizeof(int32_t), stream));
     if (n_ > 0) {
+      SAT_ASSERT(grads);
+      const bool vec4 = aligned(grads, 16);
       const unsigned blocks = std::min(cuda::grid_for(vec4 ? (n_ + 3) / 4 : n_, kBlock), unsigned(max_blocks_));
       if (vec4)
         nonfinite_kernel<4><<<blocks, kBlock, 0, stream>>>(grads, n_, &d_->found_inf);
@@ -290,31 +284,48 @@ void CudaOptimizer::step(float* params, const float* grads, float* slots, void* 
   begin_kernel<<<1, 1, 0, stream>>>(d_, loss_scaling_, adamw, c_.beta1, c_.beta2, c_.weight_decay);
   SAT_CUDA_LAUNCH_CHECK();
 
-  if (n_ > 0) {
-    Hyper h;
-    h.wd = c_.weight_decay;
-    h.momentum = c_.momentum;
-    h.nesterov = c_.nesterov;
-    h.beta1 = c_.beta1;
-    h.beta2 = c_.beta2;
-    h.eps = c_.eps;
-    switch (algo) {
-      case Algo::sgd:
-        launch_update_vec<Algo::sgd>(vec4, lp_, max_blocks_, stream, d_, params, grads, s0, s1, params_lp, n_, h);
-        break;
-      case Algo::sgd_momentum:
-        launch_update_vec<Algo::sgd_momentum>(vec4, lp_, max_blocks_, stream, d_, params, grads, s0, s1, params_lp,
-                                              n_, h);
-        break;
-      case Algo::adamw:
-        launch_update_vec<Algo::adamw>(vec4, lp_, max_blocks_, stream, d_, params, grads, s0, s1, params_lp, n_, h);
-        break;
-    }
-  }
+  for (const Span& sp : spans) update(sp, slots, stream);
 
   if (loss_scaling_) {
     update_scale_kernel<<<1, 1, 0, stream>>>(d_, ls_.growth_factor, ls_.backoff_factor, ls_.growth_interval);
     SAT_CUDA_LAUNCH_CHECK();
+  }
+}
+
+// The fused update of one span (c).
+void CudaOptimizer::update(const Span& sp, float* slots, cudaStream_t stream) {
+  if (sp.n <= 0) return;
+  const int nslots = optimizer_slots(c_);
+  SAT_ASSERT(sp.params && sp.grads);
+  SAT_ASSERT(lp_ == DType::f32 || sp.params_lp);
+  SAT_ASSERT(sp.slot >= 0 && sp.slot + sp.n <= n_);
+  const bool adamw = c_.name == "adamw";
+  const Algo algo = adamw ? Algo::adamw : c_.momentum > 0 ? Algo::sgd_momentum : Algo::sgd;
+  float* s0 = nslots >= 1 ? slots + sp.slot : nullptr;
+  float* s1 = nslots >= 2 ? slots + n_ + sp.slot : nullptr;
+  float* p = sp.params;
+  const float* g = sp.grads;
+  void* lp = sp.params_lp;
+  // float4 (and 4 x 16-bit) access needs every array aligned to it.
+  const bool vec4 = aligned(p, 16) && aligned(g, 16) && (!s0 || aligned(s0, 16)) && (!s1 || aligned(s1, 16)) &&
+                    (lp_ == DType::f32 || aligned(lp, 8));
+  Hyper h;
+  h.wd = c_.weight_decay;
+  h.momentum = c_.momentum;
+  h.nesterov = c_.nesterov;
+  h.beta1 = c_.beta1;
+  h.beta2 = c_.beta2;
+  h.eps = c_.eps;
+  switch (algo) {
+    case Algo::sgd:
+      launch_update_vec<Algo::sgd>(vec4, lp_, max_blocks_, stream, d_, p, g, s0, s1, lp, sp.n, h);
+      break;
+    case Algo::sgd_momentum:
+      launch_update_vec<Algo::sgd_momentum>(vec4, lp_, max_blocks_, stream, d_, p, g, s0, s1, lp, sp.n, h);
+      break;
+    case Algo::adamw:
+      launch_update_vec<Algo::adamw>(vec4, lp_, max_blocks_, stream, d_, p, g, s0, s1, lp, sp.n, h);
+      break;
   }
 }
 

@@ -38,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "optim/optimizer.h"
@@ -81,6 +82,19 @@ class CudaOptimizer {
   // optimizer_slots(config()) arrays back to back, may be null when there are none;
   // params_lp is flat_size values of dtype lp, ignored under f32). Capturable.
   void step(float* params, const float* grads, float* slots, void* params_lp, cudaStream_t stream);
+  // A contiguous range of the update (ZeRO: this rank's shard, or one piece of it per unit):
+  // n parameters at params, their gradients at grads, their state at slot offset `slot` of
+  // each slot array, their low-precision copy at params_lp.
+  struct Span {
+    float* params;
+    const float* grads;
+    int64_t slot;
+    int64_t n;
+    void* params_lp;
+  };
+  // One step over spans that together cover the state (flat_size floats of each slot array,
+  // of the gradients at `grads`: the inf/NaN check's range). Capturable.
+  void step(const std::vector<Span>& spans, const float* grads, float* slots, cudaStream_t stream);
 
   // See the protocol at the top of this file.
   void set_lr(float lr, cudaStream_t stream);  // set_lr_host + upload_lr; not while capturing
@@ -111,6 +125,7 @@ class CudaOptimizer {
 
  private:
   void release() noexcept;
+  void update(const Span& sp, float* slots, cudaStream_t stream);
 
   OptimConfig c_;
   int64_t n_;

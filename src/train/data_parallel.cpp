@@ -10,7 +10,7 @@ namespace sat {
 
 GradReducer::GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt,
                          bool zero, bool force, DeviceBackend* device)
-    : ps_(ps), dp_(dp), tie_(tie), zero_(zero && dp.size() > 1), active_(dp.size() > 1 || force) {
+    : ps_(ps), dp_(dp), tie_(tie), device_(device), zero_(zero && dp.size() > 1), active_(dp.size() > 1 || force) {
   if (active_ && !zero_) plan_buckets(g, opt);
   launched_.assign(buckets_.size(), false);
   std::vector<std::string> tied = g.tied_copies();
@@ -21,7 +21,8 @@ GradReducer::GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::C
       SAT_CHECK(p >= 0, "internal error: tied parameter ", name, " is not in this stage's store");
       tied_.push_back({ps.offset(size_t(p)), ps.offset(size_t(p)) + ps.decl(size_t(p)).spec.shape.numel()});
     }
-  order_ = device ? device->stream_order(buckets_.size()) : host_stream_order();
+  // ZeRO-1 orders its reduce-scatter and its gather with the event of slot 0.
+  order_ = device ? device->stream_order(std::max<size_t>(1, buckets_.size())) : host_stream_order();
 }
 
 GradReducer::~GradReducer() { works_.clear(); }
@@ -91,7 +92,10 @@ void GradReducer::reduce() {
       sum_tied();
       t_first_ = t_bwd_end, cpu_first_ = cpu_bwd_end;
       float* g = ps_.flat_grads();
-      dp_.reduce_scatter(g, g + ps_.shard_begin(), size_t(ps_.shard_len()), DType::f32, dist::ReduceOp::avg)->wait();
+      order_->before(0);
+      works_.push_back(
+          dp_.reduce_scatter(g, g + ps_.shard_begin(), size_t(ps_.shard_len()), DType::f32, dist::ReduceOp::avg));
+      order_->join(works_);
     } else {
       for (size_t b = 0; b < buckets_.size(); ++b)
         if (!launched_[b]) launch(b);
@@ -120,9 +124,16 @@ void GradReducer::sum_tied() {
 void GradReducer::after_update() {
   works_.clear();  // complete: the update waited for them
   if (!zero_) return;
+  // After the update of this rank's shard, queued before it (on a GPU the compute stream's).
   float* p = ps_.flat_params();
-  dp_.all_gather(p + ps_.shard_begin(), p, size_t(ps_.shard_len()), DType::f32)->wait();
-  ps_.refresh_lp();  // the whole updated parameters are here now
+  order_->before(0);
+  works_.push_back(dp_.all_gather(p + ps_.shard_begin(), p, size_t(ps_.shard_len()), DType::f32));
+  order_->join(works_);
+  // The whole updated parameters are here now (the layers' copy follows them).
+  if (device_)
+    device_->refresh_lp(ps_);
+  else
+    ps_.refresh_lp();
 }
 
 }  // namespace sat

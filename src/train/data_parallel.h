@@ -15,6 +15,8 @@
 // On GPUs (a dp communicator whose buffers are device memory: NCCL) a bucket's
 // all-reduce runs on the communicator's stream after an event recorded on the compute
 // stream, and the compute stream waits for all of them before the update.
+// ZeRO-1 the same way: its reduce-scatter after backward, its all-gather of the updated
+// shards after the update, and the low-precision copy refreshed on the device.
 #pragma once
 #include <functional>
 #include <string>
@@ -96,6 +98,7 @@ class GradReducer : public GradSync, private GradReady {
   ParamStore& ps_;
   dist::Comm& dp_;
   dist::Comm* tie_;
+  DeviceBackend* device_;
   bool zero_, active_;
   std::vector<Bucket> buckets_;
   std::vector<bool> launched_;

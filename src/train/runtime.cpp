@@ -115,7 +115,7 @@ void RankRuntime::build_state() {
   const bool tied = !g.tied_copies().empty() || !g.tied_remote().empty();
   groups.tie = tied && m.embedding_group() ? &device->group(*m.embedding_group()) : nullptr;
   if (cfg.zero >= 2) {  // before the engine: the gathered parameters live in its staging arena
-    auto s = std::make_unique<ShardedDP>(g, *params, plan->shards, m.dp_group(), groups.tie);
+    auto s = std::make_unique<ShardedDP>(g, *params, plan->shards, *groups.dp, groups.tie, *device);
     sharded = s.get();
     sync = std::move(s);
   }
@@ -169,7 +169,7 @@ void RankRuntime::build_step() {
     const BucketOptions bo{cfg.bucket_mb, std::min(cfg.bucket_first_mb, cfg.bucket_mb)};
     sync = std::make_unique<GradReducer>(g, *params, *groups.dp, groups.tie, bo, cfg.zero >= 1,
                                          cfg.dist_backend == DistBackend::nccl,
-                                         groups.dp->stream_ordered() ? device.get() : nullptr);
+                                         device.get());
   }
   partial_sum = std::make_unique<PartialGradSum>(g, *params, *groups.tp, sharded != nullptr);
   if (partial_sum->empty()) partial_sum.reset();

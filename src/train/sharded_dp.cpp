@@ -89,7 +89,7 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
   sp.stage = stage, sp.parts = parts;
   if (stage < 2 || g.params().empty()) return sp;
   sp.units = shard_units(g, stage);
-  if (stage >= 3) sp.gathered_dtype = g.act();  // mixed precision: the layers' low-precision copy, on either device
+  if (stage >= 3) sp.gathered_dtype = g.act();  // mixed precision: the layers' copy (f32 otherwise)
   sp.range = ParamStore::unit_ranges(g.params(), sp.sharding(0));
   order_units(g, sp);
   const size_t U = sp.units.size();
@@ -130,6 +130,7 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
 
 void add_sharded_memory(MemoryPlan& m, const Graph& g, const ShardPlan& sp, int slots) {
   if (sp.stage < 2) return;
+  const size_t persistent_before = m.persistent;
   auto at = [&](MemKind k) -> size_t& { return m.by_kind[size_t(k)]; };
   m.persistent -= at(MemKind::parameters) + at(MemKind::gradients) + at(MemKind::optimizer_state) +
                   at(MemKind::model_state);
@@ -147,14 +148,24 @@ void add_sharded_memory(MemoryPlan& m, const Graph& g, const ShardPlan& sp, int 
   at(MemKind::gathered_params) = sp.gathered;  // in sp.gathered_dtype
   at(MemKind::grad_buckets) = sp.buckets;
   m.staging = sp.staging;
+  // On a GPU the store and the staging arena are device memory: the device figure follows.
+  if (g.device() == Device::cuda) m.device = m.device - persistent_before + m.persistent + m.staging;
 }
 
 // ---- the hooks --------------------------------------------------------------------------
-ShardedDP::ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm& dp, dist::Comm* tie)
-    : g_(g), ps_(ps), plan_(std::move(plan)), dp_(dp), tie_(tie), arena_(plan_.staging, "ZeRO staging") {
+ShardedDP::ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm& dp, dist::Comm* tie,
+                     DeviceBackend& device)
+    : g_(g),
+      ps_(ps),
+      plan_(std::move(plan)),
+      dp_(dp),
+      tie_(tie),
+      dev_(device),
+      arena_(device.buffer(plan_.staging, "ZeRO staging")),
+      order_(device.stream_order(1)) {
   SAT_CHECK(plan_.stage >= 2 && ps.sharding().stage == plan_.stage && ps.num_units() == plan_.units.size(),
             "internal error: the store is not sharded as the plan says");
-  SAT_CHECK(dp.size() == plan_.parts && !dp.stream_ordered(), "internal error: ZeRO-2/3 over ", dp.size(),
+  SAT_CHECK(dp.size() == plan_.parts, "internal error: ZeRO-2/3 over ", dp.size(),
             " ranks for a plan of ", plan_.parts);
   SAT_CHECK(plan_.gathered_dtype == DType::f32 || plan_.gathered_dtype == ps.lp_dtype(),
             "internal error: ZeRO-3 gathers ", dtype_name(plan_.gathered_dtype), " units, the store keeps ",
@@ -187,6 +198,7 @@ ShardedDP::ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm&
 }
 
 ShardedDP::~ShardedDP() {
+  retired_.clear();
   gathers_.clear();
   pending_.reset();
 }
@@ -201,11 +213,26 @@ float* ShardedDP::unit_grads(int u) const {
   return at < 0 ? nullptr : reinterpret_cast<float*>(arena_.as<uint8_t>() + at);
 }
 
+// The collective of w complete before the compute queued next: waited for on the host, or
+// on a GPU an event the compute stream waits for (nothing waits on the host).
 void ShardedDP::wait(dist::WorkPtr& w) {
   const double t0 = now_seconds();
-  w->wait();
+  joined_.clear();
+  joined_.push_back(std::move(w));
+  order_->join(joined_);
+  w = std::move(joined_.back());
+  joined_.clear();
   exposed_ += now_seconds() - t0;
 }
+
+// A collective waited for (joined): kept until the step's end, as an NCCL Work's end waits
+// for it on the host, which would hold the host back behind the GPU at every unit.
+void ShardedDP::retire(dist::WorkPtr& w) {
+  if (w) retired_.push_back(std::move(w));
+}
+
+// Before a collective: it comes after the compute queued so far.
+void ShardedDP::launch_after_compute() { order_->before(0); }
 
 // ZeRO-3: launches the all-gather of unit u's pieces into its buffer (once until freed):
 // float32, or under mixed precision the pieces of the low-precision copy.
@@ -215,6 +242,7 @@ void ShardedDP::gather(int u) {
   const DType t = plan_.gathered_dtype;
   const void* mine = t == DType::f32 ? static_cast<const void*>(ps_.flat_params() + at)
                                      : static_cast<const uint8_t*>(ps_.flat_lp()) + size_t(at) * dtype_size(t);
+  launch_after_compute();
   gathers_[size_t(u)] = dp_.all_gather(mine, unit_params(u), size_t(n), t);
 }
 
@@ -236,7 +264,7 @@ void ShardedDP::before_forward(int node) {
 
 void ShardedDP::after_forward(int node) {
   if (plan_.stage < 3) return;
-  for (int u : at_last_[size_t(node)]) gathers_[size_t(u)].reset();  // its buffer is free
+  for (int u : at_last_[size_t(node)]) retire(gathers_[size_t(u)]);  // its buffer is free
 }
 
 void ShardedDP::before_backward(int node) {
@@ -249,7 +277,7 @@ void ShardedDP::after_backward(int node) {
   // Units whose gradients are final, in the order the plan reduces them.
   for (int u : o)
     if (plan_.first[size_t(u)] == node) {
-      if (plan_.stage >= 3) gathers_[size_t(u)].reset();
+      if (plan_.stage >= 3) retire(gathers_[size_t(u)]);
       reduce_bucket(u);
     }
 }
@@ -258,8 +286,9 @@ void ShardedDP::after_backward(int node) {
 // its place in the bucket), then finishes the one before it.
 void ShardedDP::reduce_bucket(int u) {
   float* b = unit_grads(u);
-  for (auto [lo, hi] : gaps_[size_t(u)]) std::fill(b + lo, b + hi, 0.0f);
+  for (auto [lo, hi] : gaps_[size_t(u)]) dev_.zero(b + lo, size_t(hi - lo) * sizeof(float));
   const int64_t n = ps_.unit_piece(size_t(u));
+  launch_after_compute();
   dist::WorkPtr w = dp_.reduce_scatter(b, b + dp_.rank() * n, size_t(n), DType::f32, dist::ReduceOp::avg);
   finish_bucket();
   pending_ = std::move(w);
@@ -271,17 +300,12 @@ void ShardedDP::reduce_bucket(int u) {
 void ShardedDP::finish_bucket() {
   if (!pending_) return;
   wait(pending_);
-  pending_.reset();
+  retire(pending_);
   const size_t u = size_t(pending_unit_);
   const int64_t n = ps_.unit_piece(u);
   const float* src = unit_grads(int(u)) + dp_.rank() * n;
   float* dst = ps_.flat_grads() + ps_.unit_begin(u) / plan_.parts;
-  if (first_micro_[size_t(plan_.chunk[u])]) {
-    std::copy(src, src + n, dst);
-  } else {
-#pragma omp parallel for simd if (n > 65536)
-    for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
-  }
+  dev_.add_into(dst, src, n, first_micro_[size_t(plan_.chunk[u])]);
 }
 
 void ShardedDP::after_backward(int chunk, bool, bool) {
@@ -303,23 +327,37 @@ void ShardedDP::reduce() {
 }
 
 void ShardedDP::after_update() {
+  retired_.clear();  // complete: the update came after them
   if (plan_.stage != 2) return;
   std::vector<dist::WorkPtr> works;
   float* p = ps_.flat_params();
+  launch_after_compute();  // the update
   for (size_t u = 0; u < ps_.num_units(); ++u) {
     const int64_t n = ps_.unit_piece(u), lo = ps_.unit_begin(u);
     works.push_back(dp_.all_gather(p + lo + dp_.rank() * n, p + lo, size_t(n), DType::f32));
   }
-  for (auto& w : works) wait(w);
-  ps_.refresh_lp();  // the whole updated parameters are here now
+  const double t0 = now_seconds();
+  order_->join(works);
+  exposed_ += now_seconds() - t0;
+  dev_.refresh_lp(ps_);  // the whole updated parameters are here now
 }
 
 std::unique_ptr<ParamStore> ShardedDP::unsharded() const {
   auto out = std::make_unique<ParamStore>(g_.params(), g_.states(), 0);
+  int64_t most = 0;
+  for (size_t u = 0; u < ps_.num_units(); ++u) most = std::max(most, ps_.unit_piece(u) * plan_.parts);
+  // Each unit gathered where the store lives, then copied to the host.
+  DeviceBuffer staged = dev_.buffer(size_t(most) * sizeof(float), "ZeRO-3 unsharding");
+  std::vector<float> unit(static_cast<size_t>(most));
   for (size_t u = 0; u < ps_.num_units(); ++u) {
     const int64_t n = ps_.unit_piece(u);
-    std::vector<float> unit(size_t(n * plan_.parts));
-    dp_.all_gather(ps_.flat_params() + ps_.unit_begin(u) / plan_.parts, unit.data(), size_t(n), DType::f32)->wait();
+    order_->before(0);
+    std::vector<dist::WorkPtr> w;
+    w.push_back(dp_.all_gather(ps_.flat_params() + ps_.unit_begin(u) / plan_.parts, staged.as<float>(), size_t(n),
+                               DType::f32));
+    order_->join(w);
+    dev_.synchronize();
+    device_copy(unit.data(), Device::cpu, staged.data(), staged.device(), size_t(n * plan_.parts) * sizeof(float));
     for (size_t i = 0; i < ps_.num_params(); ++i) {
       if (size_t(ps_.unit_of(i)) != u) continue;
       const float* src = unit.data() + (ps_.offset(i) - ps_.unit_begin(u));
@@ -327,9 +365,9 @@ std::unique_ptr<ParamStore> ShardedDP::unsharded() const {
       std::copy(src, src + dst.numel(), dst.f32());
     }
   }
-  for (size_t i = 0; i < ps_.num_states(); ++i) {
-    Tensor src = ps_.host_state(i), dst = out->host_state(i);
-    std::memcpy(dst.ptr, src.ptr, src.bytes());
+  for (size_t i = 0; i < ps_.num_states(); ++i) {  // where the states live: the device side
+    Tensor src = ps_.state(i), dst = out->host_state(i);
+    device_copy(dst.ptr, Device::cpu, src.ptr, ps_.device(), src.bytes());
   }
   return out;
 }

@@ -31,7 +31,10 @@
 // N ranks: ZeRO-2 reduce-scatters P ((N-1)/N P on the wire) and all-gathers P once per
 // step: what all-reducing P costs; ZeRO-3 all-gathers P twice more: 1.5 times as much
 // (under bf16 it gathers P/2 twice: as much as all-reducing P).
-// The CPU engine only (the GPU path is not built).
+// Device-agnostic through the device seam (backend/device_backend.h): the arena is the
+// store's device's memory, the collectives run on the device side of the dp group (on GPUs
+// its NCCL twin, on a stream of its own) ordered with the compute by StreamOrder, and the
+// piece-adds and the low-precision refresh are the device's. On GPUs it is compiled, not yet run.
 #pragma once
 #include <memory>
 #include <utility>
@@ -82,7 +85,9 @@ class ShardedDP : public NodeHooks, public GradSync {
  public:
   // dp: the data-parallel group; tie: the embedding group (null: no tied parameters).
   // Binds every unit's buffers in ps (before an Engine is built on it).
-  ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm& dp, dist::Comm* tie);
+  // device: the store's device (its memory, its order of collectives and compute); dp the
+  // device side of the data-parallel group (device.group()).
+  ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm& dp, dist::Comm* tie, DeviceBackend& device);
   ~ShardedDP() override;
 
   void before_forward(int node) override;
@@ -114,13 +119,19 @@ class ShardedDP : public NodeHooks, public GradSync {
   void reduce_bucket(int u);
   void finish_bucket();
   void wait(dist::WorkPtr& w);
+  void launch_after_compute();
+  void retire(dist::WorkPtr& w);
 
   const Graph& g_;
   ParamStore& ps_;
   ShardPlan plan_;
   dist::Comm& dp_;
   dist::Comm* tie_;
-  Buffer arena_;
+  DeviceBackend& dev_;
+  DeviceBuffer arena_;
+  std::unique_ptr<StreamOrder> order_;
+  std::vector<dist::WorkPtr> joined_;
+  std::vector<dist::WorkPtr> retired_;  // joined this step
   std::vector<dist::WorkPtr> gathers_;  // per unit: in flight or complete (null: not gathered)
   dist::WorkPtr pending_;               // the reduce-scatter in flight
   int pending_unit_ = -1;
