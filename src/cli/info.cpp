@@ -172,8 +172,6 @@ int run_info(const RunArgs& a) {
   // planning generates and allocates no data): loader rings included.
   const DataSplit data = synthetic_shapes(data_options_for(mc, 0));
   JobPlan job(planned_model(mc, cfg, gpu), cfg, *data.train, data.test.get(), a.ranks);
-  if (gpu)
-    for (int s = 0; s < cfg.pp; ++s) shard_lp_copy(job.stage(s).memory, cfg.zero, job.model().act);
   print_model(job);
   print_memory(job, a);
   if (cfg.recompute != Recompute::none) print_recompute(job);

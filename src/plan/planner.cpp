@@ -666,7 +666,6 @@ struct Search {
     double most = -1;
     for (int s : planned_stages(l, table(l))) {
       RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);
-      shard_lp_copy(r.memory, l.zero, act);
       const double bytes = double(r.memory.total());
       if (bytes > most) {
         most = bytes, p.memory = r.memory, p.memory_stage = s;
@@ -722,16 +721,6 @@ bool mesh_taken(const std::vector<Prediction>& best, const Layout& l) {
 }
 
 }  // namespace
-
-void shard_lp_copy(MemoryPlan& m, int zero, DType lp) {
-  if (zero < 3 || lp == DType::f32) return;
-  size_t& have = m.by_kind[size_t(MemKind::lp_params)];
-  const size_t shard = m.by_kind[size_t(MemKind::parameters)] / 4 * dtype_size(lp);
-  if (have <= shard) return;
-  m.persistent -= have - shard;
-  if (m.device) m.device -= have - shard;
-  have = shard;
-}
 
 PlanResult plan_layouts(const PlanRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();

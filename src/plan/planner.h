@@ -86,10 +86,6 @@ using KindBytes = std::array<size_t, size_t(MemKind::kCount)>;
 std::vector<MemoryRow> memory_rows(const MemoryPlan& m, const KindBytes& arena_peak, const KindBytes& staging_peak,
                                    int zero, DType lp);
 
-// Under ZeRO-3 the low-precision copy (lp: its dtype) is sharded exactly as the fp32 master
-// is: the same elements, in its dtype. A rank plan that holds it whole (an engine that keeps
-// the whole copy on every rank) is brought to that design; one that shards it is left as it is.
-void shard_lp_copy(MemoryPlan& m, int zero, DType lp);
 
 struct Prediction {
   Layout layout;
