@@ -242,9 +242,10 @@ void Conv2d::setup(LayerSetup& s) {
   onednn_.reset();
   wg_m_ = 0;
   wf_u_ = wf_v_ = wf_m_ = wb_u_ = wb_du_ = wb_v_ = wb_dm_ = -1;
-  if (const int64_t m = s.device == Device::cpu ? winograd_chosen() : 0) {
+  const bool bf16_native = s.device == Device::cpu && s.act == DType::bf16 && s.bf16_native;
+  if (const int64_t m = s.device == Device::cpu && !bf16_native ? winograd_chosen() : 0) {
     setup_winograd(s, m);
-  } else if (s.device == Device::cpu && onednn_chosen()) {
+  } else if (s.device == Device::cpu && (bf16_native || onednn_chosen())) {
     setup_onednn(s);
   } else if (s.device == Device::cuda) {
     // cuDNN needs no scratch of ours, except the filter gradient in a 16-bit act dtype.
