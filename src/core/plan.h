@@ -22,7 +22,7 @@ namespace sat {
 enum class MemKind : int {
   parameters, gradients, optimizer_state, model_state, inputs,
   activations, saved, activation_grads, scratch,
-  lp_params, workspace,  // GPU only: low-precision parameter copy; cuBLASLt/cuDNN workspace
+  lp_params, workspace,  // low-precision parameter copy (mixed precision); GPU only: cuBLASLt/cuDNN workspace
   gathered_params, grad_buckets,  // ZeRO-3's gathered units; ZeRO-2/3's gradient buckets
   kCount
 };

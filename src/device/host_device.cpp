@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "dist/comm.h"
 #include "nn/engine.h"
+#include "nn/params.h"
 #include "optim/optimizer.h"
 #include "profile/nvml.h"
 
@@ -61,6 +62,8 @@ class HostBackend final : public DeviceBackend {
     return peak > base_ ? peak - base_ : 0;
   }
   size_t planned_bytes(const MemoryPlan& p) const override { return p.total(); }
+  // bf16: the store's host low-precision copy, which the layers read.
+  void adopt(ParamStore& ps, DType act) override { ps.to_device(Device::cpu, act); }
   std::unique_ptr<DeviceOptimizer> optimizer(const OptimConfig& c, ParamStore& ps) override {
     return host_optimizer(c, ps);
   }

@@ -76,15 +76,14 @@ class Bf16OnCpu final : public Layer {
     return int(list.size()) - 1;
   }
   // Float32 copies of the bf16 inputs and output (where the call reads them), the saved
-  // tensors, and the product parameters.
+  // tensors, and every parameter (widened from the low-precision copy).
   Staged stage(const LayerSetup& s, std::vector<TensorSpec>& list, bool inputs, bool output) const {
     Staged st;
     auto f32 = [](const TensorSpec& t) { return TensorSpec{t.shape, DType::f32}; };
     for (const TensorSpec& t : s.inputs) st.in.push_back(inputs && low(t) ? add(list, f32(t)) : -1);
     st.out = output && low(s.output) ? add(list, f32(s.output)) : -1;
     for (const TensorSpec& t : s.saved) st.saved.push_back(low(t) ? add(list, f32(t)) : -1);
-    for (size_t k = 0; k < s.params.size(); ++k)
-      st.params.push_back(inner_->product_param(int(k)) ? add(list, s.params[k].spec) : -1);
+    for (const ParamDecl& p : s.params) st.params.push_back(add(list, {p.spec.shape, DType::f32}));
     return st;
   }
   static Tensor f32_view(const std::vector<Tensor>& scratch, int k) {
@@ -101,8 +100,9 @@ class Bf16OnCpu final : public Layer {
   void widen_inputs(const LayerCtx& c, LayerCtx& w, const Staged& st) const {
     for (size_t i = 0; i < st.in.size(); ++i)
       if (st.in[i] >= 0) w.in[i] = widened(c.in[i], c.scratch, st.in[i]);
-    for (size_t k = 0; k < st.params.size(); ++k)
-      if (st.params[k] >= 0) w.params[k] = widened(c.params[k], c.scratch, st.params[k]);
+    // The layer's float32 code reads its parameters as the low-precision copy holds them
+    // (c.params_lp: bf16, current; c.params need not be there, as under ZeRO-3).
+    for (size_t k = 0; k < st.params.size(); ++k) w.params[k] = widened(c.params_lp[k], c.scratch, st.params[k]);
   }
 
   std::unique_ptr<Layer> inner_;

@@ -1,14 +1,22 @@
-// bf16 mixed precision on the CPU engine (--precision bf16 --device cpu).
+// bf16 mixed precision on the CPU engine (--precision bf16 --device cpu), as FSDP's
+// MixedPrecision(param_dtype=bf16, reduce_dtype=f32) runs it.
 //
 // Every floating activation between layers (layer inputs and outputs, their gradients,
 // what a layer saves for backward in the activation dtype) is stored in bf16, so the
-// plan gives them half the bytes of float32; parameters, their gradients, optimizer
-// state and the statistics layers keep (BatchNorm's mean, LayerNorm's rstd, the loss)
-// stay float32. The layers' arithmetic is their float32 code, unchanged: this wrapper
-// widens a layer's bf16 tensors into float32 buffers, runs the layer, and rounds what it
-// wrote back to bf16 (round to nearest even). Products (Linear, Conv2d) read their
-// parameters rounded to bf16, as cuBLASLt and cuDNN read ctx.params_lp on the GPU, so a
-// product sees bf16 operands and accumulates in float32: bf16's numerics.
+// plan gives them half the bytes of float32. Parameters: the float32 master weights and
+// optimizer state stay float32 (sharded by --zero); the layers read a bf16 working copy
+// of them, ctx.params_lp, that the ParamStore keeps (whole, or under ZeRO-3 this rank's
+// pieces, gathered per unit in bf16) and refreshes after every update. Every parameter
+// is read from it, not only the products' (Linear, Conv2d) weights: so a layer never
+// needs the float32 parameters, and ZeRO-3, which gathers only bf16, computes what one
+// process computes. Gradients of the parameters, the statistics layers keep (BatchNorm's
+// mean, LayerNorm's rstd) and the loss stay float32; gradients are reduced in float32.
+//
+// The layers' arithmetic is their float32 code, unchanged: this wrapper widens a layer's
+// bf16 tensors and its parameters' bf16 copy into float32 buffers, runs the layer, and
+// rounds what it wrote back to bf16 (round to nearest even). A product thus sees bf16
+// operands and accumulates in float32: bf16's numerics, as cuBLASLt and cuDNN read
+// ctx.params_lp on the GPU.
 //
 // The float32 buffers are scratch of the layer's own call, declared in setup() after the
 // layer's own scratch, so the memory plan counts them exactly.

@@ -32,6 +32,12 @@ MemoryPlan plan_memory(const Graph& g, const StepPlan& step, int optimizer_slots
   m.transient_peak = live.empty() ? 0 : *std::max_element(live.begin(), live.end());
   m.contexts = step.contexts;
   m.inputs = input_bytes;
+  // The low-precision copy of the parameters (mixed precision), whole on every rank (ZeRO-3's
+  // shard: add_sharded_memory), laid out as the store lays out its parameters.
+  const int shards = std::max(optimizer_shards, 1);
+  const size_t lp = ParamStore::lp_bytes(g.params(), g.act(), {shards > 1 ? 1 : 0, shards, 0, {}});
+  m.by_kind[size_t(MemKind::lp_params)] = lp;
+  m.persistent += lp;
   if (g.device() == Device::cuda) {
     // Input slots (contexts + 1, see engine.h): each data input that a layer reads, in its
     // dtype, plus a float32 upload buffer when a float input is converted to bf16/f16.
@@ -43,10 +49,8 @@ MemoryPlan plan_memory(const Graph& g, const StepPlan& step, int optimizer_slots
       if (val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16) slot += size_t(val.spec.shape.numel()) * 4;
     }
     const size_t slots = slot * size_t(step.contexts + 1) + g.nodes().size() * 8 * size_t(step.contexts);  // + seeds
-    const size_t lp = ParamStore::lp_bytes(g.params(), g.act());
-    m.by_kind[size_t(MemKind::lp_params)] = lp;
     m.by_kind[size_t(MemKind::workspace)] = kCudaWorkspaceBytes;
-    m.persistent += lp + kCudaWorkspaceBytes;
+    m.persistent += kCudaWorkspaceBytes;
     m.inputs += slots;
     m.device = m.persistent + m.transient + slots;
   }

@@ -18,8 +18,12 @@
 // layer's .cpp; a layer class opts in with SAT_CUDA_LAYER. Floating activations (in,
 // out, din, dout, saved) have dtype LayerSetup::act (f32, bf16 or f16); parameters,
 // their gradients and states are always f32 ("master" weights); ctx.params_lp holds
-// the parameters converted to the activation dtype (== params under f32), refreshed by
-// the optimizer, for GEMM and convolution inputs.
+// the parameters in the activation dtype (== params under f32), the ParamStore's
+// low-precision copy, current (refreshed after every update and load). On the GPU the
+// GEMM and convolution inputs read it. On the CPU under bf16 every parameter is read from
+// it: ctx.params_lp[k] is a bf16 tensor of parameter k, and the wrapper of nn/bf16_cpu.h
+// widens it for the layer's float32 code (ctx.params may have no pointer there: ZeRO-3
+// gathers only the bf16 copy).
 #pragma once
 #include <memory>
 #include <string>
@@ -164,7 +168,7 @@ struct LayerCtx {
   // per-step seed read it from *seed_dev (a u64 in device memory) instead.
   CudaCtx* cuda = nullptr;
   const uint64_t* seed_dev = nullptr;
-  std::vector<Tensor> params_lp;  // params in the activation dtype (GEMM/conv inputs)
+  std::vector<Tensor> params_lp;  // params in the activation dtype, current (see the top of this file)
 };
 
 class Layer {
@@ -178,8 +182,9 @@ class Layer {
   virtual void forward_cuda(LayerCtx& c);
   virtual void backward_cuda(LayerCtx& c);
   // Whether parameter k is an input of a product (a GEMM or convolution operand), read in
-  // the activation dtype under mixed precision (ctx.params_lp on the GPU; rounded to bf16
-  // by the CPU engine's bf16 wrapper, nn/bf16_cpu.h). Norm scales and shifts stay f32.
+  // the activation dtype under mixed precision (ctx.params_lp) by the GPU kernels; on the
+  // GPU norm scales and shifts are read in f32. (The CPU engine's bf16 wrapper,
+  // nn/bf16_cpu.h, reads every parameter from the bf16 copy.)
   virtual bool product_param(int /*k*/) const { return false; }
   // Whether backward reads forward's inputs / output (saved buffers aside). A wrapper
   // that converts tensors for the layer (nn/bf16_cpu.h) converts only what is read; the

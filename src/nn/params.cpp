@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/bf16.h"
 #include "core/rng.h"
 #include "nn/shard.h"
 
@@ -111,6 +112,7 @@ ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<P
   unit_of_ = std::move(L.unit_of);
   unit_params_.assign(unit_lo_.size(), nullptr);
   unit_grads_.assign(unit_lo_.size(), nullptr);
+  unit_lp_.assign(unit_lo_.size(), nullptr);
   const int stage = sharding_.stage;
   shard_len_ = flat_ / sharding_.parts;  // the whole array without sharding (parts 1)
   shard_begin_ = stage == 1 ? shard_len_ * sharding_.index : 0;
@@ -140,10 +142,19 @@ float* ParamStore::grad_ptr(size_t i) const {
   return unit_grads_[u] ? unit_grads_[u] + (offsets_[i] - unit_lo_[u]) : nullptr;
 }
 
-void ParamStore::bind_unit(size_t u, float* params, float* grads) {
+void* ParamStore::lp_ptr(size_t i) const {
+  const size_t es = dtype_size(lp_dtype_);
+  if (sharding_.stage < 3) return lp_.as<uint8_t>() + size_t(offsets_[i]) * es;
+  const size_t u = size_t(unit_of_[i]);
+  if (!unit_lp_[u]) return nullptr;
+  return static_cast<uint8_t*>(unit_lp_[u]) + size_t(offsets_[i] - unit_lo_[u]) * es;
+}
+
+void ParamStore::bind_unit(size_t u, float* params, float* grads, void* lp) {
   SAT_CHECK(sharding_.stage >= 2 && u < unit_lo_.size(), "internal error: bind_unit without ZeRO-2/3 units");
   unit_params_[u] = params;
   unit_grads_[u] = grads;
+  unit_lp_[u] = lp;
 }
 
 std::vector<UpdateSpan> ParamStore::update_spans() const {
@@ -178,6 +189,7 @@ void ParamStore::shard_from(const ParamStore& full) {
   }
   SAT_CHECK(full.state_bytes_ == state_bytes_, "internal error: shard_from: different model states");
   if (state_bytes_) std::memcpy(s_, full.s_, state_bytes_);
+  refresh_lp();
 }
 
 std::pair<int64_t, int64_t> ParamStore::shard_part(size_t i) const {
@@ -191,17 +203,21 @@ std::pair<int64_t, int64_t> ParamStore::shard_part(size_t i) const {
 }
 
 
-size_t ParamStore::lp_bytes(const std::vector<ParamDecl>& params, DType lp) {
+size_t ParamStore::lp_bytes(const std::vector<ParamDecl>& params, DType lp, const StoreSharding& sh) {
   if (lp == DType::f32) return 0;
-  int64_t flat = 0;
-  for (auto& p : params) flat += pad16(p.spec.shape.numel());
-  return size_t(flat) * dtype_size(lp);
+  check_sharding(sh, params.size());
+  const int64_t flat = layout(params, {}, sh).flat;
+  return size_t(sh.stage >= 3 ? flat / sh.parts : flat) * dtype_size(lp);
 }
 
 void ParamStore::to_device(Device dev, DType lp) {
   SAT_CHECK(device_ == Device::cpu, "internal error: parameters are already on the GPU");
-  if (dev == Device::cpu) {
-    SAT_CHECK(lp == DType::f32, "--precision: bf16/f16 need --device cuda");
+  if (dev == Device::cpu) {  // bf16 on the CPU: the host copy the layers read
+    SAT_CHECK(lp == DType::f32 || lp == DType::bf16, "--precision: f16 needs --device cuda");
+    if (lp == DType::f32 || lp_dtype_ == lp) return;
+    lp_ = DeviceBuffer(Device::cpu, params_.bytes() / 4 * dtype_size(lp), "low-precision parameters");
+    lp_dtype_ = lp;
+    refresh_lp();
     return;
   }
   dparams_ = DeviceBuffer(dev, params_.bytes(), "parameters");
@@ -225,7 +241,11 @@ void ParamStore::to_device(Device dev, DType lp) {
 }
 
 void ParamStore::refresh_lp() {
-  if (lp_dtype_ == DType::f32 || device_ == Device::cpu) return;
+  if (lp_dtype_ == DType::f32) return;
+  if (device_ == Device::cpu) {  // the master's array: whole, or this rank's shard (ZeRO-3)
+    cpu::to_bf16(p_, lp_.as<uint16_t>(), int64_t(params_.bytes() / 4));
+    return;
+  }
 #if SAT_HAVE_CUDA
   cuda::convert(p_, DType::f32, lp_.data(), lp_dtype_, flat_, nullptr);
   SAT_CUDA_CHECK(cudaDeviceSynchronize());

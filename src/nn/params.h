@@ -3,6 +3,15 @@
 // optimizer slot are single flat float arrays with identical layouts, so the
 // optimizer is one fused loop over contiguous memory. Each tensor starts on a
 // 64-byte boundary; the padding between tensors stays zero in every array.
+//
+// Mixed precision (activation dtype bf16/f16), as FSDP's param_dtype: the float32
+// parameters are the master weights, which the optimizer updates; the layers read a
+// low-precision working copy of them (param_lp, flat_lp) in the same flat layout, 2 bytes
+// an element. It is sharded as the master is: whole on every rank under ZeRO-0/1/2, this
+// rank's pieces of every unit under ZeRO-3 (gathered per unit into buffers bound with
+// bind_unit). Whoever writes the master refreshes the copy (refresh_lp): to_device,
+// shard_from, the optimizer (ZeRO-0/3) or the gather after it (ZeRO-1/2), loading weights.
+// On the GPU the copy lives on the device; on the CPU (bf16) in host memory.
 #pragma once
 #include <string>
 #include <vector>
@@ -71,10 +80,11 @@ class ParamStore {
   // the gradient, under ZeRO-3 both, lie in the buffers bound to the parameter's unit.
   Tensor param(size_t i) const { return {param_ptr(i), decls_[i].spec.shape, DType::f32, device_}; }
   Tensor grad(size_t i) const { return {grad_ptr(i), decls_[i].spec.shape, DType::f32, device_}; }
-  // The parameter in the low-precision dtype (GEMM inputs); == param(i) under f32.
+  // The parameter in the low-precision dtype, what the layers read under mixed precision;
+  // == param(i) under f32. Under ZeRO-3 it lies in the low-precision buffer bound to its unit.
   Tensor param_lp(size_t i) const {
     if (lp_dtype_ == DType::f32) return param(i);
-    return {lp_.as<uint8_t>() + size_t(offsets_[i]) * dtype_size(lp_dtype_), decls_[i].spec.shape, lp_dtype_, device_};
+    return {lp_ptr(i), decls_[i].spec.shape, lp_dtype_, device_};
   }
   int find_param(const std::string& name) const;  // -1 when absent
   int64_t offset(size_t i) const { return offsets_[i]; }  // of parameter i in the flat arrays, in floats
@@ -103,9 +113,11 @@ class ParamStore {
   // This rank's piece of unit u: flat elements [unit_begin + index * n, + n), kept at
   // shard offset unit_begin / parts.
   int64_t unit_piece(size_t u) const { return (unit_hi_[u] - unit_lo_[u]) / sharding_.parts; }
-  // Where unit u's full parameters (ZeRO-3; null under ZeRO-2) and gradients are while a
-  // step uses them; set before an Engine binds its views.
-  void bind_unit(size_t u, float* params, float* grads);
+  // Where unit u's full parameters (ZeRO-3; null under ZeRO-2, and under mixed precision,
+  // where the layers read the low-precision copy), its full low-precision copy (ZeRO-3
+  // under mixed precision) and its gradients are while a step uses them; set before an
+  // Engine binds its views.
+  void bind_unit(size_t u, float* params, float* grads, void* lp = nullptr);
   // The part of parameter i in this rank's shard arrays: {shard offset, elements}.
   std::pair<int64_t, int64_t> shard_part(size_t i) const;
   // ZeRO-3: copies this rank's pieces of every parameter from `full` (the same
@@ -117,6 +129,8 @@ class ParamStore {
   float* flat_slot(int s) const { return o_ + int64_t(s) * shard_len_; }
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_len() const { return shard_len_; }
+  // The low-precision copy, flat (the layout of flat_params(): under ZeRO-3 this rank's
+  // shard, shard_len() elements); flat_params() under f32.
   void* flat_lp() const { return lp_dtype_ == DType::f32 ? static_cast<void*>(p_) : lp_.data(); }
   DType lp_dtype() const { return lp_dtype_; }
   int optimizer_slots() const { return slots_; }
@@ -125,7 +139,8 @@ class ParamStore {
   // Moves the working copies to the GPU: parameters, gradients, optimizer slots and
   // states get device arrays initialised from the host ones, and with lp != f32 a
   // low-precision copy of the parameters (kept current by the optimizer). The host
-  // arrays stay as the staging area of sync_to_host().
+  // arrays stay as the staging area of sync_to_host(). On the CPU (dev cpu) nothing
+  // moves; with lp bf16 the store makes its host low-precision copy.
   void to_device(Device dev, DType lp);
   Device device() const { return device_; }
   // Copies parameters, optimizer slots and states back to the host arrays and returns a
@@ -136,20 +151,29 @@ class ParamStore {
   Tensor host_state(size_t i) const {
     return {states_.as<uint8_t>() + state_offsets_[i], state_decls_[i].spec.shape, state_decls_[i].spec.dtype};
   }
-  // Refreshes the low-precision copy from the parameters (after loading weights).
+  // Refreshes the low-precision copy from the parameters (after writing them: loading
+  // weights, an update); under ZeRO-3 this rank's shard of it from its shard.
   void refresh_lp();
-  // Bytes on the device beyond params/grads/optimizer/states: the low-precision copy.
-  static size_t lp_bytes(const std::vector<ParamDecl>& params, DType lp);
+  // After an optimizer step: under ZeRO-1/2 the updated parameters are gathered first (the
+  // gather refreshes the copy); otherwise the update is complete here and refreshes it.
+  void refresh_lp_after_update() {
+    if (sharding_.stage != 1 && sharding_.stage != 2) refresh_lp();
+  }
+  // Bytes beyond params/grads/optimizer/states: the low-precision copy (0 under f32), as
+  // a store of that sharding keeps it (whole, or this rank's shard under ZeRO-3).
+  static size_t lp_bytes(const std::vector<ParamDecl>& params, DType lp, const StoreSharding& sharding = {});
 
  private:
   float* param_ptr(size_t i) const;
   float* grad_ptr(size_t i) const;
+  void* lp_ptr(size_t i) const;
 
   std::vector<ParamDecl> decls_, state_decls_;
   StoreSharding sharding_;
   std::vector<int64_t> unit_lo_, unit_hi_;  // ZeRO-2/3
   std::vector<int> unit_of_;                // per parameter
   std::vector<float*> unit_params_, unit_grads_;
+  std::vector<void*> unit_lp_;
   std::vector<int64_t> offsets_;        // in floats
   std::vector<size_t> state_offsets_;   // in bytes
   int64_t flat_ = 0;
@@ -157,7 +181,8 @@ class ParamStore {
   size_t state_bytes_ = 0;
   int slots_ = 0;
   Buffer params_, grads_, optim_, states_;   // host arrays
-  DeviceBuffer dparams_, dgrads_, doptim_, dstates_, lp_;  // GPU arrays after to_device()
+  DeviceBuffer dparams_, dgrads_, doptim_, dstates_;  // GPU arrays after to_device()
+  DeviceBuffer lp_;  // the low-precision copy: on the GPU, or on the host (CPU bf16)
   Device device_ = Device::cpu;
   DType lp_dtype_ = DType::f32;
   float* p_ = nullptr;  // working copies (host or device)

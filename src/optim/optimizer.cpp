@@ -123,7 +123,10 @@ class HostOptimizer final : public DeviceOptimizer {
  public:
   HostOptimizer(const OptimConfig& c, ParamStore& ps) : opt_(c), ps_(ps) {}
   void set_lr(float lr) override { lr_ = lr; }
-  void step() override { opt_.step(ps_, lr_); }
+  void step() override {
+    opt_.step(ps_, lr_);
+    ps_.refresh_lp_after_update();
+  }
   const OptimConfig& config() const override { return opt_.config(); }
   int64_t steps() const override { return opt_.steps(); }
   void set_steps(int64_t t) override { opt_.set_steps(t); }

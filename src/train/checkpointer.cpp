@@ -437,7 +437,8 @@ void Checkpointer::load_tensors(const std::string& dir, const Manifest& man, boo
       const auto bytes = read_logical(dir, man, "state/" + d.name, d.spec.shape, d.spec.dtype);
       std::copy(bytes.begin(), bytes.end(), static_cast<uint8_t*>(into.host_state(i).ptr));
     }
-    if (full) ps.shard_from(*full);
+    if (full) ps.shard_from(*full);  // refreshes the low-precision copy
+    else ps.refresh_lp();
     if (weights_only) return;
     const int slots = ps.optimizer_slots();
     const auto names = slot_names(man.optimizer, slots);

@@ -122,6 +122,7 @@ void GradReducer::after_update() {
   if (!zero_) return;
   float* p = ps_.flat_params();
   dp_.all_gather(p + ps_.shard_begin(), p, size_t(ps_.shard_len()), DType::f32)->wait();
+  ps_.refresh_lp();  // the whole updated parameters are here now
 }
 
 }  // namespace sat

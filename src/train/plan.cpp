@@ -310,11 +310,13 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
   for (const ParamDecl& p : g.params())
     if (p.shard.partial_grad) b.tp += double(p.spec.bytes());
   if (dp > 1 && cfg.zero >= 2) {
-    // Per micro-batch: every unit's gradients reduce-scattered, under ZeRO-3 its parameters
-    // gathered for forward and again for backward; ZeRO-2 gathers them once after the update.
+    // Per micro-batch: every unit's gradients reduce-scattered (float32), under ZeRO-3 its
+    // parameters gathered for forward and again for backward (in the gathered dtype: bf16
+    // under mixed precision); ZeRO-2 gathers them once after the update.
     double units = 0;
     for (auto [lo, hi] : plan.shards.range) units += double(hi - lo) * 4;
-    b.dp = micro * units * (cfg.zero >= 3 ? 3 : 1) + (cfg.zero == 2 ? units : 0) + (g.loss() >= 0 ? 8 : 0);
+    const double gathered = units / 4 * double(dtype_size(plan.shards.gathered_dtype));
+    b.dp = micro * (units + (cfg.zero >= 3 ? 2 * gathered : 0)) + (cfg.zero == 2 ? units : 0) + (g.loss() >= 0 ? 8 : 0);
   } else if (dp > 1) {
     const double flat = double(ParamStore::predict(g.params(), g.states(), 0, cfg.zero >= 1 ? dp : 1).params);
     b.dp = (cfg.zero >= 1 ? 2 : 1) * flat + (g.loss() >= 0 ? 8 : 0);

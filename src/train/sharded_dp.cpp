@@ -89,11 +89,13 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
   sp.stage = stage, sp.parts = parts;
   if (stage < 2 || g.params().empty()) return sp;
   sp.units = shard_units(g, stage);
+  if (stage >= 3 && g.device() == Device::cpu) sp.gathered_dtype = g.act();  // bf16: the layers' copy
   sp.range = ParamStore::unit_ranges(g.params(), sp.sharding(0));
   order_units(g, sp);
   const size_t U = sp.units.size();
   const int N = int(g.nodes().size());
   auto bytes = [&](int u) { return size_t(sp.range[size_t(u)].second - sp.range[size_t(u)].first) * 4; };
+  auto lp_bytes = [&](int u) { return bytes(u) / 4 * dtype_size(sp.gathered_dtype); };
   ArenaPlanner planner;
   std::vector<int> pid(U, -1), gid(U, -1);
   for (size_t a = 0; a < actions.size(); ++a) {
@@ -102,14 +104,14 @@ ShardPlan plan_shards(const Graph& g, const std::vector<Action>& actions, int st
     if (act.kind == ActionKind::forward && stage >= 3) {
       const auto& o = sp.fwd_order[size_t(act.chunk)];
       for (size_t j = 0; j < o.size(); ++j)
-        live(planner, pid, o[j], MemKind::gathered_params, bytes(o[j]),
+        live(planner, pid, o[j], MemKind::gathered_params, lp_bytes(o[j]),
              j == 0 ? t.start() : t.fwd(sp.first[size_t(o[j - 1])]), t.fwd(sp.last[size_t(o[j])]));
     }
     if (act.kind != ActionKind::backward) continue;
     if (stage >= 3) {
       const auto& o = sp.bwd_order[size_t(act.chunk)];
       for (size_t j = 0; j < o.size(); ++j)
-        live(planner, pid, o[j], MemKind::gathered_params, bytes(o[j]),
+        live(planner, pid, o[j], MemKind::gathered_params, lp_bytes(o[j]),
              j == 0 ? t.start() : t.bwd(sp.bwd_last[size_t(o[j - 1])]), t.bwd(sp.first[size_t(o[j])]));
     }
     const auto& r = sp.reduce_order[size_t(act.chunk)];
@@ -137,7 +139,12 @@ void add_sharded_memory(MemoryPlan& m, const Graph& g, const ShardPlan& sp, int 
   at(MemKind::optimizer_state) = s.optimizer;
   at(MemKind::model_state) = s.states;
   m.persistent += s.total();
-  at(MemKind::gathered_params) = sp.gathered;
+  // The low-precision copy (mixed precision): whole under ZeRO-2 (laid out in units), this
+  // rank's pieces under ZeRO-3.
+  m.persistent -= at(MemKind::lp_params);
+  at(MemKind::lp_params) = ParamStore::lp_bytes(g.params(), g.act(), sp.sharding(0));
+  m.persistent += at(MemKind::lp_params);
+  at(MemKind::gathered_params) = sp.gathered;  // in sp.gathered_dtype
   at(MemKind::grad_buckets) = sp.buckets;
   m.staging = sp.staging;
 }
@@ -149,12 +156,18 @@ ShardedDP::ShardedDP(const Graph& g, ParamStore& ps, ShardPlan plan, dist::Comm&
             "internal error: the store is not sharded as the plan says");
   SAT_CHECK(dp.size() == plan_.parts && !dp.stream_ordered(), "internal error: ZeRO-2/3 over ", dp.size(),
             " ranks for a plan of ", plan_.parts);
+  SAT_CHECK(plan_.gathered_dtype == DType::f32 || plan_.gathered_dtype == ps.lp_dtype(),
+            "internal error: ZeRO-3 gathers ", dtype_name(plan_.gathered_dtype), " units, the store keeps ",
+            dtype_name(ps.lp_dtype()));
   const size_t U = plan_.units.size(), N = g.nodes().size();
   gathers_.resize(U);
   at_first_.assign(N, {}), at_last_.assign(N, {}), at_bwd_.assign(N, {});
   gaps_.assign(U, {});
   for (size_t u = 0; u < U; ++u) {
-    ps.bind_unit(u, unit_params(int(u)), unit_grads(int(u)));
+    // Mixed precision: the layers read the gathered low-precision copy, no float32 parameters.
+    const bool lp = plan_.gathered_dtype != DType::f32;
+    ps.bind_unit(u, lp ? nullptr : static_cast<float*>(unit_params(int(u))), unit_grads(int(u)),
+                 lp ? unit_params(int(u)) : nullptr);
     if (plan_.first[u] >= 0) at_first_[size_t(plan_.first[u])].push_back(int(u));
     if (plan_.last[u] >= 0) at_last_[size_t(plan_.last[u])].push_back(int(u));
     if (plan_.bwd_last[u] >= 0) at_bwd_[size_t(plan_.bwd_last[u])].push_back(int(u));
@@ -178,9 +191,9 @@ ShardedDP::~ShardedDP() {
   pending_.reset();
 }
 
-float* ShardedDP::unit_params(int u) const {
+void* ShardedDP::unit_params(int u) const {
   const int64_t at = plan_.param_at[size_t(u)];
-  return at < 0 ? nullptr : reinterpret_cast<float*>(arena_.as<uint8_t>() + at);
+  return at < 0 ? nullptr : arena_.as<uint8_t>() + at;
 }
 
 float* ShardedDP::unit_grads(int u) const {
@@ -194,12 +207,15 @@ void ShardedDP::wait(dist::WorkPtr& w) {
   exposed_ += now_seconds() - t0;
 }
 
-// ZeRO-3: launches the all-gather of unit u's pieces into its buffer (once until freed).
+// ZeRO-3: launches the all-gather of unit u's pieces into its buffer (once until freed):
+// float32, or under mixed precision the pieces of the low-precision copy.
 void ShardedDP::gather(int u) {
   if (plan_.stage < 3 || gathers_[size_t(u)]) return;
-  const int64_t n = ps_.unit_piece(size_t(u));
-  gathers_[size_t(u)] = dp_.all_gather(ps_.flat_params() + ps_.unit_begin(size_t(u)) / plan_.parts,
-                                       unit_params(u), size_t(n), DType::f32);
+  const int64_t n = ps_.unit_piece(size_t(u)), at = ps_.unit_begin(size_t(u)) / plan_.parts;
+  const DType t = plan_.gathered_dtype;
+  const void* mine = t == DType::f32 ? static_cast<const void*>(ps_.flat_params() + at)
+                                     : static_cast<const uint8_t*>(ps_.flat_lp()) + size_t(at) * dtype_size(t);
+  gathers_[size_t(u)] = dp_.all_gather(mine, unit_params(u), size_t(n), t);
 }
 
 // ZeRO-3: each of `units` gathered (launched now unless prefetched; waits), and the unit
@@ -295,6 +311,7 @@ void ShardedDP::after_update() {
     works.push_back(dp_.all_gather(p + lo + dp_.rank() * n, p + lo, size_t(n), DType::f32));
   }
   for (auto& w : works) wait(w);
+  ps_.refresh_lp();  // the whole updated parameters are here now
 }
 
 std::unique_ptr<ParamStore> ShardedDP::unsharded() const {

@@ -10,6 +10,10 @@
 // that is planned from the rank's schedule exactly as the step's activations are, so the
 // memory plan knows every byte:
 //   * ZeRO-3, forward: a unit's parameters are all-gathered before its first node runs;
+//     under mixed precision (--precision bf16 on the CPU) its bf16 working copy is, the
+//     half of float32's bytes: each rank keeps its pieces of the copy beside its master
+//     pieces (ParamStore), the layers read only the copy, and the unit's full float32
+//     parameters never exist during a step;
 //     gathering the next unit is launched at the same moment, so that it overlaps this
 //     unit's compute (prefetch); the buffer is free after the unit's last node.
 //   * ZeRO-3, backward: the same in backward order (gathered again, prefetching the
@@ -20,10 +24,13 @@
 //     gradients. At most two reduce-scatters are in flight: launching one waits for the
 //     one before. Each micro-batch's gradients are reduce-scattered (the full gradient
 //     never exists), as DeepSpeed's stage 2 does.
-//   * After the update: ZeRO-2 all-gathers the updated parameters; ZeRO-3 keeps its shard.
+//   * After the update: ZeRO-2 all-gathers the updated parameters (and refreshes the whole
+//     low-precision copy); ZeRO-3 keeps its shard (the optimizer refreshes its pieces of
+//     the copy). Gradients are reduced in float32 throughout.
 // Communication per micro-batch, in the textbook ring volumes of a model of P bytes over
 // N ranks: ZeRO-2 reduce-scatters P ((N-1)/N P on the wire) and all-gathers P once per
-// step: what all-reducing P costs; ZeRO-3 all-gathers P twice more: 1.5 times as much.
+// step: what all-reducing P costs; ZeRO-3 all-gathers P twice more: 1.5 times as much
+// (under bf16 it gathers P/2 twice: as much as all-reducing P).
 // The CPU engine only (the GPU path is not built).
 #pragma once
 #include <memory>
@@ -57,6 +64,9 @@ struct ShardPlan {
   // recomputed block that uses it (its forward reruns before that node's backward)
   std::vector<int> bwd_last;
   std::vector<int64_t> param_at, grad_at;          // per unit: byte offset in the arena (-1: none)
+  // The dtype of the gathered units (ZeRO-3): the layers' low-precision copy under mixed
+  // precision (bf16), float32 otherwise. MemKind::gathered_params counts them in it.
+  DType gathered_dtype = DType::f32;
   size_t staging = 0;                              // arena bytes, after lifetime reuse
   size_t gathered = 0, buckets = 0;                // bytes before reuse
   // Units of a chunk in the order the hooks gather them, forward and backward, and reduce
@@ -97,7 +107,7 @@ class ShardedDP : public NodeHooks, public GradSync {
   void reset_timing() override { exposed_ = 0; }
 
  private:
-  float* unit_params(int u) const;
+  void* unit_params(int u) const;  // gathered (ZeRO-3), in plan_.gathered_dtype
   float* unit_grads(int u) const;
   void gather(int u);
   void gather_ready(const std::vector<int>& units, const std::vector<int>& order);

@@ -33,6 +33,7 @@ void load_weights(RankRuntime& rt, const std::string& path) {
   // Before the broadcast, which would hide it: a rank that read another file of that name.
   agree_on_replicas(*rt.world, m.dp_group(), store_checksum(*rt.params), "--init-weights " + path);
   rt.broadcast_store(*rt.params);
+  rt.params->refresh_lp();
 }
 
 namespace {
