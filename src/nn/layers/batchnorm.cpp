@@ -6,6 +6,7 @@
 #include "nn/layers/batchnorm.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/cpu_features.h"
@@ -59,6 +60,10 @@ void BatchNorm2d::setup(LayerSetup& s) {
     s.scratch_forward(Shape{C_ + 1}, DType::f64);
     s.scratch_forward(Shape{C_ + 1}, DType::f64);
     s.scratch_backward(Shape{2 * C_ + 1}, DType::f64);
+    if (s.act == DType::bf16 && s.bf16_native) {  // the weight and bias widened from their bf16 copy
+      s.scratch_forward(Shape{2 * C_});
+      s.scratch_backward(Shape{C_});
+    }
   }
   const double n = double(in.numel());
   s.flops_fwd = 5.0 * n;  // two statistics passes + scale/shift
@@ -73,6 +78,12 @@ void BatchNorm2d::forward_as(LayerCtx& c) {
   T* y = static_cast<T*>(c.out.ptr);
   const float* w = c.params[0].f32();
   const float* bias = c.params[1].f32();
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameters' bf16 copy
+    float* p = c.scratch[2].f32();
+    cpu::to_f32(c.params_lp[0], p, false);
+    cpu::to_f32(c.params_lp[1], p + C_, false);
+    w = p, bias = p + C_;
+  }
   float* rm = c.states[0].f32();
   float* rv = c.states[1].f32();
   float* mean_s = c.saved[0].f32();
@@ -156,6 +167,10 @@ void BatchNorm2d::backward_as(LayerCtx& c) {
   const T* x = static_cast<const T*>(c.in[0].ptr);
   const T* dy = static_cast<const T*>(c.dout.ptr);
   const float* w = c.params[0].f32();
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameter's bf16 copy
+    cpu::to_f32(c.params_lp[0], c.scratch[1].f32(), false);
+    w = c.scratch[1].f32();
+  }
   float* dw = c.grads[0].f32();
   float* db = c.grads[1].f32();
   const bool acc_w = c.accumulate[0], acc_b = c.accumulate[1];

@@ -6,8 +6,8 @@
 // is computed into scratch and reordered into the gradient, added when it accumulates.
 // Which shapes take this path: Conv2d::setup (conv2d.cpp), by measurement; under bf16 on a
 // CPU with AVX512-BF16 (LayerSetup::bf16_native), every convolution of one channel group:
-// bf16 activations and weights (ctx.params_lp, reordered into the primitive's layout; a
-// float32 parameter is rounded by that reorder), float32 accumulation, bias and gradients.
+// bf16 activations and weights (ctx.params_lp, the parameters' bf16 copy), float32
+// accumulation, bias (widened from its copy) and gradients.
 #include "nn/layers/conv2d.h"
 
 #if SAT_HAVE_DNNL
@@ -48,12 +48,10 @@ bool Conv2d::bf16_native_cpu() const { return groups_ == 1 && cpu::bf16_native()
 
 namespace {
 
-// The weight as the primitive reads it: ctx.params_lp (bf16 under native bf16, or float32
-// where the engine keeps no bf16 copy: rounded by the reorder into the primitive's slot).
+// The weight as the native bf16 primitive reads it: the parameters' bf16 copy.
 View weight_view(const md& wei_lp, const Tensor& w, const md& prim, int slot, const LayerCtx& c) {
-  if (w.dtype == DType::bf16 || wei_lp.data_type() == dt::f32) return view(wei_lp, w.ptr, prim, slot, c);
-  const md f32(wei_lp.dims(), dt::f32, tag::oihw);
-  return view(f32, w.ptr, prim, slot, c);
+  SAT_CHECK(w.dtype == DType::bf16, "internal error: native bf16 reads the parameters' bf16 copy");
+  return view(wei_lp, w.ptr, prim, slot, c);
 }
 
 }  // namespace
@@ -80,7 +78,7 @@ void Conv2d::setup_onednn(LayerSetup& s) {
                                       bias_ ? d->bias : no_bias, any_dst, stride, pad, pad),
       attr, engine());
   d->f_src = buffer_slot(s, false, d->fpd.src_desc(), d->src);
-  d->f_wei = d->low ? own_slot(s, false, d->fpd.weights_desc()) : buffer_slot(s, false, d->fpd.weights_desc(), d->wei);
+  d->f_wei = buffer_slot(s, false, d->fpd.weights_desc(), d->low ? d->wei_lp : d->wei);
   d->f_dst = buffer_slot(s, false, d->fpd.dst_desc(), d->dst);
   if (const size_t n = d->fpd.scratchpad_desc().get_size()) d->f_pad = s.scratch_forward(Shape{int64_t(n)}, DType::u8);
   if (d->low && bias_) d->f_bias = s.scratch_forward(Shape{O_});
@@ -94,7 +92,7 @@ void Conv2d::setup_onednn(LayerSetup& s) {
                                                  bias_ ? d->bias : no_bias, any_dst, stride, pad, pad),
         attr, engine(), d->fpd);
     d->d_ddst = buffer_slot(s, true, d->bdpd.diff_dst_desc(), d->dst);
-    d->d_wei = d->low ? own_slot(s, true, d->bdpd.weights_desc()) : buffer_slot(s, true, d->bdpd.weights_desc(), d->wei);
+    d->d_wei = buffer_slot(s, true, d->bdpd.weights_desc(), d->low ? d->wei_lp : d->wei);
     d->d_dsrc = buffer_slot(s, true, d->bdpd.diff_src_desc(), d->src);
     d->w_src = buffer_slot(s, true, d->bwpd.src_desc(), d->src);
     d->w_ddst = d->bwpd.diff_dst_desc() == d->bdpd.diff_dst_desc() ? -2 : buffer_slot(s, true, d->bwpd.diff_dst_desc(), d->dst);
@@ -120,14 +118,10 @@ void Conv2d::forward_onednn(LayerCtx& c) {
                                             {DNNL_ARG_DST, y.prim},
                                             {DNNL_ARG_SCRATCHPAD, pad_memory(d.fpd.scratchpad_desc(), d.f_pad, c)}};
   if (bias_) {
-    void* b = c.params[1].ptr;
-    if (d.low) {  // float32, widened from the bf16 copy when the engine keeps one
-      const Tensor& lp = c.params_lp[1];
-      b = lp.ptr;
-      if (lp.dtype == DType::bf16) {
-        b = c.scratch[size_t(d.f_bias)].ptr;
-        cpu::from_bf16(static_cast<const uint16_t*>(lp.ptr), static_cast<float*>(b), O_);
-      }
+    float* b = c.params[1].f32();
+    if (d.low) {  // float32, widened from the bf16 copy
+      b = c.scratch[size_t(d.f_bias)].f32();
+      cpu::to_f32(c.params_lp[1], b, false);
     }
     args[DNNL_ARG_BIAS] = dnnl::memory(d.bias, engine(), b);
   }

@@ -32,13 +32,6 @@ inline int buffer_slot(LayerSetup& s, bool backward, const md& want, const md& h
   return backward ? s.scratch_backward(bytes, DType::u8) : s.scratch_forward(bytes, DType::u8);
 }
 
-// A scratch slot for a primitive's buffer, always (a parameter whose dtype is known only at
-// the call: ctx.params_lp is bf16 or, where the engine keeps no bf16 copy, float32).
-inline int own_slot(LayerSetup& s, bool backward, const md& want) {
-  const Shape bytes{int64_t(want.get_size())};
-  return backward ? s.scratch_backward(bytes, DType::u8) : s.scratch_forward(bytes, DType::u8);
-}
-
 // The engine's tensor as a oneDNN memory, or the scratch it is reordered to/from when the
 // primitive wants another layout (slot >= 0).
 struct View {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/cpu_features.h"
@@ -32,6 +33,10 @@ void LayerNorm::setup(LayerSetup& s) {
   const int64_t rows = x.shape.numel() / dim_;
   s.save({rows});  // saved 0: mean [rows]
   s.save({rows});  // saved 1: rstd [rows]
+  if (s.device == Device::cpu && s.act == DType::bf16 && s.bf16_native) {
+    s.scratch_forward({2 * dim_});  // the weight and bias widened from their bf16 copy
+    s.scratch_backward({dim_});     // the weight widened
+  }
   if (s.device == Device::cuda) {
     const int64_t chunks = grad_chunks(rows);
     s.scratch_backward({chunks, dim_});  // scratch_bwd 0: partial dweight per row chunk
@@ -63,6 +68,12 @@ void LayerNorm::forward_as(LayerCtx& c) {
   const T* x = static_cast<const T*>(c.in[0].ptr);  // [rows, D]
   const float* w = c.params[0].f32();  // [D]
   const float* b = c.params[1].f32();  // [D]
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameters' bf16 copy
+    float* p = c.scratch[0].f32();
+    cpu::to_f32(c.params_lp[0], p, false);
+    cpu::to_f32(c.params_lp[1], p + D, false);
+    w = p, b = p + D;
+  }
   T* y = static_cast<T*>(c.out.ptr);   // [rows, D]
   float* mean = c.saved[0].f32();      // [rows]
   float* rstd = c.saved[1].f32();      // [rows]
@@ -100,6 +111,10 @@ void LayerNorm::backward_as(LayerCtx& c) {
   const int64_t D = dim_, rows = c.in[0].numel() / D;
   const T* x = static_cast<const T*>(c.in[0].ptr);  // [rows, D]
   const float* w = c.params[0].f32();                // [D]
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameter's bf16 copy
+    cpu::to_f32(c.params_lp[0], c.scratch[0].f32(), false);
+    w = c.scratch[0].f32();
+  }
   const T* dy = static_cast<const T*>(c.dout.ptr);  // [rows, D]
   const float* mean = c.saved[0].f32();   // [rows]
   const float* rstd = c.saved[1].f32();   // [rows]

@@ -1,8 +1,8 @@
 // Linear in bf16 on the CPU (LayerSetup::bf16_native: AVX512-BF16, oneDNN): oneDNN's inner
 // product primitives on the engine's bf16 tensors, x [rows, in] and y [rows, out] as they
-// lie (any leading dims flattened), the weight [out, in] read from ctx.params_lp (bf16, or
-// float32 rounded by the reorder) into the layout the primitive prefers, accumulation in
-// float32. The bias is added in float32 (widened from ctx.params_lp). dW and db come out in
+// lie (any leading dims flattened), the weight [out, in] read from ctx.params_lp (the
+// parameters' bf16 copy), reordered into the layout the primitive prefers where it prefers
+// another, accumulation in float32. The bias is added in float32 (widened from its copy). dW and db come out in
 // float32 and are written into the gradients, or added where they accumulate. Every
 // buffer (the reordered weight, dW before it is added, oneDNN's scratchpad) is plan scratch.
 #include "nn/layers/linear.h"
@@ -50,7 +50,7 @@ void Linear::setup_bf16(LayerSetup& s) {
   const auto prop = s.training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
   d->fpd = dnnl::inner_product_forward::primitive_desc(
       dnnl::inner_product_forward::desc(prop, d->src, any_wei, add_bias_ ? d->bias : no_bias, d->dst), attr, engine());
-  d->f_wei = own_slot(s, false, d->fpd.weights_desc());
+  d->f_wei = buffer_slot(s, false, d->fpd.weights_desc(), d->wei_lp);
   if (add_bias_) d->f_bias = s.scratch_forward(Shape{out_});
   if (const size_t n = d->fpd.scratchpad_desc().get_size()) d->f_pad = s.scratch_forward(Shape{int64_t(n)}, DType::u8);
   if (s.training) {
@@ -59,8 +59,9 @@ void Linear::setup_bf16(LayerSetup& s) {
     d->bwpd = dnnl::inner_product_backward_weights::primitive_desc(
         dnnl::inner_product_backward_weights::desc(d->src, any_dwei, bias_ ? d->bias : no_bias, d->dst), attr,
         engine(), d->fpd);
-    d->d_wei = own_slot(s, true, d->bdpd.weights_desc());
-    d->w_dwei = own_slot(s, true, d->bwpd.diff_weights_desc());
+    d->d_wei = buffer_slot(s, true, d->bdpd.weights_desc(), d->wei_lp);
+    // Always a buffer of its own: the gradient may accumulate, which the primitive cannot.
+    d->w_dwei = s.scratch_backward(Shape{int64_t(d->bwpd.diff_weights_desc().get_size())}, DType::u8);
     if (bias_) d->w_db = s.scratch_backward(Shape{out_});
     const size_t n = std::max(d->bdpd.scratchpad_desc().get_size(), d->bwpd.scratchpad_desc().get_size());
     if (n) d->b_pad = s.scratch_backward(Shape{int64_t(n)}, DType::u8);
@@ -70,11 +71,11 @@ void Linear::setup_bf16(LayerSetup& s) {
 
 namespace {
 
-// The weight as the primitive reads it: ctx.params_lp in bf16, or float32 (where the
-// engine keeps no bf16 copy) rounded by the reorder into the primitive's slot.
+// The weight as the primitive reads it: the bf16 copy, reordered into the primitive's slot
+// where its layout differs.
 View weight_view(const md& wei_lp, const Tensor& w, const md& prim, int slot, const LayerCtx& c) {
-  if (w.dtype == DType::bf16) return view(wei_lp, w.ptr, prim, slot, c);
-  return view(md(wei_lp.dims(), dt::f32, tag::oi), w.ptr, prim, slot, c);
+  SAT_CHECK(w.dtype == DType::bf16, "internal error: native bf16 reads the parameters' bf16 copy");
+  return view(wei_lp, w.ptr, prim, slot, c);
 }
 
 // g (+)= x over n floats.
@@ -93,13 +94,9 @@ void Linear::forward_bf16(LayerCtx& c) {
                                             {DNNL_ARG_WEIGHTS, w.prim},
                                             {DNNL_ARG_DST, dnnl::memory(d.dst, engine(), c.out.ptr)},
                                             {DNNL_ARG_SCRATCHPAD, pad_memory(d.fpd.scratchpad_desc(), d.f_pad, c)}};
-  if (add_bias_) {
-    const Tensor& lp = c.params_lp[1];
-    void* b = lp.ptr;
-    if (lp.dtype == DType::bf16) {
-      b = c.scratch[size_t(d.f_bias)].ptr;
-      cpu::from_bf16(static_cast<const uint16_t*>(lp.ptr), static_cast<float*>(b), out_);
-    }
+  if (add_bias_) {  // float32, widened from the bf16 copy
+    float* b = c.scratch[size_t(d.f_bias)].f32();
+    cpu::to_f32(c.params_lp[1], b, false);
     args[DNNL_ARG_BIAS] = dnnl::memory(d.bias, engine(), b);
   }
   d.fwd->execute(stream(), args);
