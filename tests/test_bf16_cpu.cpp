@@ -7,12 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <memory>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/blas.h"
+#include "backend/cpu/cpu_features.h"
+#include "nn/graph.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "nn/bf16_cpu.h"
@@ -57,9 +60,10 @@ TEST(Bf16Convert, RoundsToNearestEvenAndKeepsSpecialValues) {
 
 // One layer's call, on buffers laid out as its setup declares.
 struct Rig {
-  Rig(Layer& l, DType act, const std::vector<TensorSpec>& inputs) : layer(l) {
+  Rig(Layer& l, DType act, const std::vector<TensorSpec>& inputs, bool native = false) : layer(l) {
     s.name = "t";
     s.act = act;
+    s.bf16_native = native;
     for (const TensorSpec& t : inputs) s.inputs.push_back({t.shape, t.dtype == DType::f32 ? act : t.dtype});
     l.setup(s);
     for (const TensorSpec& t : s.inputs) {
@@ -129,12 +133,19 @@ struct Case {
   int64_t int_high = 0;  // i32 inputs: uniform in [0, int_high)
 };
 
-// Random inputs, parameters and output gradient, the same for both precisions.
-void check(const Case& k) {
+// How the bf16 side runs: the layer under the conversion wrapper, or its native bf16
+// kernels (LayerSetup::bf16_native). Either reads the parameters' bf16 copy only.
+enum class Low { wrapper, native };
+
+// Random inputs, parameters and output gradient, the same for both precisions; the
+// reference is the layer in float32 (ref_mode: the wrapper's bf16, to compare the native
+// kernels with the conversion path).
+void check(const Case& k, Low mode = Low::wrapper, bool ref_wrapped = false) {
   SCOPED_TRACE(k.name);
-  auto ref_layer = k.make();
-  auto low_layer = sat::bf16_on_cpu(k.make());
-  Rig ref(*ref_layer, DType::f32, k.inputs), low(*low_layer, DType::bf16, k.inputs);
+  auto ref_layer = ref_wrapped ? sat::bf16_on_cpu(k.make()) : k.make();
+  auto low_layer = mode == Low::wrapper ? sat::bf16_on_cpu(k.make()) : k.make();
+  Rig ref(*ref_layer, ref_wrapped ? DType::bf16 : DType::f32, k.inputs),
+      low(*low_layer, DType::bf16, k.inputs, mode != Low::wrapper);
   sat::Rng rng(7);
   auto random = [&](const Tensor& t, bool ints) {
     std::vector<float> v(size_t(t.numel()));
@@ -148,7 +159,7 @@ void check(const Case& k) {
   for (size_t p = 0; p < ref.c.params.size(); ++p) {
     auto v = random(ref.c.params[p], false);
     for (float& x : v) x *= 0.5f;
-    Rig::put(ref.c.params[p], v), Rig::put(low.c.params_lp[p], v);  // bf16: rounded
+    Rig::put(ref.c.params_lp[p], v), Rig::put(low.c.params_lp[p], v);  // bf16: rounded (f32: params_lp is params)
   }
   for (size_t p = 0; p < ref.c.states.size(); ++p) {  // BatchNorm's running variance: ones
     const std::vector<float> v(size_t(ref.c.states[p].numel()), p == 1 ? 1.0f : 0.0f);
@@ -167,7 +178,7 @@ void check(const Case& k) {
   for (size_t p = 0; p < ref.c.grads.size(); ++p)
     std::printf("  grad%zu %.1e", p, rel_error(Rig::get(low.c.grads[p]), Rig::get(ref.c.grads[p])));
   std::printf("\n");
-  if (low.c.out.dtype == DType::bf16) {
+  if (low.c.out.dtype == DType::bf16 && !ref_wrapped) {
     EXPECT_GT(rel_error(out, ref_out), 0) << "the bf16 output equals float32's: nothing was rounded";
     for (float x : out) ASSERT_EQ(x, sat::cpu::round_bf16(x)) << "an output that is not a bf16 value";
   }
@@ -202,6 +213,140 @@ TEST(Bf16Cpu, EveryLayerKindMatchesFloat32WithinBf16Tolerance) {
       {"CrossEntropy", [] { return std::make_unique<sat::CrossEntropy>(); }, {{Shape{12, 20}, f}, {Shape{12}, i}}, 20},
   };
   for (const Case& k : cases) check(k);
+}
+
+// ---- native bf16 kernels (AVX512-BF16 and oneDNN) ------------------------------------
+
+bool native_or_skip_message(std::string& why) {
+  const auto& f = sat::cpu::cpu_features();
+  if (std::getenv("SAT_BF16") && std::string(std::getenv("SAT_BF16")) == "fallback")
+    why = "SAT_BF16=fallback is set: the native bf16 kernels are off";
+  else if (!sat::cpu::bf16_native())
+    why = "this CPU (" + f.describe() + ") or build has no native bf16 path (AVX512-BF16 and oneDNN)";
+  return why.empty();
+}
+
+#define SKIP_WITHOUT_NATIVE_BF16()                               \
+  do {                                                           \
+    std::string why;                                             \
+    if (!native_or_skip_message(why)) GTEST_SKIP() << why;       \
+  } while (0)
+
+std::vector<Case> native_cases() {
+  const DType f = DType::f32;
+  return {
+      {"Linear", [] { return std::make_unique<sat::Linear>(48, 40); }, {{Shape{6, 48}, f}}},
+      {"Linear 3-D input, no bias", [] { return std::make_unique<sat::Linear>(64, 96, false); }, {{Shape{2, 9, 64}, f}}},
+      {"Linear wide", [] { return std::make_unique<sat::Linear>(128, 512); }, {{Shape{4, 16, 128}, f}}},
+      {"Conv2d", [] { return std::make_unique<sat::Conv2d>(4, 8, 3, 1, 1); }, {{Shape{2, 4, 9, 9}, f}}},
+      {"Conv2d stride 2, no bias", [] { return std::make_unique<sat::Conv2d>(8, 16, 3, 2, 1, false); },
+       {{Shape{2, 8, 10, 10}, f}}},
+      {"Conv2d 1x1", [] { return std::make_unique<sat::Conv2d>(32, 64, 1); }, {{Shape{3, 32, 6, 6}, f}}},
+      {"Conv2d 32->64 3x3", [] { return std::make_unique<sat::Conv2d>(32, 64, 3, 1, 1); }, {{Shape{4, 32, 14, 14}, f}}},
+      {"Conv2d 1->32 5x5", [] { return std::make_unique<sat::Conv2d>(1, 32, 5, 1, 2); }, {{Shape{4, 1, 28, 28}, f}}},
+      {"ReLU", [] { return std::make_unique<sat::ReLU>(); }, {{Shape{7, 33}, f}}},
+      {"Add", [] { return std::make_unique<sat::Add>(); }, {{Shape{5, 12}, f}, {Shape{5, 12}, f}}},
+      {"Flatten", [] { return std::make_unique<sat::Flatten>(); }, {{Shape{3, 2, 4, 4}, f}}},
+      {"BatchNorm2d", [] { return std::make_unique<sat::BatchNorm2d>(6); }, {{Shape{4, 6, 5, 5}, f}}},
+      {"MaxPool2d", [] { return std::make_unique<sat::MaxPool2d>(2); }, {{Shape{2, 3, 8, 8}, f}}},
+      {"LayerNorm", [] { return std::make_unique<sat::LayerNorm>(32); }, {{Shape{3, 5, 32}, f}}},
+      {"GELU", [] { return std::make_unique<sat::GELU>(); }, {{Shape{7, 33}, f}}},
+      {"MaxPool2d overlapping", [] { return std::make_unique<sat::MaxPool2d>(3, 2, 1); }, {{Shape{2, 3, 9, 9}, f}}},
+  };
+}
+
+// The native kernels (oneDNN's bf16 primitives, float32 accumulation) against the layers'
+// float32 code: outputs, input gradients and the float32 weight and bias gradients within
+// bf16's tolerance, reading the parameters' bf16 copy (ctx.params stay NaN).
+TEST(Bf16CpuNative, ProductsMatchFloat32WithinBf16Tolerance) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  sat::cpu::set_num_threads(2);
+  for (const Case& k : native_cases()) check(k, Low::native);
+}
+
+// The native kernels and the conversion path (SAT_BF16=fallback's) agree within bf16's
+// tolerance: both are bf16 operands with float32 accumulation.
+TEST(Bf16CpuNative, AgreesWithTheConversionPath) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  sat::cpu::set_num_threads(2);
+  for (const Case& k : native_cases()) check(k, Low::native, /*ref_wrapped=*/true);
+}
+
+// A second backward with accumulate set adds the same float32 gradients: twice the first.
+TEST(Bf16CpuNative, GradientsAccumulate) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  sat::cpu::set_num_threads(2);
+  for (const Case& k : native_cases()) {
+    SCOPED_TRACE(k.name);
+    auto layer = k.make();
+    Rig r(*layer, DType::bf16, k.inputs, true);
+    sat::Rng rng(3);
+    auto fill = [&](const Tensor& t, float scale) {
+      std::vector<float> v(size_t(t.numel()));
+      for (float& x : v) x = scale * rng.normal();
+      Rig::put(t, v);
+    };
+    for (auto& t : r.c.in) fill(t, 1);
+    for (auto& t : r.c.params_lp) fill(t, 0.5f);
+    fill(r.c.dout, 1);
+    r.run();
+    std::vector<std::vector<float>> once;
+    for (auto& gt : r.c.grads) once.push_back(Rig::get(gt));
+    r.c.accumulate.assign(r.c.grads.size(), true);
+    r.c.scratch = r.bwd;
+    layer->backward(r.c);
+    EXPECT_TRUE(r.intact());
+    for (size_t p = 0; p < once.size(); ++p) {
+      auto twice = Rig::get(r.c.grads[p]);
+      for (float& x : once[p]) x *= 2;
+      EXPECT_LE(rel_error(twice, once[p]), 1e-6) << "grad " << p;
+    }
+  }
+}
+
+// Which layers the Graph wraps: under bf16 on a CPU with AVX512-BF16, the products that
+// read no data input take their native kernels (no wrapper); SAT_BF16=fallback wraps all.
+TEST(Bf16CpuNative, GraphWrapsOnlyWhatHasNoNativeKernel) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  auto build = [] {
+    auto g = std::make_unique<sat::Graph>(true, DType::bf16, sat::Device::cpu);
+    int x = g->input("x", Shape{2, 3, 8, 8});
+    x = g->add<sat::Conv2d>("c1", {x}, 3, 8, 3, 1, 1);
+    x = g->add<sat::ReLU>("r1", {x});
+    x = g->add<sat::Conv2d>("c2", {x}, 8, 8, 3, 1, 1);
+    x = g->add<sat::MaxPool2d>("mp", {x}, 2);
+    x = g->add<sat::AdaptiveAvgPool2d>("p", {x}, 4, 4);
+    x = g->add<sat::Flatten>("f", {x});
+    g->add<sat::Linear>("fc", {x}, 8 * 4 * 4, 10);
+    return g;
+  };
+  auto wrapped = [](const sat::Graph& g, const std::string& name) {
+    for (const auto& n : g.nodes())
+      if (n.name == name) return &n.layer->unwrapped() != n.layer.get();
+    ADD_FAILURE() << "no node " << name;
+    return false;
+  };
+  {
+    auto g = build();
+    EXPECT_TRUE(wrapped(*g, "c1")) << "reads the data input (float32 from the loader)";
+    EXPECT_TRUE(wrapped(*g, "p")) << "no native bf16 kernel";
+    for (const char* n : {"r1", "c2", "mp", "f", "fc"}) EXPECT_FALSE(wrapped(*g, n)) << n;
+  }
+  setenv("SAT_BF16", "fallback", 1);
+  auto g = build();
+  unsetenv("SAT_BF16");
+  for (const char* n : {"c1", "r1", "c2", "p", "f", "fc"}) EXPECT_TRUE(wrapped(*g, n)) << n;
+}
+
+TEST(Bf16CpuNative, BadSatBf16IsAnErrorNamingIt) {
+  setenv("SAT_BF16", "fast", 1);
+  try {
+    sat::cpu::bf16_native();
+    ADD_FAILURE() << "no error";
+  } catch (const sat::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SAT_BF16"), std::string::npos) << e.what();
+  }
+  unsetenv("SAT_BF16");
 }
 
 // ---- the engine and the trainer in bf16 ---------------------------------------------

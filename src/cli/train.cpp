@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/device.h"
 #include "backend/support.h"
 #include "core/alloc.h"
@@ -205,6 +206,9 @@ void print_layout(const Trainer& trainer, const TrainConfig& cfg, int world) {
                "%s%s\n", (long long)rp.model_parameters, (long long)cfg.batch, (long long)cfg.accum, world,
                cpu::num_threads(), format_bytes(double(plan.device ? plan.device : plan.total())).c_str(),
                cfg.pp > 1 ? " (stage 0)" : "");
+  std::fprintf(stderr, "cpu: %s\n", cpu::cpu_features().describe().c_str());
+  if (resolve_device(cfg.device) == Device::cpu && cfg.precision == Precision::bf16)
+    std::fprintf(stderr, "%s\n", cpu::bf16_path_line().c_str());
   if (cfg.pp > 1)
     std::fprintf(stderr, "layout: %s; %s schedule, stages %s\n", trainer.mesh().describe().c_str(),
                  pipe_schedule_name(cfg.pp_schedule), rp.split.describe(*trainer.job_plan().whole().graph).c_str());

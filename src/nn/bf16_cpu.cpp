@@ -24,6 +24,7 @@ class Bf16OnCpu final : public Layer {
 
   void setup(LayerSetup& s) override {
     SAT_CHECK(s.act == DType::bf16 && s.device == Device::cpu, "internal error: the bf16 wrapper is for bf16 on the CPU");
+    s.bf16_native = false;  // the layer's float32 code, on the copies below
     inner_->setup(s);
     own_fwd_ = s.scratch_fwd.size(), own_bwd_ = s.scratch_bwd.size();
     for (auto* list : {&s.scratch_fwd, &s.scratch_bwd})  // the layer's own scratch: its float32 code writes it

@@ -72,8 +72,15 @@ int Graph::add(const std::string& name, std::unique_ptr<Layer> layer, std::vecto
     n.setup.inputs.push_back(values_[size_t(v)].spec);
     grad_in = grad_in || values_[size_t(v)].needs_grad;
   }
-  // bf16 on the CPU: the layer's float32 code runs on float32 copies of its bf16 tensors.
-  if (device_ == Device::cpu && act_ == DType::bf16) layer = bf16_on_cpu(std::move(layer));
+  // bf16 on the CPU: a layer with native bf16 kernels (on a CPU with AVX512-BF16) computes
+  // on its bf16 tensors; any other runs its float32 code on float32 copies of them, as do
+  // the layers that read a data input (the loader gives floating data in float32).
+  if (device_ == Device::cpu && act_ == DType::bf16) {
+    bool data_in = false;
+    for (int v : inputs) data_in = data_in || values_[size_t(v)].kind == Value::Kind::data;
+    n.setup.bf16_native = !data_in && layer->bf16_native_cpu();
+    if (!n.setup.bf16_native) layer = bf16_on_cpu(std::move(layer));
+  }
   layer->setup(n.setup);
   n.layer = std::move(layer);
   n.inputs = std::move(inputs);

@@ -106,6 +106,9 @@ struct LayerSetup {
   bool training = true;             // given: whether a backward pass will run
   DType act = DType::f32;           // given: dtype of floating activations (f32 on the CPU)
   Device device = Device::cpu;      // given: where the step runs
+  // given: on the CPU under bf16, the layer computes in bf16 itself (Layer::bf16_native_cpu
+  // said it can, and the Graph did not wrap it in the conversion wrapper, nn/bf16_cpu.h).
+  bool bf16_native = false;
 
   std::vector<ParamDecl> params;    // trainable parameters
   std::vector<ParamDecl> states;    // persistent, not trained (BatchNorm running stats)
@@ -188,6 +191,12 @@ class Layer {
   // conservative default is yes (tests/test_bf16_cpu.cpp catches a wrong no).
   virtual bool backward_reads_inputs() const { return true; }
   virtual bool backward_reads_output() const { return true; }
+  // Whether, on the CPU under bf16, this layer computes with bf16 tensors itself (native
+  // bf16 kernels, on a CPU with AVX512-BF16: cpu::bf16_native()); the Graph then sets
+  // LayerSetup::bf16_native instead of wrapping it in the conversion wrapper. Such a layer
+  // reads its parameters from ctx.params_lp (bf16, or float32 where the engine keeps no bf16
+  // copy) and adds float32 gradients into ctx.grads.
+  virtual bool bf16_native_cpu() const { return false; }
   // The layer itself, under any wrapper (nn/bf16_cpu.h): for code that asks what it is.
   virtual const Layer& unwrapped() const { return *this; }
 };

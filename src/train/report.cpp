@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "backend/cpu/cpu_features.h"
 #include "core/error.h"
 #include "core/io.h"
 
@@ -143,6 +144,16 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
   return j;
 }
 
+// The host CPU: its model and the vector extensions the kernels may take; under bf16 on
+// the CPU, which path bf16 took (native bf16 kernels or the conversions).
+static nlohmann::ordered_json cpu_summary(const TrainResult& r) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  nlohmann::ordered_json j{{"model", f.model}, {"avx2", f.avx2}, {"avx512f", f.avx512f},
+                           {"avx512_bf16", f.avx512_bf16}, {"amx_bf16", f.amx_bf16}};
+  if (r.device == "cpu" && r.precision == "bf16") j["bf16_kernels"] = cpu::bf16_native() ? "native" : "fallback";
+  return j;
+}
+
 nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
                                    const MemoryPlan& plan) {
   using nlohmann::ordered_json;
@@ -153,6 +164,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["device"] = r.device;
   if (!r.device_name.empty()) s["device_name"] = r.device_name;
   s["precision"] = r.precision;
+  s["cpu"] = cpu_summary(r);
   s["threads"] = info.threads;
   s["batch"] = cfg.batch;
   s["accum"] = cfg.accum;

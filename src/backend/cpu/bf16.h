@@ -28,6 +28,22 @@ inline float from_bf16(uint16_t h) {
 
 inline float round_bf16(float f) { return from_bf16(to_bf16(f)); }
 
+// A bf16 tensor's values as their bits.
+inline uint16_t* bf16_bits(const Tensor& t) { return static_cast<uint16_t*>(t.ptr); }
+
+// How a layer's CPU code reads and writes activations stored as T, for code templated over
+// the two (native bf16: read widened, computed in float32, written rounded once).
+struct StoreF32 {
+  using T = float;
+  static float ld(const T* p, int64_t j) { return p[j]; }
+  static void st(T* p, int64_t j, float v) { p[j] = v; }
+};
+struct StoreBf16 {
+  using T = uint16_t;
+  static float ld(const T* p, int64_t j) { return from_bf16(p[j]); }
+  static void st(T* p, int64_t j, float v) { p[j] = to_bf16(v); }
+};
+
 // Element-wise over n values (OpenMP across the engine's threads for large n).
 void to_bf16(const float* x, uint16_t* y, int64_t n);
 void from_bf16(const uint16_t* x, float* y, int64_t n);

@@ -1,5 +1,8 @@
 #include "nn/layers/activation.h"
 
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/cpu_features.h"
+
 namespace sat {
 
 namespace {
@@ -23,7 +26,25 @@ constexpr float kKappa = 0.044715f;
 
 void ReLU::setup(LayerSetup& s) { setup_unary(s, "ReLU", 1, 1); }
 
+// Native bf16 (LayerSetup::bf16_native: the tensors are bf16): on the bits. A bf16 value is
+// below zero when its sign is set and it is neither a zero nor a NaN; above zero when its
+// sign is clear and it is neither.
+namespace {
+inline bool bf16_below_zero(uint16_t h) { return (h & 0x8000u) && uint16_t(h & 0x7fffu) - 1u < 0x7f80u; }
+inline bool bf16_above_zero(uint16_t h) { return !(h & 0x8000u) && uint16_t(h & 0x7fffu) - 1u < 0x7f80u; }
+}  // namespace
+
+bool ReLU::bf16_native_cpu() const { return cpu::bf16_native(); }
+
 void ReLU::forward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) {
+    const int64_t n = c.in[0].numel();
+    const uint16_t* x = cpu::bf16_bits(c.in[0]);
+    uint16_t* y = cpu::bf16_bits(c.out);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16_below_zero(x[i]) ? uint16_t(0) : x[i];
+    return;
+  }
   const int64_t n = c.in[0].numel();
   const float* x = c.in[0].f32();
   float* y = c.out.f32();
@@ -33,6 +54,18 @@ void ReLU::forward(LayerCtx& c) {
 
 void ReLU::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
+  if (c.out.dtype == DType::bf16) {
+    const int64_t n = c.out.numel();
+    const uint16_t* y = cpu::bf16_bits(c.out);
+    const uint16_t* dy = cpu::bf16_bits(c.dout);
+    uint16_t* dx = cpu::bf16_bits(c.din[0]);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t g = dy[i];
+      dx[i] = bf16_above_zero(y[i]) ? g : uint16_t(0);
+    }
+    return;
+  }
   const int64_t n = c.out.numel();
   const float* y = c.out.f32();
   const float* dy = c.dout.f32();
@@ -52,33 +85,54 @@ void ReLU::backward(LayerCtx& c) {
 
 void GELU::setup(LayerSetup& s) { setup_unary(s, "GELU", 12, 20); }
 
-void GELU::forward(LayerCtx& c) {
+namespace {
+
+template <class L>
+void gelu_forward(const LayerCtx& c) {
+  using T = typename L::T;
   const int64_t n = c.in[0].numel();
-  const float* x = c.in[0].f32();
-  float* y = c.out.f32();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  T* y = static_cast<T*>(c.out.ptr);
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
+    const float v = L::ld(x, i);
     const float u = kBeta * (v + kKappa * v * v * v);
-    y[i] = v / (1.0f + vexp(-2.0f * u));
+    L::st(y, i, v / (1.0f + vexp(-2.0f * u)));
   }
 }
 
-void GELU::backward(LayerCtx& c) {
-  if (!c.din[0].defined()) return;
+template <class L>
+void gelu_backward(const LayerCtx& c) {
+  using T = typename L::T;
   const int64_t n = c.in[0].numel();
-  const float* x = c.in[0].f32();
-  const float* dy = c.dout.f32();
-  float* dx = c.din[0].f32();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  const T* dy = static_cast<const T*>(c.dout.ptr);
+  T* dx = static_cast<T*>(c.din[0].ptr);
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
+    const float v = L::ld(x, i);
     const float v2 = v * v;
     const float u = kBeta * (v + kKappa * v2 * v);
     const float du = kBeta * (1.0f + 3.0f * kKappa * v2);
     const float sg = 1.0f / (1.0f + vexp(-2.0f * u));
-    dx[i] = dy[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
+    L::st(dx, i, L::ld(dy, i) * (sg + 2.0f * v * sg * (1.0f - sg) * du));
   }
+}
+
+}  // namespace
+
+// Activations in float32, or bf16 under native bf16 (computed in float32, rounded once).
+bool GELU::bf16_native_cpu() const { return cpu::bf16_native(); }
+
+void GELU::forward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return gelu_forward<cpu::StoreBf16>(c);
+  gelu_forward<cpu::StoreF32>(c);
+}
+
+void GELU::backward(LayerCtx& c) {
+  if (!c.din[0].defined()) return;
+  if (c.in[0].dtype == DType::bf16) return gelu_backward<cpu::StoreBf16>(c);
+  gelu_backward<cpu::StoreF32>(c);
 }
 
 }  // namespace sat

@@ -58,6 +58,7 @@ class ReLU : public Layer {
   ReLU() = default;
   const char* kind() const override { return "ReLU"; }
   bool backward_reads_inputs() const override { return false; }  // it reads its output
+  bool bf16_native_cpu() const override;  // bf16 tensors as they are
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -69,6 +70,7 @@ class GELU : public Layer {
   GELU() = default;
   const char* kind() const override { return "GELU"; }
   bool backward_reads_output() const override { return false; }
+  bool bf16_native_cpu() const override;  // bf16 activations read and written as they are
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

@@ -6,6 +6,10 @@
 #include "nn/layers/batchnorm.h"
 
 #include <cmath>
+#include <type_traits>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/cpu_features.h"
 
 namespace sat {
 
@@ -13,6 +17,20 @@ namespace sat {
 namespace {
 constexpr int64_t kParallelMin = 1 << 16;
 }  // namespace
+
+// Activations in float32, or bf16 under native bf16 (the arithmetic and the statistics in
+// float32 either way).
+bool BatchNorm2d::bf16_native_cpu() const { return cpu::bf16_native(); }
+
+void BatchNorm2d::forward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return forward_as<cpu::StoreBf16>(c);
+  forward_as<cpu::StoreF32>(c);
+}
+
+void BatchNorm2d::backward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return backward_as<cpu::StoreBf16>(c);
+  backward_as<cpu::StoreF32>(c);
+}
 
 BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum)
     : C_(channels), eps_(eps), momentum_(momentum) {
@@ -42,18 +60,30 @@ void BatchNorm2d::setup(LayerSetup& s) {
     s.scratch_forward(Shape{C_ + 1}, DType::f64);
     s.scratch_forward(Shape{C_ + 1}, DType::f64);
     s.scratch_backward(Shape{2 * C_ + 1}, DType::f64);
+    if (s.act == DType::bf16 && s.bf16_native) {  // the weight and bias widened from their bf16 copy
+      s.scratch_forward(Shape{2 * C_});
+      s.scratch_backward(Shape{C_});
+    }
   }
   const double n = double(in.numel());
   s.flops_fwd = 5.0 * n;  // two statistics passes + scale/shift
   s.flops_bwd = 7.0 * n;
 }
 
-void BatchNorm2d::forward(LayerCtx& c) {
+template <class L>
+void BatchNorm2d::forward_as(LayerCtx& c) {
+  using T = typename L::T;
   const int64_t C = C_, B = B_, HW = HW_, n = B * HW;
-  const float* x = c.in[0].f32();  // [B, C, H, W]
-  float* y = c.out.f32();
+  const T* x = static_cast<const T*>(c.in[0].ptr);  // [B, C, H, W]
+  T* y = static_cast<T*>(c.out.ptr);
   const float* w = c.params[0].f32();
   const float* bias = c.params[1].f32();
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameters' bf16 copy
+    float* p = c.scratch[2].f32();
+    cpu::to_f32(c.params_lp[0], p, false);
+    cpu::to_f32(c.params_lp[1], p + C_, false);
+    w = p, bias = p + C_;
+  }
   float* rm = c.states[0].f32();
   float* rv = c.states[1].f32();
   float* mean_s = c.saved[0].f32();
@@ -70,9 +100,9 @@ void BatchNorm2d::forward(LayerCtx& c) {
     for (int64_t ch = 0; ch < C; ++ch) {
       double acc = 0;
       for (int64_t b = 0; b < B; ++b) {
-        const float* p = x + (b * C + ch) * HW;
+        const T* p = x + (b * C + ch) * HW;
         float part = 0;
-        for (int64_t j = 0; j < HW; ++j) part += p[j];
+        for (int64_t j = 0; j < HW; ++j) part += L::ld(p, j);
         acc += part;
       }
       sum[ch] = acc;
@@ -87,10 +117,10 @@ void BatchNorm2d::forward(LayerCtx& c) {
       const float mf = float(sum[ch] / count);
       double acc = 0;
       for (int64_t b = 0; b < B; ++b) {
-        const float* p = x + (b * C + ch) * HW;
+        const T* p = x + (b * C + ch) * HW;
         float part = 0;
         for (int64_t j = 0; j < HW; ++j) {
-          float d = p[j] - mf;
+          float d = L::ld(p, j) - mf;
           part += d * d;
         }
         acc += part;
@@ -122,25 +152,31 @@ void BatchNorm2d::forward(LayerCtx& c) {
     const float scale = float(double(w[ch]) * invstd);
     const float shift = float(double(bias[ch]) - mean * double(w[ch]) * invstd);
     for (int64_t b = 0; b < B; ++b) {
-      const float* p = x + (b * C + ch) * HW;
-      float* q = y + (b * C + ch) * HW;
-      for (int64_t j = 0; j < HW; ++j) q[j] = p[j] * scale + shift;
+      const T* p = x + (b * C + ch) * HW;
+      T* q = y + (b * C + ch) * HW;
+      for (int64_t j = 0; j < HW; ++j) L::st(q, j, L::ld(p, j) * scale + shift);
     }
   }
   if (train && !c.recomputing) ++static_cast<int64_t*>(c.states[2].ptr)[0];
 }
 
-void BatchNorm2d::backward(LayerCtx& c) {
+template <class L>
+void BatchNorm2d::backward_as(LayerCtx& c) {
+  using T = typename L::T;
   const int64_t C = C_, B = B_, HW = HW_, n = B * HW;
-  const float* x = c.in[0].f32();
-  const float* dy = c.dout.f32();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  const T* dy = static_cast<const T*>(c.dout.ptr);
   const float* w = c.params[0].f32();
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameter's bf16 copy
+    cpu::to_f32(c.params_lp[0], c.scratch[1].f32(), false);
+    w = c.scratch[1].f32();
+  }
   float* dw = c.grads[0].f32();
   float* db = c.grads[1].f32();
   const bool acc_w = c.accumulate[0], acc_b = c.accumulate[1];
   const float* mean_s = c.saved[0].f32();
   const float* invstd_s = c.saved[1].f32();
-  float* dx = c.din[0].ptr ? c.din[0].f32() : nullptr;
+  T* dx = static_cast<T*>(c.din[0].ptr);
   const bool train = c.training;
   const bool par = B * C * HW > kParallelMin;
   // sums[ch] = sum(dy), sums[C + ch] = sum(dy * (x - mean)) over this replica's batch;
@@ -152,12 +188,13 @@ void BatchNorm2d::backward(LayerCtx& c) {
     const float mean = mean_s[ch];
     double sdy = 0, sdyx = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const float* p = x + (b * C + ch) * HW;
-      const float* g = dy + (b * C + ch) * HW;
+      const T* p = x + (b * C + ch) * HW;
+      const T* g = dy + (b * C + ch) * HW;
       float a0 = 0, a1 = 0;
       for (int64_t j = 0; j < HW; ++j) {
-        a0 += g[j];
-        a1 += g[j] * (p[j] - mean);
+        const float gj = L::ld(g, j);
+        a0 += gj;
+        a1 += gj * (L::ld(p, j) - mean);
       }
       sdy += a0;
       sdyx += a1;
@@ -184,10 +221,10 @@ void BatchNorm2d::backward(LayerCtx& c) {
       k_x = float(-a * invstd * sdy_xhat / count);
     }
     for (int64_t b = 0; b < B; ++b) {
-      const float* p = x + (b * C + ch) * HW;
-      const float* g = dy + (b * C + ch) * HW;
-      float* q = dx + (b * C + ch) * HW;
-      for (int64_t j = 0; j < HW; ++j) q[j] = k_dy * g[j] + k_x * (p[j] - mean) + k_c;
+      const T* p = x + (b * C + ch) * HW;
+      const T* g = dy + (b * C + ch) * HW;
+      T* q = dx + (b * C + ch) * HW;
+      for (int64_t j = 0; j < HW; ++j) L::st(q, j, k_dy * L::ld(g, j) + k_x * (L::ld(p, j) - mean) + k_c);
     }
   }
 }

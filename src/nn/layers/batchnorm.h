@@ -14,6 +14,7 @@ class BatchNorm2d : public Layer {
 
   const char* kind() const override { return "BatchNorm2d"; }
   bool backward_reads_output() const override { return false; }
+  bool bf16_native_cpu() const override;  // bf16 activations read and written as they are
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -26,6 +27,9 @@ class BatchNorm2d : public Layer {
   float eps_, momentum_;
   int64_t B_ = 0, HW_ = 0;  // fixed by setup()
   DType act_ = DType::f32;  // activation dtype (GPU: x, y, dx, dy)
+  // The CPU code over activations stored as L::T (float32, or bf16 under native bf16).
+  template <class L> void forward_as(LayerCtx& c);
+  template <class L> void backward_as(LayerCtx& c);
 };
 
 }  // namespace sat

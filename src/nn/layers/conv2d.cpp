@@ -243,7 +243,9 @@ void Conv2d::setup(LayerSetup& s) {
   onednn_.reset();
   wg_m_ = 0;
   wf_u_ = wf_v_ = wf_m_ = wb_u_ = wb_du_ = wb_v_ = wb_dm_ = -1;
-  path_ = s.device == Device::cpu ? choose_path(s) : "";
+  const bool bf16_native = s.device == Device::cpu && s.act == DType::bf16 && s.bf16_native;
+  // Native bf16 takes oneDNN's bf16 convolutions (the only bf16 kernels); fp32 measures.
+  path_ = s.device != Device::cpu ? "" : bf16_native ? "onednn" : choose_path(s);
   if (path_ == "winograd2" || path_ == "winograd4") {
     setup_winograd(s, path_ == "winograd2" ? 2 : 4);
   } else if (path_ == "onednn") {

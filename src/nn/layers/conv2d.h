@@ -27,6 +27,7 @@ class Conv2d : public Layer {
   const char* kind() const override { return "Conv2d"; }
   bool backward_reads_output() const override { return false; }
   bool product_param(int k) const override { return k == 0; }  // the weight; the bias is added in f32
+  bool bf16_native_cpu() const override;  // one channel group, oneDNN and AVX512-BF16 (conv2d_dnnl.cpp)
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;

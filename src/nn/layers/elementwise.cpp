@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/cpu_features.h"
 #include "core/rng.h"
 
 namespace sat {
@@ -13,15 +15,18 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 15;
 
 // dst[0, n) = src[0, n), split over threads for large buffers (memory bound either way).
-void parallel_copy(float* dst, const float* src, int64_t n) {
-  constexpr int64_t kChunk = 1 << 14;
+void parallel_copy_bytes(void* dst, const void* src, int64_t n) {
+  constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 2)
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t b = k * kChunk;
-    std::memcpy(dst + b, src + b, size_t(std::min(kChunk, n - b)) * sizeof(float));
+    std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, size_t(std::min(kChunk, n - b)));
   }
 }
+void parallel_copy(float* dst, const float* src, int64_t n) { parallel_copy_bytes(dst, src, n * int64_t(sizeof(float))); }
+// A tensor into one of its shape and dtype (float32, or bf16 under native bf16).
+void parallel_copy(const Tensor& dst, const Tensor& src) { parallel_copy_bytes(dst.ptr, src.ptr, int64_t(src.bytes())); }
 
 void check_inputs(const LayerSetup& s, const char* kind, size_t n_inputs) {
   SAT_CHECK(s.inputs.size() == n_inputs, kind, " ", s.name, ": expected ", n_inputs, " input(s), got ",
@@ -43,8 +48,19 @@ void Add::setup(LayerSetup& s) {
   s.flops_bwd = 0;
 }
 
+bool Add::bf16_native_cpu() const { return cpu::bf16_native(); }
+bool Flatten::bf16_native_cpu() const { return cpu::bf16_native(); }
+
 void Add::forward(LayerCtx& c) {
   const int64_t n = c.out.numel();
+  if (c.out.dtype == DType::bf16) {  // native bf16: the sum in float32, rounded once
+    const uint16_t* a = cpu::bf16_bits(c.in[0]);
+    const uint16_t* b = cpu::bf16_bits(c.in[1]);
+    uint16_t* y = cpu::bf16_bits(c.out);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = cpu::to_bf16(cpu::from_bf16(a[i]) + cpu::from_bf16(b[i]));
+    return;
+  }
   const float* a = c.in[0].f32();
   const float* b = c.in[1].f32();
   float* y = c.out.f32();
@@ -54,7 +70,7 @@ void Add::forward(LayerCtx& c) {
 
 void Add::backward(LayerCtx& c) {
   for (int i = 0; i < 2; ++i)
-    if (c.din[size_t(i)].defined()) parallel_copy(c.din[size_t(i)].f32(), c.dout.f32(), c.dout.numel());
+    if (c.din[size_t(i)].defined()) parallel_copy(c.din[size_t(i)], c.dout);
 }
 
 // ---- Flatten ----
@@ -66,10 +82,10 @@ void Flatten::setup(LayerSetup& s) {
   s.set_output({x[0], x[0] == 0 ? 0 : x.numel() / x[0]}, s.act);
 }
 
-void Flatten::forward(LayerCtx& c) { parallel_copy(c.out.f32(), c.in[0].f32(), c.out.numel()); }
+void Flatten::forward(LayerCtx& c) { parallel_copy(c.out, c.in[0]); }
 
 void Flatten::backward(LayerCtx& c) {
-  if (c.din[0].defined()) parallel_copy(c.din[0].f32(), c.dout.f32(), c.dout.numel());
+  if (c.din[0].defined()) parallel_copy(c.din[0], c.dout);
 }
 
 // ---- Dropout ----

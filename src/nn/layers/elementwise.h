@@ -18,6 +18,7 @@ class Add : public Layer {
  public:
   Add() = default;
   const char* kind() const override { return "Add"; }
+  bool bf16_native_cpu() const override;  // bf16 tensors as they are
   bool backward_reads_inputs() const override { return false; }
   bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
@@ -30,6 +31,7 @@ class Flatten : public Layer {
  public:
   Flatten() = default;
   const char* kind() const override { return "Flatten"; }
+  bool bf16_native_cpu() const override;  // bf16 tensors as they are
   bool backward_reads_inputs() const override { return false; }
   bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;

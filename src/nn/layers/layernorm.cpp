@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/cpu_features.h"
 
 namespace sat {
 
@@ -29,6 +33,10 @@ void LayerNorm::setup(LayerSetup& s) {
   const int64_t rows = x.shape.numel() / dim_;
   s.save({rows});  // saved 0: mean [rows]
   s.save({rows});  // saved 1: rstd [rows]
+  if (s.device == Device::cpu && s.act == DType::bf16 && s.bf16_native) {
+    s.scratch_forward({2 * dim_});  // the weight and bias widened from their bf16 copy
+    s.scratch_backward({dim_});     // the weight widened
+  }
   if (s.device == Device::cuda) {
     const int64_t chunks = grad_chunks(rows);
     s.scratch_backward({chunks, dim_});  // scratch_bwd 0: partial dweight per row chunk
@@ -39,70 +47,98 @@ void LayerNorm::setup(LayerSetup& s) {
   s.flops_bwd = 12.0 * n;
 }
 
+// Activations in float32, or bf16 under native bf16 (read widened, the statistics and the
+// arithmetic in float32, written rounded once).
+bool LayerNorm::bf16_native_cpu() const { return cpu::bf16_native(); }
+
 void LayerNorm::forward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return forward_as<cpu::StoreBf16>(c);
+  forward_as<cpu::StoreF32>(c);
+}
+
+void LayerNorm::backward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return backward_as<cpu::StoreBf16>(c);
+  backward_as<cpu::StoreF32>(c);
+}
+
+template <class L>
+void LayerNorm::forward_as(LayerCtx& c) {
+  using T = typename L::T;
   const int64_t D = dim_, rows = c.in[0].numel() / D;
-  const float* x = c.in[0].f32();      // [rows, D]
+  const T* x = static_cast<const T*>(c.in[0].ptr);  // [rows, D]
   const float* w = c.params[0].f32();  // [D]
   const float* b = c.params[1].f32();  // [D]
-  float* y = c.out.f32();              // [rows, D]
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameters' bf16 copy
+    float* p = c.scratch[0].f32();
+    cpu::to_f32(c.params_lp[0], p, false);
+    cpu::to_f32(c.params_lp[1], p + D, false);
+    w = p, b = p + D;
+  }
+  T* y = static_cast<T*>(c.out.ptr);   // [rows, D]
   float* mean = c.saved[0].f32();      // [rows]
   float* rstd = c.saved[1].f32();      // [rows]
   const float eps = eps_;
 #pragma omp parallel for schedule(static) if (rows * D > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * D;
-    float* yr = y + r * D;
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
     // Two passes (mean, then the mean of squared deviations): no cancellation for rows with a
     // large mean and a small spread.
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < D; ++j) sum += xr[j];
+    for (int64_t j = 0; j < D; ++j) sum += L::ld(xr, j);
     const float m = sum / float(D);
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
     for (int64_t j = 0; j < D; ++j) {
-      const float d = xr[j] - m;
+      const float d = L::ld(xr, j) - m;
       sq += d * d;
     }
     const float rs = 1.0f / std::sqrt(sq / float(D) + eps);
     mean[r] = m;
     rstd[r] = rs;
 #pragma omp simd
-    for (int64_t j = 0; j < D; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+    for (int64_t j = 0; j < D; ++j) L::st(yr, j, (L::ld(xr, j) - m) * rs * w[j] + b[j]);
   }
 }
 
 // With xhat = (x - mean) rstd and g = dy * weight (per row, means over the D features):
 //   dx = rstd (g - mean(g) - xhat mean(g xhat))
 //   dweight = sum_rows dy xhat,  dbias = sum_rows dy
-void LayerNorm::backward(LayerCtx& c) {
+template <class L>
+void LayerNorm::backward_as(LayerCtx& c) {
+  using T = typename L::T;
   const int64_t D = dim_, rows = c.in[0].numel() / D;
-  const float* x = c.in[0].f32();         // [rows, D]
-  const float* w = c.params[0].f32();     // [D]
-  const float* dy = c.dout.f32();         // [rows, D]
+  const T* x = static_cast<const T*>(c.in[0].ptr);  // [rows, D]
+  const float* w = c.params[0].f32();                // [D]
+  if constexpr (std::is_same_v<T, uint16_t>) {  // native bf16: from the parameter's bf16 copy
+    cpu::to_f32(c.params_lp[0], c.scratch[0].f32(), false);
+    w = c.scratch[0].f32();
+  }
+  const T* dy = static_cast<const T*>(c.dout.ptr);  // [rows, D]
   const float* mean = c.saved[0].f32();   // [rows]
   const float* rstd = c.saved[1].f32();   // [rows]
 
   if (c.din[0].defined()) {
-    float* dx = c.din[0].f32();  // [rows, D]
+    T* dx = static_cast<T*>(c.din[0].ptr);  // [rows, D]
 #pragma omp parallel for schedule(static) if (rows * D > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * D;
-      const float* dyr = dy + r * D;
-      float* dxr = dx + r * D;
+      const T* xr = x + r * D;
+      const T* dyr = dy + r * D;
+      T* dxr = dx + r * D;
       const float m = mean[r], rs = rstd[r];
       float sg = 0.0f, sgx = 0.0f;
 #pragma omp simd reduction(+ : sg, sgx)
       for (int64_t j = 0; j < D; ++j) {
-        const float g = dyr[j] * w[j];
+        const float g = L::ld(dyr, j) * w[j];
         sg += g;
-        sgx += g * (xr[j] - m) * rs;
+        sgx += g * (L::ld(xr, j) - m) * rs;
       }
       const float mg = sg / float(D), mgx = sgx / float(D);
 #pragma omp simd
       for (int64_t j = 0; j < D; ++j) {
-        const float xh = (xr[j] - m) * rs;
-        dxr[j] = rs * (dyr[j] * w[j] - mg - xh * mgx);
+        const float xh = (L::ld(xr, j) - m) * rs;
+        L::st(dxr, j, rs * (L::ld(dyr, j) * w[j] - mg - xh * mgx));
       }
     }
   }
@@ -119,12 +155,13 @@ void LayerNorm::backward(LayerCtx& c) {
     const int64_t c0 = bi * kBlock, n = std::min(kBlock, D - c0);
     double sw[kBlock] = {}, sb[kBlock] = {};
     for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * D + c0;
-      const float* dyr = dy + r * D + c0;
+      const T* xr = x + r * D + c0;
+      const T* dyr = dy + r * D + c0;
       const float m = mean[r], rs = rstd[r];
       for (int64_t j = 0; j < n; ++j) {
-        sw[j] += double(dyr[j] * ((xr[j] - m) * rs));
-        sb[j] += double(dyr[j]);
+        const float g = L::ld(dyr, j);
+        sw[j] += double(g * ((L::ld(xr, j) - m) * rs));
+        sb[j] += double(g);
       }
     }
     for (int64_t j = 0; j < n; ++j) {

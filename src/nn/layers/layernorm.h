@@ -18,6 +18,7 @@ class LayerNorm : public Layer {
   explicit LayerNorm(int64_t dim, float eps = 1e-5f, bool sequence_parallel = false);
   const char* kind() const override { return "LayerNorm"; }
   bool backward_reads_output() const override { return false; }
+  bool bf16_native_cpu() const override;  // bf16 activations read and written as they are
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -32,6 +33,8 @@ class LayerNorm : public Layer {
   int64_t dim_;
   float eps_;
   bool sequence_parallel_;
+  template <class L> void forward_as(LayerCtx& c);  // activations stored as L::T (cpu::StoreF32, StoreBf16)
+  template <class L> void backward_as(LayerCtx& c);
 };
 
 }  // namespace sat

@@ -46,9 +46,12 @@ void Linear::setup(LayerSetup& s) {
   const double rows = double(x.shape.numel() / in_);
   s.flops_fwd = 2.0 * rows * double(in_) * double(out_);
   s.flops_bwd = 4.0 * rows * double(in_) * double(out_);
+  onednn_.reset();
+  if (s.device == Device::cpu && s.act == DType::bf16 && s.bf16_native) setup_bf16(s);
 }
 
 void Linear::forward(LayerCtx& c) {
+  if (onednn_) return forward_bf16(c);
   const int64_t rows = c.in[0].numel() / in_;
   const float* x = c.in[0].f32();     // [rows, in]
   const float* w = c.params[0].f32(); // [out, in]
@@ -83,6 +86,7 @@ static void column_sums(const float* dy, int64_t rows, int64_t cols, float* db, 
 }
 
 void Linear::backward(LayerCtx& c) {
+  if (onednn_) return backward_bf16(c);
   const int64_t rows = c.in[0].numel() / in_;
   const float* x = c.in[0].f32();     // [rows, in]
   const float* w = c.params[0].f32(); // [out, in]

@@ -5,6 +5,8 @@
 // GPU (linear.cu): cuBLASLt GEMMs on the activation dtype (x and the weight's low-precision
 // copy), the bias fused into the forward GEMM's epilogue; dW in f32 straight from the GEMM
 // (beta = 1 accumulates), db by a column-sum kernel.
+// CPU under bf16 with AVX512-BF16 (linear_bf16.cpp): oneDNN's inner product on bf16 x, W
+// (ctx.params_lp) and y with float32 accumulation; dW and db in float32 into the gradients.
 // Default inits are PyTorch's: weight and bias U(-1/sqrt(in), 1/sqrt(in)).
 // Tied weight: with tied_weight = "transformer.wte.weight" the weight is that earlier
 // parameter (GPT's lm_head shares the token embedding [vocab, dim]) and there is no bias;
@@ -22,6 +24,7 @@
 // A tied column-parallel weight (the vocabulary-parallel output head) is the tied
 // parameter's part, which must be split the same way.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -43,6 +46,7 @@ class Linear : public Layer {
   const char* kind() const override { return "Linear"; }
   bool backward_reads_output() const override { return false; }
   bool product_param(int) const override { return true; }  // the weight and the bias (cuBLASLt's epilogue)
+  bool bf16_native_cpu() const override;  // oneDNN and AVX512-BF16 (linear_bf16.cpp)
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -56,6 +60,13 @@ class Linear : public Layer {
   LinearTP tp_;
   ParamInit w_init_, b_init_;
   std::string tied_;
+  // Native bf16 on the CPU (linear_bf16.cpp): oneDNN's primitives and their scratch slots;
+  // null: the float32 code (OpenBLAS).
+  struct Dnnl;
+  std::shared_ptr<Dnnl> onednn_;
+  void setup_bf16(LayerSetup& s);
+  void forward_bf16(LayerCtx& c);
+  void backward_bf16(LayerCtx& c);
 };
 
 }  // namespace sat

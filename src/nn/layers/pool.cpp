@@ -7,6 +7,9 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/cpu_features.h"
+
 namespace sat {
 
 // Elements below which loops stay serial (an OpenMP fork/join costs more than it saves).
@@ -39,15 +42,32 @@ void MaxPool2d::setup(LayerSetup& s) {
   s.flops_bwd = double(B_ * C_ * Ho_ * Wo_);
 }
 
+// Activations in float32, or bf16 under native bf16 (compared widened, written as they are:
+// a maximum is exact; overlapping windows' gradients add in float32 per addition).
+bool MaxPool2d::bf16_native_cpu() const { return cpu::bf16_native(); }
+
 void MaxPool2d::forward(LayerCtx& c) {
-  const float* x = c.in[0].f32();  // [B, C, H, W]
-  float* y = c.out.f32();          // [B, C, Ho, Wo]
+  if (c.in[0].dtype == DType::bf16) return forward_as<cpu::StoreBf16>(c);
+  forward_as<cpu::StoreF32>(c);
+}
+
+void MaxPool2d::backward(LayerCtx& c) {
+  if (!c.din[0].ptr) return;
+  if (c.din[0].dtype == DType::bf16) return backward_as<cpu::StoreBf16>(c);
+  backward_as<cpu::StoreF32>(c);
+}
+
+template <class L>
+void MaxPool2d::forward_as(LayerCtx& c) {
+  using T = typename L::T;
+  const T* x = static_cast<const T*>(c.in[0].ptr);  // [B, C, H, W]
+  T* y = static_cast<T*>(c.out.ptr);                // [B, C, Ho, Wo]
   int32_t* arg = c.saved[0].i32(); // [B, C, Ho, Wo]
   const int64_t planes = B_ * C_, H = H_, W = W_, Ho = Ho_, Wo = Wo_;
 #pragma omp parallel for schedule(static) if (planes * Ho * Wo * k_ * k_ > kParallelMin)
   for (int64_t pl = 0; pl < planes; ++pl) {
-    const float* xp = x + pl * H * W;
-    float* yp = y + pl * Ho * Wo;
+    const T* xp = x + pl * H * W;
+    T* yp = y + pl * Ho * Wo;
     int32_t* ap = arg + pl * Ho * Wo;
     for (int64_t oh = 0; oh < Ho; ++oh) {
       const int64_t h0 = std::max<int64_t>(oh * s_ - p_, 0), h1 = std::min(oh * s_ - p_ + k_, H);
@@ -58,31 +78,32 @@ void MaxPool2d::forward(LayerCtx& c) {
         // Branch-free select: on random data "v > best" is unpredictable.
         for (int64_t ih = h0; ih < h1; ++ih)
           for (int64_t iw = w0; iw < w1; ++iw) {
-            const float v = xp[ih * W + iw];
+            const float v = L::ld(xp, ih * W + iw);
             const bool take = (v > best) | (v != v);  // NaN propagates, as in PyTorch
             best = take ? v : best;
             bi = take ? ih * W + iw : bi;
           }
-        yp[oh * Wo + ow] = best;
+        L::st(yp, oh * Wo + ow, best);
         ap[oh * Wo + ow] = int32_t(bi);
       }
     }
   }
 }
 
-void MaxPool2d::backward(LayerCtx& c) {
-  if (!c.din[0].ptr) return;
-  float* dx = c.din[0].f32();
-  const float* dy = c.dout.f32();
+template <class L>
+void MaxPool2d::backward_as(LayerCtx& c) {
+  using T = typename L::T;
+  T* dx = static_cast<T*>(c.din[0].ptr);
+  const T* dy = static_cast<const T*>(c.dout.ptr);
   const int32_t* arg = c.saved[0].i32();
   const int64_t planes = B_ * C_, HW = H_ * W_, OHW = Ho_ * Wo_;
 #pragma omp parallel for schedule(static) if (planes * HW > kParallelMin)
   for (int64_t pl = 0; pl < planes; ++pl) {
-    float* dp = dx + pl * HW;
-    std::memset(dp, 0, size_t(HW) * sizeof(float));
-    const float* g = dy + pl * OHW;
+    T* dp = dx + pl * HW;
+    std::memset(dp, 0, size_t(HW) * sizeof(T));
+    const T* g = dy + pl * OHW;
     const int32_t* a = arg + pl * OHW;
-    for (int64_t j = 0; j < OHW; ++j) dp[a[j]] += g[j];
+    for (int64_t j = 0; j < OHW; ++j) L::st(dp, a[j], L::ld(dp, a[j]) + L::ld(g, j));
   }
 }
 

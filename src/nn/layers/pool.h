@@ -16,6 +16,7 @@ class MaxPool2d : public Layer {
   const char* kind() const override { return "MaxPool2d"; }
   bool backward_reads_inputs() const override { return false; }
   bool backward_reads_output() const override { return false; }
+  bool bf16_native_cpu() const override;  // bf16 activations read and written as they are
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
@@ -25,6 +26,8 @@ class MaxPool2d : public Layer {
   int64_t k_, s_, p_;
   int64_t B_ = 0, C_ = 0, H_ = 0, W_ = 0, Ho_ = 0, Wo_ = 0;  // fixed by setup()
   DType act_ = DType::f32;  // activation dtype (GPU)
+  template <class L> void forward_as(LayerCtx& c);  // activations stored as L::T (cpu::StoreF32, StoreBf16)
+  template <class L> void backward_as(LayerCtx& c);
 };
 
 // Adaptive average pooling to [out_h, out_w]: output row i averages input rows
