@@ -111,6 +111,7 @@ cluster = {
 }
 put("hardware", "cluster.json", json.dumps(cluster, indent=1))
 put("hardware", "base.json", '{"base": "a100-80gb", "inter_node": {"bandwidth_gbs": 12.5}}')
+put("hardware", "fp8.json", '{"base": "mi300x", "gpus_per_node": 4, "peak_tflops": {"fp8": 0, "bf16": 1000}}')
 put("hardware", "full.json", json.dumps(dict(cluster, gpu=False, tf32_matmul=True,
                                              p2p_intra_node={"bandwidth_gbs": 100, "latency_us": 1},
                                              p2p_inter_node={"bandwidth_gbs": 10, "latency_us": 2},

@@ -303,7 +303,7 @@ TEST(Cli, InfoAndScheduleOfAPipeline) {
 TEST(Cli, HardwareKindsFilesAndThisMachine) {
   CmdResult t = saturate("hardware --gpu h100-sxm");
   ASSERT_EQ(t.status, 0) << t.out;
-  for (auto want : {"h100-sxm (built-in)", "bf16 989.4 TFLOP/s", "3350 GB/s", "450 GB/s per direction"})
+  for (auto want : {"h100-sxm (built-in)", "bf16 989.4 TFLOP/s", "fp8 1979 TFLOP/s", "3350 GB/s", "450 GB/s per direction"})
     EXPECT_NE(t.out.find(want), std::string::npos) << want << "\n" << t.out;
   fs::path d = tmpdir("hardware");
   CmdResult j = saturate("hardware --gpu h100-sxm --json");
@@ -324,7 +324,9 @@ TEST(Cli, HardwareKindsFilesAndThisMachine) {
 
   CmdResult unknown = saturate("hardware --gpu a100");
   expect_user_error(unknown, "unknown kind 'a100'");
-  EXPECT_NE(unknown.out.find("a100-40gb, a100-80gb, h100-sxm, h200, this"), std::string::npos) << unknown.out;
+  EXPECT_NE(unknown.out.find("(expected l4, a10, a10g, l40s, rtx-4090, rtx-a6000, a100-40gb, a100-80gb, h100-sxm, "
+                             "h100-pcie, h200, b200, mi300x, this"), std::string::npos) << unknown.out;
+  EXPECT_EQ(unknown.out.find('\n'), unknown.out.size() - 1) << "one line: " << unknown.out;
   std::ofstream(d / "bad.json") << R"({"base": "a100-80gb", "inter_node": {"bandwidth_gbs": -25}})";
   expect_user_error(saturate("hardware --gpu " + (d / "bad.json").string()),
                     "bad.json:1: key 'inter_node.bandwidth_gbs': expected a positive number, got -25");

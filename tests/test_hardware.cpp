@@ -81,11 +81,11 @@ void expect_same(const Hardware& a, const Hardware& b) {
   EXPECT_EQ(a.gpu, b.gpu);
   EXPECT_EQ(a.tf32_matmul, b.tf32_matmul);
   EXPECT_EQ(a.gpus_per_node, b.gpus_per_node);
-  const double x[] = {a.peak_fp32, a.peak_tf32, a.peak_bf16, a.peak_fp16, a.memory_bytes, a.memory_bandwidth,
+  const double x[] = {a.peak_fp32, a.peak_tf32, a.peak_bf16, a.peak_fp16, a.peak_fp8, a.memory_bytes, a.memory_bandwidth,
                       a.intra.alpha, a.intra.bandwidth, a.inter.alpha, a.inter.bandwidth, a.p2p_intra.alpha,
                       a.p2p_intra.bandwidth, a.p2p_inter.alpha, a.p2p_inter.bandwidth, a.intra_busy.alpha, a.intra_busy.bandwidth, a.cache.bytes, a.cache.bandwidth, a.eff.gemm_max,
                       a.eff.gemm_half_flops, a.eff.memory_eff, a.eff.kernel_overhead, a.eff.comm_eff};
-  const double y[] = {b.peak_fp32, b.peak_tf32, b.peak_bf16, b.peak_fp16, b.memory_bytes, b.memory_bandwidth,
+  const double y[] = {b.peak_fp32, b.peak_tf32, b.peak_bf16, b.peak_fp16, b.peak_fp8, b.memory_bytes, b.memory_bandwidth,
                       b.intra.alpha, b.intra.bandwidth, b.inter.alpha, b.inter.bandwidth, b.p2p_intra.alpha,
                       b.p2p_intra.bandwidth, b.p2p_inter.alpha, b.p2p_inter.bandwidth, b.intra_busy.alpha, b.intra_busy.bandwidth, b.cache.bytes, b.cache.bandwidth, b.eff.gemm_max,
                       b.eff.gemm_half_flops, b.eff.memory_eff, b.eff.kernel_overhead, b.eff.comm_eff};
@@ -107,40 +107,67 @@ void expect_positive_finite(double x, const char* what) {
 }  // namespace
 
 TEST(Hardware, BuiltInKinds) {
-  EXPECT_EQ(sat::hardware_names(), (std::vector<std::string>{"a100-40gb", "a100-80gb", "h100-sxm", "h200"}));
+  EXPECT_EQ(sat::hardware_names(),
+            (std::vector<std::string>{"l4", "a10", "a10g", "l40s", "rtx-4090", "rtx-a6000", "a100-40gb", "a100-80gb",
+                                      "h100-sxm", "h100-pcie", "h200", "b200", "mi300x"}));
+  // The figures of docs/hardware-files.md's table (dense TFLOP/s; MiB; GB/s each way).
   struct Want {
     const char* name;
-    double fp32, tf32, bf16, mem_mib, mem_gbs, nvlink_gbs, net_gbs;
+    double fp32, tf32, bf16, fp8, mem_mib, mem_gbs;
+    int per_node;
+    double intra_gbs, net_gbs;
   };
-  const Want want[] = {{"a100-40gb", 19.5, 156, 312, 40960, 1555, 300, 25},
-                       {"a100-80gb", 19.5, 156, 312, 81920, 2039, 300, 25},
-                       {"h100-sxm", 67, 494.7, 989.4, 81559, 3350, 450, 50},
-                       {"h200", 67, 494.7, 989.4, 143771, 4800, 450, 50}};
+  const Want want[] = {{"l4", 30.3, 60, 121, 242.5, 23034, 300, 8, 32, 1.5625},
+                       {"a10", 31.2, 62.5, 125, 0, 23028, 600, 4, 32, 3.125},
+                       {"a10g", 31.52, 35, 70, 0, 23028, 600, 8, 32, 1.5625},
+                       {"l40s", 91.6, 183, 362.05, 733, 46068, 864, 8, 32, 6.25},
+                       {"rtx-4090", 82.6, 82.6, 165.2, 330.3, 24564, 1008, 8, 32, 1.5625},
+                       {"rtx-a6000", 38.7, 77.4, 154.8, 0, 49140, 768, 8, 32, 1.5625},
+                       {"a100-40gb", 19.5, 156, 312, 0, 40960, 1555, 8, 300, 25},
+                       {"a100-80gb", 19.5, 156, 312, 0, 81920, 2039, 8, 300, 25},
+                       {"h100-sxm", 67, 494.7, 989.4, 1978.9, 81559, 3350, 8, 450, 50},
+                       {"h100-pcie", 51, 378, 756.5, 1513, 81559, 2000, 8, 64, 25},
+                       {"h200", 67, 494.7, 989.4, 1978.9, 143771, 4800, 8, 450, 50},
+                       {"b200", 75, 1100, 2250, 4500, 183359, 7700, 8, 900, 50},
+                       {"mi300x", 163.4, 653.7, 1307.4, 2614.9, 196288, 5300, 8, 448, 50}};
+  ASSERT_EQ(std::size(want), sat::hardware_names().size());
+  const sat::Efficiency a100_eff = hardware("a100-80gb").eff;
   for (const auto& w : want) {
     const Hardware h = hardware(w.name);
     EXPECT_EQ(h.name, w.name);
     EXPECT_EQ(h.source, "built-in");
     EXPECT_TRUE(h.gpu);
     EXPECT_FALSE(h.tf32_matmul);
-    EXPECT_EQ(h.gpus_per_node, 8);
+    EXPECT_EQ(h.gpus_per_node, w.per_node) << w.name;
     EXPECT_DOUBLE_EQ(h.peak_fp32, w.fp32 * 1e12) << w.name;
     EXPECT_DOUBLE_EQ(h.peak_tf32, w.tf32 * 1e12) << w.name;
     EXPECT_DOUBLE_EQ(h.peak_bf16, w.bf16 * 1e12) << w.name;
     EXPECT_DOUBLE_EQ(h.peak_fp16, w.bf16 * 1e12) << w.name;
+    EXPECT_DOUBLE_EQ(h.peak_fp8, w.fp8 * 1e12) << w.name;
     EXPECT_DOUBLE_EQ(h.memory_bytes, w.mem_mib * 1048576) << w.name;
     EXPECT_DOUBLE_EQ(h.memory_bandwidth, w.mem_gbs * 1e9) << w.name;
-    EXPECT_DOUBLE_EQ(h.intra.bandwidth, w.nvlink_gbs * 1e9) << w.name;
+    EXPECT_DOUBLE_EQ(h.intra.bandwidth, w.intra_gbs * 1e9) << w.name;
     EXPECT_DOUBLE_EQ(h.inter.bandwidth, w.net_gbs * 1e9) << w.name;
     EXPECT_DOUBLE_EQ(h.intra.alpha, 3e-6);
     EXPECT_DOUBLE_EQ(h.inter.alpha, 8e-6);
     EXPECT_DOUBLE_EQ(h.p2p_intra.bandwidth, h.intra.bandwidth);
     EXPECT_DOUBLE_EQ(h.p2p_inter.alpha, h.inter.alpha);
+    // Uncalibrated: every kind takes the A100's fitted efficiency.
+    EXPECT_EQ(h.eff.gemm_max, a100_eff.gemm_max) << w.name;
+    EXPECT_EQ(h.eff.memory_eff, a100_eff.memory_eff) << w.name;
+    EXPECT_EQ(h.eff.comm_eff, a100_eff.comm_eff) << w.name;
+    // Dense peaks rank as the tensor cores do: fp8 (where there is one) above bf16 above tf32.
+    EXPECT_GE(h.peak_tf32, h.peak_fp32) << w.name;
+    EXPECT_GT(h.peak_bf16, h.peak_tf32) << w.name;
+    if (h.peak_fp8 > 0) {
+      EXPECT_GT(h.peak_fp8, h.peak_bf16) << w.name;
+    }
     expect_same(h, round_trip(h));
   }
   EXPECT_NEAR(hardware("h200").memory_bytes / 1e9, 150.76, 0.01);  // "141 GB" is GiB: 140.4 GiB
   // The figures read as they were written in the datasheets.
   const std::string j = sat::hardware_json(hardware("h100-sxm"));
-  for (const char* want : {"\"tf32\": 494.7,", "\"latency_us\": 3\n", "\"kernel_overhead_us\": 5,",
+  for (const char* want : {"\"tf32\": 494.7,", "\"fp8\": 1978.9\n", "\"latency_us\": 3\n", "\"kernel_overhead_us\": 5,",
                            "\"memory_bandwidth_gbs\": 3350,", "\"memory_gib\": 79.6474609375,"})
     EXPECT_NE(j.find(want), std::string::npos) << want << " in\n" << j;
 }
@@ -157,8 +184,8 @@ TEST(Hardware, PeakByPrecision) {
 
 TEST(Hardware, UnknownKindListsTheKinds) {
   EXPECT_EQ(error_of([] { hardware("a100"); }),
-            "--gpu: unknown kind 'a100' (expected a100-40gb, a100-80gb, h100-sxm, h200, this (measure this machine) "
-            "or a JSON file)");
+            "--gpu: unknown kind 'a100' (expected l4, a10, a10g, l40s, rtx-4090, rtx-a6000, a100-40gb, a100-80gb, "
+            "h100-sxm, h100-pcie, h200, b200, mi300x, this (measure this machine) or a JSON file)");
   EXPECT_NE(error_of([] { hardware("no/such/cluster.json"); }).find("no/such/cluster.json: cannot read the file"),
             std::string::npos);
 }
@@ -181,6 +208,55 @@ TEST(Hardware, ReadsTheFileFormat) {
   const sat::Efficiency defaults;
   EXPECT_EQ(h.eff.gemm_max, defaults.gemm_max);
   EXPECT_EQ(h.eff.kernel_overhead, defaults.kernel_overhead);
+}
+
+// Every figure a file without a base must give: missing, negative, or zero where zero means
+// nothing (a device without memory, a link without bandwidth) is one line naming the file
+// (cluster_error checks the "FILE:LINE: " start) and the key.
+TEST(Hardware, EveryFigureIsCheckedMissingNegativeOrZero) {
+  struct Field {
+    const char* key;      // as the error names it
+    const char* present;  // its text in kCluster
+    const char* absent;   // the text without it
+    const char* value;    // its value in `present`
+    bool zero_ok;         // 0 means "none" (a precision the device lacks, a free message)
+  };
+  const Field fields[] = {
+      {"gpus_per_node", "\"gpus_per_node\": 8,", "", "8", false},
+      {"memory_gib", "\"memory_gib\": 80,", "", "80", false},
+      {"memory_bandwidth_gbs", "\"memory_bandwidth_gbs\": 2039,", "", "2039", false},
+      {"peak_tflops.fp32", "\"fp32\": 19.5, ", "", "19.5", false},
+      {"peak_tflops.tf32", "\"tf32\": 156, ", "", "156", true},
+      {"peak_tflops.bf16", "\"bf16\": 312, ", "", "312", true},
+      {"peak_tflops.fp16", ", \"fp16\": 312", "", "312", true},
+      {"intra_node.bandwidth_gbs", "\"bandwidth_gbs\": 300, ", "", "300", false},
+      {"intra_node.latency_us", ", \"latency_us\": 3}", "}", "3", true},
+      {"inter_node.bandwidth_gbs", "\"bandwidth_gbs\": 25, ", "", "25", false},
+      {"inter_node.latency_us", ", \"latency_us\": 8}", "}", "8", true},
+  };
+  for (const Field& f : fields) {
+    const std::string present = f.present, value = f.value;
+    const std::string missing = cluster_error(present, f.absent);
+    EXPECT_EQ(missing, std::string("missing key '") + f.key + "'") << f.key;
+    std::string negative = present;
+    negative.replace(negative.find(value), value.size(), "-" + value);
+    const std::string e = cluster_error(present, negative);
+    EXPECT_EQ(e.rfind(std::string("key '") + f.key + "': expected a", 0), 0u) << e;
+    EXPECT_NE(e.find("got -" + value), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
+    std::string zero = present;
+    zero.replace(zero.find(value), value.size(), "0");
+    if (f.zero_ok) {
+      const std::string path = write_file("zero.json", std::string(kCluster).replace(std::string(kCluster).find(present),
+                                                                                      present.size(), zero));
+      EXPECT_NO_THROW(hardware(path)) << f.key;
+    } else {
+      EXPECT_EQ(cluster_error(present, zero).rfind(std::string("key '") + f.key + "': expected a positive", 0), 0u)
+          << f.key;
+    }
+  }
+  // fp8 may be left out (descriptions written before it existed): 0, none.
+  EXPECT_EQ(hardware(write_file("no-fp8.json", kCluster)).peak_fp8, 0.0);
 }
 
 TEST(Hardware, BaseAndOverrides) {
@@ -211,6 +287,7 @@ TEST(Hardware, WrittenDescriptionsReadBack) {
   h.gpus_per_node = 3;
   h.memory_bytes = 12345678901.0;
   h.peak_bf16 = 0;
+  h.peak_fp8 = 1234.5e12;
   h.p2p_intra = {2.5e-5, 7.77e9};
   h.p2p_inter = {1.1e-4, 0.3e9};
   h.intra_busy = {3.3e-5, 1.25e9};
@@ -236,7 +313,10 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
             "key 'memory_bandwidth_gbs': expected a positive number, got 0");
   EXPECT_EQ(cluster_error("\"fp32\": 19.5", "\"fp32\": 0"), "key 'peak_tflops.fp32': expected a positive number, got 0");
   EXPECT_EQ(cluster_error("\"bf16\": 312", "\"bf16\": -1"), "key 'peak_tflops.bf16': expected a number >= 0, got -1");
-  EXPECT_EQ(cluster_error("\"fp16\": 312", "\"fp8\": 312"), "unknown key 'peak_tflops.fp8' (expected fp32, tf32, bf16 or fp16)");
+  EXPECT_EQ(cluster_error("\"fp16\": 312", "\"fp4\": 312"),
+            "unknown key 'peak_tflops.fp4' (expected fp32, tf32, bf16, fp16 or fp8)");
+  EXPECT_EQ(cluster_error("\"fp16\": 312", "\"fp16\": 312, \"fp8\": -624"),
+            "key 'peak_tflops.fp8': expected a number >= 0, got -624");
   EXPECT_EQ(cluster_error(", \"fp16\": 312", ""), "missing key 'peak_tflops.fp16'");
   EXPECT_EQ(cluster_error("{\"bandwidth_gbs\": 300, \"latency_us\": 3}", "300"),
             "key 'intra_node': expected an object, got a number");
@@ -257,7 +337,8 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"name\": 7"), "key 'name': expected a string, got a number");
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"name\": \"x\", \"gpu\": \"yes\""), "key 'gpu': expected a boolean, got a string");
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"base\": \"a100\""),
-            "key 'base': unknown kind 'a100' (expected a built-in kind: a100-40gb, a100-80gb, h100-sxm, h200)");
+            "key 'base': unknown kind 'a100' (expected a built-in kind: l4, a10, a10g, l40s, rtx-4090, rtx-a6000, "
+            "a100-40gb, a100-80gb, h100-sxm, h100-pcie, h200, b200, mi300x)");
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"efficiency\": {\"gemm_max\": 1.5}"),
             "key 'efficiency.gemm_max': expected a fraction in (0, 1], got 1.5");
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"efficiency\": {\"kernel_overhead_us\": -1}"),
@@ -306,6 +387,7 @@ TEST(Hardware, GemmFitRecoversTheCurve) {
 TEST(Hardware, TableForPeople) {
   const std::string t = sat::hardware_table(hardware("h100-sxm"));
   for (const char* want : {"h100-sxm (built-in)", "GPUs, 8 per node", "fp32 67 TFLOP/s", "bf16 989.4 TFLOP/s",
+                           "fp16 989.4 TFLOP/s, fp8 1979 TFLOP/s",
                            "79.65 GiB per GPU, 3350 GB/s", "450 GB/s per direction, latency 3 us",
                            "50 GB/s per direction, latency 8 us"})
     EXPECT_NE(t.find(want), std::string::npos) << "missing '" << want << "' in\n" << t;

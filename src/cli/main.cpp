@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "dist/comm.h"
+#include "plan/hardware.h"
 #include "plan/plan_cli.h"
 #include "profile/run_report.h"
 #include "train/schedule.h"
@@ -94,11 +95,17 @@ void add_eval_options(CLI::App* c, sat::EvalArgs& a, bool predict) {
   c->add_option("--top-k", a.top_k, "GPT models: how many of the most likely next tokens to write")->capture_default_str();
 }
 
+// The built-in GPU kinds for --gpu's help: "l4 | a10 | ... | mi300x".
+std::string gpu_kinds() {
+  std::string s;
+  for (const std::string& k : sat::hardware_names()) s += (s.empty() ? "" : " | ") + k;
+  return s;
+}
+
 void add_plan_options(CLI::App* c, sat::PlanArgs& a) {
   c->add_option("--model", a.model, sat::cli::model_help())->capture_default_str();
   c->add_option("--gpus", a.gpus, "devices")->capture_default_str();
-  c->add_option("--gpu", a.gpu, "a100-40gb | a100-80gb | h100-sxm | h200 | FILE.json | this (measured here)")
-      ->capture_default_str();
+  c->add_option("--gpu", a.gpu, gpu_kinds() + " | FILE.json | this (measured here)")->capture_default_str();
   c->add_option("--gpus-per-node", a.gpus_per_node, "devices per node (default: the hardware's)");
   c->add_option("--global-batch", a.global_batch, "samples per optimizer step");
   c->add_option("--calibrate", a.calibrate, "RUNS.json: fit the hardware's efficiency to measured runs (see the README)");
@@ -117,8 +124,8 @@ void add_plan_options(CLI::App* c, sat::PlanArgs& a) {
 void add_tool_commands(CLI::App& app, Commands& c) {
   auto* hw = app.add_subcommand("hardware", "what a GPU kind, a cluster (JSON file) or this machine (measured) can do, "
                                 "as the layout planner sees it");
-  hw->add_option("--gpu", c.hardware.gpu, "a100-40gb | a100-80gb | h100-sxm | h200 | FILE.json | this (measure this "
-                 "machine; under mpirun, with the links between the ranks)")->capture_default_str();
+  hw->add_option("--gpu", c.hardware.gpu, gpu_kinds() + " | FILE.json | this (measure this machine; under mpirun, "
+                 "with the links between the ranks)")->capture_default_str();
   hw->add_flag("--json", c.hardware.json, "print the description in the JSON file format (edit it and pass it back as "
                "--gpu FILE)");
   hw->add_option("--threads", c.hardware.threads, "with --gpu this: CPU threads per process, as saturate train's (0: "

@@ -26,40 +26,95 @@ struct Unit {
 };
 constexpr Unit kOne{1}, kInTflops{kTflops}, kInGBs{kGBs}, kInGiB{kGiB}, kInMiB{kMiB}, kInUs{1e6, true};
 
-// The built-in kinds, as one GPU of an 8-GPU DGX/HGX node. Dense figures (no structured
-// sparsity), from NVIDIA's documents:
-//   NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOP/s, TF32 156, BF16 and FP16 312;
-//     memory bandwidth 1,555 GB/s (40GB) and 2,039 GB/s (80GB SXM); NVLink 600 GB/s.
-//   NVIDIA H100 datasheet (SXM): FP32 67 TFLOP/s, TF32 989 and BF16/FP16 1,979 with sparsity
-//     (494.7 and 989.4 dense); 3.35 TB/s; NVLink 900 GB/s.
-//   NVIDIA H200 datasheet (SXM): the H100's FLOP/s; 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
-//   NVLink totals count both directions: 300 GB/s (A100) and 450 GB/s (H100, H200) each way.
-//   DGX A100 user guide: eight single-port ConnectX-6 HDR InfiniBand, 200 Gb/s, one per GPU
-//     (25 GB/s); DGX H100 user guide and HGX H200 (DGX H200 user guide): eight ConnectX-7
-//     NDR, 400 Gb/s, one per GPU (50 GB/s).
-// Memory is the capacity nvidia-smi reports, in MiB: A100-SXM4-40GB 40960, A100-SXM4-80GB
-// 81920, H100 80GB HBM3 81559, H200 143771 (the datasheet's "141 GB" is 140.4 GiB).
+// The built-in kinds, as one GPU of a typical node of its kind. Peaks are dense: vendor
+// sheets mark figures with structured (2:4) sparsity with an asterisk, and the dense rate is
+// half of that. bf16/fp16 are tensor rates with fp32 accumulation (what training uses), fp8
+// likewise (0: the device has none). Link bandwidths are per GPU and per direction (vendor
+// NVLink totals count both directions). Sources, by kind:
+//   l4: NVIDIA L4 Tensor Core GPU datasheet (2023): FP32 30.3 TFLOP/s; TF32 120*, BF16/FP16
+//     242*, FP8 485* (sparse); 24 GB GDDR6, 300 GB/s; PCIe Gen4 x16, no NVLink. Node: AWS
+//     g6.48xlarge (8 L4, 100 Gbps) and GCP g2-standard-96 (8 L4): 8 per node.
+//   a10: NVIDIA A10 Tensor Core GPU datasheet (2021): FP32 31.2; TF32 62.5, BF16/FP16 125
+//     (dense; 125*, 250* sparse); no FP8; 24 GB GDDR6, 600 GB/s; PCIe Gen4 x16. Node: OCI
+//     BM.GPU.A10.4 (4 A10, 2 x 50 Gbps): 4 per node.
+//   a10g: AWS's variant (no NVIDIA datasheet): FP32 31.52; TF32 35, BF16/FP16 70 (dense);
+//     24 GB GDDR6, 600 GB/s (Baseten, "NVIDIA A10 vs A10G for ML model inference", 2023).
+//     Node: AWS g5.48xlarge (8 A10G over PCIe Gen4, 100 Gbps).
+//   l40s: NVIDIA L40S datasheet (2023): FP32 91.6; TF32 183, BF16/FP16 362.05, FP8 733
+//     (dense; 366*, 733*, 1,466* sparse); 48 GB GDDR6, 864 GB/s; PCIe Gen4 x16 (64 GB/s both
+//     ways), no NVLink. Node: AWS g6e.48xlarge (8 L40S, 400 Gbps).
+//   rtx-4090: NVIDIA Ada Lovelace architecture whitepaper (2022), appendix: FP32 82.6; TF32
+//     82.6, BF16 and FP16 with FP32 accumulate 165.2, FP8 with FP32 accumulate 330.3 (GeForce
+//     runs FP32 accumulation at half the FP16-accumulate rate); 24 GB GDDR6X, 1,008 GB/s; PCIe
+//     Gen4 x16. Its driver allows no peer-to-peer copies, so NCCL stages through host memory:
+//     the PCIe figure is an upper bound. Node: 8 cards in a PCIe server as rented (a
+//     workstation has 2 to 4: --gpus-per-node), 100 Gb/s Ethernet per node (an assumption).
+//   rtx-a6000: NVIDIA RTX A6000 datasheet (2020): FP32 38.7, tensor 309.7* (sparse BF16/FP16
+//     with FP32 accumulate: 154.8 dense); NVIDIA Ampere GA102 whitepaper (2020): TF32 77.4
+//     dense; no FP8; 48 GB GDDR6 ECC, 768 GB/s; PCIe Gen4 x16. Its NVLink bridge joins pairs
+//     only: an 8-GPU node is modelled on PCIe. Node: 8 per PCIe server, 100 Gb/s per node
+//     (an assumption).
+//   a100-40gb, a100-80gb: NVIDIA A100 Tensor Core GPU datasheet (2021): FP32 19.5, TF32 156,
+//     BF16/FP16 312 (dense); no FP8; 1,555 GB/s (40GB) and 2,039 GB/s (80GB SXM); NVLink
+//     600 GB/s. DGX A100 user guide: eight ConnectX-6 HDR InfiniBand, 200 Gb/s, one per GPU.
+//   h100-sxm: NVIDIA H100 datasheet (2023, SXM): FP32 67; TF32 989*, BF16/FP16 1,979*, FP8
+//     3,958* (494.7, 989.4 and 1,978.9 dense, the Hopper whitepaper's); 3.35 TB/s; NVLink
+//     900 GB/s. DGX H100 user guide: eight ConnectX-7 NDR, 400 Gb/s, one per GPU.
+//   h100-pcie: the same datasheet (PCIe): FP32 51; TF32 756*, BF16/FP16 1,513*, FP8 3,026*;
+//     80 GB HBM2e, 2 TB/s; PCIe Gen5 x16 128 GB/s both ways (its NVLink bridge joins pairs
+//     only). Node: 8 per PCIe server, one 200 Gb/s NIC per GPU (an assumption).
+//   h200: NVIDIA H200 datasheet (2024, SXM): the H100 SXM's FLOP/s; 141 GB HBM3e at 4.8
+//     TB/s; NVLink 900 GB/s. DGX H200 user guide: eight ConnectX-7 NDR, 400 Gb/s.
+//   b200: NVIDIA HGX B200 specifications (2025), one GPU: FP32 75; TF32 2.2 P*, BF16/FP16
+//     4.5 P*, FP8 9 P* (sparse); 180 GB HBM3e, 7.7 TB/s; NVLink 5 1.8 TB/s. DGX B200 user
+//     guide: eight ConnectX-7, 400 Gb/s, one per GPU.
+//   mi300x: AMD Instinct MI300X data sheet (2023): FP32 163.4; TF32 653.7, BF16/FP16 1,307.4,
+//     FP8 2,614.9 (dense); 192 GB HBM3, 5.3 TB/s; Infinity Fabric: 7 links of 128 GB/s (both
+//     ways) to the other 7 GPUs of an 8-GPU platform, 448 GB/s each way in all. Network: eight
+//     400 Gb/s NICs per 8-GPU node (Azure ND MI300X v5).
+// PCIe-only cards take PCIe Gen4 x16's 32 GB/s (Gen5: 64 GB/s) each way for the intra-node
+// link; a network of N Gb/s per node shared by G GPUs gives N / 8 / G GB/s per GPU.
+// Memory is the capacity nvidia-smi (rocm-smi) reports, in MiB: L4 23034, A10 and A10G 23028,
+// L40S 46068, RTX 4090 24564, RTX A6000 49140, A100-SXM4-40GB 40960, A100-SXM4-80GB 81920,
+// H100 80GB HBM3 and H100 PCIe 81559, H200 143771, B200 183359, MI300X 196288
+// (205,822,885,888 bytes): the H200's "141 GB" is 140.4 GiB, the B200's "180 GB" 179.1 GiB,
+// the MI300X's "192 GB" 191.7 GiB.
 // Latency of one message: NCCL's own cost model (src/graph/tuning.cc, hwLat) charges a ring
 // step 0.6 (LL) to 3.4 us (Simple) over NVLink and 2.7 to 14 us over the network; we take
-// 3 us and 8 us, the range nccl-tests' small-message all-reduces show.
+// 3 us and 8 us, the range nccl-tests' small-message all-reduces show (PCIe and Infinity
+// Fabric take NVLink's 3 us).
 // Efficiencies: fitted by `saturate plan --calibrate ../shared/data/megatron-sc21-table1.json
 // --gpu a100-80gb` (Narayanan et al., SC21, Table 1: ten GPT runs of 1.7B to 1T parameters on
 // 32 to 3072 A100s; README, "Choosing a layout"): GEMMs at 0.825 of peak at large sizes,
-// memory-bound kernels at 0.72 of the bandwidth, collectives at the full link bandwidth. The
-// H100 and H200 have no published calibration set here: they take the A100's fractions.
+// memory-bound kernels at 0.72 of the bandwidth, collectives at the full link bandwidth. No
+// other kind has a published calibration set here: every kind takes the A100's fractions,
+// uncalibrated.
 constexpr Efficiency kFitted{0.8254, 1e9, 0.7203, 5e-6, 1.0};
 struct Builtin {
   const char* name;
-  double fp32, tf32, bf16, fp16;  // TFLOP/s
-  double memory_mib, memory_gbs, nvlink_gbs, network_gbs;
+  double fp32, tf32, bf16, fp16, fp8;  // TFLOP/s, dense
+  double memory_mib, memory_gbs;
+  int gpus_per_node;
+  double intra_gbs, network_gbs;  // per GPU, each way
 };
+// Per-GPU network shares: 100 Gb/s over 8 GPUs 1.5625 GB/s, over 4 GPUs 3.125; 400 Gb/s
+// over 8 6.25.
 constexpr Builtin kBuiltins[] = {
-    {"a100-40gb", 19.5, 156, 312, 312, 40960, 1555, 300, 25},
-    {"a100-80gb", 19.5, 156, 312, 312, 81920, 2039, 300, 25},
-    {"h100-sxm", 67, 494.7, 989.4, 989.4, 81559, 3350, 450, 50},
-    {"h200", 67, 494.7, 989.4, 989.4, 143771, 4800, 450, 50},
+    {"l4", 30.3, 60, 121, 121, 242.5, 23034, 300, 8, 32, 1.5625},
+    {"a10", 31.2, 62.5, 125, 125, 0, 23028, 600, 4, 32, 3.125},
+    {"a10g", 31.52, 35, 70, 70, 0, 23028, 600, 8, 32, 1.5625},
+    {"l40s", 91.6, 183, 362.05, 362.05, 733, 46068, 864, 8, 32, 6.25},
+    {"rtx-4090", 82.6, 82.6, 165.2, 165.2, 330.3, 24564, 1008, 8, 32, 1.5625},
+    {"rtx-a6000", 38.7, 77.4, 154.8, 154.8, 0, 49140, 768, 8, 32, 1.5625},
+    {"a100-40gb", 19.5, 156, 312, 312, 0, 40960, 1555, 8, 300, 25},
+    {"a100-80gb", 19.5, 156, 312, 312, 0, 81920, 2039, 8, 300, 25},
+    {"h100-sxm", 67, 494.7, 989.4, 989.4, 1978.9, 81559, 3350, 8, 450, 50},
+    {"h100-pcie", 51, 378, 756.5, 756.5, 1513, 81559, 2000, 8, 64, 25},
+    {"h200", 67, 494.7, 989.4, 989.4, 1978.9, 143771, 4800, 8, 450, 50},
+    {"b200", 75, 1100, 2250, 2250, 4500, 183359, 7700, 8, 900, 50},
+    {"mi300x", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 196288, 5300, 8, 448, 50},
 };
-constexpr double kNvlinkAlpha = kInUs.to_si(3), kNetworkAlpha = kInUs.to_si(8);
+constexpr double kLinkAlpha = kInUs.to_si(3), kNetworkAlpha = kInUs.to_si(8);
 
 Hardware from_builtin(const Builtin& b) {
   Hardware h;
@@ -67,11 +122,11 @@ Hardware from_builtin(const Builtin& b) {
   h.source = "built-in";
   h.gpu = true;
   h.peak_fp32 = b.fp32 * kTflops, h.peak_tf32 = b.tf32 * kTflops;
-  h.peak_bf16 = b.bf16 * kTflops, h.peak_fp16 = b.fp16 * kTflops;
+  h.peak_bf16 = b.bf16 * kTflops, h.peak_fp16 = b.fp16 * kTflops, h.peak_fp8 = b.fp8 * kTflops;
   h.memory_bytes = b.memory_mib * kMiB;
   h.memory_bandwidth = b.memory_gbs * kGBs;
-  h.gpus_per_node = 8;
-  h.intra = {kNvlinkAlpha, b.nvlink_gbs * kGBs};
+  h.gpus_per_node = b.gpus_per_node;
+  h.intra = {kLinkAlpha, b.intra_gbs * kGBs};
   h.inter = {kNetworkAlpha, b.network_gbs * kGBs};
   h.p2p_intra = h.intra, h.p2p_inter = h.inter, h.intra_busy = h.intra;
   h.eff = kFitted;
@@ -84,7 +139,7 @@ const Builtin* find_builtin(const std::string& name) {
   return nullptr;
 }
 
-// "a100-40gb, a100-80gb, h100-sxm" + last
+// "l4, a10, ..., mi300x" + last
 std::string builtin_list(const char* last) {
   std::string s;
   for (const auto& b : kBuiltins) s += str_cat(b.name, &b == &kBuiltins[std::size(kBuiltins) - 1] ? "" : ", ");
@@ -133,12 +188,14 @@ void read_link(const JsonRef& obj, const char* key, bool required, Link& link) {
 }
 
 void read_peaks(const JsonRef& obj, bool required, Hardware& h) {
-  const auto s = read_section(obj, "peak_tflops", required, {"fp32", "tf32", "bf16", "fp16"});
+  const auto s = read_section(obj, "peak_tflops", required, {"fp32", "tf32", "bf16", "fp16", "fp8"});
   if (!s) return;
   read_number(*s, "fp32", required, kInTflops, Range::positive, h.peak_fp32);
   read_number(*s, "tf32", required, kInTflops, Range::non_negative, h.peak_tf32);
   read_number(*s, "bf16", required, kInTflops, Range::non_negative, h.peak_bf16);
   read_number(*s, "fp16", required, kInTflops, Range::non_negative, h.peak_fp16);
+  // Optional (0: none), so that descriptions written before it existed still read.
+  read_number(*s, "fp8", false, kInTflops, Range::non_negative, h.peak_fp8);
 }
 
 void read_efficiency(const JsonRef& obj, Efficiency& e) {
@@ -273,7 +330,8 @@ std::string hardware_json(const Hardware& h) {
   j["memory_gib"] = num(kInGiB.from_si(h.memory_bytes));
   j["memory_bandwidth_gbs"] = num(kInGBs.from_si(h.memory_bandwidth));
   j["peak_tflops"] = {{"fp32", num(kInTflops.from_si(h.peak_fp32))}, {"tf32", num(kInTflops.from_si(h.peak_tf32))},
-                      {"bf16", num(kInTflops.from_si(h.peak_bf16))}, {"fp16", num(kInTflops.from_si(h.peak_fp16))}};
+                      {"bf16", num(kInTflops.from_si(h.peak_bf16))}, {"fp16", num(kInTflops.from_si(h.peak_fp16))},
+                      {"fp8", num(kInTflops.from_si(h.peak_fp8))}};
   j["tf32_matmul"] = h.tf32_matmul;
   j["intra_node"] = link_json(h.intra);
   j["inter_node"] = link_json(h.inter);
@@ -299,7 +357,8 @@ std::string hardware_table(const Hardware& h) {
   row("hardware", str_cat(h.name, " (", h.source, ")"));
   row("devices", str_cat(h.gpu ? "GPUs" : "CPU processes (no GPU)", ", ", h.gpus_per_node, " per node"));
   std::string peaks = "fp32 " + rate(h.peak_fp32);
-  for (auto [p, x] : {std::pair{"tf32", h.peak_tf32}, std::pair{"bf16", h.peak_bf16}, std::pair{"fp16", h.peak_fp16}})
+  for (auto [p, x] : {std::pair{"tf32", h.peak_tf32}, std::pair{"bf16", h.peak_bf16}, std::pair{"fp16", h.peak_fp16},
+                      std::pair{"fp8", h.peak_fp8}})
     if (x > 0) peaks += str_cat(", ", p, " ", rate(x));
   row("peak (dense)", peaks + (h.tf32_matmul ? "; fp32 matmuls in tf32" : ""));
   char mem[96];

@@ -1,5 +1,5 @@
 // What a device and its links can do, for the cost model (plan/cost.h): the built-in GPU
-// kinds (as in a DGX/HGX node), a JSON file describing the user's own cluster, and `this`,
+// kinds (one GPU of a typical node of its kind: docs/hardware-files.md), a JSON file describing the user's own cluster, and `this`,
 // the machine saturate runs on, measured (GEMM rate over shapes, memory bandwidth, and the
 // all-reduce and point-to-point latency and bandwidth of the job's MPI ranks).
 //
@@ -46,13 +46,15 @@ struct Hardware {
   std::string name;    // "a100-80gb", "this", or the file's "name"
   std::string source;  // "built-in", the JSON file's path, or "measured here"
   bool gpu = true;     // GPUs: fp32 master weights and optimizer state beside bf16/fp16 copies
-  // Peak dense FLOP/s per precision (0 where the device has none).
-  double peak_fp32 = 0, peak_tf32 = 0, peak_bf16 = 0, peak_fp16 = 0;
+  // Peak dense FLOP/s per precision (0 where the device has none), without structured
+  // sparsity. peak_fp8 is the fp8 tensor rate (E4M3/E5M2 with fp32 accumulation): shown and
+  // written, not yet used by the cost model, which plans fp32, bf16 and fp16.
+  double peak_fp32 = 0, peak_tf32 = 0, peak_bf16 = 0, peak_fp16 = 0, peak_fp8 = 0;
   double memory_bytes = 0;      // per device
   double memory_bandwidth = 0;  // bytes/s per device
   int gpus_per_node = 8;        // devices that share the intra-node link
-  Link intra;                   // NVLink/NVSwitch per GPU (this: MPI ranks on one host)
-  Link inter;                   // the network per GPU (8 NICs per 8-GPU node: one each)
+  Link intra;                   // NVLink/NVSwitch, Infinity Fabric or PCIe per GPU (this: MPI ranks on one host)
+  Link inter;                   // the network per GPU (the node's NICs shared by its GPUs)
   Link p2p_intra, p2p_inter;    // point-to-point (pipeline sends); equal to intra/inter unless measured
   // The intra-node all-reduce while the ranks compute, as gradient buckets are reduced beside
   // backward: on a CPU host the reduction shares the cores with it (measured for `this`;
