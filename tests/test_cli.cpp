@@ -382,7 +382,7 @@ TEST(Cli, PlanChoosesAFittingLayoutAndRefusesBadInput) {
                              "--global-batch 8"), "layers");
   std::ofstream(d / "cluster.json") << R"({"base": "a100-80gb", "inter_node": {"bandwith_gbs": 25}})";
   expect_user_error(saturate(mini + "--global-batch 64 --gpu " + (d / "cluster.json").string()), "bandwith_gbs");
-  CmdResult none = saturate(mini + "--global-batch 64 --memory-limit 1MiB");
+  CmdResult none = saturate(mini + "--global-batch 64 --memory-budget 1MiB");
   EXPECT_EQ(none.status, 2) << none.out;
   EXPECT_NE(none.out.find("no layout fits: the smallest needs"), std::string::npos) << none.out;
 }
@@ -1167,7 +1167,7 @@ TEST(Cli, MistypedCommandsFractionalSizesAndRawBytes) {
   expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 0.5"), "--memory-budget");
   expect_user_error(saturate("tune --model mlp --data synthetic --memory-budget 64KiB"),
                     "--memory-budget: 64KiB is 65536 bytes, less than the 1048576 bytes");
-  expect_user_error(saturate("plan --model gpt-mini --gpus 8 --global-batch 64 --memory-limit 1.5"), "--memory-limit");
+  expect_user_error(saturate("plan --model gpt-mini --gpus 8 --global-batch 64 --memory-budget 1.5"), "--memory-budget");
   expect_user_error(saturate("bench comm --min-bytes 5"), "--min-bytes: expected a multiple of 4 bytes");
   expect_user_error(saturate("bench comm --max-bytes 4099"), "--max-bytes: expected a multiple of 4 bytes");
   expect_user_error(saturate("bench comm --min-bytes 4096 --max-bytes 1024"), "--min-bytes 4096 is more than --max-bytes 1024");

@@ -114,7 +114,9 @@ void add_plan_options(CLI::App* c, sat::PlanArgs& a) {
   c->add_option("--optimizer", a.optimizer, "adamw | sgd (its state in the memory plan)")->capture_default_str();
   c->add_option("--layout", a.layout, "fix fields: dp=D,tp=T,pp=P,micro=B,schedule=1f1b|interleaved,v=V,"
                 "recompute=none|selective|full,sp=on|off,zero=0..3 (the rest are searched)");
-  c->add_option("--memory-limit", a.memory_limit, "bytes per device (default: the hardware's memory)");
+  c->add_option("--memory-budget", a.memory_budget, "bytes per device (8GiB, 512MiB, ...; default: the hardware's "
+                "memory)");
+  c->add_option("--memory-limit", a.memory_limit, "the old name of --memory-budget")->group("");  // hidden
   c->add_option("--top", a.top, "layouts to print")->capture_default_str();
   c->add_option("--out", a.out_dir, "directory for plan.json and plan.html");
   c->add_option("--json", a.json_file, "write the layouts as JSON to this file");

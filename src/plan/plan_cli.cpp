@@ -22,6 +22,17 @@ void write_file(const std::string& what, const std::string& path, const std::str
   write_file_atomic(what, path, text);
 }
 
+// --memory-budget (train's and tune's name too), or --memory-limit, its old name, which
+// still gives the same value; both at once are refused. 0: the hardware's memory.
+double memory_budget_of(const PlanArgs& a) {
+  SAT_CHECK(a.memory_budget.empty() || a.memory_limit.empty(),
+            "--memory-budget and --memory-limit: give one (--memory-limit is the old name of --memory-budget)");
+  const bool old_name = !a.memory_limit.empty();
+  const std::string& text = old_name ? a.memory_limit : a.memory_budget;
+  if (text.empty()) return 0;
+  return double(parse_size(old_name ? "--memory-limit" : "--memory-budget", text, kMinMemoryBytes));
+}
+
 PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   PlanRequest r;
   r.model = model_config(a.model);
@@ -39,7 +50,7 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   r.optimizer = a.optimizer;
   check_choice("--optimizer", a.optimizer, {"adamw", "sgd"});
   if (!a.layout.empty()) r.filter = parse_layout(a.layout);
-  if (!a.memory_limit.empty()) r.memory_limit = double(parse_size("--memory-limit", a.memory_limit, kMinMemoryBytes));
+  r.memory_limit = memory_budget_of(a);
   r.top = a.top;
   return r;
 }

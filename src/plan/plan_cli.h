@@ -13,7 +13,8 @@ struct PlanArgs {
   std::string precision;          // "": bf16 on GPUs, fp32 on the CPU
   std::string optimizer = "adamw";
   std::string layout;             // --layout: fields fixed, the rest searched
-  std::string memory_limit;       // bytes per device ("" : the hardware's)
+  std::string memory_budget;      // --memory-budget: bytes per device ("" : the hardware's)
+  std::string memory_limit;       // --memory-limit, its old name (hidden; one of the two)
   int top = 5;
   std::string out_dir, json_file;
   std::string calibrate;          // RUNS.json
