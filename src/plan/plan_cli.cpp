@@ -25,6 +25,7 @@ void write_file(const std::string& what, const std::string& path, const std::str
 PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   PlanRequest r;
   r.model = model_config(a.model);
+  r.model_arg = a.model;
   r.hw = hardware(a.gpu, world);
   r.gpus = a.gpus;
   r.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : r.hw.gpus_per_node;
@@ -41,6 +42,7 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   if (!a.layout.empty()) r.filter = parse_layout(a.layout);
   if (!a.memory_limit.empty()) r.memory_limit = double(parse_size("--memory-limit", a.memory_limit, kMinMemoryBytes));
   r.top = a.top;
+  r.runnable_only = a.runnable_only;
   return r;
 }
 

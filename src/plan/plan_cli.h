@@ -15,6 +15,7 @@ struct PlanArgs {
   std::string layout;             // --layout: fields fixed, the rest searched
   std::string memory_limit;       // bytes per device ("" : the hardware's)
   int top = 5;
+  bool runnable_only = false;     // --runnable-only: only the layouts `saturate train` runs on the device today
   std::string out_dir, json_file;
   std::string calibrate;          // RUNS.json
 };
