@@ -860,6 +860,94 @@ void expect_one_line_error(const CmdResult& r, const std::string& must_mention) 
 
 }  // namespace
 
+// The command `saturate plan` prints for its best layout runs as printed: planned for 4
+// ranks of this machine, run through the shell with saturate and mpirun from PATH (and the
+// run's length, its output directory and OpenMPI's consent to root added), it trains that
+// layout: summary.json's ranks, layout and batch are the plan's. The search's best, and the
+// best with tensor and pipeline parallelism fixed (their flags, the schedule's).
+TEST(Cli, PlannedCommandRunsAsPrinted) {
+  const std::string mpi = mpirun();
+  if (mpi.empty()) GTEST_SKIP() << "no mpirun";
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive "
+                          "SAT_COMM_TIMEOUT=120 PATH=" + fs::path(SAT_BINARY).parent_path().string() + ":$PATH ";
+  for (const std::string fixed : {"", " --layout tp=2,pp=2"}) {
+    SCOPED_TRACE(fixed);
+    fs::path d = tmpdir("plan_run");
+    CmdResult plan = saturate("plan --model gpt-mini --gpus 4 --gpu this --global-batch 16 --top 3 --json " +
+                              (d / "plan.json").string() + fixed);
+    ASSERT_EQ(plan.status, 0) << plan.out;
+    const size_t at = plan.out.find("\nrun: ");
+    ASSERT_NE(at, std::string::npos) << plan.out;
+    const std::string cmd = plan.out.substr(at + 6, plan.out.find('\n', at + 1) - at - 6);
+    const nlohmann::json j = read_json_file(d / "plan.json");
+    EXPECT_EQ(j.at("run"), cmd);
+    const nlohmann::json& best = j.at("layouts")[0];  // every layout runs on the CPU: the best is the one to run
+    EXPECT_TRUE(best.at("runnable").get<bool>());
+    EXPECT_EQ(best.at("command"), cmd);
+    EXPECT_NE(plan.out.find("\n #1: " + cmd + "\n"), std::string::npos) << plan.out;
+    EXPECT_EQ(cmd.rfind("mpirun ", 0), 0u) << cmd;
+    EXPECT_NE(cmd.find(" saturate train --model gpt-mini --data synthetic --device cpu "), std::string::npos) << cmd;
+    const CmdResult run = sat::test::run_command(env + cmd + " --steps 2 --eval off --out " + (d / "run").string());
+    ASSERT_EQ(run.status, 0) << cmd << "\n" << run.out;
+    const nlohmann::json s = read_json_file(d / "run" / "summary.json");
+    EXPECT_EQ(s.at("status"), "complete");
+    EXPECT_EQ(s.at("steps"), 2);
+    EXPECT_EQ(s.at("device"), "cpu");
+    EXPECT_EQ(s.at("world_size"), 4);
+    EXPECT_EQ(s.at("global_batch"), 16);
+    for (const char* k : {"dp", "tp", "pp"}) EXPECT_EQ(s.at("layout").at(k), best.at(k)) << k;
+    EXPECT_EQ(s.at("batch"), best.at("micro_batch"));
+    EXPECT_EQ(s.at("accum"), best.at("accum"));
+    EXPECT_EQ(s.at("zero"), best.at("zero"));
+    EXPECT_EQ(s.at("recompute"), best.at("recompute"));
+    EXPECT_EQ(s.at("sequence_parallel"), best.at("sequence_parallel"));
+    if (best.at("pp") > 1) {
+      EXPECT_EQ(s.at("pp_schedule"), best.at("schedule"));
+      EXPECT_EQ(s.at("virtual_stages"), best.at("virtual_stages"));
+    }
+    if (!fixed.empty()) {
+      EXPECT_EQ(s.at("layout").at("tp"), 2);
+      EXPECT_EQ(s.at("layout").at("pp"), 2);
+    }
+  }
+}
+
+// plan on GPUs: the layouts train refuses there today (recomputation on the GPU engine) are
+// marked `!` in their rows and said under the table; --runnable-only leaves them out of the
+// search, counts them, and every layout it prints runs.
+TEST(Cli, PlanMarksWhatTrainRefusesAndRunnableOnlyLeavesItOut) {
+  fs::path d = tmpdir("plan_runnable");
+  const std::string mini = "plan --model gpt-mini --gpus 8 --gpu a100-80gb --global-batch 64 --top 20 ";
+  CmdResult all = saturate(mini + "--json " + (d / "all.json").string());
+  ASSERT_EQ(all.status, 0) << all.out;
+  EXPECT_NE(all.out.find(" ! saturate train refuses #"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find(" on cuda today: --recompute needs --device cpu for now"), std::string::npos) << all.out;
+  const nlohmann::json a = read_json_file(d / "all.json");
+  int refused = 0;
+  for (const auto& l : a.at("layouts")) {
+    refused += !l.at("runnable").get<bool>();
+    EXPECT_EQ(l.at("runnable").get<bool>(), l.at("refusals").empty()) << l;
+    EXPECT_EQ(l.at("runnable").get<bool>(), l.at("recompute") == "none") << l;
+    EXPECT_NE(all.out.find(l.at("command").get<std::string>()), std::string::npos) << l;
+  }
+  EXPECT_GT(refused, 0) << all.out;
+  CmdResult only = saturate(mini + "--runnable-only --json " + (d / "only.json").string());
+  ASSERT_EQ(only.status, 0) << only.out;
+  EXPECT_NE(only.out.find("that saturate train refuses on cuda today (--runnable-only)"), std::string::npos)
+      << only.out;
+  EXPECT_EQ(only.out.find(" ! "), std::string::npos) << only.out;
+  const nlohmann::json o = read_json_file(d / "only.json");
+  EXPECT_TRUE(o.at("runnable_only").get<bool>());
+  EXPECT_GT(o.at("not_runnable").get<int>(), 0);
+  ASSERT_FALSE(o.at("layouts").empty());
+  for (const auto& l : o.at("layouts")) {
+    EXPECT_TRUE(l.at("runnable").get<bool>()) << l;
+    EXPECT_TRUE(l.at("refusals").empty()) << l;
+  }
+  EXPECT_EQ(o.at("run"), o.at("layouts")[0].at("command"));
+  expect_user_error(saturate(mini + "--runnable-only --layout recompute=full"), "--runnable-only");
+}
+
 // --seq-len T: gpt-mini learns on windows of 64 of its 128 positions, plans less
 // activation memory for them, and its weights keep the full context's shapes (they load
 // into a run without --seq-len).

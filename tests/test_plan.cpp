@@ -3,15 +3,22 @@
 // plan `info` prints and the trainer allocates, --layout parsing and the planner's refusals.
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <nlohmann/json.hpp>
 
+#include "cli/args.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "plan/cost.h"
+#include "plan/plan_command.h"
 #include "plan/planner.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "train/validate.h"
 
 namespace {
 
@@ -519,6 +526,180 @@ TEST(Plan, ExactMemoryByKindSumsToTheTotal) {
     const std::string json = plan_json(p, one);
     EXPECT_NE(json.find("memory_at_peak"), std::string::npos);
   }
+}
+
+// The command plan prints for a layout: the launcher for its ranks, then `saturate train` with
+// the flags that set the layout (those at train's defaults left out).
+Layout layout_of(const std::string& fields, int64_t accum) {
+  const LayoutFilter f = parse_layout(fields);
+  Layout l;
+  l.dp = *f.dp, l.tp = *f.tp, l.pp = *f.pp, l.batch = *f.micro, l.accum = accum;
+  l.pp_schedule = f.schedule.value_or(PipeSchedule::one_f_one_b), l.virtual_stages = f.v.value_or(1);
+  l.recompute = f.recompute.value_or(Recompute::none), l.sequence_parallel = f.sp.value_or(false);
+  l.zero = f.zero.value_or(0);
+  return l;
+}
+
+using Words = std::vector<std::string>;
+
+Words words(const std::string& s) {
+  Words w;
+  for (size_t at = 0; at < s.size();) {
+    const size_t end = std::min(s.find(' ', at), s.size());
+    w.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return w;
+}
+
+// train's own flags read the command back: the same layout, device, precision and optimizer.
+void expect_train_reads(const Words& argv, const Layout& l, int ranks, const std::string& device,
+                        const std::string& precision, const std::string& optimizer) {
+  const auto at = std::find(argv.begin(), argv.end(), "train");
+  ASSERT_NE(at, argv.end());
+  ASSERT_EQ(at[-1], "saturate");
+  CLI::App app;
+  cli::RunArgs a;
+  cli::add_train_options(app.add_subcommand("train"), a, false);
+  std::vector<std::string> rev(argv.rbegin(), std::make_reverse_iterator(at));  // CLI11 takes them reversed
+  rev.push_back("train");
+  app.parse(rev);
+  const Layout got = cli::layout_of(a, cli::parse_batch(a.batch)).with_world(ranks);
+  EXPECT_EQ(got.str(), l.str());
+  EXPECT_EQ(got.accum, l.accum);
+  EXPECT_EQ(got.global_batch(ranks), l.batch * l.accum * l.dp);
+  EXPECT_EQ(a.data, "synthetic");
+  EXPECT_EQ(a.device, device);
+  EXPECT_EQ(a.precision, precision);
+  EXPECT_EQ(a.optimizer, optimizer);
+}
+
+TEST(PlanCommand, EveryLayoutFieldBecomesTrainsFlag) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 8, 32);
+  const Layout l = layout_of("dp=2,tp=2,pp=2,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1", 8);
+  const Words argv = train_command_argv(l, r);
+  EXPECT_EQ(argv, (Words{"mpirun", "-np", "8", "saturate", "train", "--model", "gpt-mini", "--data", "synthetic",
+                         "--device", "cuda", "--precision", "bf16", "--batch", "1", "--accum", "8", "--tp", "2",
+                         "--sequence-parallel", "--pp", "2", "--pp-schedule", "interleaved", "--virtual-stages", "2",
+                         "--recompute", "full", "--zero", "1"}));
+  expect_train_reads(argv, l, 8, "cuda", "bf16", "adamw");
+  EXPECT_EQ(words(train_command(l, r)), argv);
+
+  // 1F1B, no recomputation, ZeRO-3: train's defaults are left out.
+  const Layout z = layout_of("dp=4,tp=1,pp=2,micro=2,schedule=1f1b,recompute=none,sp=off,zero=3", 4);
+  const Words zw = train_command_argv(z, r);
+  EXPECT_EQ(zw, (Words{"mpirun", "-np", "8", "saturate", "train", "--model", "gpt-mini", "--data", "synthetic",
+                       "--device", "cuda", "--precision", "bf16", "--batch", "2", "--accum", "4", "--pp", "2", "--zero",
+                       "3"}));
+  expect_train_reads(zw, z, 8, "cuda", "bf16", "adamw");
+}
+
+TEST(PlanCommand, LaunchersForOneNodeManyNodesAndThisMachine) {
+  // Across nodes: Slurm's srun, one task per GPU.
+  PlanRequest r = request("gpt-mini", gpu_like(), 32, 64);
+  const Layout l = layout_of("dp=8,tp=4,pp=1,micro=2", 4);
+  const Words many = train_command_argv(l, r);
+  EXPECT_EQ(Words(many.begin(), many.begin() + 6),
+            (Words{"srun", "--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8", "saturate", "train"}));
+  expect_train_reads(many, l, 32, "cuda", "bf16", "adamw");
+  r.gpus = 12;  // a last node of 4
+  const Words part = train_command_argv(layout_of("dp=3,tp=4,pp=1,micro=2", 1), r);
+  EXPECT_EQ(Words(part.begin(), part.begin() + 5),
+            (Words{"srun", "--nodes=2", "--ntasks=12", "--ntasks-per-node=8", "--gpus-per-node=8"}));
+  // One device: no launcher; fp16 and tf32 are train's precisions of the same names.
+  r.gpus = 1;
+  r.precision = DType::f16;
+  const Words one = train_command_argv(layout_of("dp=1,tp=1,pp=1,micro=4", 2), r);
+  EXPECT_EQ(Words(one.begin(), one.begin() + 2), (Words{"saturate", "train"}));
+  expect_train_reads(one, layout_of("dp=1,tp=1,pp=1,micro=4", 2), 1, "cuda", "fp16", "adamw");
+  r.precision = DType::f32;
+  r.hw.tf32_matmul = true;
+  expect_train_reads(train_command_argv(layout_of("dp=1,tp=1,pp=1,micro=4", 2), r), layout_of("dp=1,tp=1,pp=1,micro=4", 2),
+                     1, "cuda", "tf32", "adamw");
+
+  // This machine: mpirun on the CPU, --oversubscribe beyond its hardware threads, fp32 (train's
+  // default) left out, the optimizer's settings kept, --model as given (quoted for the shell).
+  PlanRequest c = request("gpt-mini", cpu_like(), 4, 16);
+  c.optimizer = "sgd", c.momentum = 0.9f;
+  c.model_arg = "gpt:layers=2,heads=2,width=32,context=16,vocab=64";
+  const Layout cl = layout_of("dp=2,tp=2,pp=1,micro=4,zero=2", 2);
+  const Words cw = train_command_argv(cl, c, 2);
+  EXPECT_EQ(cw, (Words{"mpirun", "--oversubscribe", "-np", "4", "saturate", "train", "--model", c.model_arg, "--data",
+                       "synthetic", "--device", "cpu", "--optimizer", "sgd", "--momentum", "0.9", "--batch", "4",
+                       "--accum", "2", "--tp", "2", "--zero", "2"}));
+  expect_train_reads(cw, cl, 4, "cpu", "fp32", "sgd");
+  EXPECT_EQ(train_command_argv(cl, c, 4)[1], "-np");  // as many threads as ranks: no --oversubscribe
+  c.model_arg = "file:my net.json";
+  EXPECT_NE(train_command(cl, c, 4).find("--model 'file:my net.json' "), std::string::npos) << train_command(cl, c, 4);
+}
+
+// --runnable-only keeps to the layouts `saturate train` runs on the device: gpt-mini on 8 GPUs
+// has layouts with recomputation, which the GPU engine does not run yet; none is left, and the
+// ones left out are counted.
+TEST(PlanCommand, RunnableOnlyLeavesOutWhatTrainRefuses) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 8, 64);
+  r.top = 20;
+  r.exact_memory = false;
+  const PlanResult all = plan_layouts(r);
+  r.runnable_only = true;
+  const PlanResult p = plan_layouts(r);
+  EXPECT_EQ(all.not_runnable, 0);
+  EXPECT_GT(p.not_runnable, 0);
+  EXPECT_EQ(p.layouts, all.layouts);  // enumerated alike, the refused ones counted apart
+  ASSERT_FALSE(p.best.empty());
+  for (const Prediction& x : p.best) EXPECT_TRUE(refusals(x.layout, Device::cuda).empty()) << x.layout.str();
+  for (const Prediction& x : p.considered) EXPECT_TRUE(refusals(x.layout, Device::cuda).empty()) << x.layout.str();
+  const std::string text = plan_text(p, r);
+  EXPECT_NE(text.find(str_cat(p.not_runnable, " that saturate train refuses on cuda today (--runnable-only)")),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find(" ! saturate train refuses"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nrun: mpirun -np 8 saturate train --model gpt-mini"), std::string::npos) << text;
+  // Only recomputation asked for: nothing is left, and the error says why.
+  r.filter = parse_layout("recompute=full");
+  expect_error(r, "--runnable-only: `saturate train` refuses every layout of 8 x test-gpu matching --layout on cuda "
+                  "today (--recompute needs --device cpu");
+  // On the CPU every layout runs.
+  PlanRequest c = request("gpt-mini", cpu_like(), 2, 8);
+  c.runnable_only = true;
+  EXPECT_EQ(plan_layouts(c).not_runnable, 0);
+}
+
+// Without --runnable-only a refused layout is marked in its row and said under the table, and
+// the run line names the fastest layout train runs instead of the best.
+TEST(PlanCommand, RefusedLayoutsAreMarkedAndTheRunLineSkipsThem) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 8, 64);
+  r.filter = parse_layout("dp=8,tp=1,pp=1,micro=8,sp=off,zero=0");
+  r.top = 3;
+  PlanResult p = plan_layouts(r);  // recomputation none, selective and full
+  ASSERT_EQ(p.best.size(), 3u);
+  // The order as a test needs it: a refused layout first.
+  std::stable_sort(p.best.begin(), p.best.end(), [](const Prediction& a, const Prediction& b) {
+    return (a.layout.recompute == Recompute::none) < (b.layout.recompute == Recompute::none);
+  });
+  ASSERT_NE(p.best[0].layout.recompute, Recompute::none);
+  ASSERT_EQ(p.best[2].layout.recompute, Recompute::none);
+  const std::string text = plan_text(p, r);
+  EXPECT_NE(text.find("\n 1! dp 8"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n 2! dp 8"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n 3  dp 8"), std::string::npos) << text;
+  EXPECT_NE(text.find(" ! saturate train refuses #1, #2 on cuda today: --recompute needs --device cpu for now"),
+            std::string::npos) << text;
+  const std::string cmd3 = train_command(p.best[2].layout, r);
+  EXPECT_NE(text.find(" #3: " + cmd3 + "\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("the fastest layout it runs is #3 (" + p.best[2].layout.str() + ")"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nrun: " + cmd3 + "\n"), std::string::npos) << text;
+  const auto j = nlohmann::json::parse(plan_json(p, r));
+  EXPECT_EQ(j.at("run"), cmd3);
+  EXPECT_FALSE(j.at("layouts")[0].at("runnable").get<bool>());
+  EXPECT_EQ(j.at("layouts")[0].at("refusals").size(), 1u);
+  EXPECT_TRUE(j.at("layouts")[2].at("runnable").get<bool>());
+  EXPECT_EQ(j.at("layouts")[2].at("command"), cmd3);
+  EXPECT_TRUE(j.at("layouts")[2].at("refusals").empty());
+  // None runnable: said so, and no run line.
+  p.best.pop_back();
+  const std::string none = plan_text(p, r);
+  EXPECT_NE(none.find("saturate train refuses every layout above on cuda today"), std::string::npos) << none;
+  EXPECT_EQ(none.find("\nrun: "), std::string::npos) << none;
 }
 
 }  // namespace

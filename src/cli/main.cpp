@@ -118,6 +118,8 @@ void add_plan_options(CLI::App* c, sat::PlanArgs& a) {
                 "memory)");
   c->add_option("--memory-limit", a.memory_limit, "the old name of --memory-budget")->group("");  // hidden
   c->add_option("--top", a.top, "layouts to print")->capture_default_str();
+  c->add_flag("--runnable-only", a.runnable_only, "search only the layouts saturate train runs on the device today "
+              "(the others are marked ! in the table)");
   c->add_option("--out", a.out_dir, "directory for plan.json and plan.html");
   c->add_option("--json", a.json_file, "write the layouts as JSON to this file");
 }

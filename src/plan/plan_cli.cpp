@@ -36,6 +36,7 @@ double memory_budget_of(const PlanArgs& a) {
 PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   PlanRequest r;
   r.model = model_config(a.model);
+  r.model_arg = a.model;
   r.hw = hardware(a.gpu, world);
   r.gpus = a.gpus;
   r.gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : r.hw.gpus_per_node;
@@ -52,6 +53,7 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   if (!a.layout.empty()) r.filter = parse_layout(a.layout);
   r.memory_limit = memory_budget_of(a);
   r.top = a.top;
+  r.runnable_only = a.runnable_only;
   return r;
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/text.h"
+#include "plan/plan_command.h"
 #include "plan/planner.h"
 #include "train/validate.h"
 
@@ -21,18 +22,17 @@ ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
 const char* schedule_of(const Layout& l) { return l.pp == 1 ? "none" : pipe_schedule_name(l.pp_schedule); }
 
-// The device the planned cluster trains on: a GPU kind's, or this machine's CPU.
-Device device_of(const PlanRequest& r) { return r.hw.gpu ? Device::cuda : Device::cpu; }
-
-ojson layout_json(const Prediction& p, Device d) {
+ojson layout_json(const Prediction& p, const PlanRequest& r) {
   const Layout& l = p.layout;
+  const std::vector<std::string> refused = refusals(l, plan_device(r));
   ojson j;
   j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp;
   j["micro_batch"] = l.batch, j["accum"] = l.accum;
   j["schedule"] = schedule_of(l), j["virtual_stages"] = l.virtual_stages;
   j["recompute"] = recompute_name(l.recompute), j["sequence_parallel"] = l.sequence_parallel, j["zero"] = l.zero;
   j["layout"] = l.str();
-  j["train_refuses"] = refusals(l, d);
+  j["command"] = train_command(l, r);
+  j["runnable"] = refused.empty(), j["refusals"] = refused;
   j["memory_bytes_per_gpu"] = num(p.memory_bytes);
   j["memory_exact"] = p.memory_exact, j["memory_stage"] = p.memory_stage, j["fits"] = p.fits;
   j["step_seconds"] = num(p.step_seconds);
@@ -54,12 +54,13 @@ ojson layout_json(const Prediction& p, Device d) {
   return j;
 }
 
-std::string row(int i, const Prediction& p, bool tokens) {
+// A row of the table; `!` after the number marks a layout `saturate train` refuses on the device.
+std::string row(int i, const Prediction& p, bool tokens, bool refused) {
   const Layout& l = p.layout;
   std::string sched = l.pp == 1 ? "-" : l.pp_schedule == PipeSchedule::interleaved ? strf("interleaved v=%d", l.virtual_stages)
                                                                                  : schedule_of(l);
-  return strf("%2d  dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
-             i, l.dp, l.tp, l.pp, sched.c_str(), recompute_name(l.recompute), l.sequence_parallel ? "on" : "off", l.zero,
+  return strf("%2d%c dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
+             i, refused ? '!' : ' ', l.dp, l.tp, l.pp, sched.c_str(), recompute_name(l.recompute), l.sequence_parallel ? "on" : "off", l.zero,
              (long long)l.batch, (long long)l.accum, format_bytes(p.memory_bytes).c_str(),
              p.memory_exact ? " " : "~", p.step_seconds, tokens ? p.tokens_per_second : p.samples_per_second,
              p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble_fraction);
@@ -76,6 +77,38 @@ std::string memory_table(const Prediction& p) {
   return s;
 }
 
+// What `saturate train` refuses on the planned device today (backend/support.h), under the
+// table: one line per refusal, with the rows it marks.
+std::string refusal_notes(const PlanResult& p, const PlanRequest& r) {
+  std::vector<std::pair<std::string, std::string>> notes;  // refusal, rows
+  for (size_t i = 0; i < p.best.size(); ++i)
+    for (const std::string& why : refusals(p.best[i].layout, plan_device(r))) {
+      auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == why; });
+      if (it == notes.end()) it = notes.insert(notes.end(), {why, ""});
+      it->second += strf("%s#%zu", it->second.empty() ? "" : ", ", i + 1);
+    }
+  std::string s;
+  for (const auto& [why, rows] : notes)
+    s += strf(" ! saturate train refuses %s on %s today: %s\n", rows.c_str(), device_kind_name(plan_device(r)),
+              why.c_str());
+  return s;
+}
+
+// The command to run: the best layout's, or when `saturate train` refuses it on the device,
+// the fastest of the table that it runs, said as such.
+std::string run_line(const PlanResult& p, const PlanRequest& r) {
+  const Device d = plan_device(r);
+  size_t i = 0;
+  while (i < p.best.size() && (!p.best[i].fits || !refusals(p.best[i].layout, d).empty())) ++i;
+  if (i == 0) return strf("run: %s\n", train_command(p.best[0].layout, r).c_str());
+  if (i == p.best.size())
+    return strf("! saturate train refuses every layout above on %s today (see ! above); plan --runnable-only searches "
+                "only the layouts it runs\n", device_kind_name(d));
+  return strf("! saturate train refuses it on %s today (see ! above); the fastest layout it runs is #%zu (%s), %.1f%% "
+              "slower:\nrun: %s\n", device_kind_name(d), i + 1, p.best[i].layout.str().c_str(),
+              100 * (p.best[i].step_seconds / p.best[0].step_seconds - 1), train_command(p.best[i].layout, r).c_str());
+}
+
 }  // namespace
 
 std::string plan_text(const PlanResult& p, const PlanRequest& r) {
@@ -86,9 +119,12 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
            r.hw.name.c_str(), r.gpus_per_node, format_bytes(r.memory_limit > 0 ? r.memory_limit : r.hw.memory_bytes).c_str(),
            r.hw.peak(r.hw.gpu ? r.precision : DType::f32) / 1e12, r.hw.gpu ? dtype_name(r.precision) : "f32",
            (long long)r.global_batch);
-  s += strf("searched %lld layouts in %.2f s: %lld over the memory, %lld slower than the best by a lower bound, %zu "
-           "simulated\n", (long long)p.layouts, p.seconds, (long long)p.over_memory, (long long)p.slower,
-           p.considered.size());
+  s += strf("searched %lld layouts in %.2f s: ", (long long)p.layouts, p.seconds);
+  if (r.runnable_only)
+    s += strf("%lld that saturate train refuses on %s today (--runnable-only), ", (long long)p.not_runnable,
+              device_kind_name(plan_device(r)));
+  s += strf("%lld over the memory, %lld slower than the best by a lower bound, %zu simulated\n",
+            (long long)p.over_memory, (long long)p.slower, p.considered.size());
   if (p.best.empty() || !p.best[0].fits) {
     const Prediction* m = p.smallest ? &*p.smallest : nullptr;
     s += "no layout fits";
@@ -103,13 +139,13 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
   }
   s += strf("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",
            tokens ? "tokens/s" : "samples/s");
-  for (size_t i = 0; i < p.best.size(); ++i) s += row(int(i) + 1, p.best[i], tokens);
-  // What saturate train would refuse on this device today (backend/support.h), said beside them.
   for (size_t i = 0; i < p.best.size(); ++i)
-    for (const std::string& why : refusals(p.best[i].layout, device_of(r)))
-      s += strf(" #%zu: `saturate train` refuses it today: %s\n", i + 1, why.c_str());
+    s += row(int(i) + 1, p.best[i], tokens, !refusals(p.best[i].layout, plan_device(r)).empty());
+  s += refusal_notes(p, r);
+  for (size_t i = 0; i < p.best.size(); ++i) s += strf(" #%zu: %s\n", i + 1, train_command(p.best[i].layout, r).c_str());
   const Prediction& b = p.best[0];
   s += strf("\nbest: %s (%s)\n", b.layout.str().c_str(), p.why.c_str());
+  if (b.fits) s += run_line(p, r);
   s += strf("  step %.4g s = compute %.4g s on the busiest stage (tensor-parallel collectives %.3g s) + bubble %.1f%% + "
            "exposed data-parallel %.3g s + optimizer %.3g s\n",
            b.step_seconds, b.compute_seconds, b.tp_comm_seconds, 100 * b.bubble_fraction, b.dp_exposed_seconds,
@@ -127,11 +163,19 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
   j["model_parameters"] = p.model_parameters, j["model_flops_per_sample"] = p.model_flops_per_sample;
   j["layouts_searched"] = p.layouts, j["over_memory"] = p.over_memory, j["slower_by_bound"] = p.slower, j["search_seconds"] = p.seconds;
   j["why"] = p.why;
-  j["best"] = p.best.empty() ? ojson(nullptr) : layout_json(p.best[0], device_of(r));
+  j["runnable_only"] = r.runnable_only, j["not_runnable"] = p.not_runnable;
+  // The command of the fastest layout that fits and that `saturate train` runs on the device.
+  j["run"] = nullptr;
+  for (const Prediction& x : p.best)
+    if (x.fits && refusals(x.layout, plan_device(r)).empty()) {
+      j["run"] = train_command(x.layout, r);
+      break;
+    }
+  j["best"] = p.best.empty() ? ojson(nullptr) : layout_json(p.best[0], r);
   ojson all = ojson::array();
-  for (const Prediction& x : p.best) all.push_back(layout_json(x, device_of(r)));
+  for (const Prediction& x : p.best) all.push_back(layout_json(x, r));
   j["layouts"] = all;
-  if (p.smallest) j["smallest"] = layout_json(*p.smallest, device_of(r));
+  if (p.smallest) j["smallest"] = layout_json(*p.smallest, r);
   return j.dump(1) + "\n";
 }
 

@@ -22,6 +22,7 @@
 #include "train/config.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "train/validate.h"
 
 namespace sat {
 
@@ -596,10 +597,18 @@ struct Search {
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
       if (!allowed(req.filter.zero, z)) continue;
       l.zero = z;
+      ++out.layouts;
+      if (req.runnable_only) {
+        const std::vector<std::string> why = refusals(l, mc.device);
+        refused.insert(why.begin(), why.end());
+        if (!why.empty()) {
+          ++out.not_runnable;
+          continue;
+        }
+      }
       Prediction p;
       p.layout = l;
       estimate_memory(p, f);
-      ++out.layouts;
       if (!out.smallest || p.memory_bytes < out.smallest->memory_bytes) out.smallest = p;
       if (p.fits) ps.push_back(p);
       else ++out.over_memory;
@@ -624,6 +633,8 @@ struct Search {
       out.considered.push_back(std::move(p));
     }
   }
+
+  std::set<std::string> refused;  // runnable_only: why `saturate train` refused the layouts it left out
 
   // The step time a layout must beat to be among the ones planned exactly (the fitting
   // layouts' times so far, the (4 top + 8)-th fastest).
@@ -731,6 +742,12 @@ PlanResult plan_layouts(const PlanRequest& r) {
   Search s(r);
   s.run();
   PlanResult& out = s.out;
+  if (out.layouts > 0 && out.not_runnable == out.layouts) {
+    std::string why;
+    for (const std::string& w : s.refused) why += (why.empty() ? "" : "; ") + w;
+    fail("--runnable-only: `saturate train` refuses every layout of ", r.gpus, " x ", r.hw.name,
+         r.filter.empty() ? "" : " matching --layout", " on ", device_kind_name(s.mc.device), " today (", why, ")");
+  }
   std::vector<size_t> order(out.considered.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {

@@ -50,6 +50,7 @@ LayoutFilter parse_layout(const std::string& s);
 
 struct PlanRequest {
   ModelConfig model;         // the family and its sizes; the planner sets tp, device and act
+  std::string model_arg;     // --model as given, for the printed command ("": model.name)
   Hardware hw;
   int gpus = 1;
   int gpus_per_node = 8;
@@ -70,6 +71,9 @@ struct PlanRequest {
   // starts after the last backward, as in engines that reduce after the pipeline's flush).
   // GPUs only: on CPU processes (`this`) it is never hidden.
   bool overlap_dp = true;
+  // Only the layouts `saturate train` runs on the planned device today (refusals() empty,
+  // train/validate.h): --runnable-only. The others are counted in PlanResult::not_runnable.
+  bool runnable_only = false;
 };
 
 // A rank's memory by what it holds, as live at its peak: rows that sum to MemoryPlan::total().
@@ -112,6 +116,7 @@ struct PlanResult {
   int64_t layouts = 0;                 // layouts enumerated
   int64_t over_memory = 0;             // of them, estimated not to fit
   int64_t slower = 0;                  // of them, slower than the best by a lower bound (not simulated)
+  int64_t not_runnable = 0;            // of them, refused by `saturate train` on the device (runnable_only)
   std::optional<Prediction> smallest;  // the layout with the least memory (when none fits)
   ScheduleSim timeline;                // the best layout's pipeline simulation
   std::string why;                     // why the best wins
