@@ -344,8 +344,8 @@ TEST(Hardware, EveryMistakeNamesTheKey) {
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"efficiency\": {\"kernel_overhead_us\": -1}"),
             "key 'efficiency.kernel_overhead_us': expected a number >= 0, got -1");
   EXPECT_EQ(cluster_error("\"name\": \"my-cluster\"", "\"efficiency\": {\"gemm_eff\": 0.5}"),
-            "unknown key 'efficiency.gemm_eff' (expected gemm_max, gemm_half_flops, memory_eff, kernel_overhead_us or "
-            "comm_eff)");
+            "unknown key 'efficiency.gemm_eff' (expected gemm_max, gemm_half_flops, memory_eff, kernel_overhead_us, "
+            "comm_eff or gemm_half_dim)");
   EXPECT_EQ(cluster_error("\"gpus_per_node\": 8,", "\"gpus_per_node\": 8"), "4:3: expected ',' or '}' after an object member, got '\"'");
   const std::string top = write_file("list.json", "[1]");
   EXPECT_EQ(error_of([&] { hardware(top); }), top + ":1: expected an object, got an array");

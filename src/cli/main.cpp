@@ -109,6 +109,9 @@ void add_plan_options(CLI::App* c, sat::PlanArgs& a) {
   c->add_option("--gpus-per-node", a.gpus_per_node, "devices per node (default: the hardware's)");
   c->add_option("--global-batch", a.global_batch, "samples per optimizer step");
   c->add_option("--calibrate", a.calibrate, "RUNS.json: fit the hardware's efficiency to measured runs (see the README)");
+  c->add_option("--compare", a.compare, "RUNS.json: each run's published speed and peak memory against the prediction");
+  c->add_option("--engine", a.engine, "saturate | megatron | deepspeed | fsdp: whose memory and communication to model "
+                "(saturate: its exact plans; the others: their published formulas)")->capture_default_str();
   c->add_option("--precision", a.precision, "bf16 | fp16 | tf32 | fp32 (default bf16 on GPUs: mixed precision with "
                 "fp32 master weights; fp32 for --gpu this)");
   c->add_option("--optimizer", a.optimizer, "adamw | sgd (its state in the memory plan)")->capture_default_str();

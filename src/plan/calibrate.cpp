@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -46,11 +47,24 @@ std::vector<CalibrationRun> megatron_rows(const JsonRef& j) {
     run.flops_per_step = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
     run.measured_step_seconds = run.flops_per_step / (number(r, "tflops_per_gpu") * 1e12 * run.gpus);
     run.overlap_dp = false;
+    run.engine = "megatron";
+    run.source = "Narayanan et al. 2021 (SC21), Table 1";
     run.label = str_cat(r.contains("params_b") ? str_cat(r.at("params_b").number(), "B") : std::string("GPT"), " t", tp,
                         " p", pp, " d", run.layout.dp.value());
     out.push_back(run);
   }
   return out;
+}
+
+// A run whose TFLOP/s per GPU counts the FLOPs as Narayanan et al. do (full recomputation
+// included): 96 B s l h^2 (1 + s / 6h + V / 16 l h); sets the step's seconds, returns the FLOPs.
+double megatron_flops(CalibrationRun& run, const JsonRef& r) {
+  const ModelConfig& m = run.model;
+  const double B = double(run.global_batch), s = double(m.seq_len > 0 ? m.seq_len : m.context);
+  const double l = double(m.n_layer), h = double(m.n_embd), V = double(m.vocab);
+  const double flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  run.measured_step_seconds = flops / (number(r, "tflops_per_gpu") * 1e12 * run.gpus);
+  return flops;
 }
 
 CalibrationRun saturate_run(const JsonRef& r) {
@@ -63,15 +77,34 @@ CalibrationRun saturate_run(const JsonRef& r) {
   run.global_batch = int64_t(number(r, "global_batch"));
   if (r.contains("layout")) run.layout = parse_layout(r.at("layout").string());
   if (r.contains("overlap_dp")) run.overlap_dp = r.at("overlap_dp").boolean();
+  if (r.contains("engine")) {
+    run.engine = r.at("engine").string();
+    try {
+      engine_model(run.engine);
+    } catch (const Error& e) {
+      r.at("engine").fail(e.what());
+    }
+  }
+  if (r.contains("gpu")) run.gpu = r.at("gpu").string();
+  if (r.contains("source")) run.source = r.at("source").string();
+  if (r.contains("memory_gib")) run.measured_memory_bytes = number(r, "memory_gib") * 1073741824.0;
   run.precision = r.contains("precision") ? parse_named(r.at("precision").where(), r.at("precision").string(), kPrecisions)
                                           : DType::bf16;
   if (r.contains("step_seconds")) {
     run.measured_step_seconds = number(r, "step_seconds");
   } else if (r.contains("samples_per_second")) {
     run.measured_step_seconds = double(run.global_batch) / number(r, "samples_per_second");
-  } else {
-    if (!r.contains("tflops_per_gpu")) r.fail("needs one of 'step_seconds', 'samples_per_second', 'tflops_per_gpu'");
+  } else if (r.contains("tokens_per_second_per_gpu")) {
+    const double tokens = double(run.global_batch) * double(run.model.seq_len > 0 ? run.model.seq_len : run.model.context);
+    run.measured_step_seconds = tokens / (number(r, "tokens_per_second_per_gpu") * run.gpus);
+  } else if (r.contains("tflops_per_gpu")) {
     run.flops_per_step = -number(r, "tflops_per_gpu");  // resolved once the model's FLOPs are known
+    if (r.contains("flops") && r.at("flops").string() == "megatron") run.flops_per_step = megatron_flops(run, r);
+  } else {
+    if (!r.contains("memory_gib"))
+      r.fail("needs one of 'step_seconds', 'samples_per_second', 'tokens_per_second_per_gpu', 'tflops_per_gpu' or "
+             "'memory_gib'");
+    run.timed = false;
   }
   return run;
 }
@@ -82,7 +115,20 @@ std::vector<CalibrationRun> read_runs(const std::string& path) {
   const JsonRef j = JsonRef::parse_file(path, "--calibrate");
   if (j.is_object() && j.contains("rows")) return megatron_rows(j);
   std::vector<CalibrationRun> out;
-  for (const JsonRef& r : non_empty_list(j, "runs").items()) out.push_back(saturate_run(r));
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  for (const JsonRef& r : non_empty_list(j, "runs").items()) {
+    out.push_back(saturate_run(r));
+    std::string& g = out.back().gpu;  // a hardware file named relative to the runs' file
+    if (g.size() > 5 && g.substr(g.size() - 5) == ".json" && std::filesystem::path(g).is_relative())
+      g = (dir / g).string();
+    if (!g.empty()) {
+      try {
+        hardware(g);
+      } catch (const Error& e) {
+        r.at("gpu").fail(e.what());
+      }
+    }
+  }
   return out;
 }
 
@@ -100,6 +146,7 @@ PlanRequest request_for(const CalibrationRun& run, const Hardware& hw, bool exac
   r.top = 1;
   r.exact_memory = exact;
   r.overlap_dp = run.overlap_dp;
+  r.engine = engine_model(run.engine);
   return r;
 }
 
@@ -111,16 +158,24 @@ std::vector<CalibrationRow> evaluate_runs(const std::vector<CalibrationRun>& run
   for (const CalibrationRun& run : runs) {
     CalibrationRow row;
     row.run = run;
+    const Hardware own = run.gpu.empty() ? hw : hardware(run.gpu);
     // The run's free fields among those that fit the device; if none does, the fastest anyway.
-    PlanResult p = plan_layouts(request_for(run, hw, exact));
+    PlanResult p = plan_layouts(request_for(run, own, exact));
     if (p.best.empty()) {
-      PlanRequest any = request_for(run, hw, exact);
+      PlanRequest any = request_for(run, own, exact);
       any.memory_limit = 1e30;
       p = plan_layouts(any);
     }
     SAT_CHECK(!p.best.empty(), run.label, ": no layout forms this run");
     row.predicted = p.best[0];
-    row.fits = row.predicted.memory_bytes <= hw.memory_bytes;
+    row.memory_limit = own.memory_bytes;
+    row.fits = row.predicted.memory_bytes <= own.memory_bytes;
+    row.predicted_memory = row.predicted.memory_formula ? row.predicted.allocator_bytes : row.predicted.memory_bytes;
+    if (run.measured_memory_bytes > 0) row.memory_error = row.predicted_memory / run.measured_memory_bytes - 1;
+    if (!run.timed) {
+      rows.push_back(row);
+      continue;
+    }
     double flops = run.flops_per_step;
     if (flops < 0) {  // given as TFLOP/s per GPU by saturate's count
       row.run.measured_step_seconds = p.model_flops_per_sample * double(run.global_batch) / (-flops * 1e12 * run.gpus);
@@ -131,7 +186,7 @@ std::vector<CalibrationRow> evaluate_runs(const std::vector<CalibrationRun>& run
     row.predicted_tflops = flops / row.predicted.step_seconds / run.gpus / 1e12;
     row.error = row.predicted_tflops / row.measured_tflops - 1;
     if (own_best) {
-      PlanRequest free = request_for(run, hw, exact);
+      PlanRequest free = request_for(run, own, exact);
       free.filter = {};
       free.overlap_dp = true;
       const PlanResult b = plan_layouts(free);
@@ -146,7 +201,8 @@ namespace {
 
 double loss(const std::vector<CalibrationRun>& runs, const Hardware& hw) {
   double sum = 0;
-  for (const CalibrationRow& r : evaluate_runs(runs, hw, false, false)) sum += std::pow(std::log1p(r.error), 2);
+  for (const CalibrationRow& r : evaluate_runs(runs, hw, false, false))
+    if (r.run.timed) sum += std::pow(std::log1p(r.error), 2);
   return sum / double(runs.size());
 }
 
@@ -204,6 +260,47 @@ std::string calibration_table(const std::vector<CalibrationRow>& rows) {
                   100 * errs.back());
     s += buf;
   }
+  return s;
+}
+
+}  // namespace sat
+
+namespace sat {
+
+namespace {
+
+std::string median_worst(std::vector<double> errs) {
+  if (errs.empty()) return "none";
+  std::sort(errs.begin(), errs.end());
+  const size_t n = errs.size();
+  const double median = n % 2 ? errs[n / 2] : (errs[n / 2 - 1] + errs[n / 2]) / 2;
+  return strf("median %.1f%%, worst %.1f%% over %zu run(s)", 100 * median, 100 * errs.back(), n);
+}
+
+}  // namespace
+
+std::string comparison_table(const std::vector<CalibrationRow>& rows) {
+  std::string s = strf("%-30s %-9s %-88s %9s %9s %7s %9s %9s %7s %9s %s\n", "run", "engine", "predicted layout",
+                       "TFLOP/s", "predicted", "error", "memory", "predicted", "error", "peak/GPU", "fits");
+  std::vector<double> time_errs, mem_errs;
+  int fit = 0;
+  for (const CalibrationRow& r : rows) {
+    const bool mem = r.run.measured_memory_bytes > 0;
+    s += strf("%-30s %-9s %-88s %9s %9s %7s %9s %9s %7s %9s %s\n", r.run.label.c_str(), r.run.engine.c_str(),
+              r.predicted.layout.str().c_str(), r.run.timed ? strf("%.1f", r.measured_tflops).c_str() : "-",
+              r.run.timed ? strf("%.1f", r.predicted_tflops).c_str() : "-",
+              r.run.timed ? strf("%+.1f%%", 100 * r.error).c_str() : "-",
+              mem ? format_bytes(r.run.measured_memory_bytes).c_str() : "-",
+              mem ? format_bytes(r.predicted_memory).c_str() : "-", mem ? strf("%+.1f%%", 100 * r.memory_error).c_str() : "-",
+              format_bytes(r.predicted.memory_bytes).c_str(),
+              r.fits ? "yes" : strf("NO (%s)", format_bytes(r.memory_limit).c_str()).c_str());
+    if (r.run.timed) time_errs.push_back(std::fabs(r.error));
+    if (mem) mem_errs.push_back(std::fabs(r.memory_error));
+    fit += r.fits;
+  }
+  s += strf("speed (TFLOP/s per GPU, the source's count of FLOPs): absolute error %s\n", median_worst(time_errs).c_str());
+  s += strf("peak memory against the figure the source reports: absolute error %s\n", median_worst(mem_errs).c_str());
+  s += strf("%d of %zu run(s) fit the memory of the device they ran on\n", fit, rows.size());
   return s;
 }
 

@@ -32,6 +32,11 @@ struct CalibrationRun {
   double measured_step_seconds = 0;
   double flops_per_step = 0;  // the FLOPs its TFLOP/s figure counts (0: saturate's model FLOPs)
   bool overlap_dp = true;     // its engine overlaps the gradient reduction with backward
+  std::string engine = "saturate";  // the engine that ran it (--engine's names: its memory model)
+  std::string gpu;            // the device it ran on (a kind or a file), when not the one given
+  std::string source;         // where the figures come from (a paper's table, a repository's file)
+  bool timed = true;          // it gives a speed (a run may give its peak memory only)
+  double measured_memory_bytes = 0;  // the peak memory per GPU it reports (0: none)
 };
 
 // sat::Error naming the file and the key that is missing or wrong.
@@ -45,6 +50,9 @@ struct CalibrationRow {
   double error = 0;            // predicted / measured - 1
   bool fits = false;           // the predicted layout fits the device's memory
   Prediction own_best;         // the planner's own best layout for the same job (when asked)
+  double memory_limit = 0;     // the device's memory it ran in
+  double predicted_memory = 0; // as the run's engine reports it (formula engines: the allocator's peak)
+  double memory_error = 0;     // predicted_memory / measured_memory_bytes - 1 (when measured)
 };
 
 // Each run predicted on hw (the layout's free fields chosen by the search); with `own_best`,
@@ -59,5 +67,9 @@ Hardware fit_efficiency(const std::vector<CalibrationRun>& runs, Hardware hw, bo
 
 // The table `saturate plan --calibrate` prints.
 std::string calibration_table(const std::vector<CalibrationRow>& rows);
+// The table `saturate plan --compare RUNS.json` prints: each run's published speed and peak
+// memory against the prediction, whether it fits the device it ran on, and the errors'
+// median and worst.
+std::string comparison_table(const std::vector<CalibrationRow>& rows);
 
 }  // namespace sat

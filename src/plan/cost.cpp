@@ -4,6 +4,8 @@
 
 #include "nn/layers/attention.h"
 #include "nn/layers/cross_entropy.h"
+#include "nn/layers/elementwise.h"
+#include "nn/layers/linear.h"
 #include "nn/layers/tensor_parallel.h"
 
 namespace sat {
@@ -55,7 +57,9 @@ Traffic traffic(const Node& n, DType act) {
   for (const ParamDecl& p : s.params) params += double(p.spec.shape.numel());
   const double in = sum(s.inputs), out = double(s.output.bytes()), w = params * double(dtype_size(act));
   const double fwd = in + w + out + sum(s.saved) + sum(s.scratch_fwd);
-  return {fwd, fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + out + params * 4, params * 4};
+  // Backward reads the output's gradient (not the output), the inputs and saved buffers again and
+  // writes the inputs' gradients: a pointwise layer moves 3 tensors, not 4.
+  return {fwd, fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + params * 4, params * 4};
 }
 
 // The seconds `bytes` take less from the cache than from memory.
@@ -67,16 +71,46 @@ double cache_saving(double bytes, const Hardware& hw) {
 
 }  // namespace
 
+namespace {
+
+// The share of the FLOPs-only rate a node's products reach by their shape (hw.eff.gemm_half_dim):
+// a Linear's m x k by k x n, attention's two products over a head's channels.
+double shape_factor(const Node& n, const Efficiency& e) {
+  if (e.gemm_half_dim <= 0) return 1;
+  auto s = [&](double d) { return d / (d + e.gemm_half_dim); };
+  const LayerSetup& st = n.setup;
+  const Layer& l = n.layer->unwrapped();
+  if (dynamic_cast<const Linear*>(&l) && !st.params.empty() && st.params[0].spec.shape.nd == 2 && !st.inputs.empty()) {
+    const double out = double(st.params[0].spec.shape[0]), in = double(st.params[0].spec.shape[1]);
+    const double m = double(st.inputs[0].shape.numel()) / in;
+    return s(m) * s(out) * s(in);
+  }
+  if (auto* a = dynamic_cast<const CausalSelfAttention*>(&l); a && st.output.shape.nd == 3) {
+    const double T = double(st.output.shape[1]), C = double(st.output.shape[2]);
+    const double head = C / double(std::max<int64_t>(1, a->n_head()));
+    return s(T) * s(T) * s(std::max(1.0, head));
+  }
+  return 1;
+}
+
+}  // namespace
+
 std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPContext& tp) {
   std::vector<NodeCost> out(g.nodes().size());
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
     const LayerSetup& s = n.setup;
     NodeCost& c = out[i];
-    const Traffic tr = traffic(n, g.act());
-    c.fwd = kernel_seconds(s.flops_fwd, tr.fwd, hw, g.act());
+    Traffic tr = traffic(n, g.act());
+    if (tp.fused_dropout_add && dynamic_cast<const Dropout*>(&n.layer->unwrapped())) {
+      double mask = 0;
+      for (auto& t : s.saved) mask += double(t.bytes());
+      tr.fwd = tr.bwd = mask;
+    }
+    const double shape = shape_factor(n, hw.eff);
+    c.fwd = kernel_seconds(s.flops_fwd / shape, tr.fwd, hw, g.act());
     if (g.training() && n.needs_backward) {
-      c.bwd = kernel_seconds(s.flops_bwd, tr.bwd, hw, g.act());
+      c.bwd = kernel_seconds(s.flops_bwd / shape, tr.bwd, hw, g.act());
       c.bwd_cached = cache_saving(tr.grads, hw);
     }
     const auto [cf, cb] = collectives_of(n.layer->unwrapped());
@@ -86,7 +120,8 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
     if (n.rc_first >= 0) {
       c.recompute = c.fwd + c.comm_fwd;
     } else if (auto* a = dynamic_cast<const CausalSelfAttention*>(&n.layer->unwrapped()); a && a->recompute()) {
-      c.recompute = kernel_seconds(s.flops_fwd / 2, tr.fwd, hw, g.act());  // q k^T and the softmax again
+      const double share = tp.recompute_whole_core ? 1.0 : 0.5;  // q k^T and the softmax again (and x v)
+      c.recompute = kernel_seconds(s.flops_fwd * share / shape, tr.fwd, hw, g.act());
     }
   }
   return out;

@@ -41,6 +41,12 @@ double kernel_seconds(double flops, double bytes, const Hardware& hw, DType prec
 struct TPContext {
   int tp = 1;
   Link link;
+  // Selective recomputation recomputes attention's whole core (q k^T, softmax, dropout and the
+  // product with v: Megatron-LM's CoreAttention), not saturate's q k^T and softmax.
+  bool recompute_whole_core = false;
+  // Dropout runs inside the residual add's kernel (Megatron-LM's bias-dropout-add): it moves
+  // only its mask, the add the rest.
+  bool fused_dropout_add = false;
 };
 
 // The seconds of one call of a node: its forward, its backward (0 without one), the

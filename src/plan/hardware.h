@@ -31,6 +31,10 @@ struct Efficiency {
   double memory_eff = 0.8;
   double kernel_overhead = 5e-6;
   double comm_eff = 0.8;
+  // The GEMM's shape: a product of m x k by k x n runs at d / (d + gemm_half_dim) of the rate
+  // for each of its dimensions d (tiles that a dimension does not fill; attention's products
+  // over a head's 64-128 channels fill least). 0: by its FLOPs only.
+  double gemm_half_dim = 0;
 };
 
 // The cache in which a stage's parameters and their gradients stay from one micro-batch to

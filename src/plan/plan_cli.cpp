@@ -54,7 +54,16 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   r.memory_limit = memory_budget_of(a);
   r.top = a.top;
   r.runnable_only = a.runnable_only;
+  r.engine = engine_model(a.engine);
   return r;
+}
+
+// --compare: every run predicted on the device it ran on, by its engine's model.
+int run_compare(const PlanArgs& a) {
+  const std::vector<CalibrationRun> runs = read_runs(a.compare);
+  std::printf("%zu run(s) from %s:\n%s", runs.size(), a.compare.c_str(),
+              comparison_table(evaluate_runs(runs, hardware(a.gpu, nullptr))).c_str());
+  return 0;
 }
 
 // --calibrate: the runs predicted with the hardware as given, the efficiencies fitted to
@@ -93,6 +102,7 @@ void check_plan_outputs(const PlanArgs& a) {
 int run_plan(const PlanArgs& a) {
   check_plan_outputs(a);
   if (!a.calibrate.empty()) return run_calibrate(a);
+  if (!a.compare.empty()) return run_compare(a);
   SAT_CHECK(a.gpus >= 1, "--gpus: expected a positive number of devices, got ", a.gpus);
   SAT_CHECK(a.global_batch >= 1, "--global-batch is required: expected a positive number of samples per step, got ", a.global_batch);
   std::unique_ptr<dist::Comm> world;

@@ -19,6 +19,8 @@ struct PlanArgs {
   bool runnable_only = false;     // --runnable-only: only the layouts `saturate train` runs on the device today
   std::string out_dir, json_file;
   std::string calibrate;          // RUNS.json
+  std::string compare;            // RUNS.json: published runs against the prediction
+  std::string engine = "saturate";  // the engine modelled (plan/memory_formula.h)
 };
 
 // Returns the exit status; sat::Error for bad input.

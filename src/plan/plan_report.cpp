@@ -44,6 +44,7 @@ ojson layout_json(const Prediction& p, const PlanRequest& r) {
   ojson peak = ojson::object();
   for (const MemoryRow& m : p.memory_rows) peak[m.what] = m.bytes;
   if (!p.memory_rows.empty()) j["memory_at_peak"] = peak;
+  j["memory_model"] = p.memory_exact ? "exact plan" : p.memory_formula ? "published formulas" : "estimate";
   if (p.memory_exact) {
     ojson k = ojson::object();
     for (int i = 0; i < int(MemKind::kCount); ++i)
@@ -62,16 +63,18 @@ std::string row(int i, const Prediction& p, bool tokens, bool refused) {
   return strf("%2d%c dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
              i, refused ? '!' : ' ', l.dp, l.tp, l.pp, sched.c_str(), recompute_name(l.recompute), l.sequence_parallel ? "on" : "off", l.zero,
              (long long)l.batch, (long long)l.accum, format_bytes(p.memory_bytes).c_str(),
-             p.memory_exact ? " " : "~", p.step_seconds, tokens ? p.tokens_per_second : p.samples_per_second,
+             p.memory_exact || p.memory_formula ? " " : "~", p.step_seconds, tokens ? p.tokens_per_second : p.samples_per_second,
              p.tflops_per_gpu, 100 * p.mfu, 100 * p.bubble_fraction);
 }
 
 // The rank's memory by kind, as live at its peak (the rows sum to the total).
 std::string memory_table(const Prediction& p) {
-  std::string s = p.memory_exact ? strf("  memory of pipeline stage %d (the most of any rank), exact plan, by kind as live "
-                                        "at its peak:\n", p.memory_stage)
-                                 : strf("  memory of pipeline stage %d (the most of any rank), estimate, by kind:\n",
-                                        p.memory_stage);
+  std::string s = p.memory_exact     ? strf("  memory of pipeline stage %d (the most of any rank), exact plan, by kind as live "
+                                            "at its peak:\n", p.memory_stage)
+                   : p.memory_formula ? strf("  memory of pipeline stage %d (the most of any rank), by the published formulas "
+                                            "(docs/planning.md), term by term at the step's peak:\n", p.memory_stage)
+                                      : strf("  memory of pipeline stage %d (the most of any rank), estimate, by kind:\n",
+                                            p.memory_stage);
   for (const MemoryRow& m : p.memory_rows) s += strf("    %-66s %10s\n", m.what.c_str(), format_bytes(m.bytes).c_str());
   s += strf("    %-66s %10s\n", "total", format_bytes(p.memory_bytes).c_str());
   return s;
@@ -119,6 +122,7 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
            r.hw.name.c_str(), r.gpus_per_node, format_bytes(r.memory_limit > 0 ? r.memory_limit : r.hw.memory_bytes).c_str(),
            r.hw.peak(r.hw.gpu ? r.precision : DType::f32) / 1e12, r.hw.gpu ? dtype_name(r.precision) : "f32",
            (long long)r.global_batch);
+  s += strf("engine   %s: %s\n", r.engine.name.c_str(), r.engine.description.c_str());
   s += strf("searched %lld layouts in %.2f s: ", (long long)p.layouts, p.seconds);
   if (r.runnable_only)
     s += strf("%lld that saturate train refuses on %s today (--runnable-only), ", (long long)p.not_runnable,
@@ -132,7 +136,7 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
       s += strf(": the smallest needs %s per device (%s, %s); more devices, a smaller micro-batch or global batch, "
                "recomputation or a higher ZeRO stage would be needed",
                format_bytes(m->memory_bytes).c_str(), m->layout.str().c_str(),
-               m->memory_exact ? "exact plan" : "estimate");
+               m->memory_exact ? "exact plan" : m->memory_formula ? "formula" : "estimate");
     s += "\n";
     if (m && !m->memory_rows.empty() && p.best.empty()) s += memory_table(*m);  // (else the best's follows)
     if (p.best.empty()) return s;
@@ -146,6 +150,9 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
   const Prediction& b = p.best[0];
   s += strf("\nbest: %s (%s)\n", b.layout.str().c_str(), p.why.c_str());
   if (b.fits) s += run_line(p, r);
+  if (b.fits && r.engine.kind != EngineKind::saturate)
+    s += strf("  (the command runs saturate's own engine, whose memory is its exact plan: --engine saturate plans it; "
+              "the memory above is %s's)\n", r.engine.name.c_str());
   s += strf("  step %.4g s = compute %.4g s on the busiest stage (tensor-parallel collectives %.3g s) + bubble %.1f%% + "
            "exposed data-parallel %.3g s + optimizer %.3g s\n",
            b.step_seconds, b.compute_seconds, b.tp_comm_seconds, 100 * b.bubble_fraction, b.dp_exposed_seconds,
@@ -163,6 +170,7 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
   j["model_parameters"] = p.model_parameters, j["model_flops_per_sample"] = p.model_flops_per_sample;
   j["layouts_searched"] = p.layouts, j["over_memory"] = p.over_memory, j["slower_by_bound"] = p.slower, j["search_seconds"] = p.seconds;
   j["why"] = p.why;
+  j["engine"] = r.engine.name;
   j["runnable_only"] = r.runnable_only, j["not_runnable"] = p.not_runnable;
   // The command of the fastest layout that fits and that `saturate train` runs on the device.
   j["run"] = nullptr;

@@ -19,6 +19,7 @@
 #include "data/dataset.h"
 #include "nn/params.h"
 #include "plan/cost.h"
+#include "plan/memory_formula.h"
 #include "train/config.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -158,6 +159,9 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     }
   }
   for (size_t b = 0; b < size_t(t.blocks); ++b) t.work[b] += 2 * largest[b];
+  if (std::getenv("SAT_PLAN_DEBUG") && t.blocks > 2)
+    std::fprintf(stderr, "block 1: forward %.4g ms, backward %.4g ms (recomputation included), tensor-parallel "
+                 "collectives %.4g ms\n", 1e3 * t.fwd[1], 1e3 * t.bwd[1], 1e3 * t.tp_comm[1]);
 }
 
 // The block at which each whole-model node of a stage's chunk starts and ends.
@@ -174,6 +178,8 @@ struct Search {
   int slots = 2;
   bool gpu = true;
   DType act = DType::f32;
+  EngineModel engine;                    // whose memory and communication are modelled
+  std::optional<TransformerShape> shape;  // set when the engine's memory is the formulas'
   std::map<std::tuple<int, bool, int64_t, int>, BlockTable> tables;
   std::map<std::tuple<int, int, int64_t, int>, std::vector<std::vector<Action>>> lists;
   PlanResult out;
@@ -187,6 +193,23 @@ struct Search {
     oc.name = r.optimizer;
     oc.momentum = r.momentum;
     slots = optimizer_slots(resolve_optim(oc));
+    engine = r.engine;
+    if (engine.formula) {
+      shape = transformer_shape(mc);
+      SAT_CHECK(shape.has_value(), "--engine ", engine.name, ": its memory is the published formulas of a "
+                "transformer's step; --model ", mc.name, " is not of the gpt: or llama: family (use --engine saturate)");
+      SAT_CHECK(gpu, "--engine ", engine.name, ": it runs on GPUs; --gpu ", r.hw.name, " plans saturate's CPU engine "
+                "(use --engine saturate)");
+    }
+  }
+
+  // The layouts the engine has: its ZeRO stages (FSDP shards everything whenever dp > 1) and
+  // its tensor parallelism's sequence parallelism (torchtitan always shards the norms).
+  bool engine_has(const Layout& l) const {
+    if (l.zero > engine.max_zero) return false;
+    if (engine.kind == EngineKind::fsdp && l.zero != (l.dp > 1 ? 3 : 0)) return false;
+    if (engine.tp_sequence_parallel && l.sequence_parallel != (l.tp > 1)) return false;
+    return true;
   }
 
   double limit() const { return req.memory_limit > 0 ? req.memory_limit : req.hw.memory_bytes; }
@@ -211,7 +234,7 @@ struct Search {
     if (it != tables.end()) return it->second;
     BlockTable& t = tables[key];
     t.whole = std::make_unique<BuiltModel>(build_model(config_of(l), l.batch, true));
-    fill_blocks(t, req.hw, {l.tp, tp_link(l)});
+    fill_blocks(t, req.hw, {l.tp, tp_link(l), engine.recompute_whole_core, engine.fused_dropout_add});
     return t;
   }
 
@@ -257,6 +280,9 @@ struct Search {
     double spanning = 0;  // a tied unit used at both ends of the stage (its staging spans the pass)
     double bwd = 0;     // one micro-batch's backward through all of the stage's chunks
     double tied = 0;    // tied parameters whose gradients the stage sums with another stage
+    double layer_inflight = 0;  // over its chunks: blocks x micro-batches in flight (the formulas')
+    double first_inflight = 0;  // micro-batches in flight on its first chunk
+    double layers = 0;          // blocks on the stage, over its chunks
   };
 
   std::vector<StageFacts> facts(const Layout& l, const BlockTable& t, const std::vector<std::vector<std::pair<int, int>>>& st) {
@@ -271,7 +297,11 @@ struct Search {
           f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, t.work[size_t(x)]);
           f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)];
         }
-        f.kept += k * max_in_flight(lists[size_t(s)], c);
+        const int inflight = max_in_flight(lists[size_t(s)], c);
+        f.kept += k * inflight;
+        f.layer_inflight += double(b - a) * inflight;
+        f.layers += double(b - a);
+        if (c == 0) f.first_inflight = inflight;
       }
       if (l.pp > 1 && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
       if (l.pp > 1 && s == l.pp - 1) f.params += t.tied;
@@ -280,11 +310,40 @@ struct Search {
     return out;
   }
 
+  // The formulas' rows for stage s of a layout (memory_formula.h).
+  std::vector<MemoryRow> formula_rows(const Layout& l, const StageFacts& x, int s) const {
+    FormulaLayout fl;
+    fl.tp = l.tp, fl.dp = l.dp, fl.pp = l.pp, fl.zero = l.zero, fl.slots = slots, fl.sp = l.sequence_parallel;
+    fl.rc = l.recompute;
+    FormulaStage fs;
+    fs.params = x.params, fs.unit_params = x.unit, fs.first = s == 0, fs.last = s == l.pp - 1, fs.micro = double(l.batch);
+    // The micro-batches in flight as Megatron-LM's schedules keep them (Korthikanti, 4.2.3):
+    // 1F1B's stage s holds p - s; interleaved, its warm-up of 2 (p - s - 1) + (m - 1) p chunks
+    // and one more, of L / (p m) layers each: L (1 + (p - 1) / (p m)) on the first stage.
+    const double M = double(l.accum), p = l.pp, m = l.virtual_stages;
+    if (l.pp_schedule == PipeSchedule::interleaved && l.pp > 1) {
+      const double chunks = std::min(M * m, 2 * (p - s - 1) + (m - 1) * p) + 1;
+      fs.layer_inflight = x.layers / m * chunks;
+      fs.first_inflight = std::min(M, std::ceil(chunks / m));
+    } else {
+      fs.first_inflight = std::min(M, p - s);
+      fs.layer_inflight = x.layers * fs.first_inflight;
+    }
+    std::vector<MemoryRow> rows;
+    for (auto& r : formula_memory(*shape, fl, fs, engine)) rows.push_back({r.what, r.bytes});
+    return rows;
+  }
+  double formula_total(const Layout& l, const StageFacts& x, int s) const {
+    double b = 0;
+    for (auto& r : formula_rows(l, x, s)) b += r.bytes;
+    return b;
+  }
+
   void estimate_memory(Prediction& p, const std::vector<StageFacts>& f) const {
     p.memory_bytes = -1;
     for (int s = 0; s < int(f.size()); ++s) {
       const StageFacts& x = f[size_t(s)];
-      const double mem = state_bytes(p.layout, x).total() + x.kept + x.work;
+      const double mem = shape ? formula_total(p.layout, x, s) : state_bytes(p.layout, x).total() + x.kept + x.work;
       if (mem > p.memory_bytes) p.memory_bytes = mem, p.memory_stage = s;
     }
     p.fits = p.memory_bytes <= limit();
@@ -293,6 +352,7 @@ struct Search {
   // An estimated prediction's rows: its stage's estimate by kind.
   void add_estimate_rows(Prediction& p) {
     if (p.memory_exact || !p.memory_rows.empty()) return;
+    if (shape) return make_formula(p);
     const BlockTable& t = table(p.layout);
     const auto f = facts(p.layout, t, cuts(p.layout, t));
     p.memory_rows = estimate_rows(p.layout, f[size_t(p.memory_stage)]);
@@ -353,20 +413,24 @@ struct Search {
   // tp rank's), whose last micro-batch's backward takes `bwd`.
   double dp_seconds(const Layout& l, double params, double bwd) const {
     if (l.dp == 1) return 0;
-    const double grads = params * 4, eff = req.hw.eff.comm_eff;
+    // The gradients reduce in the engine's reduction dtype; updated parameters are gathered in
+    // the dtype the layers read (saturate's ZeRO-1/2 gather its fp32 master).
+    const double grads = params * engine.reduce_bytes, eff = req.hw.eff.comm_eff * engine.dp_comm_eff;
+    const double lp_size = act == DType::f32 ? 4.0 : double(dtype_size(act));
+    const double gathered = params * (engine.formula || l.zero >= 3 ? lp_size : 4.0);
     const Link link = dp_link(l);
     const double buckets = std::max(2.0, std::ceil(grads / double(25 << 20)));
     // On CPU processes the reduction's copies need the cores that backward holds: it hides
     // little (mlp on 2 ranks of 1 thread: 16% of it), so it is counted in full there, at the
     // rate the link reaches beside compute (intra_busy; mlp and gpt-mini on 2 ranks of this
     // VM: exposed 4.6-4.8 and 8-9 ms, at that rate 3.9-5.3 and 8.9-12, idle 1.8 and 4.1).
-    const bool overlap = req.overlap_dp && req.hw.gpu;
+    const bool overlap = req.overlap_dp && engine.overlap_dp && req.hw.gpu;
     const bool busy_known = req.hw.intra_busy.bandwidth > 0;  // a description built in code may leave it out
     const Link beside = !req.hw.gpu && busy_known && l.tp * l.dp <= req.gpus_per_node ? req.hw.intra_busy : link;
     auto hidden = [&](double comm, double behind) {
       return overlap ? std::max(comm - behind * (1 - 1 / buckets), comm / buckets) : comm;
     };
-    const double gather = collective_seconds(Collective::all_gather, params * 4, l.dp, link, eff);
+    const double gather = collective_seconds(Collective::all_gather, gathered, l.dp, link, eff);
     const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, beside, eff);
     const double M = double(l.accum);
     switch (l.zero) {
@@ -374,8 +438,13 @@ struct Search {
       case 1: return hidden(scatter, bwd) + gather;
       case 2: return M * hidden(scatter, bwd) + gather;
       default: {
-        const double fwd = bwd / 2;  // gathers behind each pass (prefetch), the reduce-scatter behind backward
-        return M * (std::max(gather - fwd, gather / buckets) + hidden(gather + scatter, bwd));
+        // FSDP under a pipeline keeps the units gathered and the gradients whole through the
+        // step: one gather before the first micro-batch, one reduce-scatter after the last.
+        if (engine.gathered_through_step && l.pp > 1) return hidden(scatter, bwd) + gather;
+        // Gathers behind each pass (prefetch), the reduce-scatter behind backward, as far as
+        // the engine overlaps them.
+        const double o = engine.zero3_overlap, fwd = o * bwd / 2;
+        return M * (std::max(gather - fwd, gather / buckets) + hidden(gather + scatter, o * bwd));
       }
     }
   }
@@ -597,6 +666,7 @@ struct Search {
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
       if (!allowed(req.filter.zero, z)) continue;
       l.zero = z;
+      if (!engine_has(l)) continue;
       ++out.layouts;
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device);
@@ -671,8 +741,25 @@ struct Search {
     return s;
   }
 
+  // A formula engine's memory: every stage by the formulas, the one that needs the most.
+  void make_formula(Prediction& p) {
+    const Layout& l = p.layout;
+    const BlockTable& t = table(l);
+    const auto f = facts(l, t, cuts(l, t));
+    p.memory_bytes = -1;
+    for (int s = 0; s < l.pp; ++s) {
+      std::vector<MemoryRow> rows = formula_rows(l, f[size_t(s)], s);
+      double b = 0, alloc = 0;
+      for (auto& r : rows) b += r.bytes, alloc += r.what == "CUDA context" || r.what == "NCCL buffers" ? 0 : r.bytes;
+      if (b > p.memory_bytes) p.memory_bytes = b, p.allocator_bytes = alloc, p.memory_stage = s, p.memory_rows = rows;
+    }
+    p.memory_formula = true;
+    p.fits = p.memory_bytes <= limit();
+  }
+
   void make_exact(Prediction& p) {
     const Layout& l = p.layout;
+    if (shape) return make_formula(p);
     if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
     for (int s : planned_stages(l, table(l))) {

@@ -26,6 +26,7 @@
 #include "nn/engine.h"
 #include "nn/models.h"
 #include "plan/hardware.h"
+#include "plan/memory_formula.h"
 #include "train/config.h"
 #include "train/layout.h"
 #include "train/schedule.h"
@@ -74,6 +75,9 @@ struct PlanRequest {
   // Only the layouts `saturate train` runs on the planned device today (refusals() empty,
   // train/validate.h): --runnable-only. The others are counted in PlanResult::not_runnable.
   bool runnable_only = false;
+  // The engine whose memory and communication are modelled (memory_formula.h): saturate's own
+  // (its exact plans), or Megatron-LM, DeepSpeed or FSDP2 by their published formulas.
+  EngineModel engine;
 };
 
 // A rank's memory by what it holds, as live at its peak: rows that sum to MemoryPlan::total().
@@ -105,6 +109,8 @@ struct Prediction {
   double memory_bytes = 0;  // the most any rank needs (estimate, or exact when memory_exact)
   int memory_stage = 0;     // the pipeline stage that needs it
   bool memory_exact = false;
+  bool memory_formula = false;  // from the published formulas of the engine modelled (memory_formula.h)
+  double allocator_bytes = 0;   // of memory_bytes, what the engine's allocator holds at its peak (formula)
   MemoryPlan memory;        // that rank's exact plan (when memory_exact)
   std::vector<MemoryRow> memory_rows;  // and its bytes live at the peak, by kind (memory_rows)
   bool fits = false;
