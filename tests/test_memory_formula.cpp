@@ -106,7 +106,7 @@ double row(const Prediction& p, const std::string& starts) {
 // The first stage of 1F1B keeps p micro-batches of its L / p layers: L layers' worth
 // (Korthikanti, Section 4.2.3); GPT-3 175B with t 8, p 8, selective recomputation and sequence
 // parallelism keeps 96 x 34 s b h / t on its first stage, and the run fits the A100-80GB it ran
-// on (the exact plan of saturate's own engine does not: 94 GiB).
+// on.
 TEST(MemoryFormula, FirstStageOf1F1BKeepsLLayers) {
   const PlanResult p = plan_layouts(
       gpt3_on(64, 64, "dp=1,tp=8,pp=8,micro=1,schedule=1f1b,recompute=selective,sp=on,zero=0", "megatron"));

@@ -116,6 +116,8 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
     const auto [cf, cb] = collectives_of(n.layer->unwrapped());
     c.comm_fwd = collective_seconds(cf, s.comm_fwd, tp.tp, tp.link, hw.eff.comm_eff);
     if (g.training() && n.needs_backward) c.comm_bwd = collective_seconds(cb, s.comm_bwd, tp.tp, tp.link, hw.eff.comm_eff);
+    if (g.training() && tp.sp_regather && n.rc_first < 0 && dynamic_cast<const TPAllGather*>(&n.layer->unwrapped()))
+      c.comm_bwd += c.comm_fwd;  // the sharded input gathered again for the weight's gradient
     if (!g.training()) continue;
     if (n.rc_first >= 0) {
       c.recompute = c.fwd + c.comm_fwd;

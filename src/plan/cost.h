@@ -47,6 +47,9 @@ struct TPContext {
   // Dropout runs inside the residual add's kernel (Megatron-LM's bias-dropout-add): it moves
   // only its mask, the add the rest.
   bool fused_dropout_add = false;
+  // Sequence parallelism keeps the sharded input of a gathered product and gathers it again
+  // in backward for the weight's gradient (Megatron-LM; saturate keeps the gathered input).
+  bool sp_regather = false;
 };
 
 // The seconds of one call of a node: its forward, its backward (0 without one), the

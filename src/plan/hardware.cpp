@@ -90,8 +90,8 @@ constexpr Unit kOne{1}, kInTflops{kTflops}, kInGBs{kGBs}, kInGiB{kGiB}, kInMiB{k
 // few hundred): GEMMs at 0.825 of peak at large sizes, memory-bound kernels at 0.77 of the
 // bandwidth, collectives at the full link bandwidth. The half-rate dimension of 64 is the one
 // of 0, 32, 64 and 128 that fitted Table 1 best (median error 3.4%, 2.9%, 1.7%, 4.2% before the
-// refit) and that puts one layer of Korthikanti et al.'s 22B model within 5% of their Table 4
-// under its five recomputation and sequence-parallel variants. No other kind has a published
+// refit) and that puts one layer of Korthikanti et al.'s 22B model within 4% of their Table 4
+// under its five recomputation and sequence-parallel variants (--engine megatron). No other kind has a published
 // calibration set here: every kind takes the A100's fractions, uncalibrated.
 constexpr Efficiency kFitted{0.8254, 1e9, 0.7668, 5e-6, 1.0, 64};
 struct Builtin {

@@ -51,7 +51,7 @@ EngineModel make_engine(EngineKind k) {
                       "parameter), its distributed optimizer as ZeRO-1, the gradient all-reduce after the "
                       "pipeline's flush";
       e.formula = true, e.max_zero = 1, e.overlap_dp = false, e.fragmentation = 0.05;
-      e.recompute_whole_core = e.fused_dropout_add = true;
+      e.recompute_whole_core = e.fused_dropout_add = e.sp_regather = true;
       break;
     case EngineKind::deepspeed:
       e.name = "deepspeed";

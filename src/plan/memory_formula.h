@@ -70,6 +70,7 @@ struct EngineModel {
   // Its selective recomputation recomputes attention's whole core (cost.h, TPContext).
   bool recompute_whole_core = false;
   bool fused_dropout_add = false;  // its dropout runs inside the residual add (cost.h, TPContext)
+  bool sp_regather = false;        // sequence parallelism gathers a product's input again in backward
   // Fixed costs outside the allocator's peak: the CUDA context, NCCL's buffers, cuBLAS's
   // workspace; and the allocator's reserve over its peak (fragmentation), a fraction.
   double context_bytes = 0, nccl_bytes = 0, cublas_bytes = 0, fragmentation = 0;
