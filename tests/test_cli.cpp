@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -262,6 +264,27 @@ TEST(Cli, GptSummaryHasTokensPerSecond) {
   EXPECT_FALSE(s.contains("test_accuracy"));
 }
 
+namespace {
+
+// The bytes of the memory table's rows (from the line after `memory plan per rank` up to
+// `total`), and the total's.
+std::pair<double, double> info_rows_and_total(const std::string& out) {
+  std::istringstream in(out.substr(out.find("memory plan per rank")));
+  const std::regex row(R"(^  (\S.*?) +(\d+)  \S.*)");
+  double rows = 0;
+  std::string line;
+  std::getline(in, line);
+  for (std::smatch m; std::getline(in, line) && std::regex_match(line, m, row);) {
+    if (m[1] == "total") return {rows, std::stod(m[2])};
+    rows += std::stod(m[2]);
+  }
+  return {rows, -1};
+}
+
+}  // namespace
+
+// info's memory table is what a rank holds at its peak: rows that sum to the total (the
+// transient kinds as live then); each kind's sum over its buffers' lifetimes is a line apart.
 TEST(Cli, InfoPrintsParametersFlopsAndPlan) {
   CmdResult r = saturate("info --model mlp --batch 32");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -269,6 +292,18 @@ TEST(Cli, InfoPrintsParametersFlopsAndPlan) {
   EXPECT_NE(r.out.find("FLOPs"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("activations"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("total"), std::string::npos) << r.out;
+  for (const char* args : {"--model resnet18 --batch 32 --optimizer sgd --momentum 0.9",
+                           "--model gpt-mini --batch 4 --ranks 4 --zero 3 --recompute full"}) {
+    const CmdResult m = saturate(std::string("info ") + args);
+    ASSERT_EQ(m.status, 0) << m.out;
+    const auto [rows, total] = info_rows_and_total(m.out);
+    EXPECT_GT(total, 0) << m.out;
+    EXPECT_EQ(rows, total) << m.out;
+    EXPECT_NE(m.out.find("as live at its peak:"), std::string::npos) << m.out;
+    EXPECT_NE(m.out.find("live at the step's peak"), std::string::npos) << m.out;
+    EXPECT_NE(m.out.find("  buffers over the step, each kind summed over its lifetimes (never all live at once): "
+                         "activations "), std::string::npos) << m.out;
+  }
   CmdResult g = saturate("info --model gpt2-124m --batch 1");
   ASSERT_EQ(g.status, 0) << g.out;
   EXPECT_NE(g.out.find("124439808"), std::string::npos) << g.out;  // GPT-2 small, tied embeddings

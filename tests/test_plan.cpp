@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "data/dataset.h"
 #include "plan/cost.h"
 #include "plan/plan_command.h"
@@ -700,6 +701,46 @@ TEST(PlanCommand, RefusedLayoutsAreMarkedAndTheRunLineSkipsThem) {
   const std::string none = plan_text(p, r);
   EXPECT_NE(none.find("saturate train refuses every layout above on cuda today"), std::string::npos) << none;
   EXPECT_EQ(none.find("\nrun: "), std::string::npos) << none;
+}
+
+size_t occurrences(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// plan.html is a page a person reads: the reported layouts as a table (a row each, the best
+// marked), plots with labelled axes, the best layout's memory bar with a segment per row of
+// its table, a tooltip on every point, and nothing fetched from elsewhere.
+TEST(Plan, HtmlReportIsStructuredAndSelfContained) {
+  PlanRequest r = request("gpt-mini", gpu_like(), 8, 64);
+  r.filter = parse_layout("pp=2");  // a pipeline, for the timeline
+  r.top = 3;
+  const PlanResult p = plan_layouts(r);
+  ASSERT_EQ(p.best.size(), 3u);
+  const std::string h = plan_html(p, r);
+  EXPECT_EQ(occurrences(h, "<table class=\"layouts\">"), 1u);
+  EXPECT_EQ(occurrences(h, "<tr class=\"layout"), p.best.size());
+  EXPECT_EQ(occurrences(h, "<tr class=\"layout chosen\">"), 1u);
+  for (const char* label : {"memory per device", "tokens per second", "device memory", "bytes per device",
+                            "time within one optimizer step", ">stage 1</text>", "<th>memory/GPU</th>", "<th>MFU</th>"})
+    EXPECT_NE(h.find(label), std::string::npos) << label;
+  ASSERT_FALSE(p.best[0].memory_rows.empty());
+  EXPECT_EQ(occurrences(h, "<g class=\"seg\">"), p.best[0].memory_rows.size());
+  for (const MemoryRow& m : p.best[0].memory_rows) EXPECT_NE(h.find(html_escape(m.what)), std::string::npos) << m.what;
+  // Every layout simulated is a point with its layout as a tooltip; the reported ones numbered.
+  for (const Prediction& c : p.considered)
+    EXPECT_NE(h.find("<title>" + html_escape(c.layout.str()) + ":"), std::string::npos) << c.layout.str();
+  for (size_t i = 0; i < p.best.size(); ++i) EXPECT_NE(h.find(str_cat("<title>#", i + 1, " ")), std::string::npos) << i;
+  EXPECT_NE(h.find(" MiB</text>"), std::string::npos);  // byte ticks with their unit
+  EXPECT_EQ(occurrences(h, "http://") + occurrences(h, "https://") + occurrences(h, "<script"), 0u);
+  // Nothing fits: the page says so and shows the smallest layout's memory.
+  r.filter = {};
+  r.memory_limit = 1 << 20;
+  const PlanResult none = plan_layouts(r);
+  const std::string n = plan_html(none, r);
+  EXPECT_NE(n.find("No layout fits."), std::string::npos);
+  EXPECT_EQ(occurrences(n, "<tr class=\"layout"), 0u);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "cli/info.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "backend/support.h"
 #include "core/alloc.h"
@@ -16,17 +18,31 @@ namespace sat::cli {
 
 namespace {
 
-void print_plan(const MemoryPlan& p) {
-  for (int k = 0; k < int(MemKind::kCount); ++k)
+// A rank's memory as live at its peak, by kind: the rows `saturate plan` prints (memory_rows),
+// which sum to the total; then the step arena they include, and each transient kind summed
+// over its buffers' lifetimes (MemoryPlan::by_kind), which share the arenas and are never all
+// live at once: a sum that can exceed the total, said apart from the table.
+void print_plan(const RankPlan& rp, int zero, DType lp) {
+  const MemoryPlan& p = rp.memory;
+  const std::vector<MemoryRow> rows = memory_rows(p, live_at_peak(rp.step), KindBytes{}, zero, lp);
+  size_t width = 30;
+  for (const MemoryRow& r : rows) width = std::max(width, r.name.size());
+  auto line = [&](const std::string& name, size_t bytes, const std::string& note) {
+    const std::string human = format_bytes(double(bytes));
+    std::printf("  %-*s %12zu  %s%s\n", int(width), name.c_str(), bytes, human.c_str(),
+                note.empty() ? "" : (std::string(human.size() < 10 ? 10 - human.size() : 0, ' ') + "  " + note).c_str());
+  };
+  for (const MemoryRow& r : rows) line(r.name, size_t(r.bytes), r.note);
+  line("total", p.total(), "");
+  line("step arena", p.transient, "included above: the rows live at the step's peak and its gaps");
+  std::string sums;
+  for (MemKind k : {MemKind::activations, MemKind::saved, MemKind::activation_grads, MemKind::scratch,
+                    MemKind::gathered_params, MemKind::grad_buckets})
     if (p.by_kind[size_t(k)])
-      std::printf("  %-30s %12zu  %s\n", mem_kind_name(MemKind(k)), p.by_kind[size_t(k)],
-                  format_bytes(double(p.by_kind[size_t(k)])).c_str());
-  std::printf("  %-30s %12zu  %s  (transient kinds above share it by lifetime)\n", "step arena", p.transient,
-              format_bytes(double(p.transient)).c_str());
-  if (p.staging)
-    std::printf("  %-30s %12zu  %s  (ZeRO: gathered parameters and gradient buckets, by lifetime)\n", "staging arena",
-                p.staging, format_bytes(double(p.staging)).c_str());
-  std::printf("  %-30s %12zu  %s\n", "total", p.total(), format_bytes(double(p.total())).c_str());
+      sums += str_cat(sums.empty() ? "" : ", ", mem_kind_name(k), " ", format_bytes(double(p.by_kind[size_t(k)])));
+  if (!sums.empty())
+    std::printf("  buffers over the step, each kind summed over its lifetimes (never all live at once): %s\n",
+                sums.c_str());
 }
 
 // The bytes a rank moves over each group per optimizer step (predict_comm).
@@ -72,7 +88,7 @@ void print_stages(JobPlan& job) {
                 "in flight\n", s, blocks.c_str(), rp.split.blocks, g.nodes().size(), (long long)g.param_count(),
                 g.tied_copies().empty() ? "" : " (with a copy of the tied embedding)", rp.flops_per_sample,
                 rp.memory.contexts);
-    print_plan(rp.memory);
+    print_plan(rp, cfg.zero, job.model().act);
     print_comm(rp, cfg, job.dp());
   }
 }
@@ -129,7 +145,7 @@ void print_memory(JobPlan& job, const RunArgs& a) {
   const std::string zero_note =
       cfg.zero ? ", ZeRO-" + std::to_string(cfg.zero) + " over " + std::to_string(a.ranks) + " rank(s)" : "";
   const std::string slot_note = slots ? " with " + std::to_string(slots) + " state slot(s)" : "";
-  std::printf("memory plan per rank%s (micro-batch %lld%s, optimizer %s%s%s%s):\n",
+  std::printf("memory plan per rank%s (micro-batch %lld%s, optimizer %s%s%s%s), as live at its peak:\n",
               job.model().device == Device::cuda ? " on a GPU" : "", (long long)cfg.batch,
               cfg.accum > 1 ? (" x " + std::to_string(cfg.accum) + " accumulation").c_str() : "", a.optimizer.c_str(),
               slot_note.c_str(), zero_note.c_str(), cfg.precision == Precision::bf16 ? ", bf16 activations" : "");
@@ -141,7 +157,7 @@ void print_memory(JobPlan& job, const RunArgs& a) {
   if (cfg.pp > 1) {
     print_stages(job);
   } else {
-    print_plan(first.memory);
+    print_plan(first, cfg.zero, job.model().act);
     print_comm(first, cfg, job.dp());
   }
 }

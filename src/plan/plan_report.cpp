@@ -1,5 +1,5 @@
-// What `saturate plan` prints and writes: the table of the best layouts, plan.json, and
-// plan.html (self-contained: inline SVG, no scripts or fonts from elsewhere).
+// What `saturate plan` prints and writes: the table of the best layouts and plan.json
+// (plan.html is plan_html.cpp's).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -185,111 +185,6 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
   j["layouts"] = all;
   if (p.smallest) j["smallest"] = layout_json(*p.smallest, r);
   return j.dump(1) + "\n";
-}
-
-namespace {
-
-// Throughput against memory per device of every layout timed, the device's memory as a line.
-std::string scatter_svg(const PlanResult& p, double limit, bool tokens) {
-  const double W = 760, H = 320, L = 70, B = 40;
-  double xmax = limit * 1.2, ymax = 0;
-  for (const Prediction& x : p.considered) ymax = std::max(ymax, tokens ? x.tokens_per_second : x.samples_per_second);
-  if (ymax <= 0) return "";
-  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W, H);
-  auto X = [&](double v) { return L + (W - L - 10) * std::min(v, xmax) / xmax; };
-  auto Y = [&](double v) { return H - B - (H - B - 10) * v / ymax; };
-  s += strf("<line x1='%.0f' y1='%.0f' x2='%.0f' y2='%.0f' stroke='#000'/>", L, H - B, W - 10, H - B);
-  s += strf("<line x1='%.0f' y1='10' x2='%.0f' y2='%.0f' stroke='#000'/>", L, L, H - B);
-  s += strf("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-dasharray='4'/>", X(limit), X(limit), H - B);
-  s += strf("<text x='%.1f' y='22' fill='#c00'> device memory %s</text>", X(limit), format_bytes(limit).c_str());
-  for (const Prediction& x : p.considered)
-    s += strf("<circle cx='%.1f' cy='%.1f' r='2' fill='%s' fill-opacity='0.5'><title>%s</title></circle>",
-             X(x.memory_bytes), Y(tokens ? x.tokens_per_second : x.samples_per_second), x.fits ? "#1f77b4" : "#bbb",
-             html_escape(x.layout.str()).c_str());
-  if (!p.best.empty()) {
-    const Prediction& b = p.best[0];
-    s += strf("<circle cx='%.1f' cy='%.1f' r='6' fill='none' stroke='#d62728' stroke-width='2'/>", X(b.memory_bytes),
-             Y(tokens ? b.tokens_per_second : b.samples_per_second));
-  }
-  s += strf("<text x='%.0f' y='%.0f' text-anchor='middle'>memory per device (max %s)</text>", (L + W) / 2, H - 8,
-           format_bytes(xmax).c_str());
-  s += strf("<text x='12' y='%.0f' transform='rotate(-90 12 %.0f)' text-anchor='middle'>%s per second (max %.4g)</text>",
-           H / 2, H / 2, tokens ? "tokens" : "samples", ymax);
-  return s + "</svg>";
-}
-
-// The best layout's memory by kind, stacked, against the device's memory.
-std::string memory_svg(const Prediction& b, double limit) {
-  if (!b.memory_exact) return "";
-  const double W = 760, top = 30, h = 28, scale = (W - 20) / std::max(limit, b.memory_bytes);
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='11'>", W,
-                       top + h + 30 + 15.0 * double(b.memory_rows.size()));
-  double x = 10;
-  int k = 0, line = 0;
-  auto part = [&](const std::string& what, double bytes) {
-    const char* c = colors[k++ % 10];
-    s += strf("<rect x='%.1f' y='%.0f' width='%.1f' height='%.0f' fill='%s'><title>%s %s</title></rect>", x, top,
-             bytes * scale, h, c, html_escape(what).c_str(), format_bytes(bytes).c_str());
-    s += strf("<rect x='10' y='%.0f' width='10' height='10' fill='%s'/><text x='24' y='%.0f'>%s: %s</text>",
-             top + h + 12 + 15.0 * line, c, top + h + 21 + 15.0 * line, html_escape(what).c_str(), format_bytes(bytes).c_str());
-    ++line;
-    x += bytes * scale;
-  };
-  for (const MemoryRow& m : b.memory_rows) part(m.what, m.bytes);
-  s += strf("<line x1='%.1f' y1='10' x2='%.1f' y2='%.0f' stroke='#c00' stroke-width='2'/>", 10 + limit * scale,
-           10 + limit * scale, top + h + 4);
-  s += strf("<text x='%.1f' y='22' fill='#c00' text-anchor='end'>device memory %s </text>", 10 + limit * scale,
-           format_bytes(limit).c_str());
-  return s + "</svg>";
-}
-
-// The best layout's simulated pipeline: one row per stage, forwards and backwards as boxes.
-std::string timeline_svg(const ScheduleSim& sim) {
-  if (sim.spans.empty() || sim.makespan <= 0) return "";
-  const int P = int(sim.spans.size());
-  const double W = 760, row = std::max(6.0, std::min(22.0, 400.0 / P)), L = 60;
-  std::string s = strf("<svg width='%.0f' height='%.0f' xmlns='http://www.w3.org/2000/svg' font-size='10'>", W, row * P + 30);
-  const double unit = sim.makespan / (W - L - 10);  // seconds per pixel
-  for (int r = 0; r < P; ++r) {
-    s += strf("<text x='4' y='%.1f'>stage %d</text>", row * r + row * 0.75, r);
-    // Runs of the same kind closer than half a pixel are one box: a long step stays light.
-    const auto& spans = sim.spans[size_t(r)];
-    for (size_t i = 0; i < spans.size();) {
-      size_t j = i + 1;
-      while (j < spans.size() && spans[j].action.kind == spans[i].action.kind && spans[j].start - spans[j - 1].end < unit / 2)
-        ++j;
-      const double x = L + spans[i].start / unit, w = (spans[j - 1].end - spans[i].start) / unit;
-      s += strf("<rect x='%.2f' y='%.1f' width='%.2f' height='%.1f' fill='%s'><title>%s .. %s</title></rect>", x,
-               row * r + 1, std::max(w, 0.3), row - 2,
-               spans[i].action.kind == ActionKind::forward ? "#1f77b4" : "#2ca02c", spans[i].action.str().c_str(),
-               spans[j - 1].action.str().c_str());
-      i = j;
-    }
-  }
-  s += strf("<text x='%.0f' y='%.1f'>time: %.4g s per step; forward blue, backward green, gaps the bubble (%.1f%%)</text>",
-           L, row * P + 20, sim.makespan, 100 * sim.bubble_fraction);
-  return s + "</svg>";
-}
-
-}  // namespace
-
-std::string plan_html(const PlanResult& p, const PlanRequest& r) {
-  const double limit = r.memory_limit > 0 ? r.memory_limit : r.hw.memory_bytes;
-  const bool tokens = p.tokens_per_sample > 0;
-  std::string s = "<!doctype html><html><head><meta charset='utf-8'><title>saturate plan</title><style>body{font-family:"
-                  "sans-serif;max-width:800px;margin:20px auto}pre{font-size:11px;overflow-x:auto}</style></head><body>";
-  s += strf("<h1>saturate plan: %s on %d &times; %s</h1>", html_escape(r.model.name).c_str(), r.gpus, html_escape(r.hw.name).c_str());
-  s += "<pre>" + html_escape(plan_text(p, r)) + "</pre>";
-  s += strf("<h2>Throughput of every layout considered (%zu)</h2>", p.considered.size());
-  s += "<p>Each dot is a layout the search timed, at its estimated memory per device; grey ones do not fit. "
-       "The circle is the best.</p>" + scatter_svg(p, limit, tokens);
-  if (!p.best.empty()) {
-    s += strf("<h2>Memory of the best layout (pipeline stage %d, exact plan, by kind as live at its peak)</h2>", p.best[0].memory_stage);
-    s += memory_svg(p.best[0], limit);
-    s += "<h2>Pipeline timeline of the best layout (simulated)</h2>" + timeline_svg(p.timeline);
-  }
-  return s + "</body></html>\n";
 }
 
 }  // namespace sat

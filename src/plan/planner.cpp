@@ -330,7 +330,7 @@ struct Search {
       fs.layer_inflight = x.layers * fs.first_inflight;
     }
     std::vector<MemoryRow> rows;
-    for (auto& r : formula_memory(*shape, fl, fs, engine)) rows.push_back({r.what, r.bytes});
+    for (auto& r : formula_memory(*shape, fl, fs, engine)) rows.push_back({r.what, r.bytes, r.what, ""});
     return rows;
   }
   double formula_total(const Layout& l, const StageFacts& x, int s) const {
@@ -363,7 +363,7 @@ struct Search {
     const StateBytes b = state_bytes(l, x);
     std::vector<MemoryRow> rows;
     auto add = [&](const char* what, double bytes) {
-      if (bytes > 0) rows.push_back({what, bytes});
+      if (bytes > 0) rows.push_back({what, bytes, what, ""});
     };
     add(l.zero >= 3 ? "parameters (fp32 master, this rank's 1/dp shard)" : "parameters (fp32 master, whole)", b.params);
     add(l.zero >= 2 ? "gradients (fp32, this rank's 1/dp shard)" : "gradients (fp32, whole)", b.grads);

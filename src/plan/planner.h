@@ -80,10 +80,12 @@ struct PlanRequest {
   EngineModel engine;
 };
 
-// A rank's memory by what it holds, as live at its peak: rows that sum to MemoryPlan::total().
+// A rank's memory by what it holds, as live at its peak: rows that sum to MemoryPlan::total()
+// (the tables of `saturate plan` and `saturate info`).
 struct MemoryRow {
-  std::string what;
+  std::string what;  // "name (note)", or the name alone
   double bytes = 0;
+  std::string name, note;  // what, split: the kind and what qualifies it (`info` prints them apart)
 };
 // The persistent kinds (whole, or this rank's shard under ZeRO), the step arena's transient
 // kinds live at the arena's peak (arena_peak: live_at_peak of the step) and the gaps its
