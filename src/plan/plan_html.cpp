@@ -61,6 +61,7 @@ std::string meta(const PlanResult& p, const PlanRequest& r, double limit) {
   s += row("global batch", strf("%lld samples per optimizer step", (long long)r.global_batch) +
                                (p.tokens_per_sample ? strf(" of %lld tokens", (long long)p.tokens_per_sample) : "") +
                                strf("; precision %s, optimizer %s", dtype_name(prec), html_escape(r.optimizer).c_str()));
+  s += row("engine", html_escape(r.engine.name + ": " + r.engine.description));
   s += row("search", strf("%lld layouts in %.2f s: %lld over the memory, %lld slower than the best by a lower bound, "
                           "%zu simulated", (long long)p.layouts, p.seconds, (long long)p.over_memory,
                           (long long)p.slower, p.considered.size()));
@@ -73,7 +74,8 @@ std::string verdict(const PlanResult& p) {
     std::string s = "<div class=\"none\"><p><b>No layout fits.</b>";
     if (const Prediction* m = p.best.empty() ? (p.smallest ? &*p.smallest : nullptr) : &p.best[0])
       s += strf(" %s needs %s per device (%s).", html_escape(m->layout.str()).c_str(),
-                format_bytes(m->memory_bytes).c_str(), m->memory_exact ? "exact plan" : "estimate");
+                format_bytes(m->memory_bytes).c_str(),
+                m->memory_exact ? "exact plan" : m->memory_formula ? "published formulas" : "estimate");
     return s + " More devices, a smaller micro-batch or global batch, recomputation or a higher ZeRO stage would be "
                "needed.</p></div>\n";
   }
@@ -88,7 +90,7 @@ std::string verdict(const PlanResult& p) {
 
 // The reported layouts, one row each, every field in its column; the best highlighted and
 // what `saturate train` would refuse on this device today listed under the table.
-std::string layouts_table(const PlanResult& p, Device d, bool tokens) {
+std::string layouts_table(const PlanResult& p, Device d, const ModelConfig& model, bool tokens) {
   std::string s = "<table class=\"layouts\">\n<tr><th>#</th><th>dp</th><th>tp</th><th>pp</th><th>schedule</th>"
                   "<th>v</th><th>recompute</th><th>sp</th><th>zero</th><th>micro &times; accum</th>"
                   "<th>memory/GPU</th><th>step (s)</th><th>" + std::string(rate_unit(tokens)) +
@@ -97,7 +99,7 @@ std::string layouts_table(const PlanResult& p, Device d, bool tokens) {
   for (size_t i = 0; i < p.best.size(); ++i) {
     const Prediction& x = p.best[i];
     const Layout& l = x.layout;
-    const std::vector<std::string> why = refusals(l, d);
+    const std::vector<std::string> why = refusals(l, d, &model);
     for (const std::string& w : why) notes += strf("<li>#%zu: %s</li>\n", i + 1, html_escape(w).c_str());
     s += strf("<tr class=\"layout%s\"><td>%zu</td><td>%d</td><td>%d</td><td>%d</td><td class=\"l\">%s</td><td>%d</td>"
               "<td class=\"l\">%s</td><td class=\"l\">%s</td><td>%d</td><td>%lld &times; %lld</td><td>%s%s</td>",
@@ -273,8 +275,9 @@ std::string plan_html(const PlanResult& p, const PlanRequest& r) {
             html_escape(r.hw.name).c_str());
   s += meta(p, r, limit) + verdict(p);
   if (!p.best.empty()) {
-    s += "<h2>The fastest layouts</h2>\n" + layouts_table(p, device_of(r), tokens);
-    s += "<p class=\"note\">Memory/GPU is the most any rank needs, from its exact plan (~: an estimate). MFU is the "
+    s += "<h2>The fastest layouts</h2>\n" + layouts_table(p, device_of(r), r.model, tokens);
+    s += "<p class=\"note\">Memory/GPU is the most any rank needs, from its exact plan, or the engine's published "
+         "formulas under --engine (~: an estimate). MFU is the "
          "model's FLOPs (forward and backward, without recomputation) per second per device over the device's peak; "
          "bubble, the pipeline's idle share in the simulated schedule.</p>\n";
   }
@@ -286,7 +289,9 @@ std::string plan_html(const PlanResult& p, const PlanRequest& r) {
   if (m && !m->memory_rows.empty()) {
     s += strf("<h2>Memory of the %s layout: pipeline stage %d, the fullest rank, %s</h2>\n",
               p.best.empty() ? "smallest" : "best", m->memory_stage,
-              m->memory_exact ? "as live at its peak (exact plan)" : "by kind (estimate)");
+              m->memory_exact     ? "as live at its peak (exact plan)"
+              : m->memory_formula ? "term by term at its peak (published formulas)"
+                                  : "by kind (estimate)");
     s += memory_bar(*m, limit);
   }
   if (!p.best.empty() && !p.timeline.spans.empty())

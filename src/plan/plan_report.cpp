@@ -24,7 +24,7 @@ const char* schedule_of(const Layout& l) { return l.pp == 1 ? "none" : pipe_sche
 
 ojson layout_json(const Prediction& p, const PlanRequest& r) {
   const Layout& l = p.layout;
-  const std::vector<std::string> refused = refusals(l, plan_device(r));
+  const std::vector<std::string> refused = refusals(l, plan_device(r), &r.model);
   ojson j;
   j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp;
   j["micro_batch"] = l.batch, j["accum"] = l.accum;
@@ -85,7 +85,7 @@ std::string memory_table(const Prediction& p) {
 std::string refusal_notes(const PlanResult& p, const PlanRequest& r) {
   std::vector<std::pair<std::string, std::string>> notes;  // refusal, rows
   for (size_t i = 0; i < p.best.size(); ++i)
-    for (const std::string& why : refusals(p.best[i].layout, plan_device(r))) {
+    for (const std::string& why : refusals(p.best[i].layout, plan_device(r), &r.model)) {
       auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == why; });
       if (it == notes.end()) it = notes.insert(notes.end(), {why, ""});
       it->second += strf("%s#%zu", it->second.empty() ? "" : ", ", i + 1);
@@ -102,7 +102,7 @@ std::string refusal_notes(const PlanResult& p, const PlanRequest& r) {
 std::string run_line(const PlanResult& p, const PlanRequest& r) {
   const Device d = plan_device(r);
   size_t i = 0;
-  while (i < p.best.size() && (!p.best[i].fits || !refusals(p.best[i].layout, d).empty())) ++i;
+  while (i < p.best.size() && (!p.best[i].fits || !refusals(p.best[i].layout, d, &r.model).empty())) ++i;
   if (i == 0) return strf("run: %s\n", train_command(p.best[0].layout, r).c_str());
   if (i == p.best.size())
     return strf("! saturate train refuses every layout above on %s today (see ! above); plan --runnable-only searches "
@@ -144,7 +144,7 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
   s += strf("\n #  layout                                                          micro x accum  memory/GPU  step (s) %12s TFLOP/s/GPU   MFU  bubble\n",
            tokens ? "tokens/s" : "samples/s");
   for (size_t i = 0; i < p.best.size(); ++i)
-    s += row(int(i) + 1, p.best[i], tokens, !refusals(p.best[i].layout, plan_device(r)).empty());
+    s += row(int(i) + 1, p.best[i], tokens, !refusals(p.best[i].layout, plan_device(r), &r.model).empty());
   s += refusal_notes(p, r);
   for (size_t i = 0; i < p.best.size(); ++i) s += strf(" #%zu: %s\n", i + 1, train_command(p.best[i].layout, r).c_str());
   const Prediction& b = p.best[0];
@@ -175,7 +175,7 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
   // The command of the fastest layout that fits and that `saturate train` runs on the device.
   j["run"] = nullptr;
   for (const Prediction& x : p.best)
-    if (x.fits && refusals(x.layout, plan_device(r)).empty()) {
+    if (x.fits && refusals(x.layout, plan_device(r), &r.model).empty()) {
       j["run"] = train_command(x.layout, r);
       break;
     }

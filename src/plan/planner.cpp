@@ -669,7 +669,7 @@ struct Search {
       if (!engine_has(l)) continue;
       ++out.layouts;
       if (req.runnable_only) {
-        const std::vector<std::string> why = refusals(l, mc.device);
+        const std::vector<std::string> why = refusals(l, mc.device, &mc);
         refused.insert(why.begin(), why.end());
         if (!why.empty()) {
           ++out.not_runnable;

@@ -67,8 +67,8 @@ void check_device(const ModelConfig& mc, const TrainConfig& cfg, Device dev, int
 
 }  // namespace
 
-std::vector<std::string> refusals(const Layout& l, Device d) {
-  std::vector<std::pair<bool, Feature>> used = {{l.zero == 1 && l.dp > 1, Feature::zero1},
+std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* model) {
+  std::vector<std::pair<bool, Feature>> used = {{model && model->family == ModelFamily::llama, Feature::llama},{l.zero == 1 && l.dp > 1, Feature::zero1},
                                                 {l.zero >= 2, Feature::zero23},
                                                 {l.recompute != Recompute::none, Feature::recompute},
                                                 {l.tp > 1, Feature::tensor_parallel},

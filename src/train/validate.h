@@ -24,8 +24,8 @@ void check_zero(const TrainConfig& cfg, bool cuda, int dp);
 
 // What `train` on device d would refuse in layout l today (backend/support.h), one line
 // each as the refusal words it: the planner and --layout auto say so beside the layouts
-// they recommend.
-std::vector<std::string> refusals(const Layout& l, Device d);
+// they recommend. With the model, its family too (Llama's kernels are CPU-only yet).
+std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* model = nullptr);
 
 // The activation dtype of a precision on a device (sat::Error when the device lacks it).
 DType activation_dtype(Precision p, Device dev);
