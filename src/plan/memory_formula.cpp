@@ -71,6 +71,7 @@ EngineModel make_engine(EngineKind k) {
                       "16/dp, units gathered in bf16, fp32 reduce-scatter, flash attention, sequence-parallel "
                       "norms under tp, units kept gathered through the step under a pipeline";
       e.formula = true, e.flash_attention = true, e.tp_sequence_parallel = true, e.gathered_through_step = true;
+      e.keeps_gathered_inputs = true;  // autograd saves the gathered (Replicate) input of each product
       e.fragmentation = 0.10;
       break;
   }
@@ -102,6 +103,7 @@ namespace {
 // part (split by tp), all per token.
 struct LayerTerms {
   double rep = 0, split = 0, core = 0;
+  double gathered = 0;  // of rep, the products' inputs (the norms' outputs): gathered under tp
 };
 
 LayerTerms terms(const TransformerShape& m, bool flash) {
@@ -110,6 +112,7 @@ LayerTerms terms(const TransformerShape& m, bool flash) {
   // Attention: the norm's input and output (the QKV product's input), the dropout mask after
   // the projection; MLP: the norm's input and output, its dropout mask.
   x.rep = 2 * h + 2 * h + d * h + 2 * h + 2 * h + d * h;
+  x.gathered = 2 * h + 2 * h;
   // q, k, v, the projection's input; the MLP's activation input and the second product's
   // input (gated: the gate's and the up product's outputs and their product).
   x.split = 2 * h + 2 * hk + 2 * hk + 2 * h + (m.gated ? 6 * F : 4 * F);
@@ -130,24 +133,28 @@ double op_policy_bytes(const TransformerShape& m, int t, bool sp) {
   return 2 * h / (sp ? t : 1) + (2 * h + 4 * m.heads + products / 2) / t;
 }
 
-double layer_activation_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash) {
+double layer_activation_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash,
+                              bool keep_gathered) {
   const double tokens = m.seq * b, T = t;
   if (rc == Recompute::full) return tokens * 2 * m.hidden / (sp ? T : 1);  // the layer's input
   if (rc == Recompute::selective && flash) return tokens * op_policy_bytes(m, t, sp);
   const LayerTerms x = terms(m, flash);
   const double core = rc == Recompute::selective ? 0 : x.core / T;
-  return tokens * (x.rep / (sp ? T : 1) + x.split / T + core);
+  const double gathered = x.gathered / (sp && !keep_gathered ? T : 1);
+  return tokens * ((x.rep - x.gathered) / (sp ? T : 1) + gathered + x.split / T + core);
 }
 
-double layer_working_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash) {
+double layer_working_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash,
+                           bool keep_gathered) {
   const double tokens = m.seq * b;
   // Whatever is recomputed: a layer's backward holds its (all-gathered) input and that
   // input's gradient, 2 + 2 bytes a channel, and its MLP's intermediate gradient and the
   // product it is computed from, 2 + 2 bytes a channel of F / t.
   const double transient = tokens * (4 * m.hidden + 4 * m.ffn / t);
-  if (rc == Recompute::full) return transient + layer_activation_bytes(m, b, t, sp, Recompute::none, flash);
+  const double whole = layer_activation_bytes(m, b, t, sp, Recompute::none, flash, keep_gathered);
+  if (rc == Recompute::full) return transient + whole;
   if (rc == Recompute::selective && flash)  // the op policy recomputes the rest of the layer
-    return transient + layer_activation_bytes(m, b, t, sp, Recompute::none, flash) - tokens * op_policy_bytes(m, t, sp);
+    return transient + whole - tokens * op_policy_bytes(m, t, sp);
   if (rc == Recompute::selective) return transient + tokens * terms(m, flash).core / t;  // one layer's core again
   return transient;
 }
@@ -234,9 +241,9 @@ std::vector<FormulaRow> formula_memory(const TransformerShape& m, const FormulaL
   const bool sp = l.sp || (e.tp_sequence_parallel && l.tp > 1);
   add(str_cat("activations kept (", l.rc == Recompute::none ? "no" : recompute_name(l.rc), " recomputation; ",
               s.layer_inflight, " layer x micro-batch in flight)"),
-      s.layer_inflight * layer_activation_bytes(m, s.micro, l.tp, sp, l.rc, e.flash_attention));
+      s.layer_inflight * layer_activation_bytes(m, s.micro, l.tp, sp, l.rc, e.flash_attention, e.keeps_gathered_inputs));
   add(l.rc == Recompute::none ? "one layer's backward: its gradients in flight" : "one layer's backward: what it recomputes and its gradients",
-      layer_working_bytes(m, s.micro, l.tp, sp, l.rc, e.flash_attention));
+      layer_working_bytes(m, s.micro, l.tp, sp, l.rc, e.flash_attention, e.keeps_gathered_inputs));
   if (s.first) add("embedding's dropout mask (micro-batches in flight)", s.first_inflight * embedding_activation_bytes(m, s.micro, l.tp, sp));
   if (s.last) {
     double out = output_activation_bytes(m, s.micro, l.tp, sp);

@@ -62,6 +62,7 @@ struct EngineModel {
   bool overlap_dp = true;    // the reduction overlaps backward (false: after the pipeline's flush)
   int max_zero = 3;          // the ZeRO stages it has (Megatron-LM: its distributed optimizer, 1)
   bool tp_sequence_parallel = false;  // its tensor parallelism always shards the norms' sequence (torchtitan)
+  bool keeps_gathered_inputs = false;  // sequence parallelism keeps the products' gathered inputs
   bool gathered_through_step = false;  // under a pipeline, units stay gathered (and gradients whole) all step
   // Its data-parallel collectives reach this share of the rate the hardware's links give
   // NCCL (hardware comm_eff), and ZeRO-3's gathers and reduce-scatters hide behind this share
@@ -81,10 +82,14 @@ const std::vector<std::string>& engine_names();
 
 // Korthikanti's Table 2, generalised (above): bytes one layer keeps for backward for one
 // micro-batch of b sequences, per tensor-parallel rank.
-double layer_activation_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash);
+// keep_gathered: under sequence parallelism the products' inputs are kept as gathered
+// (torchtitan: autograd saves the all-gathered tensor), not sharded (Megatron-LM).
+double layer_activation_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash,
+                              bool keep_gathered = false);
 // The bytes one layer's backward needs beyond what it kept: with full recomputation its whole
 // activations again (as without), otherwise none beyond the kept ones.
-double layer_working_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash);
+double layer_working_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash,
+                           bool keep_gathered = false);
 // The first stage's embedding dropout mask per micro-batch in flight (0 without dropout).
 double embedding_activation_bytes(const TransformerShape& m, double b, int t, bool sp);
 // The last stage's output: the final norm's input, the output layer's input and the fp32
