@@ -145,10 +145,13 @@ TEST(Recompute, UnitsOfTheGraphs) {
     EXPECT_EQ(units, std::string(name) == "gpt-mini" ? 4 : 8) << name;
     EXPECT_LT(inside, int(nodes.size())) << name << ": the embedding/stem and the head stay outside";
     // Without the mode (or for evaluation) no node is in a unit.
+    // (The models are held: a range-for over a temporary's graph would read it freed.)
     mc.recompute = Recompute::none;
-    for (const auto& n : sat::build_model(mc, 2, true).graph->nodes()) EXPECT_EQ(n.rc_first, -1);
+    const auto plain = sat::build_model(mc, 2, true);
+    for (const auto& n : plain.graph->nodes()) EXPECT_EQ(n.rc_first, -1);
     mc.recompute = Recompute::full;
-    for (const auto& n : sat::build_model(mc, 2, false).graph->nodes()) EXPECT_EQ(n.rc_first, -1);
+    const auto eval = sat::build_model(mc, 2, false);
+    for (const auto& n : eval.graph->nodes()) EXPECT_EQ(n.rc_first, -1);
   }
 }
 
