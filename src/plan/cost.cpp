@@ -46,7 +46,7 @@ struct Traffic {
   double grads = 0;  // of backward's: the parameter gradients' (accumulated over micro-batches)
 };
 
-Traffic traffic(const Node& n, DType act) {
+Traffic traffic(const Node& n, DType act, bool lean_backward) {
   const LayerSetup& s = n.setup;
   auto sum = [](const std::vector<TensorSpec>& v) {
     double b = 0;
@@ -57,9 +57,11 @@ Traffic traffic(const Node& n, DType act) {
   for (const ParamDecl& p : s.params) params += double(p.spec.shape.numel());
   const double in = sum(s.inputs), out = double(s.output.bytes()), w = params * double(dtype_size(act));
   const double fwd = in + w + out + sum(s.saved) + sum(s.scratch_fwd);
-  // Backward reads the output's gradient (not the output), the inputs and saved buffers again and
-  // writes the inputs' gradients: a pointwise layer moves 3 tensors, not 4.
-  return {fwd, fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + params * 4, params * 4};
+  // Backward reads the inputs, saved buffers and output again, and the output's gradient, and
+  // writes the inputs' gradients; kernels that read the output's gradient and not the output
+  // (lean_backward) move a tensor less: a pointwise layer 3, not 4.
+  const double bwd = fwd - sum(s.scratch_fwd) + sum(s.scratch_bwd) + in + (lean_backward ? 0 : out) + params * 4;
+  return {fwd, bwd, params * 4};
 }
 
 // The seconds `bytes` take less from the cache than from memory.
@@ -101,7 +103,7 @@ std::vector<NodeCost> node_costs(const Graph& g, const Hardware& hw, const TPCon
     const Node& n = g.nodes()[i];
     const LayerSetup& s = n.setup;
     NodeCost& c = out[i];
-    Traffic tr = traffic(n, g.act());
+    Traffic tr = traffic(n, g.act(), tp.lean_backward);
     if (tp.fused_dropout_add && dynamic_cast<const Dropout*>(&n.layer->unwrapped())) {
       double mask = 0;
       for (auto& t : s.saved) mask += double(t.bytes());

@@ -50,6 +50,9 @@ struct TPContext {
   // Sequence parallelism keeps the sharded input of a gathered product and gathers it again
   // in backward for the weight's gradient (Megatron-LM; saturate keeps the gathered input).
   bool sp_regather = false;
+  // Backward kernels read the output's gradient but not the output (the published engines'
+  // fused kernels; saturate's own read both).
+  bool lean_backward = false;
 };
 
 // The seconds of one call of a node: its forward, its backward (0 without one), the

@@ -234,7 +234,8 @@ struct Search {
     if (it != tables.end()) return it->second;
     BlockTable& t = tables[key];
     t.whole = std::make_unique<BuiltModel>(build_model(config_of(l), l.batch, true));
-    fill_blocks(t, req.hw, {l.tp, tp_link(l), engine.recompute_whole_core, engine.fused_dropout_add, engine.sp_regather});
+    fill_blocks(t, req.hw, {l.tp, tp_link(l), engine.recompute_whole_core, engine.fused_dropout_add, engine.sp_regather,
+                            engine.formula});
     return t;
   }
 
