@@ -154,7 +154,8 @@ TEST(MemoryFormula, SearchKeepsToTheEnginesLayouts) {
 const std::string kPublished = std::string(SAT_SOURCE_DIR) + "/bench/plan/published/";
 
 // Every published run plans and fits the memory of the device it ran on, by its engine; the
-// speed's error and the peak memory's stay within what docs/planning.md reports.
+// speed's error has a median within 5% and a worst case within 15%, and the peak memory a
+// source reports is within 10% (what docs/planning.md reports, and issue 36 asked).
 TEST(MemoryFormula, PublishedRunsFitWhereTheyRan) {
   const std::vector<CalibrationRow> rows = evaluate_runs(read_runs(kPublished + "runs.json"), hardware("a100-80gb"));
   ASSERT_GE(rows.size(), 20u);
@@ -162,6 +163,8 @@ TEST(MemoryFormula, PublishedRunsFitWhereTheyRan) {
   for (const CalibrationRow& r : rows) {
     EXPECT_TRUE(r.fits) << r.run.label << " needs " << r.predicted.memory_bytes;
     if (r.run.timed) errs.push_back(std::fabs(r.error));
+    // The peak memory an engine reports (torchtitan's): within 10%.
+    if (r.run.measured_memory_bytes > 0) EXPECT_LE(std::fabs(r.memory_error), 0.10) << r.run.label;
   }
   std::sort(errs.begin(), errs.end());
   const size_t n = errs.size();
