@@ -149,6 +149,19 @@ TEST(MemoryFormula, SearchKeepsToTheEnginesLayouts) {
   PlanRequest cnn = gpt3_on(8, 64, "", "megatron");
   cnn.model = model_config("resnet18");
   EXPECT_THROW(plan_layouts(cnn), Error);
+  // A layout the engine does not have is named, not "no layout fits".
+  auto error_of = [](const PlanRequest& q) -> std::string {
+    try {
+      plan_layouts(q);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of(gpt3_on(1024, 1536, "tp=8,pp=8,zero=3", "megatron")),
+            "--layout: zero=3: --engine megatron has ZeRO stages up to 1 (its distributed optimizer)");
+  EXPECT_EQ(error_of(gpt3_on(1024, 1536, "dp=16,tp=8,pp=8,zero=1", "fsdp")),
+            "--layout: zero=1: --engine fsdp shards parameters, gradients and optimizer state (ZeRO-3) whenever dp > 1");
 }
 
 const std::string kPublished = std::string(SAT_SOURCE_DIR) + "/bench/plan/published/";

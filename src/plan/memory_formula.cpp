@@ -122,8 +122,6 @@ LayerTerms terms(const TransformerShape& m, bool flash) {
   return x;
 }
 
-}  // namespace
-
 // torchtitan's selective recomputation ("op" policy): each layer keeps its input, the
 // attention's output and log-sum-exp, and every second matrix product's output (the policy
 // recomputes the others, the norms and the pointwise operations); per token.
@@ -132,6 +130,8 @@ double op_policy_bytes(const TransformerShape& m, int t, bool sp) {
   const double products = 2 * (h + 2 * hk + h + (m.gated ? 2 : 1) * F + h);  // q, k, v, o, gate/up, down
   return 2 * h / (sp ? t : 1) + (2 * h + 4 * m.heads + products / 2) / t;
 }
+
+}  // namespace
 
 double layer_activation_bytes(const TransformerShape& m, double b, int t, bool sp, Recompute rc, bool flash,
                               bool keep_gathered) {

@@ -312,7 +312,8 @@ struct Search {
   }
 
   // The formulas' rows for stage s of a layout (memory_formula.h).
-  std::vector<MemoryRow> formula_rows(const Layout& l, const StageFacts& x, int s) const {
+  // (allocator: what of them the engine's allocator holds, formula_memory.h's allocator_bytes.)
+  std::vector<MemoryRow> formula_rows(const Layout& l, const StageFacts& x, int s, double* allocator = nullptr) const {
     FormulaLayout fl;
     fl.tp = l.tp, fl.dp = l.dp, fl.pp = l.pp, fl.zero = l.zero, fl.slots = slots, fl.sp = l.sequence_parallel;
     fl.rc = l.recompute;
@@ -330,8 +331,10 @@ struct Search {
       fs.first_inflight = std::min(M, p - s);
       fs.layer_inflight = x.layers * fs.first_inflight;
     }
+    const std::vector<FormulaRow> terms = formula_memory(*shape, fl, fs, engine);
+    if (allocator) *allocator = allocator_bytes(terms);
     std::vector<MemoryRow> rows;
-    for (auto& r : formula_memory(*shape, fl, fs, engine)) rows.push_back({r.what, r.bytes, r.what, ""});
+    for (auto& r : terms) rows.push_back({r.what, r.bytes, r.what, ""});
     return rows;
   }
   double formula_total(const Layout& l, const StageFacts& x, int s) const {
@@ -539,8 +542,22 @@ struct Search {
               "data-parallel ranks, but dp=1");
   }
 
+  // --layout against the engine modelled: the ZeRO stages and sequence parallelism it has.
+  void check_engine_filter() const {
+    const LayoutFilter& f = req.filter;
+    SAT_CHECK(!f.zero || *f.zero <= engine.max_zero, "--layout: zero=", *f.zero, ": --engine ", engine.name,
+              " has ZeRO stages up to ", engine.max_zero, engine.max_zero == 1 ? " (its distributed optimizer)" : "");
+    if (engine.kind == EngineKind::fsdp) {
+      SAT_CHECK(!f.zero || *f.zero == 3 || (*f.zero == 0 && f.dp && *f.dp == 1), "--layout: zero=", *f.zero,
+                ": --engine fsdp shards parameters, gradients and optimizer state (ZeRO-3) whenever dp > 1");
+      SAT_CHECK(!f.sp || *f.sp == (f.tp && *f.tp > 1) || !f.tp, "--layout: sp=", *f.sp ? "on" : "off",
+                ": --engine fsdp runs tensor parallelism with sequence-parallel norms, and only with it");
+    }
+  }
+
   void run() {
     check_filter();
+    check_engine_filter();
     {
       ModelConfig one = config_of(Layout{});
       one.recompute = Recompute::none;
@@ -749,9 +766,10 @@ struct Search {
     const auto f = facts(l, t, cuts(l, t));
     p.memory_bytes = -1;
     for (int s = 0; s < l.pp; ++s) {
-      std::vector<MemoryRow> rows = formula_rows(l, f[size_t(s)], s);
-      double b = 0, alloc = 0;
-      for (auto& r : rows) b += r.bytes, alloc += r.what == "CUDA context" || r.what == "NCCL buffers" ? 0 : r.bytes;
+      double alloc = 0;
+      std::vector<MemoryRow> rows = formula_rows(l, f[size_t(s)], s, &alloc);
+      double b = 0;
+      for (auto& r : rows) b += r.bytes;
       if (b > p.memory_bytes) p.memory_bytes = b, p.allocator_bytes = alloc, p.memory_stage = s, p.memory_rows = rows;
     }
     p.memory_formula = true;
