@@ -57,9 +57,9 @@ put("cifar", "empty", b"\x03")
 put("cifar", "gz-corrupt", b"\x04" + gz(rec)[:20] + b"\xff" * 30)
 
 # ---- tokens: byte 0 -> T = 1 + b % 16, byte 1 -> vocab = 1 + b * 257; then the shard
-def shard(tokens, magic=20240520, version=1, count=None):
+def shard(tokens, magic=20240520, version=1, count=None, width="H"):
     hdr = [magic, version, len(tokens) if count is None else count] + [0] * 253
-    return struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(tokens), *tokens)
+    return struct.pack("<256i", *hdr) + struct.pack("<%d%s" % (len(tokens), width), *tokens)
 
 
 toks = [i % 50 for i in range(40)]
@@ -72,6 +72,10 @@ put("tokens", "count-too-big", bytes([3, 1]) + shard(toks, count=0x7FFFFFFF))
 put("tokens", "count-negative", bytes([3, 1]) + shard(toks, count=-1))
 put("tokens", "short-header", bytes([3, 1]) + shard(toks)[:100])
 put("tokens", "too-few-for-T", bytes([15, 1]) + shard(toks[:5]))
+# llm.c's uint32 shards (magic 20240801, version 7): ids up to the vocabulary, beyond 65,535
+put("tokens", "valid-u32", bytes([3, 255]) + shard([i * 1601 for i in range(40)], 20240801, 7, width="I"))
+put("tokens", "u32-version-1", bytes([3, 255]) + shard(toks, 20240801, 1, width="I"))
+put("tokens", "u32-truncated", bytes([3, 255]) + shard(toks, 20240801, 7, width="I")[:1100])
 
 
 # ---- safetensors: byte 0 even = convnet's store, odd = a GPT's tensor-parallel part

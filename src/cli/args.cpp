@@ -146,7 +146,8 @@ void add_model_options(CLI::App* c, RunArgs& a) {
 }
 
 void add_data_options(CLI::App* c, RunArgs& a) {
-  c->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] | synthetic[:CxHxW]")
+  c->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] (FILE, VAL: a shard, "
+                "a glob or a directory; without VAL, FILE's *_val_* shards) | synthetic[:CxHxW]")
       ->capture_default_str();
   c->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
   c->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();

@@ -1,5 +1,5 @@
 // The `saturate` command: train, tune, eval, predict, info, plan, hardware, schedule, launch,
-// bench and report. It parses flags into typed configs (cli/args.h) and hands them to the
+// bench, report and tokenize. It parses flags into typed configs (cli/args.h) and hands them to the
 // command's run function; policy lives below it. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
@@ -17,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/eval.h"
 #include "cli/info.h"
+#include "cli/tokenize_cmd.h"
 #include "cli/tools.h"
 #include "cli/train.h"
 #include "core/error.h"
@@ -62,6 +63,7 @@ struct Commands {
   sat::PlanArgs plan;
   sat::cli::HardwareArgs hardware;
   sat::cli::BenchCommArgs bench;
+  sat::cli::TokenizeArgs tokenize;
   std::string report_dir;
   std::vector<std::pair<std::string, CLI::App*>> apps;
   CLI::App* app(const std::string& name) const {
@@ -160,6 +162,7 @@ void add_tool_commands(CLI::App& app, Commands& c) {
   report->add_option("RUN_DIR", c.report_dir, "the run's --out directory")->required();
   for (auto [name, a] : {std::pair{"hardware", hw}, {"schedule", sched}, {"bench comm", bcomm}, {"report", report}})
     c.apps.emplace_back(name, a);
+  c.apps.emplace_back("tokenize", sat::cli::add_tokenize_command(app, c.tokenize));
 }
 
 void add_commands(CLI::App& app, Commands& c) {
@@ -191,7 +194,7 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
   const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
   std::string command;
   for (const char* name : {"train", "tune", "eval", "predict", "info", "hardware", "plan", "schedule", "bench comm",
-                           "report"})
+                           "report", "tokenize"})
     if (command.empty() && c.parsed(name)) command = std::string(name) + " ";
   std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(),
                sat::printable(e.what()).c_str(), command.c_str());
@@ -257,6 +260,7 @@ int run_command(Commands& c) {
     return 0;
   }
   if (c.parsed("bench comm")) return sat::cli::run_bench_comm(c.bench);
+  if (c.parsed("tokenize")) return sat::cli::run_tokenize(c.tokenize);
   return 0;
 }
 

@@ -118,7 +118,7 @@ class TensorDataset : public Dataset {
 };
 
 const char* kAcceptedForms =
-    "expected one of: fashion-mnist, fashion-mnist:DIR, mnist:DIR, cifar10:DIR, tokens:FILE, "
+    "expected one of: fashion-mnist, fashion-mnist:DIR, mnist:DIR, cifar10:DIR, tokens:FILE (or GLOB, DIR), "
     "tokens:TRAIN_FILE:VAL_FILE, synthetic, synthetic:CxHxW";
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -221,7 +221,8 @@ DataSplit open_dataset(const std::string& spec, const DataOptions& opt) {
     require_tokens(spec, opt);
     auto parts = split(rest, ':');
     SAT_CHECK(has_arg && !parts[0].empty() && parts.size() <= 2 && (parts.size() == 1 || !parts[1].empty()),
-              "--data ", spec, ": expected tokens:FILE or tokens:TRAIN_FILE:VAL_FILE");
+              "--data ", spec, ": expected tokens:FILE or tokens:TRAIN_FILE:VAL_FILE (each a file, a glob or a "
+              "directory of shards)");
     return open_tokens(parts[0], parts.size() == 2 ? parts[1] : "", opt);
   }
   if (kind == "synthetic") {

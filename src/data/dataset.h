@@ -80,10 +80,16 @@ struct DataSplit {
 //   cifar10:DIR                CIFAR-10 binary: data_batch_1..5.bin, test_batch.bin
 //                              (DIR or DIR/cifar-10-batches-bin); records of 1 label
 //                              byte + 3072 pixel bytes, CHW
-//   tokens:FILE[:VAL_FILE]     llm.c token shards (256 int32 header: magic 20240520,
-//                              version 1, token count; then uint16 tokens). Samples
-//                              are non-overlapping windows: x = tok[iT, iT+T),
-//                              y = tok[iT+1, iT+T+1). No VAL_FILE = no test split.
+//   tokens:FILE[:VAL_FILE]     llm.c token shards (data/token_shards.h: a 256 int32
+//                              header, then uint16 or uint32 tokens), memory-mapped. FILE
+//                              and VAL_FILE may each be a glob (data/*.bin) or a directory
+//                              (its *.bin): the shards in name order. Samples are
+//                              non-overlapping windows within a shard: x = tok[iT, iT+T),
+//                              y = tok[iT+1, iT+T+1). The test split: VAL_FILE's shards,
+//                              or without VAL_FILE the *_val_* shards FILE matches (when
+//                              it matches others too), else none. Every shard in one
+//                              format, every token < the vocabulary; a tokenizer.model
+//                              beside the training shards must have the model's vocabulary.
 //   synthetic                  learnable generated data shaped like the model's input
 //   synthetic:CxHxW            synthetic images of another shape (image models only)
 // Throws sat::Error naming the file (or --data) and what was expected.

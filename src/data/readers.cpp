@@ -1,6 +1,6 @@
 // File formats: IDX (MNIST / Fashion-MNIST, gzip or plain), CIFAR-10 binary batches,
-// llm.c token shards. Every file is read through zlib's gz* calls, which read gzip and
-// plain files alike. Every failure is a sat::Error naming the file and what was expected.
+// gzip-compressed llm.c token shards (token_shards.cpp maps the plain ones). Every file is
+// read through zlib's gz* calls, which read gzip and plain files alike. Every failure is a sat::Error naming the file and what was expected.
 #include <unistd.h>
 #include <zlib.h>
 
@@ -290,65 +290,6 @@ void read_cifar_file(const std::string& path, std::vector<uint8_t>& px, std::vec
   }
 }
 
-// ---------------------------------------------------------------- token shards
-
-constexpr int32_t kShardMagic = 20240520;
-
-// Samples are non-overlapping windows of T+1 tokens: x = tok[iT, iT+T), y = tok[iT+1, iT+T+1).
-class TokenDataset : public Dataset {
- public:
-  TokenDataset(std::string name, std::vector<uint16_t> tokens, int64_t T, int64_t vocab)
-      : name_(std::move(name)), tokens_(std::move(tokens)), T_(T), vocab_(vocab) {}
-  int64_t size() const override { return (int64_t(tokens_.size()) - 1) / T_; }
-  Shape sample_shape() const override { return Shape{T_}; }
-  DType sample_dtype() const override { return DType::i32; }
-  Shape label_shape() const override { return Shape{T_}; }
-  int64_t num_classes() const override { return vocab_; }
-  void get(int64_t i, void* x, int32_t* y) const override {
-    const uint16_t* t = tokens_.data() + i * T_;
-    int32_t* xi = static_cast<int32_t*>(x);
-    for (int64_t j = 0; j < T_; ++j) {
-      xi[j] = t[j];
-      y[j] = t[j + 1];
-    }
-  }
-  std::string name() const override { return name_; }
-  size_t storage_bytes() const override { return tokens_.size() * 2; }
-  int64_t tokens() const { return int64_t(tokens_.size()); }
-
- private:
-  std::string name_;
-  std::vector<uint16_t> tokens_;
-  int64_t T_, vocab_;
-};
-
-std::unique_ptr<TokenDataset> read_token_shard(const std::string& path, const std::string& name,
-                                               const DataOptions& opt) {
-  SAT_CHECK(fs::exists(path), path, ": token file not found; expected an llm.c token shard (--data tokens:FILE)");
-  GzFile f(path);
-  int32_t hdr[256];
-  f.read_exact(hdr, sizeof(hdr), "token-shard header (256 int32)");
-  SAT_CHECK(hdr[0] == kShardMagic, path, ": token-shard magic number is ", hdr[0], "; expected ", kShardMagic,
-            " (llm.c's .bin format: 256 int32 header, then uint16 tokens)");
-  SAT_CHECK(hdr[1] == 1, path, ": token-shard version is ", hdr[1],
-            "; expected 1 (uint16 tokens; version 2, uint32 tokens, is not supported)");
-  const uint64_t count = uint32_t(hdr[2]);
-  check_declared(f, sizeof(hdr), count * 2, str_cat(count, " tokens"));
-  std::vector<uint16_t> tok = f.read_vector<uint16_t>(count, str_cat(count, " tokens (the header's count)"));
-  SAT_CHECK(f.at_end(), path, ": holds more than the ", count, " tokens its header says (", 1024 + count * 2,
-            " bytes); expected exactly that many");
-  SAT_CHECK(int64_t(count) >= opt.seq_len + 1, path, ": holds ", count,
-            " tokens; one sample needs the model's sequence length + 1 = ", opt.seq_len + 1, " tokens");
-  uint16_t max_tok = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < tok.size(); ++i)
-    if (tok[i] > max_tok) max_tok = tok[i], at = i;
-  SAT_CHECK(int64_t(max_tok) < opt.vocab, path, ": holds token ", max_tok, " (the largest, at position ", at,
-            ") but the model's vocabulary has ", opt.vocab, " tokens (0..", opt.vocab - 1,
-            "); expected every token < ", opt.vocab, " (for a GPT model, --vocab ", max_tok + 1, " or more fits it)");
-  return std::make_unique<TokenDataset>(name, std::move(tok), opt.seq_len, opt.vocab);
-}
-
 }  // namespace
 
 DataSplit open_idx(const std::string& tag, const std::string& dir, bool is_default, const DataOptions& opt) {
@@ -397,21 +338,17 @@ DataSplit open_cifar10(const std::string& dir_in, const DataOptions& opt) {
   return s;
 }
 
-DataSplit open_tokens(const std::string& train_file, const std::string& val_file, const DataOptions& opt) {
-  DataSplit s;
-  auto tr = read_token_shard(train_file, "tokens train", opt);
-  s.description = str_cat("tokens (", train_file, "): ", tr->tokens(), " tokens = ", tr->size(),
-                          " train sequences of ", opt.seq_len, "; ");
-  s.train = std::move(tr);
-  if (!val_file.empty()) {
-    auto va = read_token_shard(val_file, "tokens val", opt);
-    s.description += str_cat("val (", val_file, "): ", va->tokens(), " tokens = ", va->size(), " sequences; ");
-    s.test = std::move(va);
-  } else {
-    s.description += "no test split; ";
-  }
-  s.description += str_cat("vocabulary ", opt.vocab);
-  return s;
+std::vector<uint8_t> read_gzip_token_shard(const std::string& path,
+                                           const std::function<uint64_t(const int32_t* header)>& payload_bytes) {
+  GzFile f(path);
+  int32_t hdr[256];
+  f.read_exact(hdr, sizeof(hdr), "token-shard header (256 int32)");
+  const uint64_t n = payload_bytes(hdr);
+  check_declared(f, sizeof(hdr), n, str_cat(n, " bytes of tokens"));
+  std::vector<uint8_t> tok = f.read_vector<uint8_t>(n, "tokens (the header's count)");
+  SAT_CHECK(f.at_end(), path, ": holds more than the ", hdr[2], " tokens its header says (", sizeof(hdr) + n,
+            " bytes); expected exactly that many");
+  return tok;
 }
 
 }  // namespace sat::data_detail

@@ -1,5 +1,6 @@
 // Internal to src/data: the dataset implementations behind open_dataset().
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,14 @@ class U8ImageDataset : public Dataset {
 
 DataSplit open_idx(const std::string& tag, const std::string& dir, bool is_default_dir, const DataOptions& opt);
 DataSplit open_cifar10(const std::string& dir, const DataOptions& opt);
-DataSplit open_tokens(const std::string& train_file, const std::string& val_file, const DataOptions& opt);
+// --data tokens:TRAIN[:VAL] (token_shards.cpp): each part a file, a glob or a directory.
+DataSplit open_tokens(const std::string& train_spec, const std::string& val_spec, const DataOptions& opt);
+// A gzip-compressed token shard (readers.cpp), decompressed whole: its header is read and
+// payload_bytes(header) (which throws on a bad header) says how many bytes of tokens
+// follow; they are checked against free memory and the gzip data before being allocated,
+// and the data must end there. Returns the tokens' bytes.
+std::vector<uint8_t> read_gzip_token_shard(const std::string& path,
+                                           const std::function<uint64_t(const int32_t* header)>& payload_bytes);
 DataSplit open_synthetic_images(Shape chw, int64_t classes, const DataOptions& opt);
 DataSplit open_synthetic_tokens(const DataOptions& opt);
 
