@@ -77,6 +77,24 @@ put("tokens", "valid-u32", bytes([3, 255]) + shard([i * 1601 for i in range(40)]
 put("tokens", "u32-version-1", bytes([3, 255]) + shard(toks, 20240801, 1, width="I"))
 put("tokens", "u32-truncated", bytes([3, 255]) + shard(toks, 20240801, 7, width="I")[:1100])
 
+# ---- csv: byte 0 -> --val-fraction (bits 0-1: none, 0.2, 0.5, 0.9), seed (bits 2-7); then
+# the table, whose label column is "y"
+iris = ("sepal,petal,y\r\n5.1,1.4,setosa\r\n7.0,4.7,versicolor\r\n6.3,6.0,virginica\r\n"
+        "4.9,1.5,setosa\r\n6.4,4.5,versicolor\r\n")
+put("csv", "strings", b"\x00" + iris.encode())
+put("csv", "val-fraction", b"\x05" + iris.encode())
+put("csv", "gz", b"\x02" + gz(iris.encode()))
+put("csv", "integers-quoted", b"\x00" + b'a,"b,c",y\n1,"2",10\n"3",4e-1,9\n5,-6,"-1"\n\n\n')
+put("csv", "bom-blank-lines", b"\x00\xef\xbb\xbfx,y\n\n1,a\n\n2,b\n")
+put("csv", "ragged", b"\x00a,b,y\n1,2,p\n3,q\n")
+put("csv", "not-a-number", b"\x00a,y\n1,p\nfour,q\n")
+put("csv", "duplicate-columns", b"\x00a,a,y\n1,2,p\n")
+put("csv", "no-label-column", b"\x00a,b\n1,2\n")
+put("csv", "header-only", b"\x00a,y\n")
+put("csv", "empty", b"\x00")
+put("csv", "open-quote", b"\x00a,y\n1,\"p\n2,q\n")
+put("csv", "huge-values", b"\x00a,y\n3e38,p\n-3e38,q\n3e38,q\n")
+
 
 # ---- safetensors: byte 0 even = convnet's store, odd = a GPT's tensor-parallel part
 def st(entries, meta=True, pad=True):

@@ -146,12 +146,17 @@ void add_model_options(CLI::App* c, RunArgs& a) {
 }
 
 void add_data_options(CLI::App* c, RunArgs& a) {
-  c->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | tokens:FILE[:VAL] (FILE, VAL: a shard, "
-                "a glob or a directory; without VAL, FILE's *_val_* shards) | synthetic[:CxHxW]")
+  c->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | csv:FILE[:VAL] | tokens:FILE[:VAL] "
+                "(FILE, VAL: a shard, a glob or a directory; without VAL, FILE's *_val_* shards) | synthetic[:CxHxW]")
       ->capture_default_str();
+  c->add_option("--label", a.label, "csv: the column of class labels (integers or strings; every other column is a "
+                "numeric feature)");
+  c->add_option("--val-fraction", a.val_fraction, "csv:FILE: hold out this share of the rows (after a seeded shuffle) "
+                "as the test split");
   c->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
   c->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();
-  c->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255");
+  c->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255; csv: "
+                "per-feature instead of the training rows' own");
   c->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
   c->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")
       ->capture_default_str();

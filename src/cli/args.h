@@ -30,6 +30,8 @@ struct RunArgs {
   std::string model = "mlp", data = "fashion-mnist", shuffle = "on", normalize, eval = "on", last_batch = "drop";
   int64_t vocab = 0, seq_len = 0;  // --seq-len: GPT models' window (0: the context)
   uint64_t seed = 0;
+  std::string label;        // tables (csv:): the class column
+  double val_fraction = 0;  // tables: the share of the rows held out as the test split
   // Layout: the micro-batch ("auto": tuned), tensor and pipeline parallelism (the
   // data-parallel degree is what is left), recomputation, ZeRO.
   std::string batch = "64", pp_schedule = "1f1b", pp_split, recompute = "none";

@@ -22,6 +22,7 @@
 #include "cli/args.h"
 #include "nn/models.h"
 #include "train/trainer.h"
+#include "train/weights.h"
 
 namespace sat {
 namespace {
@@ -33,23 +34,29 @@ void check_common(const EvalArgs& a) {
 }
 
 // The data as train opens it (the same seed and scaling give the same samples); the model
-// takes the data's image shape as train's does.
-DataSplit open_test_split(const EvalArgs& a, ModelConfig& mc) {
+// takes the data's image shape as train's does. A table is read with the schema saved with
+// the weights (its columns, classes and standardisation); predict's may lack the labels.
+DataSplit open_test_split(const EvalArgs& a, ModelConfig& mc, bool predict) {
   SAT_CHECK(!a.data.empty(), "--data is required (the data whose test split is evaluated, as given to train)");
   DataOptions dopt = data_options_for(mc, a.seed);
   if (!a.normalize.empty()) parse_normalize(a.normalize, dopt);
+  dopt.label = a.label;
+  dopt.val_fraction = a.val_fraction;
+  dopt.table = saved_data_schema(a.init_weights);
+  dopt.labels_optional = predict;
   DataSplit d = open_dataset(a.data, dopt);
   SAT_CHECK(d.test, "--data ", a.data, ": has no test split to evaluate (", d.description, ")");
   fit_to_data(mc, *d.train);
   return d;
 }
 
-// A one-rank CPU trainer for `batch` with the weights of --init-weights (a safetensors file
-// or a checkpoint directory; another model's is a sat::Error naming the file).
+// A one-rank CPU trainer for `batch` (at most the training split, which eval and predict never train on)
+// with the weights of --init-weights (a safetensors file or a checkpoint directory; another model's is a
+// sat::Error naming the file).
 std::unique_ptr<Trainer> loaded_trainer(const ModelConfig& mc, const EvalArgs& a, int64_t batch, const Dataset& train,
                                         const Dataset& test) {
   TrainConfig cfg;
-  cfg.batch = batch;
+  cfg.batch = std::min<int64_t>(batch, train.size());  // a file to predict smaller than a batch
   cfg.seed = a.seed;
   cfg.shuffle = false;
   cfg.progress = 0;
@@ -73,25 +80,37 @@ void write_csv(const std::string& path, const std::string& text) {
   std::fprintf(stderr, "wrote %s\n", path.c_str());
 }
 
-// Classifiers: one row per test sample, the most likely class and its probability.
+// A CSV field: quoted (its quotes doubled) when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return q + "\"";
+}
+
+// Classifiers: one row per test sample, the most likely class and its probability (a
+// table's classes by their names); the accuracy where the samples have labels.
 int predict_classes(const EvalArgs& a, ModelConfig mc) {
   SAT_CHECK(a.prompt.empty(), "--prompt applies to the GPT models only, not --model ", a.model);
-  DataSplit d = open_test_split(a, mc);
+  DataSplit d = open_test_split(a, mc, true);
   std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
+  const std::vector<std::string> names = d.test->class_names();
+  auto name = [&](int64_t c) { return c < 0 ? "" : names.empty() ? std::to_string(c) : csv_field(names[size_t(c)]); };
   std::ostringstream csv;
   csv << "index,class,probability,label\n";
-  char line[128];
-  t->evaluate([&](const EvalBatch& e) {
+  char prob[32];
+  const EvalResult r = t->evaluate([&](const EvalBatch& e) {
     const int32_t* y = e.batch.y.i32();
     for (int64_t k = 0; k < e.batch.valid; ++k) {
       const float* l = e.logits + k * e.classes;
       const int64_t c = std::max_element(l, l + e.classes) - l;
-      std::snprintf(line, sizeof line, "%lld,%lld,%.9g,%d\n", (long long)(e.first + k), (long long)c,
-                    softmax(l, e.classes)[size_t(c)], y[k]);
-      csv << line;
+      std::snprintf(prob, sizeof prob, "%.9g", softmax(l, e.classes)[size_t(c)]);
+      csv << e.first + k << ',' << name(c) << ',' << prob << ',' << name(y[k]) << '\n';
     }
   });
   write_csv(a.out, csv.str());
+  if (std::isfinite(r.accuracy))
+    std::printf("accuracy %.2f%% (%lld samples)\n", 100 * r.accuracy, (long long)r.samples);
   return 0;
 }
 
@@ -185,7 +204,7 @@ int run_eval(const EvalArgs& a) {
   check_common(a);
   if (!a.json.empty()) check_output_file("--json", a.json);
   ModelConfig mc = cli::model_for(a.model, a.vocab, a.seq_len);
-  DataSplit d = open_test_split(a, mc);
+  DataSplit d = open_test_split(a, mc, false);
   std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
   // After the weights loaded: a mistake is then the one line the user sees.
   std::fprintf(stderr, "saturate eval: %s (%s) on %s\n", mc.name.c_str(), a.init_weights.c_str(),

@@ -337,6 +337,8 @@ int run_train(const RunArgs& a, bool tune_only) {
   check_run_flags(a, tune_only);
   DataOptions dopt = data_options_for(mc, a.seed);
   if (!a.normalize.empty()) parse_normalize(a.normalize, dopt);
+  dopt.label = a.label;
+  dopt.val_fraction = a.val_fraction;
   const DataSplit data = open_dataset(a.data, dopt);
   // Image data of another shape (synthetic:CxHxW, CIFAR...) sets the model's input (an
   // mlp's input width must match it).
@@ -351,7 +353,10 @@ int run_train(const RunArgs& a, bool tune_only) {
   const bool lead = comm->rank() == 0;
   // Rank 0 claims --out before anything is written there (a tuned batch's tune.json first).
   auto out = dist::on_every_rank(*comm, [&] {
-    return lead && !tune_only && !a.out.empty() ? std::make_unique<RunDirectory>(a.out, !a.resume.empty()) : nullptr;
+    auto dir = lead && !tune_only && !a.out.empty() ? std::make_unique<RunDirectory>(a.out, !a.resume.empty()) : nullptr;
+    if (dir && !data.train->schema().empty())  // a table's columns, classes and standardisation, for predict
+      write_file_atomic("--out", a.out + "/table.json", data.train->schema() + "\n");
+    return dir;
   });
   if (lead) print_start(mc, data, a, tune_only);
   const Dataset* test = cfg.evaluate ? data.test.get() : nullptr;

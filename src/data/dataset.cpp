@@ -7,6 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "data/csv.h"
 #include "data/sources.h"
 
 namespace sat {
@@ -118,8 +119,8 @@ class TensorDataset : public Dataset {
 };
 
 const char* kAcceptedForms =
-    "expected one of: fashion-mnist, fashion-mnist:DIR, mnist:DIR, cifar10:DIR, tokens:FILE (or GLOB, DIR), "
-    "tokens:TRAIN_FILE:VAL_FILE, synthetic, synthetic:CxHxW";
+    "expected one of: fashion-mnist, fashion-mnist:DIR, mnist:DIR, cifar10:DIR, csv:FILE, csv:TRAIN_FILE:VAL_FILE, "
+    "tokens:FILE (or GLOB, DIR), tokens:TRAIN_FILE:VAL_FILE, synthetic, synthetic:CxHxW";
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -202,6 +203,16 @@ DataSplit open_dataset(const std::string& spec, const DataOptions& opt) {
   const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   const bool has_arg = colon != std::string::npos;
 
+  SAT_CHECK(kind == "csv" || (opt.label.empty() && opt.val_fraction == 0), opt.label.empty() ? "--val-fraction"
+            : "--label", " applies to tables only (--data csv:FILE), not --data ", spec);
+  if (kind == "csv") {
+    SAT_CHECK(!opt.model_takes_tokens, "--data ", spec, " gives rows of numeric features, but the model takes token "
+              "sequences; expected --model mlp:FEATURES-...-CLASSES or a model file");
+    auto parts = split(rest, ':');
+    SAT_CHECK(has_arg && !parts[0].empty() && parts.size() <= 2 && (parts.size() == 1 || !parts[1].empty()),
+              "--data ", spec, ": expected csv:FILE or csv:TRAIN_FILE:VAL_FILE");
+    return open_csv(parts[0], parts.size() == 2 ? parts[1] : "", opt);
+  }
   if (kind == "fashion-mnist") {
     require_images(spec, opt);
     SAT_CHECK(!has_arg || !rest.empty(), "--data ", spec, ": empty directory; ", kAcceptedForms);

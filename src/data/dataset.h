@@ -5,6 +5,7 @@
 //
 //   kind      sample                    label                    num_classes()
 //   images    {C,H,W} f32               {}  int32 class index    classes (10)
+//   tables    {1,1,F} f32 (features)    {}  int32 class index    the labels' (csv.h)
 //   tokens    {T} i32 (token ids)       {T} int32 next tokens    model vocabulary
 //
 // Real images are stored as uint8 (Fashion-MNIST train is 47 MB so) and converted on
@@ -41,6 +42,11 @@ class Dataset {
   // for data that is not scaled (tokens, tensors given as they are).
   virtual std::string scaling() const { return ""; }
   virtual size_t storage_bytes() const { return 0; }  // host bytes held (0 = generated)
+  // Tables (csv.h): class c's own label, for predict ({} for the others); and the schema a
+  // model trained on this data reads other data with (JSON), saved with its weights and
+  // checkpoints ("" for the others).
+  virtual std::vector<std::string> class_names() const { return {}; }
+  virtual std::string schema() const { return ""; }
 
   bool is_tokens() const { return sample_dtype() == DType::i32; }
   size_t sample_bytes() const { return size_t(sample_shape().numel()) * dtype_size(sample_dtype()); }
@@ -62,7 +68,16 @@ struct DataOptions {
   // channel (mean and std must have the same length, 1 or C). See parse_normalize.
   std::vector<float> mean, std;
 
-  uint64_t seed = 0;  // synthetic data depends on this only
+  uint64_t seed = 0;  // synthetic data (and a table's --val-fraction split) depend on this
+
+  // Tables (csv:, see csv.h). label: --label, the class column. val_fraction: --val-fraction,
+  // the share of the rows held out as the test split (0: none). table: the schema saved with
+  // the weights (eval and predict; "" in train: the training rows make it). labels_optional:
+  // predict reads tables without the label column too.
+  std::string label;
+  double val_fraction = 0;
+  std::string table;
+  bool labels_optional = false;
 };
 
 struct DataSplit {
@@ -90,6 +105,11 @@ struct DataSplit {
 //                              it matches others too), else none. Every shard in one
 //                              format, every token < the vocabulary; a tokenizer.model
 //                              beside the training shards must have the model's vocabulary.
+//   csv:FILE[:VAL_FILE]        a table (csv.h): a header row, the --label column of
+//                              classes, numeric feature columns. No VAL_FILE: no test
+//                              split, or --val-fraction's share of the rows (a seeded
+//                              shuffle's last ones); with opt.table (eval, predict) and
+//                              neither, the whole FILE is the test split.
 //   synthetic                  learnable generated data shaped like the model's input
 //   synthetic:CxHxW            synthetic images of another shape (image models only)
 // Throws sat::Error naming the file (or --data) and what was expected.

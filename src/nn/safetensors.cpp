@@ -217,11 +217,14 @@ void SafetensorsFile::read(const SafetensorsTensor& t, void* dst) {
             "' failed (truncated file?)");
 }
 
-void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name) {
+void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name,
+                      const SafetensorsMetadata& extra) {
   std::vector<SafetensorsBlob> blobs;
   for (auto& e : entries(ps)) blobs.push_back({e.name, e.t.dtype, e.t.shape.vec(), e.t.ptr});
+  SafetensorsMetadata metadata{{"format", "pt"}, {"producer", "saturate"}, {"model", model_name}};
+  metadata.insert(metadata.end(), extra.begin(), extra.end());
   write_file_atomic("--save-weights", path, [&](std::ostream& f) {
-    write_safetensors(blobs, {{"format", "pt"}, {"producer", "saturate"}, {"model", model_name}},
+    write_safetensors(blobs, metadata,
                       [&](const void* p, size_t n) { f.write(static_cast<const char*>(p), std::streamsize(n)); });
   });
 }

@@ -32,6 +32,9 @@ struct SafetensorsTensor {
 };
 
 using SafetensorsMetadata = std::vector<std::pair<std::string, std::string>>;
+// The metadata key under which weights and checkpoints keep the training data's schema
+// (Dataset::schema(), data/dataset.h), when it has one.
+inline constexpr const char* kDataSchemaKey = "data_schema";
 
 // A tensor to write: `data` holds numel(shape) elements of `dtype`.
 struct SafetensorsBlob {
@@ -85,8 +88,10 @@ class SafetensorsFile {
 
 // Writes atomically (core/io.h: a unique temporary file beside it, fsynced and renamed), so an existing file is never lost
 // to a failed write.
-// Writes the host copies: on the GPU, call ps.sync_to_host() first.
-void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name);
+// Writes the host copies: on the GPU, call ps.sync_to_host() first. `extra`: metadata
+// beside format, producer and model (the training data's schema: data/csv.h).
+void save_safetensors(const std::string& path, const ParamStore& ps, const std::string& model_name,
+                      const SafetensorsMetadata& extra = {});
 // Loads every parameter and state tensor; a missing tensor, a wrong shape or dtype,
 // an unknown tensor name or a corrupt file is a sat::Error naming the file. A pipeline
 // stage's store holds part of the model: given the names of the whole model's

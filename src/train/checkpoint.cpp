@@ -502,7 +502,8 @@ void sync_path(const std::string& path) {
   SAT_CHECK(rc == 0 || err == EINVAL, path, ": fsync failed: ", std::strerror(err));
 }
 
-void write_pieces(const std::string& dir, const std::string& file, const std::vector<CkptEntry>& entries, Manifest& m) {
+void write_pieces(const std::string& dir, const std::string& file, const std::vector<CkptEntry>& entries, Manifest& m,
+                  const std::string& data_schema) {
   std::vector<SafetensorsBlob> blobs;
   for (const CkptEntry& e : entries) {
     std::string key = e.name;
@@ -521,8 +522,9 @@ void write_pieces(const std::string& dir, const std::string& file, const std::ve
   uint32_t crc = 0;
   uint64_t bytes = 0;
   try {
-    bytes = write_safetensors(blobs, {{"format", "pt"}, {"producer", "saturate checkpoint"}},
-                              [&](const void* data, size_t n) { write_all(fd, data, n, path, crc); });
+    SafetensorsMetadata metadata{{"format", "pt"}, {"producer", "saturate checkpoint"}};
+    if (!data_schema.empty()) metadata.emplace_back(kDataSchemaKey, data_schema);
+    bytes = write_safetensors(blobs, metadata, [&](const void* data, size_t n) { write_all(fd, data, n, path, crc); });
     SAT_CHECK(::fsync(fd) == 0, "--checkpoint-dir: fsync of ", path, " failed: ", std::strerror(errno));
   } catch (...) {
     ::close(fd);

@@ -121,9 +121,10 @@ struct CkptEntry {
   std::vector<int64_t> shape;  // of this piece
 };
 // Writes `entries` to DIR/FILE as safetensors (fsynced) and records the file and its
-// pieces in `m` (the piece keys are the logical name, plus "@tpI/P" for a part).
+// pieces in `m` (the piece keys are the logical name, plus "@tpI/P" for a part). A
+// data_schema (Dataset::schema()) goes into the file's metadata.
 void write_pieces(const std::string& dir, const std::string& file, const std::vector<CkptEntry>& entries,
-                  Manifest& m);
+                  Manifest& m, const std::string& data_schema = "");
 // The fragment of a manifest that one rank writes beside its file, merged in rank order: the
 // tensor-parallel parts of a tensor join, and a part already present (a tied weight held by
 // two pipeline stages) keeps the first stage's.
@@ -151,6 +152,7 @@ struct CheckpointWrite {
   std::vector<std::vector<float>> slots;   // the optimizer's state arrays, whole (entries point into them)
   std::vector<CkptEntry> entries;
   bool writer = false;                     // this rank writes a file
+  std::string data_schema;                 // the training data's (Dataset::schema()), kept in the file
   std::thread thread;
   std::atomic<bool> done{false};
   std::string error;                       // the thread's failure

@@ -229,6 +229,7 @@ void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& 
   p->step = step;
   p->started = t0;
   p->man = header(step, total, losses);
+  p->data_schema = rt_.train.schema();
   std::string error;
   try {
     if (w.rank() == 0) {
@@ -252,7 +253,7 @@ void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& 
         char file[64];
         std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
         Manifest mine = q->man;
-        write_pieces(q->tmp, file, q->entries, mine);
+        write_pieces(q->tmp, file, q->entries, mine, q->data_schema);
         mine.parameters = manifest_parameters(mine);
         // The fragment beside it, for rank 0 to merge in rank order.
         std::snprintf(file, sizeof file, "rank-%05d.part.json", rank);

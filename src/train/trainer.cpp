@@ -29,18 +29,29 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
 void fit_to_data(ModelConfig& mc, const Dataset& train) {
   if (mc.tokens) return;
   const Shape sample = train.sample_shape();
+  const bool table = !train.class_names().empty();  // its classes are its own (data/csv.h)
+  const std::string counts = str_cat(sample.numel(), " features and ", train.num_classes(), " classes");
   if (mc.family == ModelFamily::file) {  // the file fixes its input
     SAT_CHECK(sample == mc.image, "--data ", train.name(), " has samples of shape ", sample.str(), " but --model ",
               mc.name, " declares its input as ", mc.image.str());
+    SAT_CHECK(!table || mc.classes == train.num_classes(), "--model ", mc.name, " has ", mc.classes, " outputs, but the "
+              "table (--data) has ", counts, "; expected as many outputs as classes");
     return;
   }
+  ModelConfig want = mc;  // the mlp that would fit, for the messages
+  if (table && want.family != ModelFamily::mlp) want = model_config("mlp");
+  want.mlp_widths.front() = sample.numel();
+  if (table) want.mlp_widths.back() = want.classes = train.num_classes();
   if (mc.family != ModelFamily::mlp) {
+    SAT_CHECK(!table, "--model ", mc.name, " takes images, but the table (--data) has rows of ", counts,
+              ": use --model ", model_spec(want), " (mlp:FEATURES-HIDDEN...-CLASSES) or a model file");
     mc.image = sample;
     mc.classes = train.num_classes();
     return;
   }
-  ModelConfig want = mc;  // the mlp that would fit, for the message
-  want.mlp_widths.front() = sample.numel();
+  SAT_CHECK(!table || (sample.numel() == mc.mlp_widths.front() && mc.classes == train.num_classes()), "--model ",
+            mc.name, " takes ", mc.mlp_widths.front(), " inputs and has ", mc.classes, " outputs, but the table "
+            "(--data) has ", counts, ": use --model ", model_spec(want), " (mlp:FEATURES-HIDDEN...-CLASSES)");
   SAT_CHECK(sample.numel() == mc.mlp_widths.front(), "--model ", mc.name, " takes inputs of ", mc.mlp_widths.front(),
             " values, but --data ", train.name(), " has samples of shape ", sample.str(), " (", sample.numel(),
             " values): use --model ", model_spec(want));

@@ -3,12 +3,14 @@
 // tensor-parallel parts onto global rank 0 and written there.
 #include "train/weights.h"
 
+#include <filesystem>
 #include <set>
 
 #include "dist/verdict.h"
 #include "nn/safetensors.h"
 #include "nn/shard.h"
 #include "train/agree.h"
+#include "train/checkpoint.h"
 
 namespace sat {
 
@@ -133,7 +135,26 @@ void save_weights(RankRuntime& rt, const std::string& path) {
   const ParamStore& own = rt.unsharded(full);
   std::unique_ptr<ParamStore> whole = gather_whole_model(rt, own);
   if (rt.world->rank() != 0) return;
-  save_safetensors(path, whole ? *whole : own, rt.mc.name);
+  const std::string schema = rt.train.schema();
+  save_safetensors(path, whole ? *whole : own, rt.mc.name,
+                   schema.empty() ? SafetensorsMetadata{} : SafetensorsMetadata{{kDataSchemaKey, schema}});
+}
+
+std::string saved_data_schema(const std::string& path) {
+  try {
+    std::string file = path;
+    if (std::filesystem::is_directory(path)) {  // a checkpoint: every rank's file carries it
+      const std::string dir = resolve_checkpoint(path, "--init-weights");
+      const Manifest m = read_manifest(dir);
+      if (m.files.empty()) return "";
+      file = (std::filesystem::path(dir) / m.files.begin()->first).string();
+    }
+    const SafetensorsFile f(file);
+    for (const auto& [key, value] : f.metadata())
+      if (key == kDataSchemaKey) return value;
+  } catch (const Error&) {  // loading the weights reports it
+  }
+  return "";
 }
 
 }  // namespace sat

@@ -14,4 +14,9 @@ void load_weights(RankRuntime& rt, const std::string& path);
 // tensor-parallel parts, to a safetensors file on global rank 0. Collective over the job.
 void save_weights(RankRuntime& rt, const std::string& path);
 
+// The training data's schema (Dataset::schema(): a table's columns, classes and
+// standardisation) saved with weights under nn/safetensors.h's kDataSchemaKey (a
+// safetensors file, or a checkpoint directory or the newest under it); "" when there is none or the path cannot be read (loading it says why).
+std::string saved_data_schema(const std::string& path);
+
 }  // namespace sat
