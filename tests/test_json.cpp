@@ -218,7 +218,7 @@ TEST(Json, ParseFile) {
 
 // The layout planner's reference data (Megatron-LM, SC21, Table 1) reads as it is.
 TEST(Json, ReadsTheMegatronTable) {
-  const std::string path = std::string(SAT_SOURCE_DIR) + "/../shared/data/megatron-sc21-table1.json";
+  const std::string path = std::string(SAT_SOURCE_DIR) + "/bench/plan/published/sc21-table1.json";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not here";
   const JsonRef j = JsonRef::parse_file(path);
   EXPECT_EQ(j.at("setup").at("peak_tflops_bf16").number(), 312.0);

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/io.h"
+#include "data/gz_open.h"
 #include "core/rng.h"
 
 namespace sat {
@@ -25,13 +26,7 @@ namespace sat {
 // ---------------------------------------------------------------- the reader
 
 CsvReader::CsvReader(std::string path) : path_(std::move(path)), buf_(size_t(1) << 20) {
-  const int fd = InputFile("--data", path_).release();  // a FIFO or device refused, not waited on
-  errno = 0;
-  f_ = gzdopen(fd, "rb");
-  if (!f_) {
-    ::close(fd);
-    fail(path_, ": cannot open (", errno ? std::strerror(errno) : "out of memory", ")");
-  }
+  f_ = gz_open_data(path_);
   try {
     refill();
   } catch (...) {  // the destructor of an object not yet constructed does not run

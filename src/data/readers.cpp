@@ -12,7 +12,23 @@
 
 #include "backend/device.h"
 #include "core/io.h"
+#include "data/gz_open.h"
 #include "data/sources.h"
+
+namespace sat {
+
+gzFile_s* gz_open_data(const std::string& path) {
+  const int fd = InputFile("--data", path).release();  // a FIFO or device refused, not waited on
+  errno = 0;
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    ::close(fd);
+    fail(path, ": cannot open (", errno ? std::strerror(errno) : "out of memory", ")");
+  }
+  return f;
+}
+
+}  // namespace sat
 
 namespace sat::data_detail {
 namespace {
@@ -23,13 +39,7 @@ namespace fs = std::filesystem;
 class GzFile {
  public:
   explicit GzFile(std::string path) : path_(std::move(path)) {
-    const int fd = InputFile("--data", path_).release();  // a FIFO or device refused, not waited on
-    errno = 0;
-    f_ = gzdopen(fd, "rb");
-    if (!f_) {
-      ::close(fd);
-      fail(path_, ": cannot open (", errno ? std::strerror(errno) : "out of memory", ")");
-    }
+    f_ = gz_open_data(path_);
     gzbuffer(f_, 1 << 18);
   }
   ~GzFile() { gzclose(f_); }

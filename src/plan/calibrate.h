@@ -8,7 +8,7 @@
 //              "step_seconds": 2.1  |  "samples_per_second": 243  |  "tflops_per_gpu": 137}]}
 // (tflops_per_gpu: saturate's count of the model's FLOPs, forward and backward, no
 // recomputation), or a published table in the form of Narayanan et al.'s Table 1
-// ({"setup": {...}, "rows": [...]}, as in ../shared/data/megatron-sc21-table1.json): GPT models
+// ({"setup": {...}, "rows": [...]}, as in bench/plan/published/sc21-table1.json): GPT models
 // with tensor size t, pipeline size p, d = gpus / (t p), the interleaved schedule, full
 // recomputation, bf16 and the gradient all-reduce after the pipeline's flush (not overlapped
 // with backward, as Megatron-LM did then), the micro-batch and virtual stages chosen by the
