@@ -1166,6 +1166,9 @@ TEST(Cli, PredictNextTokensAfterAPrompt) {
   const nlohmann::json s = read_json(d / "run" / "summary.json"), j = read_json(d / "eval.json");
   EXPECT_EQ(j["test_loss"].get<double>(), s["test_loss"].get<double>());
   EXPECT_FALSE(j.contains("test_accuracy"));
+  // A language model's perplexity: e to the mean per-token cross-entropy.
+  EXPECT_DOUBLE_EQ(j["test_perplexity"].get<double>(), std::exp(j["test_loss"].get<double>()));
+  EXPECT_NE(e.out.find(", perplexity "), std::string::npos) << e.out;
   std::ofstream(d / "prompt.txt") << "5 17 3\n99 0";
   CmdResult p = saturate("predict --model " + gpt + " --init-weights " + w + " --prompt " + (d / "prompt.txt").string() +
                          " --top-k 5 --threads 1 --out " + (d / "next.csv").string());

@@ -193,6 +193,7 @@ void write_eval_json(const EvalArgs& a, const ModelConfig& mc, const DataSplit& 
   if (mc.tokens) j["seq_len"] = mc.seq_len;
   j["samples"] = r.samples;
   j["test_loss"] = r.loss;
+  if (mc.tokens) j["test_perplexity"] = std::exp(r.loss);  // the loss is the mean per-token cross-entropy (nats)
   if (r.accuracy >= 0) j["test_accuracy"] = r.accuracy;
   write_file_atomic("--json", a.json, j.dump(2) + "\n");
   std::fprintf(stderr, "wrote %s\n", a.json.c_str());
@@ -211,6 +212,7 @@ int run_eval(const EvalArgs& a) {
                d.description.c_str());
   const EvalResult r = t->evaluate();
   std::printf("test loss %.4f", r.loss);
+  if (mc.tokens) std::printf(", perplexity %.4g", std::exp(r.loss));
   if (r.accuracy >= 0) std::printf(", test accuracy %.2f%%", 100 * r.accuracy);
   std::printf(" (%lld samples)\n", (long long)r.samples);
   if (!a.json.empty()) write_eval_json(a, mc, d, r);
