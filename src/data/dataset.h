@@ -37,6 +37,10 @@ class Dataset {
   // Writes sample i (sample_shape, sample_dtype, contiguous) to x and its label
   // (label_shape, int32) to y. 0 <= i < size(). Thread-safe.
   virtual void get(int64_t i, void* x, int32_t* y) const = 0;
+  // Sample i as training epoch `epoch` reads it. Datasets with random augmentation draw
+  // the transform from (their seed, epoch, i) alone, never from the rank or the thread
+  // that reads it, so every layout sees the same augmented samples. Default: get().
+  virtual void get_train(int64_t i, int64_t epoch, void* x, int32_t* y) const { (void)epoch, get(i, x, y); }
   virtual std::string name() const = 0;          // "fashion-mnist train", for messages
   // How image pixels become values ("pixels/255", or --normalize's "(pixels/255 - M)/S"); ""
   // for data that is not scaled (tokens, tensors given as they are).

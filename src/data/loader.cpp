@@ -134,7 +134,10 @@ void BatchLoader::fill(int64_t b, Slot& slot) const {
     uint8_t* xr = x + size_t(r) * x_row_bytes_;
     int32_t* yr = y + r * y_row_;
     if (k >= 0) {
-      ds_.get(order_[size_t(k)], xr, yr);
+      if (train_)
+        ds_.get_train(order_[size_t(k)], epoch_, xr, yr);
+      else
+        ds_.get(order_[size_t(k)], xr, yr);
     } else {  // padding of an evaluation batch
       std::memset(xr, 0, x_row_bytes_);
       std::fill(yr, yr + y_row_, -1);
