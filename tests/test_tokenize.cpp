@@ -474,3 +474,81 @@ TEST_F(Tokenize, MemoryStaysBoundedAsTheCorpusGrows) {
   EXPECT_LT(large - small, 12.0);
   fs::remove_all(d);
 }
+
+// 2 GB of token shards (sparse files: generated at once, read as token 0 with a few
+// others) cost the process a bounded resident set, not their size: the open's vocabulary
+// pass and every window read give the mapped pages back each 64 MiB (token_shards.cpp).
+// Without that, reading them maps all 2 GB into the process (measured: resident grows by
+// the bytes read). The allowance stated: 64 MiB of mapped shard pages, plus 32 MiB of slack
+// in-process; and for a training run, the plan's memory, plus the loader's epoch order (8
+// bytes a sample, as every shuffling sampler holds: 128 MiB for these 16.8 M windows), plus
+// 192 MiB for the program, its libraries (OpenBLAS, MPI, oneDNN: 168 MiB resident for this
+// model on synthetic data) and the shards' mapped pages.
+namespace {
+constexpr int64_t kShardTokens = int64_t(256) << 20;  // 512 MiB of uint16 tokens per shard
+
+fs::path sparse_shards(int count) {
+  const fs::path d = fresh_dir("sparse");
+  for (int s = 0; s < count; ++s) {
+    const fs::path p = d / str_cat("big_train_", s, ".bin");
+    std::ofstream f(p, std::ios::binary);
+    int32_t hdr[256] = {20240520, 1, int32_t(kShardTokens)};
+    f.write(reinterpret_cast<const char*>(hdr), sizeof hdr);
+    const uint16_t some[4] = {7, 300, 511, 42};
+    f.write(reinterpret_cast<const char*>(some), sizeof some);
+    f.close();
+    fs::resize_file(p, 1024 + uint64_t(kShardTokens) * 2);
+  }
+  return d;
+}
+
+double resident_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+double mib_of(const std::string& text) {  // "12.5 MiB", "3.0 GiB", "812 KiB"
+  std::smatch m;
+  if (!std::regex_match(text, m, std::regex("([0-9.]+) (B|KiB|MiB|GiB)"))) return -1;
+  const double v = std::stod(m[1]);
+  return m[2] == "GiB" ? v * 1024 : m[2] == "MiB" ? v : m[2] == "KiB" ? v / 1024 : v / 1048576;
+}
+}  // namespace
+
+TEST(TokenShardsMemory, TwoGigabytesOfShardsStayOutOfResidentMemory) {
+  const fs::path d = sparse_shards(4);
+  const double before = resident_mib();
+  double most = 0;
+  {
+    const DataSplit s = open_dataset("tokens:" + d.string(), token_opts(2047, 512));
+    most = resident_mib() - before;
+    ASSERT_EQ(s.train->size(), 4 * ((kShardTokens - 1) / 2047));
+    std::vector<int32_t> x(2047), y(2047);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < s.train->size(); i += 2) {  // every other window: half of the 2 GB read
+      s.train->get(i, x.data(), y.data());
+      nonzero += x[0] != 0;
+      if (i % 4096 == 0) most = std::max(most, resident_mib() - before);
+    }
+    EXPECT_EQ(nonzero, 4);  // each shard's first window starts with token 7
+  }
+  std::printf("2 GB of token shards: resident memory grew at most %.1f MiB while opened and read\n", most);
+  EXPECT_LT(most, 64.0 + 32.0);
+
+  const CmdResult r = saturate(
+      "train --model llama:layers=1,heads=2,kv_heads=2,width=32,ffn=64,context=64,vocab=512 --data tokens:" + d.string() +
+      " --steps 3 --batch 4 --threads 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("memory predicted ([0-9.]+ [KMG]?i?B), .*process peak resident "
+                                                     "([0-9.]+ [KMG]?i?B)")))
+      << r.out;
+  const double plan = mib_of(m[1]), peak = mib_of(m[2]), order = 8.0 * 4 * ((kShardTokens - 1) / 64) / 1048576;
+  std::printf("training on them: planned %.1f MiB + epoch order %.1f MiB, process peak resident %.1f MiB\n", plan,
+              order, peak);
+  EXPECT_LT(peak, plan + order + 192.0) << r.out;
+  fs::remove_all(d);
+}

@@ -1,7 +1,6 @@
 #include "cli/tokenize_cmd.h"
 
 #include <glob.h>
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -115,12 +114,10 @@ void report(const TokenizeResult& r, const std::string& out, int threads, const 
               shards(int64_t(r.shards.size()) - val_shards).c_str());
   for (const ShardInfo& s : r.shards)
     std::printf("  %-40s %12lld tokens\n", fs::path(s.path).filename().c_str(), static_cast<long long>(s.tokens));
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
   const double total = double(r.val_tokens + r.train_tokens);
   std::printf("encoded %s of text into %.0f tokens in %.2f s: %.0f tokens/s, %.2f MiB/s on %d threads; peak memory "
               "%s\n", mib(r.bytes).c_str(), total, r.seconds, total / std::max(r.seconds, 1e-9),
-              double(r.bytes) / 1048576.0 / std::max(r.seconds, 1e-9), threads, mib(uint64_t(ru.ru_maxrss) * 1024).c_str());
+              double(r.bytes) / 1048576.0 / std::max(r.seconds, 1e-9), threads, mib(peak_resident_bytes()).c_str());
 }
 
 }  // namespace

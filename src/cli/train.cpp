@@ -264,9 +264,10 @@ void print_result(const TrainConfig& cfg, const TrainResult& r, const RankPlan& 
     if (r.test->accuracy >= 0)
       std::printf(", test accuracy %.2f%% (%lld samples)", 100 * r.test->accuracy, (long long)r.test->samples);
   }
-  std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s%s\n", r.samples_per_second,
-              (long long)r.warmup_excluded, format_bytes(double(r.predicted_memory_bytes)).c_str(),
-              format_bytes(double(r.peak_memory_bytes)).c_str(), cfg.pp > 1 ? " (rank 0)" : "");
+  std::printf("\n%.1f samples/s (%lld warm-up steps excluded), memory predicted %s, peak %s%s; process peak resident "
+              "%s\n", r.samples_per_second, (long long)r.warmup_excluded, format_bytes(double(r.predicted_memory_bytes)).c_str(),
+              format_bytes(double(r.peak_memory_bytes)).c_str(), cfg.pp > 1 ? " (rank 0)" : "",
+              format_bytes(double(peak_resident_bytes())).c_str());
   if (cfg.pp > 1 && cfg.accum == 1)
     std::printf("model parallelism: %d stages, one micro-batch at a time: measured bubble %.1f%% (theory (P-1)/P = "
                 "%.1f%%; --accum M pipelines M micro-batches)\n", cfg.pp, 100 * r.bubble_fraction,

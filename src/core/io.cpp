@@ -1,6 +1,7 @@
 #include "core/io.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,12 @@
 #include "core/error.h"
 
 namespace sat {
+
+uint64_t peak_resident_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return uint64_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
 namespace {
 
 namespace fs = std::filesystem;

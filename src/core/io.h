@@ -43,6 +43,9 @@ std::string read_input_file(const std::string& what, const std::string& path,
 // A path given as an input: a regular file, or a directory where dir_ok; refused (naming
 // `what` and what the path is: a FIFO, a device, a socket) otherwise, and when missing.
 // Never blocks (it opens nothing but stats the path).
+// The process's peak resident memory so far (getrusage's ru_maxrss), in bytes.
+uint64_t peak_resident_bytes();
+
 void check_input_path(const std::string& what, const std::string& path, bool dir_ok = false);
 
 // ---- outputs ----------------------------------------------------------------------------

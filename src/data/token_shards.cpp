@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -149,6 +150,18 @@ ShardFormat header_format(const int32_t* hdr, const std::string& path) {
        "tokens): llm.c's .bin format, a 256 int32 header then the tokens");
 }
 
+// The most of the mapped shards a process holds resident before giving them back (see
+// ShardsDataset::get): a corpus of any size costs this much resident memory, not its size.
+constexpr int64_t kReleaseBytes = int64_t(64) << 20;
+
+template <typename T>
+uint32_t max_of(const T* t, int64_t b, int64_t e) {
+  uint32_t m = 0;
+#pragma omp parallel for reduction(max : m) schedule(static) if (e - b > (int64_t(1) << 22))
+  for (int64_t i = b; i < e; ++i) m = std::max<uint32_t>(m, t[i]);
+  return m;
+}
+
 // One shard's tokens: memory-mapped (a plain file) or decompressed into memory (gzip).
 class Shard {
  public:
@@ -175,19 +188,27 @@ class Shard {
     if (format_ == ShardFormat::u16) return reinterpret_cast<const uint16_t*>(tokens_)[i];
     return reinterpret_cast<const uint32_t*>(tokens_)[i];
   }
-  // The largest token (0 for an empty shard): one pass over the shard.
+  // The largest token (0 for an empty shard): one pass over the shard, a piece at a time,
+  // each piece's pages given back once read (a 2 GB shard never becomes 2 GB resident).
   uint32_t max_token() const {
     uint32_t m = 0;
-    if (format_ == ShardFormat::u16) {
-      const uint16_t* t = reinterpret_cast<const uint16_t*>(tokens_);
-#pragma omp parallel for reduction(max : m) schedule(static) if (count_ > (int64_t(1) << 22))
-      for (int64_t i = 0; i < count_; ++i) m = std::max<uint32_t>(m, t[i]);
-    } else {
-      const uint32_t* t = reinterpret_cast<const uint32_t*>(tokens_);
-#pragma omp parallel for reduction(max : m) schedule(static) if (count_ > (int64_t(1) << 22))
-      for (int64_t i = 0; i < count_; ++i) m = std::max<uint32_t>(m, t[i]);
+    const int w = shard_format_info(format_).width;
+    const int64_t piece = kReleaseBytes / w;
+    for (int64_t b = 0; b < count_; b += piece) {
+      const int64_t e = std::min(count_, b + piece);
+      if (format_ == ShardFormat::u16)
+        m = std::max(m, max_of(reinterpret_cast<const uint16_t*>(tokens_), b, e));
+      else
+        m = std::max(m, max_of(reinterpret_cast<const uint32_t*>(tokens_), b, e));
+      release();
     }
     return m;
+  }
+  // Gives the mapped pages back to the page cache (they stay cached, the process stops
+  // holding them; a later read maps them again). Safe while other threads read: the
+  // mapping is read-only, so a page dropped under a reader is read again from the file.
+  void release() const {
+    if (map_) ::madvise(map_, map_len_, MADV_DONTNEED);
   }
   int64_t first_position(uint32_t token) const {
     int64_t i = 0;
@@ -263,6 +284,14 @@ class ShardsDataset : public Dataset {
       xi[j] = int32_t(s.at(base + j));
       y[j] = int32_t(s.at(base + j + 1));
     }
+    // Each window maps at most a page or two of its shard; every kReleaseBytes of pages
+    // mapped, the shards give them back, so resident memory stays bounded whatever the
+    // corpus size (the files stay in the page cache, which the kernel manages).
+    const int64_t pages = (T_ + 1) * shard_format_info(s.format()).width / 4096 + 2;
+    if (mapped_pages_.fetch_add(pages, std::memory_order_relaxed) + pages > kReleaseBytes / 4096) {
+      mapped_pages_.store(0, std::memory_order_relaxed);
+      for (auto& sh : shards_) sh->release();
+    }
   }
   std::string name() const override { return name_; }
   size_t storage_bytes() const override {  // the mapped files are the page cache's, not held
@@ -280,6 +309,7 @@ class ShardsDataset : public Dataset {
   int64_t windows_ = 0, tokens_ = 0;
   std::vector<int64_t> first_;  // the first window of each shard that has windows
   std::vector<size_t> index_;   // ... and that shard's index
+  mutable std::atomic<int64_t> mapped_pages_{0};  // pages mapped by get() since the last release
 };
 
 // Every token of the shard within the model's vocabulary.
