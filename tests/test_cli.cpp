@@ -810,6 +810,34 @@ TEST(Cli, LaunchIsBoundedAndLeavesNothingBehind) {
   }
 }
 
+// --threads 0 (the default) is the cores a rank may use: saturate launch -n 2 and plain
+// mpirun -np 2 never run more threads than the host has cores (on a 2-core machine, 1
+// thread per rank), and summary.json says what rank 0 ran with.
+TEST(Cli, LaunchedRanksShareTheCoresByDefault) {
+  const std::string mpi = mpirun();
+  if (mpi.empty()) GTEST_SKIP() << "no mpirun";
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  if (cores < 2) GTEST_SKIP() << "one core: 2 ranks oversubscribe whatever the threads";
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
+  const std::string run = " train --model mlp --data synthetic --steps 2 --batch 8 --eval off --out ";
+  const fs::path d = tmpdir("default_threads");
+  const std::vector<std::pair<std::string, std::string>> launches = {
+      {"launch", env + SAT_BINARY + " launch -n 2 --" + run + (d / "launch").string()},
+      {"mpirun", env + mpi + " -np 2 " + SAT_BINARY + run + (d / "mpirun").string()},
+      {"mpirun, OMP_NUM_THREADS unset, bound to nothing",
+       "env -u OMP_NUM_THREADS " + env + mpi + " --bind-to none -np 2 " + SAT_BINARY + run + (d / "unbound").string()}};
+  for (const auto& [name, cmd] : launches) {
+    SCOPED_TRACE(name);
+    const CmdResult r = sat::test::run_command(cmd);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const fs::path out = d / (name == "launch" ? "launch" : name == "mpirun" ? "mpirun" : "unbound");
+    std::ifstream sf(out / "summary.json");
+    const int threads = nlohmann::json::parse(sf).at("threads").get<int>();
+    EXPECT_GE(threads, 1);
+    EXPECT_LE(2 * threads, cores) << "2 ranks x " << threads << " threads on " << cores << " cores";
+  }
+}
+
 // One rank failing its own setup (its flags, its data, its files) while the others succeed:
 // the job's first collective is the verdict, so whichever rank fails, every rank prints the
 // failing rank's message and the job exits 2 at once (no MPI_ERR_TRUNCATE, no wait for a

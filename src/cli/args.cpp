@@ -209,7 +209,7 @@ void add_device_options(CLI::App* c, RunArgs& a) {
   c->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (auto: cuda when a GPU is present)")->capture_default_str();
   c->add_option("--precision", a.precision, "fp32 | tf32 | bf16 | fp16 (mixed precision with fp32 master weights; the "
                 "CPU: fp32 or bf16)")->capture_default_str();
-  c->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  c->add_option("--threads", a.threads, "CPU threads (0: the cores this rank may use: OMP_NUM_THREADS, its CPU binding, or the host's cores divided among its ranks)")->capture_default_str();
   c->add_option("--cuda-graph", a.cuda_graph, "on | off: replay each step as one CUDA graph after warm-up")
       ->capture_default_str();
   c->add_option("--bucket-mb", a.bucket_mb, "data parallel: gradient bucket size in MiB")->capture_default_str();

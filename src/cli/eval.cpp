@@ -18,6 +18,7 @@
 #include "backend/cpu/blas.h"
 #include "core/error.h"
 #include "core/io.h"
+#include "dist/comm.h"
 #include "data/dataset.h"
 #include "cli/args.h"
 #include "nn/models.h"
@@ -28,8 +29,8 @@ namespace sat {
 namespace {
 
 void check_common(const EvalArgs& a) {
-  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
-  cpu::set_num_threads(a.threads);
+  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (the cores this rank may use) or a positive number, got ", a.threads);
+  cpu::set_num_threads(a.threads, dist::detect_process().local_world);
   check_input_path("--init-weights", a.init_weights, true);
 }
 

@@ -88,7 +88,7 @@ void add_eval_options(CLI::App* c, sat::EvalArgs& a, bool predict) {
   c->add_option("--val-fraction", a.val_fraction, predict ? "csv:FILE: predict train's held-out rows (default: all)"
                                                           : "csv:FILE: train's --val-fraction (default: all rows)");
   c->add_option("--vocab", a.vocab, "GPT models: train's --vocab");
-  c->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  c->add_option("--threads", a.threads, "CPU threads (0: the cores this rank may use: OMP_NUM_THREADS, its CPU binding, or the host's cores divided among its ranks)")->capture_default_str();
   if (!predict) {
     c->add_option("--seq-len", a.seq_len, "GPT models: evaluate on windows of T <= context tokens");
     c->add_option("--json", a.json, "write the test loss and accuracy to this JSON file");
@@ -141,7 +141,7 @@ void add_tool_commands(CLI::App& app, Commands& c) {
   hw->add_flag("--json", c.hardware.json, "print the description in the JSON file format (edit it and pass it back as "
                "--gpu FILE)");
   hw->add_option("--threads", c.hardware.threads, "with --gpu this: CPU threads per process, as saturate train's (0: "
-                 "all cores)")->capture_default_str();
+                 "the cores it may use)")->capture_default_str();
   RunArgs& s = c.schedule;
   s.pp_schedule = "1f1b";
   auto* sched = app.add_subcommand("schedule", "print a pipeline schedule as a per-rank grid (time runs left to right)");

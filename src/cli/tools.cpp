@@ -17,8 +17,8 @@
 namespace sat::cli {
 
 int run_hardware(const HardwareArgs& a) {
-  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
-  cpu::set_num_threads(a.threads);
+  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (the cores this rank may use) or a positive number, got ", a.threads);
+  cpu::set_num_threads(a.threads, dist::detect_process().local_world);
   std::unique_ptr<dist::Comm> comm;
   if (a.gpu == "this") {
     comm = dist::make_world_comm();

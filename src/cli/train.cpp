@@ -332,8 +332,8 @@ int train_and_report(const RunArgs& a, const ModelConfig& mc, const DataSplit& d
 
 int run_train(const RunArgs& a, bool tune_only) {
   const double t0 = now_seconds();
-  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
-  cpu::set_num_threads(a.threads);
+  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (the cores this rank may use) or a positive number, got ", a.threads);
+  cpu::set_num_threads(a.threads, dist::detect_process().local_world);
   ModelConfig mc = model_for(a);
   check_run_flags(a, tune_only);
   DataOptions dopt = data_options_for(mc, a.seed);

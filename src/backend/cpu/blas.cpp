@@ -1,7 +1,10 @@
 #include "backend/cpu/blas.h"
 
 #include <cblas.h>
+#include <sched.h>
 #include <omp.h>
+#include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 namespace sat::cpu {
@@ -86,9 +89,22 @@ void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 
 static int g_threads = 0;
 
-void set_num_threads(int n) {
-  if (n <= 0) n = int(std::thread::hardware_concurrency());
-  if (n <= 0) n = 1;
+int default_threads(int ranks_on_host) {
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && v > 0) return int(std::min<long>(v, 1 << 16));
+  }
+  const int host = std::max(1, int(std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : host;
+  if (bound > 0 && bound < host) return bound;
+  return std::max(1, host / std::max(1, ranks_on_host));
+}
+
+void set_num_threads(int n, int ranks_on_host) {
+  if (n <= 0) n = default_threads(ranks_on_host);
   g_threads = n;
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
