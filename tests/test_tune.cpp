@@ -263,6 +263,7 @@ TuneConfig quick(size_t budget) {
   t.noise_steps = 3;
   t.noise_ratio = 2;
   t.progress = 0;
+  t.min_steps_per_epoch = 0;  // the budget alone holds the batch back (the cap has its own test)
   return t;
 }
 
@@ -303,6 +304,34 @@ void expect_stays_within(const std::string& model, int64_t X) {
     EXPECT_GE(double(c.measured_peak_bytes), 0.98 * double(c.predicted_memory_bytes)) << c.micro_batch;
   }
   EXPECT_EQ(probed + lever_probes, r.probes);
+}
+
+// With no budget and no global batch, as `saturate tune --model mlp --data synthetic` runs:
+// the budget is the host's available memory less 20% (the whole 10,000-sample training set
+// would fit it), yet the choice leaves at least min_steps_per_epoch optimizer steps per
+// epoch (by default 50, there micro-batch 200; 1,000 here, micro-batch 10, so that the
+// probes are few) and says so; the warm-up is kept whatever the batch; and the choice
+// says where it stands against the critical batch size estimate.
+TEST(Tune, NoBudgetLeavesStepsPerEpochAndAWarmUp) {
+  EXPECT_EQ(TuneConfig{}.min_steps_per_epoch, 50);
+  Problem s = setup("mlp");
+  TuneConfig t = quick(0);
+  t.min_steps_per_epoch = 1000;
+  TuneResult r = sat::tune(s.mc, s.base, *s.data.train, nullptr, t);
+  const int64_t n = s.data.train->size();
+  std::printf("no budget: %s (%s), max %lld, chose %lld\n%s\n", sat::format_bytes(double(r.budget)).c_str(),
+              r.budget_source.c_str(), (long long)r.max_micro_batch, (long long)r.choice.global_batch,
+              r.choice.reason.c_str());
+  EXPECT_EQ(r.budget_source, "available host memory less 20%");
+  EXPECT_GT(r.budget, plan_at(s, n)) << "the test wants a budget the whole training set fits";
+  EXPECT_EQ(r.max_micro_batch, n / 1000);
+  EXPECT_GE(n / r.choice.global_batch, 1000);
+  EXPECT_NE(r.choice.reason.find("fewer than 1000 optimizer steps per epoch"), std::string::npos) << r.choice.reason;
+  EXPECT_NE(r.choice.reason.find("critical batch size"), std::string::npos) << r.choice.reason;
+  EXPECT_EQ(r.choice.warmup_fraction, 0.05);
+  // Below --lr-batch the warm-up stays too.
+  t.lr_batch = 1 << 20;
+  EXPECT_EQ(sat::tune(s.mc, s.base, *s.data.train, nullptr, t).choice.warmup_fraction, 0.05);
 }
 
 TEST(Tune, StaysWithinBudgetsThatAdmitOnlySmallBatches) {

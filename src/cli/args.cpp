@@ -39,6 +39,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
       {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
+      {"--min-steps-per-epoch", {0, 1LL << 40}},
       {"--batch", {1, kMaxMicroBatch}},  {"--ranks", {1, 1 << 20}},
       {"--gpus", {1, 1 << 20}},          {"--gpus-per-node", {0, 4096}},
       {"--top", {1, 100000}},            {"--min-bytes", {4, 1LL << 34}},
@@ -259,6 +260,8 @@ void add_tuning_options(CLI::App* c, RunArgs& a) {
                 "throughput")->capture_default_str();
   c->add_option("--lr-batch", a.lr_batch, "the global batch --lr is meant for; --batch auto scales it (linear SGD, "
                 "sqrt AdamW)")->capture_default_str();
+  c->add_option("--min-steps-per-epoch", a.min_steps_per_epoch, "with --batch auto and no --global-batch: the largest "
+                "global batch leaves at least this many optimizer steps per epoch (0: no such cap)")->capture_default_str();
 }
 
 void add_train_options(CLI::App* c, RunArgs& a, bool tune) {
@@ -404,6 +407,7 @@ TunePolicy tune_policy(const RunArgs& a, const std::string& data_description, bo
   p.tune.objective = a.objective;
   p.tune.knee = a.knee;
   p.tune.lr_batch = a.lr_batch;
+  p.tune.min_steps_per_epoch = a.min_steps_per_epoch;
   p.budget_text = a.memory_budget;
   p.data = data_description;
   p.seq_len = a.seq_len;

@@ -57,7 +57,7 @@ struct RunArgs {
   int keep = 0;
   // Tuning (saturate tune, --batch auto, --layout).
   std::string memory_budget, objective = "throughput", layout;
-  int64_t global_batch = 0, lr_batch = 64;
+  int64_t global_batch = 0, lr_batch = 64, min_steps_per_epoch = 50;
   double knee = 0.03;
   int layout_candidates = 3;
   std::vector<std::string> given;  // the layout flags given explicitly (they fix fields of --layout's search)

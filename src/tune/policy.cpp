@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/io.h"
+#include "core/text.h"
 #include "dist/comm.h"
 #include "plan/curve.h"
 #include "plan/hardware.h"
@@ -51,7 +52,8 @@ std::string batch_key(const TunePolicy& p, const ModelConfig& mc, const TrainCon
   return str_cat(mc.name, "|", p.data, "|", cfg.device, "|", precision_name(cfg.precision), "|", world, "|",
                  p.budget_text, "|", t.global_batch, "|", t.objective, "|", t.knee, "|", t.lr_batch, "|",
                  cfg.optim.name, "|", cfg.optim.lr, "|", cfg.zero, "|", cfg.evaluate ? "on" : "off", "|",
-                 cpu::num_threads(), cfg.recompute == Recompute::none ? "" : "|recompute ",
+                 cpu::num_threads(), "|steps/epoch ", t.min_steps_per_epoch,
+                 cfg.recompute == Recompute::none ? "" : "|recompute ",
                  cfg.recompute == Recompute::none ? "" : recompute_name(cfg.recompute), seq_len_key(p));
 }
 
@@ -145,10 +147,16 @@ void print_choice(const TunePolicy& p, const TuneChoice& ch, int world, const Tr
                             : ch.recompute != Recompute::none
                                 ? std::string(", with --recompute ") + recompute_name(ch.recompute)
                                 : "";
+  const std::string warmup =
+      ch.warmup_fraction > 0
+          ? strf(", warm-up %g%% of the steps%s", 100 * ch.warmup_fraction,
+                 ch.global_batch > p.tune.lr_batch ? " (the rate is scaled up)" : " (kept below --lr-batch too)")
+          : ", no warm-up";
   std::printf("tune: micro-batch %lld x %lld accumulation x %d rank(s) = global batch %lld%s, lr %.4g (%s from %g at "
-              "batch %lld)\ntune: %s\n",
+              "batch %lld)%s\ntune: %s\n",
               (long long)ch.micro_batch, (long long)ch.accum, world, (long long)ch.global_batch, lever.c_str(),
-              double(ch.lr), ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)p.tune.lr_batch, ch.reason.c_str());
+              double(ch.lr), ch.lr_rule.c_str(), double(cfg.optim.lr), (long long)p.tune.lr_batch, warmup.c_str(),
+              ch.reason.c_str());
   const std::string& out = p.out_dir;
   if (!out.empty() && fs::exists(out + "/tune.html"))
     std::printf("tune: report in %s/tune.html, every measurement in %s/tune.json\n", out.c_str(), out.c_str());

@@ -189,6 +189,8 @@ class Tuner {
   void first_pass_predicted();
   size_t decide(const std::vector<double>& log_offsets, const char* what);
   std::string rule_used(int64_t b) const;
+  std::string largest_text() const;
+  std::string critical_text() const;
   void record(const std::vector<size_t>& idx, const std::vector<Contender>& con, size_t ref);
   int64_t noise_small_batch(int64_t micro, double sps, int64_t times) const;
   void measure_noise(int64_t micro, double sps);
@@ -209,6 +211,8 @@ class Tuner {
   Device dev_ = Device::cpu;
   TuneResult r_;
   int64_t share_ = 0, cap_ = 0;
+  int64_t steps_cap_ = 0;       // the micro-batch min_steps_per_epoch allows (0: no such cap)
+  bool held_by_steps_ = false;  // max_micro_batch is that cap, not the budget
   TrainConfig final_cfg_;
 };
 
@@ -232,6 +236,10 @@ void Tuner::find_largest() {
   cap_ = train_.size() / world_;
   if (share_) cap_ = std::min(cap_, share_);
   if (cfg_.max_micro_batch > 0) cap_ = std::min(cap_, cfg_.max_micro_batch);
+  if (!share_ && cfg_.min_steps_per_epoch > 0) {
+    steps_cap_ = std::max<int64_t>(1, train_.size() / (int64_t(world_) * cfg_.min_steps_per_epoch));
+    cap_ = std::min(cap_, steps_cap_);
+  }
   SAT_CHECK(cap_ >= 1, "--data: ", train_.name(), " has ", train_.size(), " samples, fewer than the ", world_,
             " ranks");
   final_cfg_ = probe_config(base_, 1, 1, 1);
@@ -242,9 +250,12 @@ void Tuner::find_largest() {
             (cfg_.memory_budget ? "" : " (" + r_.budget_source + ")"));
   r_.max_micro_batch = largest_fitting(cap_, [&](int64_t b) { return plan_at(b) <= r_.budget; });
   r_.max_predicted_bytes = plan_at(r_.max_micro_batch);
+  held_by_steps_ = r_.max_micro_batch == steps_cap_ && steps_cap_ < train_.size() / world_;
   say("tune: budget ", format_bytes(double(r_.budget)), " per rank (", r_.budget_source,
       "); the plan fits micro-batch ", r_.max_micro_batch, " (", format_bytes(double(r_.max_predicted_bytes)), ")",
-      cap_ == r_.max_micro_batch && cap_ < train_.size() / world_ ? " (capped)" : "");
+      held_by_steps_ ? str_cat(" (capped: a larger one leaves fewer than ", cfg_.min_steps_per_epoch,
+                               " optimizer steps per epoch)")
+      : cap_ == r_.max_micro_batch && cap_ < train_.size() / world_ ? " (capped)" : "");
 }
 
 // Trains c for c.steps steps or `seconds` of timed steps, and at least min_steps of them
@@ -478,6 +489,32 @@ void Tuner::record_noise(const std::vector<GradNormSample>& norms) {
   r_.noise_scale = iv.measurable ? iv.estimate : 0;
 }
 
+// The largest micro-batch considered, and what held it there.
+std::string Tuner::largest_text() const {
+  if (!held_by_steps_) return str_cat("The largest that fits the budget is ", r_.max_micro_batch);
+  return str_cat("The largest considered is ", r_.max_micro_batch, ": a larger global batch would leave fewer than ",
+                 cfg_.min_steps_per_epoch, " optimizer steps per epoch of the ", train_.size(),
+                 " training samples (--min-steps-per-epoch; progress comes from steps, not only samples)");
+}
+
+// The critical batch size the statistical side estimated (the gradient noise scale
+// B_simple, McCandlish et al. 2018: below it a larger batch trains nearly as well per
+// sample, above it each doubling buys less), and where the chosen global batch stands.
+std::string Tuner::critical_text() const {
+  const NoiseInterval& iv = r_.noise_interval;
+  const int64_t g = r_.choice.global_batch;
+  if (!iv.measurable)
+    return str_cat("The critical batch size could not be estimated (", iv.reason.empty() ? "not measured" : iv.reason,
+                   "), so global batch ", g, " is not weighed against it");
+  const char* where = double(g) > iv.high ? "above it: beyond the critical batch, a larger batch needs more samples "
+                                            "for the same progress"
+                      : double(g) < iv.low ? "below it: a larger batch would still train nearly as well per sample"
+                                           : "within its interval";
+  return str_cat("The critical batch size estimate (the gradient noise scale B_simple) is ", fixed("%.3g", iv.estimate),
+                 " (95% interval ", fixed("%.3g", iv.low), " to ", fixed("%.3g", iv.high), "); global batch ", g,
+                 " is ", where);
+}
+
 // What decided the contest's choice (micro-batch b), in words for tune.json.
 std::string Tuner::rule_used(int64_t b) const {
   const ThroughputNoise& tn = r_.throughput_noise;
@@ -524,20 +561,18 @@ void Tuner::explain(size_t pick) {
                         "slower than the best (a larger batch spreads each step's fixed cost over more samples): ",
                         sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference,
                         "'s, the noise-aware best (95% interval ", fixed("%.3f", c.ratio_to_best_low), " to ",
-                        fixed("%.3f", c.ratio_to_best_high), "). The largest that fits the budget is ",
-                        r_.max_micro_batch);
+                        fixed("%.3f", c.ratio_to_best_high), "). ", largest_text());
   else if (c.micro_batch == tn.reference)
     ch.reason = str_cat("micro-batch ", c.micro_batch, " gave the best ", what, ", ", sps, ", and no smaller one ",
                         tn.settled ? "is" : "could be confirmed", " within ", knee, " of it (", noise,
-                        "). The largest that fits the budget is ", r_.max_micro_batch);
+                        "). ", largest_text());
   else
     ch.reason = str_cat("micro-batch ", c.micro_batch, " is the smallest within ", knee, " of the best ", what, ": ",
                         sps, ", ", fixed("%.3f", c.ratio_to_best), " of micro-batch ", tn.reference,
                         "'s (95% interval ",
                         fixed("%.3f", c.ratio_to_best_low), " to ", fixed("%.3f", c.ratio_to_best_high), "; ", noise,
                         tn.settled ? "" : "; smaller ones could not be told apart from the knee through the noise",
-                        "): larger batches cost memory for little speed. The largest that fits the budget is ",
-                        r_.max_micro_batch);
+                        "): larger batches cost memory for little speed. ", largest_text());
   if (cfg_.objective == "goodput" && !good)
     ch.reason += str_cat(" (goodput needs the gradient noise scale, which is not measurable yet: ",
                          r_.noise_interval.reason, "; chosen by throughput)");
@@ -558,7 +593,7 @@ void Tuner::weigh_levers(size_t pick) {
     for (int64_t b = r_.max_micro_batch + 1; b <= std::min(share_, train_.size() / world_) && !target; ++b)
       if (share_ % b == 0) target = b;
   } else {
-    target = std::min(2 * r_.max_micro_batch, train_.size() / world_);
+    target = std::min(2 * r_.max_micro_batch, steps_cap_ ? steps_cap_ : train_.size() / world_);
   }
   if (by_goodput || !rising || ch.micro_batch != r_.max_micro_batch || target <= r_.max_micro_batch) return;
   r_.levers = lever_options(mc_, base_, world_, dev_);
@@ -623,7 +658,10 @@ void Tuner::agree_choice() {
   ch.zero = int(agreed[3]);
   ch.recompute = Recompute(agreed[4]);
   ch.lr = scale_lr(base_.optim.name, base_.optim.lr, cfg_.lr_batch, ch.global_batch, &ch.lr_rule);
-  ch.warmup_fraction = ch.global_batch > cfg_.lr_batch ? 0.05 : 0.0;
+  // A linear warm-up over 5% of the steps whatever the batch: at a batch above --lr-batch
+  // the rate was scaled up, and below it the default warm-up is kept all the same.
+  ch.warmup_fraction = 0.05;
+  ch.reason += ". " + critical_text();
 }
 
 TuneResult Tuner::run() {

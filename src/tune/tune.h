@@ -35,6 +35,11 @@ struct TuneConfig {
   std::string objective = "throughput";  // throughput | goodput
   double knee = 0.03;                  // smallest micro-batch within this of the best throughput
   int64_t max_micro_batch = 0;         // 0: no cap beyond memory and the training set
+  // Without a global batch: the largest global batch considered leaves at least this many
+  // optimizer steps per epoch (0: none). A batch as large as the training set fits memory
+  // on the CPU and is often the fastest per sample, but it takes one step per epoch:
+  // progress comes from steps, so the tuner never trades them all away for throughput.
+  int64_t min_steps_per_epoch = 50;
   double probe_seconds = 0.3;          // timed seconds per probe (after one warm-up step; at least 3
                                        // timed steps; throughput from the median step time)
   int probe_min_steps = 6;             // timed steps per probe at least (quartiles of the step times)
