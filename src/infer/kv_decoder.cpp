@@ -4,6 +4,7 @@
 // passes, RMSNorm's (x * rstd) * w, GELU's x / (1 + exp(-2u)), SwiGLU's g / (1 + exp(-g)) u,
 // the rotary table in float32), so that the logits stay within rounding of the ordinary
 // forward's (tests/test_generate.cpp holds them to it).
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -79,29 +80,17 @@ struct Attention {
     const int64_t work = n * heads * (first + n) * hs;
 #pragma omp parallel for schedule(static) if (work > kParallelMin)
     for (int64_t ih = 0; ih < n * heads; ++ih) {
-      const int64_t i = ih / heads, h = ih % heads, last = first + i, kv = (h / group) * hs;
-      const float* qi = q + i * ldq + h * hs;
+      const int64_t i = ih / heads, h = ih % heads, rows = first + i + 1, kv = (h / group) * hs;
       float* s = scores.data() + size_t(omp_get_thread_num()) * size_t(context);
-      float m = -INFINITY;
-      for (int64_t j = 0; j <= last; ++j) {
-        const float* kj = K + j * kvw + kv;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < hs; ++d) dot += qi[d] * kj[d];
-        s[j] = dot * scale;
-        m = std::max(m, s[j]);
-      }
+      // s = K[0:rows] q * scale, then its softmax, then y = V[0:rows]^T s: matrix-vector
+      // products over the cache (single-threaded inside the loop's region, as attention.cpp's).
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(hs), scale, K + kv, int(kvw), q + i * ldq + h * hs, 1,
+                  0.0f, s, 1);
+      const float m = *std::max_element(s, s + rows);
       float sum = 0.0f;
-      for (int64_t j = 0; j <= last; ++j) sum += (s[j] = vexp(s[j] - m));
-      const float inv = 1.0f / sum;
-      float* yi = y + i * W + h * hs;
-      std::fill(yi, yi + hs, 0.0f);
-      for (int64_t j = 0; j <= last; ++j) {
-        const float p = s[j] * inv;
-        const float* vj = V + j * kvw + kv;
-#pragma omp simd
-        for (int64_t d = 0; d < hs; ++d) yi[d] += p * vj[d];
-      }
+      for (int64_t j = 0; j < rows; ++j) sum += (s[j] = vexp(s[j] - m));
+      cblas_sgemv(CblasRowMajor, CblasTrans, int(rows), int(hs), 1.0f / sum, V + kv, int(kvw), s, 1, 0.0f,
+                  y + i * W + h * hs, 1);
     }
   }
 };
