@@ -48,6 +48,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       // saturate schedule prints a grid of every rank and micro-batch
       {"schedule --pp", {1, 256}},       {"schedule --accum", {1, 4096}},
       {"schedule --virtual-stages", {1, 64}},
+      {"generate --top-k", {0, 1 << 30}},  {"generate --max-new-tokens", {0, 1 << 30}},
   };
   return r;
 }

@@ -18,8 +18,10 @@
 #include "backend/cpu/blas.h"
 #include "core/error.h"
 #include "core/io.h"
+#include "core/text.h"
 #include "dist/comm.h"
 #include "data/dataset.h"
+#include "infer/generate.h"
 #include "cli/args.h"
 #include "nn/models.h"
 #include "train/trainer.h"
@@ -93,6 +95,7 @@ std::string csv_field(const std::string& s) {
 // table's classes by their names); the accuracy where the samples have labels.
 int predict_classes(const EvalArgs& a, ModelConfig mc) {
   SAT_CHECK(a.prompt.empty(), "--prompt applies to the GPT models only, not --model ", a.model);
+  SAT_CHECK(a.text.empty(), "--text applies to the language models only (gpt:, llama:), not --model ", a.model);
   DataSplit d = open_test_split(a, mc, true);
   std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
   const std::vector<std::string> names = d.test->class_names();
@@ -164,23 +167,49 @@ std::vector<float> next_token_logits(const EvalArgs& a, ModelConfig mc, const st
   return last;
 }
 
-// GPT models: the top-k next tokens after the prompt.
-int predict_next_tokens(const EvalArgs& a, const ModelConfig& mc) {
-  SAT_CHECK(!a.prompt.empty(), "--prompt FILE is required for a GPT model (token ids separated by whitespace): "
-            "predict writes the next token's top-k");
-  SAT_CHECK(a.data.empty(), "--data: predict with --prompt reads no data (the prompt is the input)");
-  const std::vector<float> logits = next_token_logits(a, mc, read_prompt(a.prompt, mc));
+// The top-k rows of the next token's CSV: rank,token[,text],probability,logit.
+std::string next_token_csv(const std::vector<float>& logits, const std::vector<int64_t>& best, const Tokenizer* tok) {
   const std::vector<double> p = softmax(logits.data(), int64_t(logits.size()));
   std::ostringstream csv;
-  csv << "rank,token,probability,logit\n";
+  csv << (tok ? "rank,token,text,probability,logit\n" : "rank,token,probability,logit\n");
   char line[128];
-  const std::vector<int64_t> best = top_k(logits, a.top_k);
   for (size_t r = 0; r < best.size(); ++r) {
     const size_t i = size_t(best[r]);
-    std::snprintf(line, sizeof line, "%zu,%zu,%.9g,%.9g\n", r + 1, i, p[i], double(logits[i]));
+    csv << r + 1 << ',' << i << ',';
+    if (tok) csv << csv_field(tok->decode({int32_t(i)})) << ',';
+    std::snprintf(line, sizeof line, "%.9g,%.9g\n", p[i], double(logits[i]));
     csv << line;
   }
-  write_csv(a.out, csv.str());
+  return csv.str();
+}
+
+// --text: the prompt through the tokenizer (as generate encodes it); the top-k next tokens
+// printed with their text, and written as CSV with --out.
+int predict_after_text(const EvalArgs& a, const ModelConfig& mc) {
+  SAT_CHECK(a.prompt.empty(), "--prompt and --text: give one (--prompt FILE of token ids, or --text TEXT)");
+  const Tokenizer tok = language_model_tokenizer(a.tokenizer, a.init_weights, mc.vocab);
+  const std::vector<int32_t> ids = prompt_tokens(tok, a.text, mc.context, "--text");
+  const std::vector<float> logits = next_token_logits(a, mc, ids);
+  const std::vector<double> p = softmax(logits.data(), int64_t(logits.size()));
+  const std::vector<int64_t> best = top_k(logits, a.top_k);
+  std::printf("the next token after %zu tokens of --text, most likely first:\n", ids.size());
+  for (size_t r = 0; r < best.size(); ++r) {
+    const size_t i = size_t(best[r]);
+    std::printf("%3zu  %8.4f%%  token %-6zu '%s'\n", r + 1, 100 * p[i], i, printable(tok.decode({int32_t(i)})).c_str());
+  }
+  if (!a.out.empty()) write_csv(a.out, next_token_csv(logits, best, &tok));
+  return 0;
+}
+
+// GPT models: the top-k next tokens after the prompt.
+int predict_next_tokens(const EvalArgs& a, const ModelConfig& mc) {
+  SAT_CHECK(a.data.empty(), "--data: predict with --prompt or --text reads no data (the prompt is the input)");
+  if (!a.text.empty()) return predict_after_text(a, mc);
+  SAT_CHECK(!a.prompt.empty(), "--prompt FILE is required for a GPT model (token ids separated by whitespace), or "
+            "--text TEXT: predict writes the next token's top-k");
+  SAT_CHECK(!a.out.empty(), "--out FILE is required (the CSV of predictions)");
+  const std::vector<float> logits = next_token_logits(a, mc, read_prompt(a.prompt, mc));
+  write_csv(a.out, next_token_csv(logits, top_k(logits, a.top_k), nullptr));
   return 0;
 }
 
@@ -222,8 +251,8 @@ int run_eval(const EvalArgs& a) {
 
 int run_predict(const EvalArgs& a) {
   check_common(a);
-  SAT_CHECK(!a.out.empty(), "--out FILE is required (the CSV of predictions)");
-  check_output_file("--out", a.out);
+  SAT_CHECK(!a.out.empty() || !a.text.empty(), "--out FILE is required (the CSV of predictions)");
+  if (!a.out.empty()) check_output_file("--out", a.out);
   SAT_CHECK(a.top_k >= 1, "--top-k: expected a positive number of tokens, got ", a.top_k);
   const ModelConfig mc = cli::model_for(a.model, a.vocab, a.seq_len);
   return mc.tokens ? predict_next_tokens(a, mc) : predict_classes(a, mc);

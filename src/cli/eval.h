@@ -14,6 +14,8 @@ struct EvalArgs {
   std::string json;    // eval: --json FILE
   std::string out;     // predict: --out FILE (CSV)
   std::string prompt;  // predict, GPT models: --prompt FILE of token ids
+  std::string text;       // predict, language models: --text, the prompt as text
+  std::string tokenizer;  // ... through --tokenizer (default: the one the weights record)
   int64_t batch = 64, vocab = 0, seq_len = 0, top_k = 10;
   uint64_t seed = 0;  // synthetic data is generated from it, as in train
   int threads = 0;
@@ -24,7 +26,9 @@ struct EvalArgs {
 int run_eval(const EvalArgs& a);
 // Classifiers: a CSV index,class,probability,label of the test split (a table's classes and
 // labels by their own names; the label empty where the file has none). GPT models: the
-// top-k next tokens after --prompt, a CSV rank,token,probability,logit.
+// top-k next tokens after --prompt, a CSV rank,token,probability,logit; after --text (encoded
+// as generate encodes a prompt), printed with their text, and with --out a CSV
+// rank,token,text,probability,logit.
 int run_predict(const EvalArgs& a);
 
 }  // namespace sat

@@ -1,5 +1,5 @@
 // The `saturate` command: train, tune, eval, predict, info, plan, hardware, schedule, launch,
-// bench, report and tokenize. It parses flags into typed configs (cli/args.h) and hands them to the
+// bench, report, tokenize and generate. It parses flags into typed configs (cli/args.h) and hands them to the
 // command's run function; policy lives below it. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
@@ -16,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/eval.h"
+#include "cli/generate_cmd.h"
 #include "cli/info.h"
 #include "cli/tokenize_cmd.h"
 #include "cli/tools.h"
@@ -64,6 +65,7 @@ struct Commands {
   sat::cli::HardwareArgs hardware;
   sat::cli::BenchCommArgs bench;
   sat::cli::TokenizeArgs tokenize;
+  sat::cli::GenerateArgs generate;
   std::string report_dir;
   std::vector<std::pair<std::string, CLI::App*>> apps;
   CLI::App* app(const std::string& name) const {
@@ -95,8 +97,12 @@ void add_eval_options(CLI::App* c, sat::EvalArgs& a, bool predict) {
     return;
   }
   c->add_option("--out", a.out, "the CSV written: index,class,probability,label (classifiers) or "
-                "rank,token,probability,logit (GPT models with --prompt)")->required();
+                "rank,token,probability,logit (GPT models with --prompt; --text: optional, with each token's text)");
   c->add_option("--prompt", a.prompt, "GPT models: a text file of token ids separated by whitespace");
+  c->add_option("--text", a.text, "GPT and Llama models: the prompt as text, through the tokenizer; prints the most "
+                "likely next tokens");
+  c->add_option("--tokenizer", a.tokenizer, "with --text: a SentencePiece FILE.model (default: the tokenizer.model "
+                "beside the shards the weights were trained on, which they record)");
   c->add_option("--top-k", a.top_k, "GPT models: how many of the most likely next tokens to write")->capture_default_str();
 }
 
@@ -166,6 +172,7 @@ void add_tool_commands(CLI::App& app, Commands& c) {
   for (auto [name, a] : {std::pair{"hardware", hw}, {"schedule", sched}, {"bench comm", bcomm}, {"report", report}})
     c.apps.emplace_back(name, a);
   c.apps.emplace_back("tokenize", sat::cli::add_tokenize_command(app, c.tokenize));
+  c.apps.emplace_back("generate", sat::cli::add_generate_command(app, c.generate));
 }
 
 void add_commands(CLI::App& app, Commands& c) {
@@ -177,7 +184,7 @@ void add_commands(CLI::App& app, Commands& c) {
   auto* eval = app.add_subcommand("eval", "test loss and accuracy of trained weights (train's final evaluation)");
   add_eval_options(eval, c.eval, false);
   auto* predict = app.add_subcommand("predict", "the model's outputs: each test sample's class and probability "
-                                     "(CSV), or a GPT model's top-k next tokens after --prompt");
+                                     "(CSV), or a language model's top-k next tokens after --prompt or --text");
   add_eval_options(predict, c.predict, true);
   auto* info = app.add_subcommand("info", "parameters, FLOPs and the memory plan of a model (every pipeline stage's)");
   sat::cli::add_info_options(info, c.info);
@@ -197,7 +204,7 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
   const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
   std::string command;
   for (const char* name : {"train", "tune", "eval", "predict", "info", "hardware", "plan", "schedule", "bench comm",
-                           "report", "tokenize"})
+                           "report", "tokenize", "generate"})
     if (command.empty() && c.parsed(name)) command = std::string(name) + " ";
   std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(),
                sat::printable(e.what()).c_str(), command.c_str());
@@ -264,6 +271,7 @@ int run_command(Commands& c) {
   }
   if (c.parsed("bench comm")) return sat::cli::run_bench_comm(c.bench);
   if (c.parsed("tokenize")) return sat::cli::run_tokenize(c.tokenize);
+  if (c.parsed("generate")) return sat::cli::run_generate(c.generate);
   return 0;
 }
 

@@ -355,7 +355,7 @@ int run_train(const RunArgs& a, bool tune_only) {
   // Rank 0 claims --out before anything is written there (a tuned batch's tune.json first).
   auto out = dist::on_every_rank(*comm, [&] {
     auto dir = lead && !tune_only && !a.out.empty() ? std::make_unique<RunDirectory>(a.out, !a.resume.empty()) : nullptr;
-    if (dir && !data.train->schema().empty())  // a table's columns, classes and standardisation, for predict
+    if (dir && !data.train->is_tokens() && !data.train->schema().empty())  // a table's, for predict
       write_file_atomic("--out", a.out + "/table.json", data.train->schema() + "\n");
     return dir;
   });

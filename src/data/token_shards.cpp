@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/io.h"
@@ -299,11 +300,13 @@ class ShardsDataset : public Dataset {
     for (auto& s : shards_) n += s->owned_bytes();
     return n;
   }
+  std::string schema() const override { return schema_; }
   int64_t tokens() const { return tokens_; }
   size_t shards() const { return shards_.size(); }
+  void set_schema(std::string s) { schema_ = std::move(s); }
 
  private:
-  std::string name_;
+  std::string name_, schema_;
   std::vector<std::unique_ptr<Shard>> shards_;
   int64_t T_, vocab_;
   int64_t windows_ = 0, tokens_ = 0;
@@ -344,7 +347,7 @@ std::unique_ptr<ShardsDataset> open_split(const std::vector<std::string>& files,
 }
 
 // The tokenizer `saturate tokenize` saved beside the shards, when there is one: its
-// vocabulary must be the model's.
+// vocabulary must be the model's. Returns its path ("" when there is none).
 std::string check_tokenizer(const std::string& first_file, const DataOptions& opt) {
   const fs::path p = fs::path(first_file).parent_path() / "tokenizer.model";
   std::error_code ec;
@@ -353,7 +356,7 @@ std::string check_tokenizer(const std::string& first_file, const DataOptions& op
   SAT_CHECK(t.vocab_size() == opt.vocab, p.string(), ": the tokenizer's vocabulary has ", t.vocab_size(),
             " tokens but the model's has ", opt.vocab, "; expected the same (vocab=", t.vocab_size(),
             " in --model, or --vocab ", t.vocab_size(), " for a GPT model)");
-  return str_cat("; tokenizer ", p.string(), " (", t.vocab_size(), " tokens)");
+  return p.string();
 }
 
 std::string split_text(const ShardsDataset& d, const std::string& what, int64_t T) {
@@ -391,9 +394,34 @@ DataSplit open_tokens(const std::string& train_spec, const std::string& val_spec
   } else {
     s.description += "no test split; ";
   }
-  s.description += str_cat(shard_format_info(format).name, " tokens, vocabulary ", opt.vocab, tokenizer);
+  s.description += str_cat(shard_format_info(format).name, " tokens, vocabulary ", opt.vocab,
+                           tokenizer.empty() ? "" : str_cat("; tokenizer ", tokenizer, " (", opt.vocab, " tokens)"));
+  if (!tokenizer.empty()) {  // kept with the weights: generate decodes through it
+    const std::string schema = tokens_schema(tokenizer, opt.vocab);
+    static_cast<ShardsDataset&>(*s.train).set_schema(schema);
+    if (s.test) static_cast<ShardsDataset&>(*s.test).set_schema(schema);
+  }
   return s;
 }
 
 }  // namespace data_detail
+
+std::string tokens_schema(const std::string& tokenizer_path, int64_t vocab) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(tokenizer_path, ec);
+  if (ec) abs = tokenizer_path;
+  nlohmann::ordered_json j;
+  j["format"] = "saturate tokens 1";
+  j["tokenizer"] = abs.lexically_normal().string();
+  j["vocab"] = vocab;
+  return j.dump();
+}
+
+std::string tokenizer_of_schema(const std::string& schema) {
+  const nlohmann::json j = nlohmann::json::parse(schema, nullptr, false);
+  if (!j.is_object()) return "";
+  const auto f = j.find("format"), t = j.find("tokenizer");
+  if (f == j.end() || !f->is_string() || f->get<std::string>() != "saturate tokens 1") return "";
+  return t != j.end() && t->is_string() ? t->get<std::string>() : "";
+}
 }  // namespace sat

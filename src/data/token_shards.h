@@ -64,4 +64,12 @@ std::vector<std::string> token_shard_files(const std::string& pattern, const std
 // True for a validation shard's file name (it holds "_val_", as llm.c names them).
 bool is_val_shard(const std::string& path);
 
+// The schema (Dataset::schema()) of token shards with a tokenizer.model beside them, which
+// weights and checkpoints keep: {"format": "saturate tokens 1", "tokenizer": ABSOLUTE_PATH,
+// "vocab": V}, so that `saturate generate` finds the tokenizer of the model's training
+// data. tokenizer_of_schema: the path such a schema names; "" for any other schema (a
+// table's, none, or one that is not JSON).
+std::string tokens_schema(const std::string& tokenizer_path, int64_t vocab);
+std::string tokenizer_of_schema(const std::string& schema);
+
 }  // namespace sat

@@ -42,6 +42,7 @@ Tokenizer Tokenizer::load(const std::string& what, const std::string& path) {
 
 int64_t Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 int32_t Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
+int32_t Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
 const std::string& Tokenizer::serialized() const { return impl_->bytes; }
 const std::string& Tokenizer::name() const { return impl_->name; }
 

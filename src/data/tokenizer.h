@@ -35,6 +35,7 @@ class Tokenizer {
 
   int64_t vocab_size() const;  // ids are 0 .. vocab_size() - 1
   int32_t bos_id() const;      // the document-start id, -1 when the model has none
+  int32_t eos_id() const;      // the end-of-text id (</s>), -1 when the model has none
   // Appends the ids of `text` to `out`. Thread-safe (const, no shared state).
   void encode(std::string_view text, std::vector<int32_t>& out) const;
   // The text of `ids` (control ids such as <s> give nothing).

@@ -15,6 +15,7 @@
 #include "train/resume_policy.h"
 #include "train/signals.h"
 #include "train/runtime.h"
+#include "train/weights.h"
 
 namespace sat {
 
@@ -426,18 +427,7 @@ void Checkpointer::load_tensors(const std::string& dir, const Manifest& man, boo
     const Graph& g = *rt_.plan->model.graph;
     std::unique_ptr<ParamStore> full;
     if (ps.sharding().stage >= 3) full = std::make_unique<ParamStore>(g.params(), g.states(), 0);
-    ParamStore& into = full ? *full : ps;
-    for (size_t i = 0; i < into.num_params(); ++i) {
-      const ParamDecl& d = into.decl(i);
-      if (d.shared) continue;
-      const auto bytes = read_logical(dir, man, "param/" + d.name, d.full_shape(), DType::f32);
-      shard_extract(d, bytes.data(), into.host_param(i).ptr);
-    }
-    for (size_t i = 0; i < into.num_states(); ++i) {
-      const ParamDecl& d = into.state_decl(i);
-      const auto bytes = read_logical(dir, man, "state/" + d.name, d.spec.shape, d.spec.dtype);
-      std::copy(bytes.begin(), bytes.end(), static_cast<uint8_t*>(into.host_state(i).ptr));
-    }
+    read_checkpoint_weights(dir, man, full ? *full : ps);
     if (full) ps.shard_from(*full);  // refreshes the low-precision copy
     else ps.refresh_lp();
     if (weights_only) return;

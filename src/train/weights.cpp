@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <set>
 
+#include "core/io.h"
+
 #include "dist/verdict.h"
 #include "nn/safetensors.h"
 #include "nn/shard.h"
@@ -155,6 +157,34 @@ std::string saved_data_schema(const std::string& path) {
   } catch (const Error&) {  // loading the weights reports it
   }
   return "";
+}
+
+void read_checkpoint_weights(const std::string& dir, const Manifest& m, ParamStore& into) {
+  for (size_t i = 0; i < into.num_params(); ++i) {
+    const ParamDecl& d = into.decl(i);
+    if (d.shared) continue;
+    const auto bytes = read_logical(dir, m, "param/" + d.name, d.full_shape(), DType::f32);
+    shard_extract(d, bytes.data(), into.host_param(i).ptr);
+  }
+  for (size_t i = 0; i < into.num_states(); ++i) {
+    const ParamDecl& d = into.state_decl(i);
+    const auto bytes = read_logical(dir, m, "state/" + d.name, d.spec.shape, d.spec.dtype);
+    std::copy(bytes.begin(), bytes.end(), static_cast<uint8_t*>(into.host_state(i).ptr));
+  }
+}
+
+void load_weights_into(ParamStore& ps, const std::string& path, const std::string& model_name) {
+  check_input_path("--init-weights", path, true);  // a FIFO or device: refused, not waited on
+  if (!std::filesystem::is_directory(path)) {
+    load_safetensors(path, ps);
+  } else {
+    const std::string dir = resolve_checkpoint(path, "--init-weights");
+    const Manifest m = read_manifest(dir);
+    verify_checkpoint(dir, m);
+    SAT_CHECK(m.model == model_name, dir, ": a checkpoint of model ", m.model, ", not of --model ", model_name);
+    read_checkpoint_weights(dir, m, ps);
+  }
+  ps.refresh_lp();
 }
 
 }  // namespace sat
