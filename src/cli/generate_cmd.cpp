@@ -51,7 +51,7 @@ const char* stop_words(StopReason r) {
 }  // namespace
 
 int run_generate(const GenerateArgs& a) {
-  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (all cores) or a positive number, got ", a.threads);
+  SAT_CHECK(a.threads >= 0, "--threads: expected 0 (the cores this process may use) or a positive number, got ", a.threads);
   cpu::set_num_threads(a.threads);
   GenerateOptions o;
   o.sampling = Sampling{a.temperature, a.top_k, a.top_p};
