@@ -33,7 +33,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateArgs& a) {
   c->add_flag("--no-cache", a.no_cache, "run the model's whole forward over the prefix for every token instead of "
               "keeping each layer's keys and values (the reference the cache is tested against; slower)");
   c->add_option("--vocab", a.vocab, "GPT presets: train's --vocab");
-  c->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  c->add_option("--threads", a.threads, "CPU threads (0: the cores this process may use)")->capture_default_str();
   return c;
 }
 
