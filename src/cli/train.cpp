@@ -207,6 +207,7 @@ void print_layout(const Trainer& trainer, const TrainConfig& cfg, int world) {
                cpu::num_threads(), format_bytes(double(plan.device ? plan.device : plan.total())).c_str(),
                cfg.pp > 1 ? " (stage 0)" : "");
   std::fprintf(stderr, "cpu: %s\n", cpu::cpu_features().describe().c_str());
+  if (rp.reads_data) std::fprintf(stderr, "loader: %s\n", rp.loader.describe().c_str());
   if (resolve_device(cfg.device) == Device::cpu && cfg.precision == Precision::bf16)
     std::fprintf(stderr, "%s\n", cpu::bf16_path_line().c_str());
   if (cfg.pp > 1)
