@@ -30,7 +30,7 @@
 // y == -1), so collectives stay in step. Every batch therefore has exactly b rows, so
 // the static plan sees one shape.
 //
-// Memory: a ring of `prefetch + keep - 1` batch buffers (x and y per slot; ring_slots()),
+// Memory: a ring of `max(prefetch, 1) + keep - 1` batch buffers (x and y per slot; ring_slots()),
 // allocated through sat::Buffer so they are counted; buffer_bytes() predicts them exactly
 // (they hold one micro-batch of b rows each, whatever the sharding or the workers). The last
 // `keep` batches handed out by next() stay valid (their slots are not refilled) until as
@@ -47,7 +47,8 @@
 // Dataset::get) is rethrown by next() after every batch before it, and it is the one a
 // synchronous read would have thrown (the first failing row in order: rows before it are
 // all read first); every later next() throws it again: a loader that failed stays failed.
-// start_epoch() stops new claims and waits for the pieces being read; the destructor stops
+// start_epoch() stops new claims and waits for the pieces being read (the reading of an
+// epoch begins there: nothing of it is read ahead of it); the destructor stops
 // and joins every worker (each finishes at most the piece it is reading). Dataset::get and
 // get_train must be thread-safe and reentrant (dataset.h); each worker may hold
 // Dataset::worker_scratch_bytes() of host memory of its own (worker_host_bytes()).
