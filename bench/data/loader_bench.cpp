@@ -83,7 +83,8 @@ Options parse(int argc, char** argv) {
 // over as training's do).
 double round_rate(const sat::Dataset& ds, const Options& o, int workers, uint64_t seed) {
   const bool train = o.split == "train";
-  sat::BatchLoader L(ds, o.batch, train, seed, train, sat::Sharding{}, sat::LoaderOptions{o.prefetch, 1, workers, o.rows_per_claim});
+  const sat::LoaderOptions opt{o.prefetch, 1, workers, o.rows_per_claim};
+  sat::BatchLoader L(ds, o.batch, train, seed, train, sat::Sharding{}, opt);
   int64_t epoch = 0;
   sat::Batch b;
   auto take = [&] {
@@ -121,7 +122,8 @@ int run(const Options& o) {
   const auto one = std::find(o.workers.begin(), o.workers.end(), 1);
   for (size_t i = 0; i < o.workers.size(); ++i) {
     const double base = one == o.workers.end() ? 0 : best[size_t(one - o.workers.begin())];
-    std::printf("%8d %14.1f %8s\n", o.workers[i], best[i], base > 0 ? sat::str_cat(std::round(100 * best[i] / base) / 100).c_str() : "-");
+    const std::string ratio = base > 0 ? sat::str_cat(std::round(100 * best[i] / base) / 100) : "-";
+    std::printf("%8d %14.1f %8s\n", o.workers[i], best[i], ratio.c_str());
   }
   return 0;
 }

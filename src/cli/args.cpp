@@ -394,7 +394,8 @@ int loader_workers_of(const RunArgs& a, bool gpu, int ranks_on_host) {
 TrainConfig train_config(const RunArgs& a) {
   TrainConfig cfg;
   cfg.prefetch = a.prefetch;
-  cfg.loader_workers = loader_workers_of(a, resolve_device(a.device) == Device::cuda, dist::detect_process().local_world);
+  cfg.loader_workers =
+      loader_workers_of(a, resolve_device(a.device) == Device::cuda, dist::detect_process().local_world);
   cfg.epochs = a.epochs;
   cfg.steps = a.steps;
   optimizer_into(a, cfg);
