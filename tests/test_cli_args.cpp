@@ -50,3 +50,24 @@ TEST(CliArgs, InfoTakesTrainsLayoutFlags) {
   EXPECT_EQ(batch.status, 2) << batch.out;
   EXPECT_NE(batch.out.find("--batch: expected an integer from 1 to"), std::string::npos) << batch.out;
 }
+
+// --loader-workers and --prefetch: the plan's rings (exact: 4 + 4 slots of 64 samples of
+// 784 floats and a label) and the loader's line; bad values name the flag.
+TEST(CliArgs, LoaderFlagsShapeThePlan) {
+  const auto r = saturate("info --model convnet --batch 64 --loader-workers 3 --prefetch 4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("loader: 3 workers per loader, 4 batches ahead: rings of 4 + 4 batches"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(std::to_string(8 * 64 * (784 * 4 + 4))), std::string::npos) << r.out;
+  const auto sync = saturate("info --model convnet --batch 64 --loader-workers 0");
+  ASSERT_EQ(sync.status, 0) << sync.out;
+  EXPECT_NE(sync.out.find("loader: read by the step (no workers): rings of 2 + 2 batches"), std::string::npos)
+      << sync.out;
+  const auto bad = saturate("info --model mlp --loader-workers many");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--loader-workers: expected auto or a number of threads from 0 to 256, got 'many'"),
+            std::string::npos) << bad.out;
+  const auto deep = saturate("train --model mlp --data synthetic --steps 1 --prefetch 65");
+  EXPECT_EQ(deep.status, 2) << deep.out;
+  EXPECT_NE(deep.out.find("--prefetch: expected an integer from 0 to 64, got '65'"), std::string::npos) << deep.out;
+}

@@ -10,10 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -1219,4 +1221,243 @@ TEST(Data, SyntheticShapesAreTheDatasShapesWithoutTheData) {
     std::vector<int32_t> y(16);
     EXPECT_THROW(shapes.train->get(0, x.data(), y.data()), sat::Error);
   }
+}
+
+// ------------------------------------------------------------------------- loader workers
+
+namespace {
+// One epoch's batches as bytes (x then y), each checked while the loader's `keep` batches
+// handed out last are still held: their bytes must not change while later batches are read.
+std::vector<std::vector<uint8_t>> epoch_bytes(BatchLoader& L, int64_t epoch, int keep, int64_t first = 0) {
+  L.start_epoch(epoch, first);
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<Batch> held;
+  Batch b;
+  while (L.next(b)) {
+    std::vector<uint8_t> bytes(b.x.u8(), b.x.u8() + b.x.bytes());
+    bytes.insert(bytes.end(), reinterpret_cast<const uint8_t*>(b.y.i32()),
+                 reinterpret_cast<const uint8_t*>(b.y.i32()) + b.y.bytes());
+    bytes.push_back(uint8_t(b.valid));
+    EXPECT_EQ(b.index, first + int64_t(out.size()));
+    out.push_back(std::move(bytes));
+    held.push_back(b);
+    if (int(held.size()) > keep) held.erase(held.begin());
+    for (const Batch& h : held) {  // every batch still held is as it was handed out
+      const std::vector<uint8_t>& want = out[size_t(h.index - first)];
+      EXPECT_EQ(0, std::memcmp(h.x.u8(), want.data(), h.x.bytes())) << "batch " << h.index << " changed";
+    }
+  }
+  return out;
+}
+
+// Sample i = {i}, label 0, read slowly; counts the readers inside get() at once. With
+// `meet` > 0 every reader waits (up to 20 s) until `meet` readers have been inside at once.
+class SlowDataset : public Dataset {
+ public:
+  SlowDataset(int64_t n, int sleep_us, int meet = 0) : n_(n), sleep_us_(sleep_us), meet_(meet) {}
+  int64_t size() const override { return n_; }
+  Shape sample_shape() const override { return Shape{1}; }
+  DType sample_dtype() const override { return DType::f32; }
+  Shape label_shape() const override { return Shape{}; }
+  int64_t num_classes() const override { return 2; }
+  std::string name() const override { return "slow"; }
+  size_t worker_scratch_bytes() const override { return 1000; }
+  void get(int64_t i, void* x, int32_t* y) const override {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      most_ = std::max(most_, ++inside_);
+      cv_.notify_all();
+      if (meet_ > 0) cv_.wait_for(lk, std::chrono::seconds(20), [&] { return most_ >= meet_; });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
+    *static_cast<float*>(x) = float(i);
+    *y = 0;
+    std::lock_guard<std::mutex> lk(mu_);
+    --inside_;
+    ++reads_;
+  }
+  int most() const { std::lock_guard<std::mutex> lk(mu_); return most_; }
+  int inside() const { std::lock_guard<std::mutex> lk(mu_); return inside_; }
+  int64_t reads() const { std::lock_guard<std::mutex> lk(mu_); return reads_; }
+
+ private:
+  int64_t n_;
+  int sleep_us_, meet_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable int inside_ = 0, most_ = 0;
+  mutable int64_t reads_ = 0;
+};
+
+// Fails at the given samples: `slow` sleeps 30 ms before it throws, the others throw at once.
+class FailingDataset : public Dataset {
+ public:
+  FailingDataset(std::set<int64_t> bad, int64_t slow) : bad_(std::move(bad)), slow_(slow) {}
+  int64_t size() const override { return 40; }
+  Shape sample_shape() const override { return Shape{1}; }
+  DType sample_dtype() const override { return DType::f32; }
+  Shape label_shape() const override { return Shape{}; }
+  int64_t num_classes() const override { return 2; }
+  std::string name() const override { return "failing"; }
+  void get(int64_t i, void* x, int32_t* y) const override {
+    if (i == slow_) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    if (bad_.count(i)) fail("failing dataset: sample ", i, " is unreadable");
+    *static_cast<float*>(x) = float(i);
+    *y = 0;
+  }
+
+ private:
+  std::set<int64_t> bad_;
+  int64_t slow_;
+};
+}  // namespace
+
+TEST(DataLoaderWorkers, BatchesAreTheSameBytesWhateverTheWorkers) {
+  DataOptions o;
+  o.seed = 3;
+  o.image_shape = Shape{3, 8, 8};
+  DataSplit s = open_dataset("synthetic", o);
+  const Dataset& ds = *s.test;  // 2000 images
+  struct Case {
+    const char* what;
+    bool train;
+    Sharding shard;
+    int keep;
+    int64_t batch;
+  };
+  const Case cases[] = {
+      {"shuffled training", true, {}, 1, 48},
+      {"sharded, accumulated, padded epoch", true, {1, 3, 2, LastBatch::pad}, 1, 37},
+      {"padded evaluation shard", false, {2, 3, 1, LastBatch::drop}, 1, 50},
+      {"keep 3 (a pipeline stage)", true, {0, 2, 4, LastBatch::drop}, 3, 16},
+  };
+  for (const Case& c : cases) {
+    BatchLoader ref(ds, c.batch, true, 7, c.train, c.shard, LoaderOptions{0, c.keep, 0, 0});
+    const auto want0 = epoch_bytes(ref, 0, c.keep), want1 = epoch_bytes(ref, 1, c.keep);
+    for (int w : {0, 1, 3})
+      for (int64_t rows : {int64_t(0), int64_t(1), int64_t(5)})
+        for (int prefetch : {1, 3}) {
+          const std::string what = str_cat(c.what, ": workers ", w, " rows per claim ", rows, " prefetch ", prefetch);
+          BatchLoader L(ds, c.batch, true, 7, c.train, c.shard, LoaderOptions{prefetch, c.keep, w, rows});
+          EXPECT_EQ(L.workers(), w) << what;
+          EXPECT_TRUE(epoch_bytes(L, 0, c.keep) == want0) << what;
+          EXPECT_TRUE(epoch_bytes(L, 1, c.keep) == want1) << what;
+          // Resuming mid-epoch: the rest of the epoch, the same bytes.
+          const auto rest = epoch_bytes(L, 1, c.keep, 2);
+          ASSERT_EQ(rest.size() + 2, want1.size()) << what;
+          EXPECT_TRUE(std::equal(rest.begin(), rest.end(), want1.begin() + 2)) << what;
+        }
+  }
+}
+
+TEST(DataLoaderWorkers, ErrorsComeInOrderAndTheLoaderStaysFailed) {
+  // Sample 13 (batch 3 of 4-row batches in file order) is unreadable: batches 0-2 first.
+  ThrowingDataset one;
+  for (int w : {1, 2, 4})
+    for (int64_t rows : {int64_t(0), int64_t(1), int64_t(3)}) {
+      BatchLoader L(one, 4, false, 0, true, Sharding{}, LoaderOptions{3, 1, w, rows});
+      Batch b;
+      int got = 0;
+      try {
+        while (L.next(b)) ++got;
+        ADD_FAILURE() << "expected the dataset's error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sample 13"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(got, 3) << "workers " << w << " rows " << rows << ": the batches before the bad one";
+      EXPECT_THROW(L.next(b), Error) << "a failed loader stays failed";
+      L.start_epoch(1);
+      EXPECT_THROW(L.next(b), Error) << "also in a new epoch";
+    }
+  // Two bad samples: 9 (batch 2) fails late, 13 (batch 3) at once. Whatever the workers
+  // meet first, next() throws what a synchronous read throws: sample 9's error, after 2 batches.
+  FailingDataset two({9, 13}, 9);
+  for (int w : {0, 3, 6}) {
+    BatchLoader L(two, 4, false, 0, true, Sharding{}, LoaderOptions{4, 1, w, 1});
+    Batch b;
+    int got = 0;
+    std::string message;
+    try {
+      while (L.next(b)) ++got;
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_EQ(got, 2) << "workers " << w;
+    EXPECT_NE(message.find("sample 9 "), std::string::npos) << "workers " << w << ": " << message;
+  }
+}
+
+TEST(DataLoaderWorkers, WorkersReadAtOnceAndStopWhenDestroyed) {
+  // Every reader waits until 3 are inside get() at once: only 3 workers reading together
+  // get past it (a hang would end in 20 s and fail the counts).
+  {
+    SlowDataset ds(600, 100, 3);
+    BatchLoader L(ds, 6, true, 1, true, Sharding{}, LoaderOptions{2, 1, 3, 0});
+    Batch b;
+    for (int k = 0; k < 5; ++k) ASSERT_TRUE(L.next(b));
+    EXPECT_EQ(ds.most(), 3);
+    EXPECT_EQ(L.stats().max_reading, 3);
+  }
+  // Destroyed with workers reading, mid-epoch, before any epoch, or right after a restart:
+  // every worker is joined and no reader is left inside the dataset.
+  SlowDataset ds(10000, 1000);
+  for (int k = 0; k < 6; ++k) {
+    {
+      BatchLoader L(ds, 16, true, uint64_t(k), true, Sharding{}, LoaderOptions{3, 2, 4, 0});
+      Batch b;
+      if (k % 3 >= 1) {
+        ASSERT_TRUE(L.next(b));
+      }
+      if (k % 3 == 2) L.start_epoch(1, 3);
+    }
+    EXPECT_EQ(ds.inside(), 0);
+  }
+  const int64_t reads = ds.reads();
+  EXPECT_LT(reads, 10000) << "a destroyed loader does not read on";
+}
+
+TEST(DataLoaderWorkers, MoreWorkersLeaveTheConsumerWaitingLess) {
+  // A batch of 6 slow samples (1.5 ms each: 9 ms for one reader, 3 ms for three) behind a
+  // consumer that spends 6 ms per batch: one worker falls behind, three keep up. Counted:
+  // the next() calls that found their batch already read (no clock is asserted).
+  SlowDataset ds(6 * 30, 1500);
+  int64_t ready[4] = {0, 0, 0, 0};
+  for (int w : {1, 3}) {
+    BatchLoader L(ds, 6, false, 0, true, Sharding{}, LoaderOptions{2, 1, w, 0});
+    Batch b;
+    int64_t n = 0;
+    while (L.next(b)) {
+      ++n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(6));
+    }
+    EXPECT_EQ(n, 30);
+    const LoaderStats st = L.stats();
+    EXPECT_EQ(st.ready + st.waited, 30);
+    ready[w] = st.ready;
+  }
+  EXPECT_GT(ready[3], ready[1]) << "three workers: " << ready[3] << " of 30 batches ready, one: " << ready[1];
+}
+
+TEST(DataLoaderWorkers, AutoRuleAndHostMemory) {
+  EXPECT_EQ(auto_loader_workers(2, 1, 2), 1) << "a CPU run on every core: one reader";
+  EXPECT_EQ(auto_loader_workers(4, 1, 2), 2) << "--threads 2 of 4 cores: the 2 left";
+  EXPECT_EQ(auto_loader_workers(16, 1, 1), 8) << "a GPU rank: its cores but one, 8 at most";
+  EXPECT_EQ(auto_loader_workers(64, 8, 1), 7);
+  EXPECT_EQ(auto_loader_workers(8, 8, 1), 1);
+  EXPECT_EQ(auto_loader_workers(0, 0, 0), 1);
+  // The ring does not depend on the workers; the scratch is per reading thread.
+  SlowDataset ds(100, 0);
+  for (int w : {0, 1, 3}) {
+    const size_t before = mem_stats().current;
+    {
+      BatchLoader L(ds, 5, true, 0, true, Sharding{}, LoaderOptions{2, 2, w, 0});
+      EXPECT_EQ(mem_stats().current - before, BatchLoader::buffer_bytes(ds, 5, BatchLoader::ring_slots(2, 2)));
+      EXPECT_EQ(BatchLoader::ring_slots(2, 2), 3);
+    }
+    EXPECT_EQ(mem_stats().current, before);
+    EXPECT_EQ(BatchLoader::worker_host_bytes(ds, LoaderOptions{2, 1, w, 0}), size_t(std::max(w, 1)) * 1000)
+        << "workers " << w << " (none: the consumer reads)";
+  }
+  EXPECT_EQ(BatchLoader::worker_host_bytes(ds, LoaderOptions{0, 1, 3, 0}), 1000u) << "prefetch 0: the consumer reads";
+  EXPECT_EQ(BatchLoader::ring_slots(0, 3), 3) << "prefetch 0 keeps its `keep` batches";
 }

@@ -8,8 +8,13 @@
 #include <map>
 #include <optional>
 
+#include <thread>
+
+#include "backend/cpu/blas.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "dist/comm.h"
 #include "plan/planner.h"
 #include "profile/trace.h"
 #include "train/resume_policy.h"
@@ -36,6 +41,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--step-size", {0, 1LL << 40}},   {"--vocab", {0, 1 << 30}},
       {"--seq-len", {1, 1 << 30}},       {"--top-k", {1, 1 << 30}},
       {"--threads", {0, 1024}},          {"--zero", {0, 3}},
+      {"--prefetch", {0, 64}},
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
       {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
@@ -162,6 +168,15 @@ void add_data_options(CLI::App* c, RunArgs& a) {
   c->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
   c->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")
       ->capture_default_str();
+  add_loader_options(c, a);
+}
+
+void add_loader_options(CLI::App* c, RunArgs& a) {
+  c->add_option("--loader-workers", a.loader_workers, "threads that read and augment batches ahead of the step, or "
+                "auto: the cores the rank's compute leaves free, 1 to 8 (a CPU run using every core: 1); 0: the step "
+                "reads its batches itself")->capture_default_str();
+  c->add_option("--prefetch", a.prefetch, "batches read ahead of the step (the loader's ring; 0: the step reads its "
+                "batches itself)")->capture_default_str();
 }
 
 void add_layout_options(CLI::App* c, RunArgs& a, bool info) {
@@ -287,6 +302,7 @@ void add_info_options(CLI::App* c, RunArgs& a) {
       ->capture_default_str();
   c->add_option("--device", a.device, "cpu | cuda (cuda: what runs on GPUs too, the support matrix; the plan is the "
                 "same)");
+  add_loader_options(c, a);
 }
 
 void check_numbers(CLI::App* app, const std::string& command) {
@@ -367,8 +383,23 @@ void optimizer_into(const RunArgs& a, TrainConfig& cfg) {
 }
 }  // namespace
 
+int loader_workers_of(const RunArgs& a, bool gpu, int ranks_on_host) {
+  if (a.loader_workers == "auto")
+    return auto_loader_workers(int(std::thread::hardware_concurrency()), ranks_on_host, gpu ? 1 : cpu::num_threads());
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(a.loader_workers.c_str(), &end, 10);
+  SAT_CHECK(!a.loader_workers.empty() && *end == 0 && errno == 0 && v >= 0 && v <= kMaxLoaderWorkers,
+            "--loader-workers: expected auto or a number of threads from 0 to ", kMaxLoaderWorkers, ", got '",
+            a.loader_workers, "'");
+  return int(v);
+}
+
 TrainConfig train_config(const RunArgs& a) {
   TrainConfig cfg;
+  cfg.prefetch = a.prefetch;
+  cfg.loader_workers =
+      loader_workers_of(a, resolve_device(a.device) == Device::cuda, dist::detect_process().local_world);
   cfg.epochs = a.epochs;
   cfg.steps = a.steps;
   optimizer_into(a, cfg);

@@ -31,6 +31,8 @@ struct RunArgs {
   int64_t vocab = 0, seq_len = 0;  // --seq-len: GPT models' window (0: the context)
   uint64_t seed = 0;
   std::string label;        // tables (csv:): the class column
+  std::string loader_workers = "auto";  // --loader-workers: a number, or auto (loader_workers_of)
+  int prefetch = 2;                     // --prefetch: batches read ahead
   double val_fraction = 0;  // tables: the share of the rows held out as the test split
   // Layout: the micro-batch ("auto": tuned), tensor and pipeline parallelism (the
   // data-parallel degree is what is left), recomputation, ZeRO.
@@ -69,6 +71,7 @@ const char* model_help();
 // One function per group of flags.
 void add_model_options(CLI::App* c, RunArgs& a);
 void add_data_options(CLI::App* c, RunArgs& a);
+void add_loader_options(CLI::App* c, RunArgs& a);  // --loader-workers, --prefetch (in add_data_options)
 void add_layout_options(CLI::App* c, RunArgs& a, bool info);
 void add_optimizer_options(CLI::App* c, RunArgs& a);
 void add_device_options(CLI::App* c, RunArgs& a);
@@ -93,6 +96,10 @@ ModelConfig model_for(const RunArgs& a);
 ModelConfig model_for(const std::string& model, int64_t vocab, int64_t seq_len);
 // The layout flags (batch: the micro-batch, "auto" resolved by the caller).
 Layout layout_of(const RunArgs& a, int64_t batch);
+// --loader-workers: its number, or for auto auto_loader_workers (data/loader.h) of this
+// machine's cores shared by ranks_on_host ranks, each computing on cpu::num_threads() threads
+// (a GPU run: the one thread that drives the device). sat::Error naming the flag.
+int loader_workers_of(const RunArgs& a, bool gpu, int ranks_on_host);
 // Every setting of train and tune but the layout's: optimizer, schedule, data order,
 // device, outputs, checkpoints.
 TrainConfig train_config(const RunArgs& a);

@@ -43,6 +43,7 @@ void print_plan(const RankPlan& rp, int zero, DType lp) {
   if (!sums.empty())
     std::printf("  buffers over the step, each kind summed over its lifetimes (never all live at once): %s\n",
                 sums.c_str());
+  if (rp.reads_data) std::printf("  loader: %s\n", rp.loader.describe().c_str());
 }
 
 // The bytes a rank moves over each group per optimizer step (predict_comm).
@@ -182,6 +183,8 @@ int run_info(const RunArgs& a) {
   static_cast<Layout&>(cfg) = layout_of(a, parse_batch(a.batch));
   cfg.optim.name = a.optimizer;
   cfg.optim.momentum = float(a.momentum);
+  cfg.prefetch = a.prefetch;
+  cfg.loader_workers = loader_workers_of(a, gpu, 1);
   validate_run(mc, cfg, a.ranks * cfg.pp * cfg.tp);
   (void)resolve_optim(cfg.optim);  // (--optimizer's name, before anything is printed)
   // The plan of `saturate train` on data of the model's default shape (its shapes only:

@@ -199,6 +199,11 @@ void print_start(const ModelConfig& mc, const DataSplit& data, const RunArgs& a,
                  "a GPU; compare with --device cpu and report what differs\n");
 }
 
+// The share of a step spent waiting for the next batch, in percent.
+double data_share(const StepBreakdown& b, double step_seconds) {
+  return step_seconds > 0 ? 100.0 * b.data / step_seconds : 0.0;
+}
+
 void print_layout(const Trainer& trainer, const TrainConfig& cfg, int world) {
   const MemoryPlan& plan = trainer.memory_plan();
   const RankPlan& rp = trainer.rank_plan();
@@ -207,6 +212,7 @@ void print_layout(const Trainer& trainer, const TrainConfig& cfg, int world) {
                cpu::num_threads(), format_bytes(double(plan.device ? plan.device : plan.total())).c_str(),
                cfg.pp > 1 ? " (stage 0)" : "");
   std::fprintf(stderr, "cpu: %s\n", cpu::cpu_features().describe().c_str());
+  if (rp.reads_data) std::fprintf(stderr, "loader: %s\n", rp.loader.describe().c_str());
   if (resolve_device(cfg.device) == Device::cpu && cfg.precision == Precision::bf16)
     std::fprintf(stderr, "%s\n", cpu::bf16_path_line().c_str());
   if (cfg.pp > 1)
@@ -218,18 +224,25 @@ void print_layout(const Trainer& trainer, const TrainConfig& cfg, int world) {
 }
 
 // --profile (rank 0): its layers, slowest first, against this machine's GEMM rate, and
-// where every rank's step time goes.
+// where every rank's step time goes; "data": the step waiting for its next batch (the
+// loader's hand-off), its share of the step after warm-up.
 void print_profile(const Trainer& trainer, const TrainResult& r) {
   std::fprintf(stderr, "%s", trainer.profile_table(gemm_peak_flops()).c_str());
   std::fprintf(stderr, "\nwhere the step time goes (ms per measured step; tp comm: the tensor-parallel layers' "
-               "collectives):\n%4s %5s %9s %8s %9s %14s %7s %10s %7s %9s\n", "rank", "stage", "compute", "tp comm",
-               "grad sync", "pipeline wait", "data", "optimizer", "other", "step");
+               "collectives; data: waiting for the next batch):\n%4s %5s %9s %8s %9s %14s %7s %10s %7s %9s %7s\n",
+               "rank", "stage", "compute", "tp comm", "grad sync", "pipeline wait", "data", "optimizer", "other", "step",
+               "data %");
   for (const RankReport& k : r.ranks) {
     const StepBreakdown& b = k.breakdown;
-    std::fprintf(stderr, "%4d %5d %9.3f %8.3f %9.3f %14.3f %7.3f %10.3f %7.3f %9.3f\n", k.rank, k.stage, 1e3 * b.compute,
-                 1e3 * b.tp_comm, 1e3 * b.grad_sync, 1e3 * b.pipeline_wait, 1e3 * b.data, 1e3 * b.optimizer,
-                 1e3 * b.other, 1e3 * k.step_seconds);
+    std::fprintf(stderr, "%4d %5d %9.3f %8.3f %9.3f %14.3f %7.3f %10.3f %7.3f %9.3f %6.2f%%\n", k.rank, k.stage,
+                 1e3 * b.compute, 1e3 * b.tp_comm, 1e3 * b.grad_sync, 1e3 * b.pipeline_wait, 1e3 * b.data,
+                 1e3 * b.optimizer, 1e3 * b.other, 1e3 * k.step_seconds, data_share(b, k.step_seconds));
   }
+  const double share = r.ranks.empty() ? 0 : data_share(r.ranks[0].breakdown, r.ranks[0].step_seconds);
+  std::fprintf(stderr, "data share %.2f%% of the step (rank 0, over %lld measured steps; warm-up steps excluded: %lld): "
+               "%s\n", share, (long long)(r.steps - r.resumed_from - r.warmup_excluded),
+               (long long)r.warmup_excluded, share < 1 ? "the loader keeps up" : "the step waits for data (see "
+               "--loader-workers, --prefetch)");
 }
 
 void print_traces(const RunArgs& a, const Trainer& trainer) {

@@ -1,7 +1,8 @@
 // Datasets: in-memory sources of (sample, label) pairs, opened from a `--data` spec.
 //
-// A Dataset is read-only after construction and get() is const and thread-safe: the
-// BatchLoader (loader.h) calls it from its prefetch thread.
+// A Dataset is read-only after construction and get() and get_train() are const,
+// thread-safe and reentrant: the BatchLoader (loader.h) calls them from several worker
+// threads at once, for different samples.
 //
 //   kind      sample                    label                    num_classes()
 //   images    {C,H,W} f32               {}  int32 class index    classes (10)
@@ -46,6 +47,9 @@ class Dataset {
   // for data that is not scaled (tokens, tensors given as they are).
   virtual std::string scaling() const { return ""; }
   virtual size_t storage_bytes() const { return 0; }  // host bytes held (0 = generated)
+  // Host bytes one reading thread holds while it reads (a decoder's buffers, say), beyond
+  // the sample it writes: the loader's plan counts this per worker (loader.h). Default 0.
+  virtual size_t worker_scratch_bytes() const { return 0; }
   // Tables (csv.h): class c's own label, for predict ({} for the others); and the schema a
   // model trained on this data reads other data with (JSON), saved with its weights and
   // checkpoints ("" for the others).

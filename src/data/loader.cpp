@@ -18,6 +18,19 @@ size_t BatchLoader::buffer_bytes(const Dataset& ds, int64_t batch, int slots) {
   return slot_count(slots) * per_slot;
 }
 
+int auto_loader_workers(int cores, int ranks_on_host, int compute_threads) {
+  const int free = std::max(cores, 1) / std::max(ranks_on_host, 1) - std::max(compute_threads, 0);
+  return std::clamp(free, 1, 8);
+}
+
+int BatchLoader::ring_slots(int prefetch, int keep) { return std::max(prefetch, 1) + std::max(keep, 1) - 1; }
+
+int BatchLoader::reading_workers(const LoaderOptions& opt) { return opt.prefetch > 0 ? std::max(opt.workers, 0) : 0; }
+
+size_t BatchLoader::worker_host_bytes(const Dataset& ds, const LoaderOptions& opt) {
+  return size_t(std::max(reading_workers(opt), 1)) * ds.worker_scratch_bytes();
+}
+
 std::vector<int64_t> BatchLoader::epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> p(size_t(std::max<int64_t>(n, 0)));
   std::iota(p.begin(), p.end(), int64_t(0));
@@ -45,13 +58,14 @@ int64_t BatchLoader::eval_batches(int64_t n, int64_t batch, int world) {
   return std::max<int64_t>((largest_shard + batch - 1) / batch, 1);
 }
 
-BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool train, int prefetch,
-                         const Sharding& shard, int keep)
-    : ds_(ds), batch_(batch), shuffle_(shuffle), train_(train), seed_(seed), prefetch_(prefetch), shard_(shard),
-      keep_(keep) {
-  SAT_CHECK(keep >= 1, "internal error: a loader keeps at least the batch it handed out");
+BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_t seed, bool train,
+                         const Sharding& shard, const LoaderOptions& opt)
+    : ds_(ds), batch_(batch), shuffle_(shuffle), train_(train), seed_(seed), opt_(opt), shard_(shard) {
+  SAT_CHECK(opt.keep >= 1, "internal error: a loader keeps at least the batch it handed out");
   SAT_CHECK(batch > 0, "batch size ", batch, " for ", ds.name(), ": expected a positive batch size");
-  SAT_CHECK(prefetch >= 0, "prefetch depth ", prefetch, ": expected >= 0");
+  SAT_CHECK(opt.prefetch >= 0, "--prefetch ", opt.prefetch, ": expected a number of batches >= 0");
+  SAT_CHECK(opt.workers >= 0, "--loader-workers ", opt.workers, ": expected a number of threads >= 0");
+  SAT_CHECK(opt.rows_per_claim >= 0, "internal error: rows per claim ", opt.rows_per_claim);
   SAT_CHECK(shard.world >= 1, "data-parallel world size ", shard.world, ": expected at least 1 rank");
   SAT_CHECK(shard.rank >= 0 && shard.rank < shard.world, "data-parallel rank ", shard.rank,
             ": expected 0 <= rank < ", shard.world, " (the number of ranks)");
@@ -81,33 +95,56 @@ BatchLoader::BatchLoader(const Dataset& ds, int64_t batch, bool shuffle, uint64_
   for (int64_t d : ds.label_shape().vec()) ys.push_back(d);
   x_shape_ = Shape(xs);
   y_shape_ = Shape(ys);
-  for (size_t i = 0; i < slot_count(std::max(prefetch, 1) + keep - 1); ++i)
+  for (int i = 0; i < ring_slots(opt.prefetch, opt.keep); ++i)
     slots_.push_back({Buffer(size_t(batch) * x_row_bytes_, "data loader batch (x)"),
                       Buffer(size_t(batch * y_row_) * sizeof(int32_t), "data loader batch (y)")});
-  if (prefetch_ > 0) thread_ = std::thread(&BatchLoader::worker, this);
+  done_.assign(slots_.size(), 0);
+  const int w = reading_workers(opt);
+  // One worker reads whole batches; several split each batch into about 2 pieces each.
+  chunk_ = opt.rows_per_claim > 0 ? std::min(opt.rows_per_claim, batch)
+           : w <= 1               ? batch
+                                  : std::max<int64_t>(1, (batch + 2 * w - 1) / (2 * w));
+  try {
+    for (int i = 0; i < w; ++i) threads_.emplace_back(&BatchLoader::worker, this);
+  } catch (...) {
+    stop_workers();
+    throw;
+  }
 }
 
-BatchLoader::~BatchLoader() {
+void BatchLoader::stop_workers() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (std::thread& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+BatchLoader::~BatchLoader() { stop_workers(); }
+
+LoaderStats BatchLoader::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
 }
 
 void BatchLoader::start_epoch(int64_t epoch, int64_t first) {
   std::vector<int64_t> order = epoch_order(ds_.size(), shuffle_, seed_, epoch);
   {
     std::unique_lock<std::mutex> lk(mu_);
-    // The worker reads order_ and writes a slot outside the lock: let it finish first.
-    ready_cv_.wait(lk, [&] { return !busy_; });
+    // The workers read order_ and write slots outside the lock: no new claims, and the
+    // pieces being read finished first.
+    pausing_ = true;
+    ready_cv_.wait(lk, [&] { return reading_ == 0; });
+    pausing_ = false;
     order_.swap(order);
     epoch_ = epoch;
     started_ = true;
-    filled_ = given_ = released_ = std::clamp<int64_t>(first, 0, batches_);
+    filled_ = given_ = released_ = claim_b_ = std::clamp<int64_t>(first, 0, batches_);
+    claim_row_ = 0;
   }
-  work_cv_.notify_one();
+  work_cv_.notify_all();
 }
 
 int64_t BatchLoader::position(int64_t b, int64_t row) const {
@@ -126,10 +163,11 @@ int64_t BatchLoader::valid_rows(int64_t b) const {
   return std::clamp<int64_t>(shard_size_ - b * batch_, 0, batch_);
 }
 
-void BatchLoader::fill(int64_t b, Slot& slot) const {
+void BatchLoader::fill(int64_t b, Slot& slot, int64_t r0, int64_t r1, int64_t& at) const {
   uint8_t* x = slot.x.as<uint8_t>();
   int32_t* y = slot.y.as<int32_t>();
-  for (int64_t r = 0; r < batch_; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
+    at = r;
     const int64_t k = position(b, r);
     uint8_t* xr = x + size_t(r) * x_row_bytes_;
     int32_t* yr = y + r * y_row_;
@@ -155,58 +193,93 @@ Batch BatchLoader::make_batch(int64_t b, Slot& slot) const {
   return out;
 }
 
+bool BatchLoader::claimable() const {
+  return started_ && !pausing_ && !error_ && claim_b_ < batches_ && claim_b_ < released_ + int64_t(slots_.size());
+}
+
+// A piece read (or failed at row `at`): its rows counted, filled_ moved past every batch
+// read whole; an error kept when it is the first in order so far. True when the consumer
+// may be waiting for what changed.
+bool BatchLoader::finish_piece(int64_t b, int64_t r0, int64_t r1, int64_t at, std::exception_ptr err) {
+  --reading_;
+  const int64_t nslots = int64_t(slots_.size());
+  if (err) {
+    if (!error_ || b < error_b_ || (b == error_b_ && at < error_row_)) error_ = err, error_b_ = b, error_row_ = at;
+  } else {
+    done_[size_t(b % nslots)] += r1 - r0;
+  }
+  // Batches before claim_b_ have had every piece claimed, and their slots are not reused
+  // before the consumer has them (claim_b_ < released_ + slots <= filled_ + slots).
+  const int64_t was = filled_;
+  while (filled_ < claim_b_ && done_[size_t(filled_ % nslots)] == batch_) ++filled_;
+  return filled_ > was || err || reading_ == 0;
+}
+
 void BatchLoader::worker() {
   std::unique_lock<std::mutex> lk(mu_);
   const int64_t nslots = int64_t(slots_.size());
   for (;;) {
-    work_cv_.wait(lk, [&] {
-      return stop_ || (started_ && !error_ && filled_ < batches_ && filled_ < released_ + nslots);
-    });
+    work_cv_.wait(lk, [&] { return stop_ || claimable(); });
     if (stop_) return;
-    const int64_t b = filled_;
-    busy_ = true;
+    const int64_t b = claim_b_, r0 = claim_row_, r1 = std::min(batch_, r0 + chunk_);
+    if (r0 == 0) done_[size_t(b % nslots)] = 0;
+    claim_row_ = r1;
+    if (r1 == batch_) ++claim_b_, claim_row_ = 0;
+    stats_.max_reading = std::max(stats_.max_reading, ++reading_);
     lk.unlock();
     std::exception_ptr err;
+    int64_t at = r0;
     try {
-      fill(b, slots_[size_t(b % nslots)]);
+      fill(b, slots_[size_t(b % nslots)], r0, r1, at);
     } catch (...) {
       err = std::current_exception();
     }
     lk.lock();
-    busy_ = false;
-    if (err)
-      error_ = err;
-    else
-      filled_ = b + 1;  // start_epoch waits for !busy_, so b still belongs to this epoch
-    ready_cv_.notify_all();
+    if (finish_piece(b, r0, r1, at, err)) {  // start_epoch waits for reading_ == 0: b is still this epoch's
+      lk.unlock();
+      ready_cv_.notify_all();
+      lk.lock();
+    }
   }
 }
 
 bool BatchLoader::next(Batch& out) {
   if (!started_) start_epoch(0);
   const int64_t nslots = int64_t(slots_.size());
-  if (prefetch_ == 0) {  // synchronous: read the batch here
+  if (threads_.empty()) {  // synchronous: read the batch here
     if (given_ >= batches_) return false;
     Slot& s = slots_[size_t(given_ % nslots)];
-    fill(given_, s);
+    int64_t at = 0;
+    fill(given_, s, 0, batch_, at);
     out = make_batch(given_, s);
     ++given_;
     return true;
   }
   std::unique_lock<std::mutex> lk(mu_);
   // Of the batches handed out so far, the last keep - 1 stay in use; the others' slots
-  // may be refilled.
-  const int64_t release = std::max<int64_t>(0, given_ - (keep_ - 1));
-  if (released_ < release) {
-    released_ = release;
-    work_cv_.notify_one();
+  // may be refilled. The workers are woken after the lock is let go, unless this call has
+  // to wait for them: a woken worker does not then block on the lock the consumer holds.
+  const int64_t release = std::max<int64_t>(0, given_ - (opt_.keep - 1));
+  bool wake = released_ < release;
+  released_ = std::max(released_, release);
+  const bool more = given_ < batches_;
+  if (more && filled_ > given_) {
+    ++stats_.ready;
+  } else if (more) {
+    ++stats_.waited;
+    if (wake) work_cv_.notify_all(), wake = false;
+    // After an error no piece is claimed: once none is being read, the first error in
+    // order is known and every batch before it is in.
+    ready_cv_.wait(lk, [&] { return filled_ > given_ || (error_ && reading_ == 0); });
+    if (filled_ <= given_) std::rethrow_exception(error_);
   }
-  if (given_ >= batches_) return false;
-  ready_cv_.wait(lk, [&] { return filled_ > given_ || error_; });
-  if (filled_ <= given_) std::rethrow_exception(error_);
-  const int64_t b = given_++;
-  out = make_batch(b, slots_[size_t(b % nslots)]);
-  return true;
+  if (more) {
+    const int64_t b = given_++;
+    out = make_batch(b, slots_[size_t(b % nslots)]);
+  }
+  lk.unlock();
+  if (wake) work_cv_.notify_all();
+  return more;
 }
 
 }  // namespace sat

@@ -324,6 +324,13 @@ std::string meta_table(const json& s) {
                        (s.contains("test_accuracy") ? strf(", test accuracy %.2f%%", 100 * num(s, "test_accuracy")) : ""));
   h += row("memory", "predicted " + format_bytes(num(s, "predicted_memory_bytes", 0)) + ", measured peak " +
                          format_bytes(num(s, "peak_memory_bytes", 0)) + " (rank 0)");
+  if (s.contains("ranks") && s["ranks"].is_array() && !s["ranks"].empty()) {
+    const json& r0 = s["ranks"][0];
+    const double step = num(r0, "step_seconds", 0), data = num(r0.value("step_breakdown", json::object()), "data", 0);
+    if (step > 0)
+      h += row("data wait", strf("%.2f%% of the step waiting for the next batch (rank 0, warm-up excluded)",
+                                 100 * data / step));
+  }
   return h + "</table>\n";
 }
 

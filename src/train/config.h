@@ -55,6 +55,11 @@ struct TrainConfig : Layout {
   uint64_t seed = 0;
   bool shuffle = true;
   bool evaluate = true;      // evaluate on the test split at the end (if there is one)
+  // The loaders (data/loader.h): batches read ahead of the step (--prefetch; 0: read in the
+  // step) and the threads that read them (--loader-workers, resolved by the caller: 0 reads
+  // in the step, the CLI's auto: cli/args.h auto_loader_workers).
+  int prefetch = 2;
+  int loader_workers = 1;
   int64_t warmup_excluded = -1;  // steps left out of samples_per_second (-1: automatic)
   std::string out_dir;       // metrics.jsonl and summary.json ("" = none)
   bool profile = false;      // time every layer; Trainer::profile_table() after run()

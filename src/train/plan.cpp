@@ -4,6 +4,8 @@
 #include <limits>
 #include <map>
 
+#include "core/alloc.h"
+#include "core/error.h"
 #include "data/loader.h"
 #include "nn/params.h"
 
@@ -242,17 +244,43 @@ RankPlan& JobPlan::stage(int s) {
   return *p;
 }
 
+LoaderOptions loader_options(const TrainConfig& cfg, int keep) {
+  return LoaderOptions{cfg.prefetch, keep, cfg.loader_workers, 0};
+}
+
+LoaderPlan plan_loaders(const TrainConfig& cfg, const Dataset& train, const Dataset* test, int keep) {
+  LoaderPlan p;
+  const LoaderOptions tr = loader_options(cfg, keep), te = loader_options(cfg);
+  p.workers = BatchLoader::reading_workers(tr);
+  p.prefetch = cfg.prefetch;
+  p.train_slots = BatchLoader::ring_slots(tr.prefetch, tr.keep);
+  p.ring_bytes = BatchLoader::buffer_bytes(train, cfg.batch, p.train_slots);
+  p.scratch_bytes = BatchLoader::worker_host_bytes(train, tr);
+  if (test && cfg.evaluate) {
+    p.test_slots = BatchLoader::ring_slots(te.prefetch, te.keep);
+    p.ring_bytes += BatchLoader::buffer_bytes(*test, cfg.batch, p.test_slots);
+    p.scratch_bytes += BatchLoader::worker_host_bytes(*test, te);
+  }
+  return p;
+}
+
+std::string LoaderPlan::describe() const {
+  const std::string rings = test_slots ? str_cat("rings of ", train_slots, " + ", test_slots, " batches (training + test)")
+                                       : str_cat("a ring of ", train_slots, " batches");
+  const std::string readers = workers ? str_cat(workers, " worker", workers == 1 ? "" : "s", " per loader, ", prefetch,
+                                                " batch", prefetch == 1 ? "" : "es", " ahead")
+                                      : std::string("read by the step (no workers)");
+  return str_cat(readers, ": ", rings, " ", format_bytes(double(ring_bytes)), " (in the plan), the reading threads' own ",
+                 format_bytes(double(scratch_bytes)), " (host, the dataset's scratch)");
+}
+
 namespace {
 // The memory of a stage's graph and step under cfg's optimizer and ZeRO stage; under ZeRO-2/3
 // also the sharding it plans (into shards).
 MemoryPlan stage_memory(const RankPlan& r, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp,
                         ShardPlan& shards) {
   const Graph& g = *r.model.graph;
-  size_t inputs = 0;
-  if (r.reads_data) {
-    inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch + r.loader_keep - 1);
-    if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
-  }
+  const size_t inputs = r.reads_data ? plan_loaders(cfg, train, test, r.loader_keep).ring_bytes : 0;
   const int slots = optimizer_slots(resolve_optim(cfg.optim));
   MemoryPlan m = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
   shards = {};
@@ -284,6 +312,7 @@ RankPlan JobPlan::plan_stage(int stage) {
     r.reads_data = true;
     r.loader_keep = std::max(r.loader_keep, max_in_flight(r.actions, c));
   }
+  if (r.reads_data) r.loader = plan_loaders(cfg, *train_, test_, r.loader_keep);
   r.memory = stage_memory(r, cfg, *train_, test_, dp_, r.shards);
   r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
   return r;

@@ -40,6 +40,19 @@ StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::st
 // The pipeline flags alone (no model needed): schedule, micro-batches, stages.
 void check_pipeline(const TrainConfig& cfg);
 
+// The loaders of a rank that reads data (data/loader.h): the training loader and, when the
+// run evaluates, the test loader, each with `workers` reading threads.
+struct LoaderPlan {
+  int workers = 0;                     // reading threads per loader (0: the step reads)
+  int prefetch = 0;                    // batches read ahead
+  int train_slots = 0, test_slots = 0;  // ring batch slots (0: no such loader)
+  size_t ring_bytes = 0;     // both rings: counted through sat::Buffer, MemoryPlan::inputs' loader part
+  size_t scratch_bytes = 0;  // the reading threads' own (Dataset::worker_scratch_bytes): host memory
+                             // the datasets hold, not counted by the allocator nor in MemoryPlan
+  // "2 workers, 2 batches ahead: rings of 3 + 2 batches 1.2 MiB (in the plan), the workers' own 0 B"
+  std::string describe() const;
+};
+
 // Everything one rank runs, decided before anything is allocated.
 struct RankPlan {
   BuiltModel model;             // this rank's stage (the whole model without pipelining)
@@ -53,6 +66,7 @@ struct RankPlan {
   MemoryPlan memory;
   bool reads_data = false;      // some chunk reads the loader's batches
   int loader_keep = 1;          // loader batches that must stay valid at once
+  LoaderPlan loader;            // the loaders' threads and host memory (when reads_data)
   double flops_per_sample = 0;  // this stage's forward + backward, per sample
   int64_t model_parameters = 0;     // of the whole model (all stages, all tensor-parallel parts)
   double model_flops_per_sample = 0;  // of the whole model, forward + backward
@@ -114,7 +128,10 @@ RankPlan plan_rank(const ModelConfig& mc, const TrainConfig& cfg, const Dataset&
 // embedding's gradients. dp: data-parallel ranks.
 GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp);
 
-// Loader ring slots: prefetched batches ahead of the consumer.
-constexpr int kPrefetch = 2;
+// The loaders' options of a run: cfg's prefetch depth and workers; `keep` batches valid at once.
+LoaderOptions loader_options(const TrainConfig& cfg, int keep = 1);
+// The loaders of a rank reading `train` (and `test` when given and cfg.evaluate), keeping
+// `keep` training batches valid at once.
+LoaderPlan plan_loaders(const TrainConfig& cfg, const Dataset& train, const Dataset* test, int keep);
 
 }  // namespace sat

@@ -157,12 +157,12 @@ void RankRuntime::build_step() {
   const dist::Mesh& m = *mesh;
   const Graph& g = *plan->model.graph;
   if (plan->reads_data) {
-    train_loader = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true, kPrefetch,
+    train_loader = std::make_unique<BatchLoader>(train, cfg.batch, cfg.shuffle, cfg.seed, true,
                                                  Sharding{m.dp_rank(), m.dp(), cfg.accum, cfg.last_batch},
-                                                 plan->loader_keep);
+                                                 loader_options(cfg, plan->loader_keep));
     if (test)
-      test_loader = std::make_unique<BatchLoader>(*test, cfg.batch, false, cfg.seed, false, kPrefetch,
-                                                  Sharding{m.dp_rank(), m.dp()});
+      test_loader = std::make_unique<BatchLoader>(*test, cfg.batch, false, cfg.seed, false,
+                                                  Sharding{m.dp_rank(), m.dp()}, loader_options(cfg));
     feed = std::make_unique<BatchFeed>(*train_loader, g, plan->model.x, cfg.accum);
   }
   if (!sync) {
