@@ -481,7 +481,8 @@ TEST_F(Tokenize, MemoryStaysBoundedAsTheCorpusGrows) {
 // Without that, reading them maps all 2 GB into the process (measured: resident grows by
 // the bytes read). The allowance stated: 64 MiB of mapped shard pages, plus 32 MiB of slack
 // in-process; and for a training run, the plan's memory, plus the loader's epoch order (8
-// bytes a sample, as every shuffling sampler holds: 128 MiB for these 16.8 M windows), plus
+// bytes a sample, as every shuffling sampler holds: 128 MiB for these 16.8 M windows, on
+// the plan's loader line), plus
 // 192 MiB for the program, its libraries (OpenBLAS, MPI, oneDNN: 168 MiB resident for this
 // model on synthetic data) and the shards' mapped pages.
 namespace {
@@ -546,7 +547,11 @@ TEST(TokenShardsMemory, TwoGigabytesOfShardsStayOutOfResidentMemory) {
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex("memory predicted ([0-9.]+ [KMG]?i?B), .*process peak resident "
                                                      "([0-9.]+ [KMG]?i?B)")))
       << r.out;
-  const double plan = mib_of(m[1]), peak = mib_of(m[2]), order = 8.0 * 4 * ((kShardTokens - 1) / 64) / 1048576;
+  const double plan = mib_of(m[1]), peak = mib_of(m[2]);
+  std::smatch o;  // the loader's line of the plan states its host memory: the epoch order
+  ASSERT_TRUE(std::regex_search(r.out, o, std::regex("the epoch orders ([0-9.]+ [KMG]?i?B) \\(host\\)"))) << r.out;
+  const double order = mib_of(o[1]);
+  EXPECT_NEAR(order, 8.0 * 4 * ((kShardTokens - 1) / 64) / 1048576, 0.1);
   std::printf("training on them: planned %.1f MiB + epoch order %.1f MiB, process peak resident %.1f MiB\n", plan,
               order, peak);
   EXPECT_LT(peak, plan + order + 192.0) << r.out;

@@ -256,7 +256,9 @@ LoaderPlan plan_loaders(const TrainConfig& cfg, const Dataset& train, const Data
   p.train_slots = BatchLoader::ring_slots(tr.prefetch, tr.keep);
   p.ring_bytes = BatchLoader::buffer_bytes(train, cfg.batch, p.train_slots);
   p.scratch_bytes = BatchLoader::worker_host_bytes(train, tr);
+  p.order_bytes = size_t(train.size()) * sizeof(int64_t);
   if (test && cfg.evaluate) {
+    p.order_bytes += size_t(test->size()) * sizeof(int64_t);
     p.test_slots = BatchLoader::ring_slots(te.prefetch, te.keep);
     p.ring_bytes += BatchLoader::buffer_bytes(*test, cfg.batch, p.test_slots);
     p.scratch_bytes += BatchLoader::worker_host_bytes(*test, te);
@@ -271,7 +273,8 @@ std::string LoaderPlan::describe() const {
                                                 " batch", prefetch == 1 ? "" : "es", " ahead")
                                       : std::string("read by the step (no workers)");
   return str_cat(readers, ": ", rings, " ", format_bytes(double(ring_bytes)), " (in the plan), the reading threads' own ",
-                 format_bytes(double(scratch_bytes)), " (host, the dataset's scratch)");
+                 format_bytes(double(scratch_bytes)), " (host, the dataset's scratch), the epoch orders ",
+                 format_bytes(double(order_bytes)), " (host)");
 }
 
 namespace {

@@ -49,7 +49,9 @@ struct LoaderPlan {
   size_t ring_bytes = 0;     // both rings: counted through sat::Buffer, MemoryPlan::inputs' loader part
   size_t scratch_bytes = 0;  // the reading threads' own (Dataset::worker_scratch_bytes): host memory
                              // the datasets hold, not counted by the allocator nor in MemoryPlan
-  // "2 workers, 2 batches ahead: rings of 3 + 2 batches 1.2 MiB (in the plan), the workers' own 0 B"
+  size_t order_bytes = 0;    // the epochs' sample orders, 8 bytes a sample per loader (host, not counted)
+  // "2 workers per loader, 2 batches ahead: rings of 3 + 2 batches (training + test) 1.2 MiB (in the
+  // plan), the reading threads' own 0 B (host, the dataset's scratch), the epoch orders 547 KiB (host)"
   std::string describe() const;
 };
 
