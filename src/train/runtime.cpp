@@ -43,7 +43,7 @@ RankRuntime::RankRuntime(JobPlan* job, const ModelConfig& model, const TrainConf
                          const Dataset* test_set)
     : mc(model), cfg(config), train(train_set), test(config.evaluate ? test_set : nullptr) {
   cfg.optim = resolve_optim(config.optim);
-  cfg.schedule = resolve_schedule(config.schedule);
+  cfg.schedule = resolve_schedule(config.schedule, cfg.optim.lr);
   if (config.comm) {
     world = config.comm;
   } else {
