@@ -708,6 +708,14 @@ TEST(Checkpoint, ResumePolicyNamesTheSettingAndBothValues) {
   now = was;
   now["mystery"] = "1";
   EXPECT_NE(refusal(now, {}).find("records the setting 'mystery' as (not recorded); this run has 1"), std::string::npos);
+  // A checkpoint written before --clip-grad-norm and --min-lr were recorded trained without them.
+  now = was;
+  now["clip_grad_norm"] = "off", now["min_lr"] = "0";
+  EXPECT_EQ(refusal(now, {}), "accepted");
+  now["clip_grad_norm"] = "1";
+  EXPECT_EQ(refusal(now, {}), "--resume: the checkpoint ck/step-00000010 was trained with --clip-grad-norm off; this run "
+                              "has --clip-grad-norm 1 (add --resume-change clip_grad_norm to change it)");
+  EXPECT_EQ(refusal(now, {"clip_grad_norm"}), "accepted");
   EXPECT_EQ(sat::parse_resume_change("weight-decay,lr,data"), (std::set<std::string>{"data", "lr", "weight_decay"}));
   EXPECT_EQ(sat::parse_resume_change("train_samples,steps"), (std::set<std::string>{"data"}));
   for (const auto& [list, words] : std::vector<std::pair<std::string, std::string>>{

@@ -598,6 +598,7 @@ TEST(Cli, NonFiniteNumbersAreRefused) {
   expect_user_error(saturate(run + "--bucket-mb 1e30"), "--bucket-mb: expected a size from 0 to 1048576");
 }
 
+
 // SAT_CONV (a forced convolution path) with a value it cannot take is a clear error, not a
 // silent fallback to the default choice; auto and the known paths train.
 TEST(Cli, UnknownConvolutionPathIsRefused) {
@@ -1097,6 +1098,13 @@ TEST(Cli, ResumeIsCheckedAgainstTheRunItContinues) {
                                    "--resume-change normalize"},
            {"--data mnist:" + (d / "idx").string(), "was trained with --data synthetic train; this run has --data mnist train "
                                                     "(add --resume-change data"},
+           {"--betas 0.8,0.999", "was trained with --betas,--eps 0.9,0.999,1e-08; this run has --betas,--eps "
+                                 "0.8,0.999,1e-08 (add --resume-change betas to change it)"},
+           {"--eps 1e-6", "was trained with --betas,--eps 0.9,0.999,1e-08; this run has --betas,--eps 0.9,0.999,1e-06 "
+                          "(add --resume-change betas"},
+           {"--clip-grad-norm 1", "was trained with --clip-grad-norm off; this run has --clip-grad-norm 1 (add "
+                                  "--resume-change clip_grad_norm to change it)"},
+           {"--min-lr 0.01", "was trained with --min-lr 0; this run has --min-lr 0.01 (add --resume-change min_lr"},
            {"--lr 0.5 --resume-change weight_decay", "was trained with --lr 0.1; this run has --lr 0.5"},
            {"--resume-change bogus", "--resume-change: 'bogus' is not a setting a resumed run may change"},
            {"--resume-change optimizer", "--resume-change: optimizer cannot change on resume"}})
@@ -1108,9 +1116,10 @@ TEST(Cli, ResumeIsCheckedAgainstTheRunItContinues) {
   expect_user_error(saturate(run + "--steps 20 --resume-change lr"), "holds another run's checkpoints (step-00000010)");
   expect_user_error(saturate("train --model mlp --data synthetic --steps 20 --resume-change lr"),
                     "--resume-change needs --resume");
-  // Allowed: a longer run, another layout, and the learning rate named.
+  // Allowed: a longer run, another layout, and the learning rate and clipping named.
   const fs::path out = d / "out";
-  CmdResult ok = saturate(resume + "--lr 0.05 --batch 16 --accum 2 --resume-change lr --out " + out.string());
+  CmdResult ok = saturate(resume + "--lr 0.05 --batch 16 --accum 2 --clip-grad-norm 1 --resume-change lr,clip_grad_norm "
+                          "--out " + out.string());
   ASSERT_EQ(ok.status, 0) << ok.out;
   std::ifstream metrics(out / "metrics.jsonl");
   std::vector<nlohmann::json> events;
@@ -1122,8 +1131,8 @@ TEST(Cli, ResumeIsCheckedAgainstTheRunItContinues) {
   }
   EXPECT_EQ(steps, 10);
   ASSERT_EQ(events.size(), 1u);
-  const nlohmann::json want = {{"accum", {"1", "2"}}, {"batch", {"32", "16"}}, {"lr", {"0.1", "0.05"}},
-                               {"steps", {"10", "20"}}};
+  const nlohmann::json want = {{"accum", {"1", "2"}}, {"batch", {"32", "16"}}, {"clip_grad_norm", {"off", "1"}},
+                               {"lr", {"0.1", "0.05"}}, {"steps", {"10", "20"}}};
   EXPECT_EQ(events[0]["event"], "resume");
   EXPECT_EQ(events[0]["from"], at);
   EXPECT_EQ(events[0]["from_step"], 10);
@@ -1330,4 +1339,60 @@ TEST(Cli, MistypedCommandsFractionalSizesAndRawBytes) {
   EXPECT_EQ(raw.out.find('\x1b'), std::string::npos) << raw.out;
   const fs::path d = tmpdir("raw_bytes");
   expect_user_error(saturate("info --model 'file:" + (d / "a\x07" "b.json").string() + "'"), "a\\x07b.json");
+}
+
+// --clip-grad-norm, --betas, --eps and --min-lr out of range: one line naming the flag, status
+// 2, before anything runs (train and tune alike).
+TEST(Cli, ClipBetasEpsAndMinLrAreRangeChecked) {
+  const std::string run = "train --model mlp --data synthetic --steps 1 --threads 1 ";
+  for (const auto& [flags, words] : std::vector<std::pair<std::string, std::string>>{
+           {"--clip-grad-norm 0", "--clip-grad-norm: expected a norm > 0, got 0"},
+           {"--clip-grad-norm -1", "--clip-grad-norm: expected a norm > 0, got -1"},
+           {"--clip-grad-norm 1e-60", "--clip-grad-norm: expected a norm > 0"},
+           {"--betas 0.9", "--betas: expected two numbers in [0, 1) separated by a comma (such as 0.9,0.95), got '0.9'"},
+           {"--betas 0.9,1", "--betas: expected two numbers in [0, 1)"},
+           {"--betas 0.9,x", "--betas: expected two numbers in [0, 1)"},
+           {"--betas -0.1,0.9", "--betas: expected two numbers in [0, 1)"},
+           {"--betas 0.9,0.99,0.9", "--betas: expected two numbers in [0, 1)"},
+           {"--eps -1e-8", "--eps: expected a number >= 0, got -1e-08"},
+           {"--optimizer sgd --betas 0.9,0.99", "--betas applies to --optimizer adamw, not sgd"},
+           {"--optimizer sgd --eps 1e-6", "--eps applies to --optimizer adamw, not sgd"},
+           {"--min-lr -1e-4", "--min-lr: expected a learning rate from 0 to --lr (0.001), got -0.0001"},
+           {"--lr 0.01 --min-lr 0.1", "--min-lr: expected a learning rate from 0 to --lr (0.01), got 0.1"},
+           {"--schedule constant --min-lr 1e-4", "--min-lr applies to --schedule cosine and step"}})
+    expect_one_line_error(saturate(run + flags), words);
+  expect_user_error(saturate(run + "--clip-grad-norm abc"), "--clip-grad-norm: expected a number, got 'abc'");
+  expect_user_error(saturate(run + "--clip-grad-norm nan"), "--clip-grad-norm: expected a finite number");
+  expect_user_error(saturate(run + "--eps inf"), "--eps: expected a finite number");
+  expect_one_line_error(saturate("tune --model mlp --data synthetic --clip-grad-norm 0"), "--clip-grad-norm");
+}
+
+// --clip-grad-norm: every metrics.jsonl line carries the step's norm before clipping and
+// whether it clipped; summary.json the bound, the steps clipped, AdamW's betas and eps and
+// the schedule's --min-lr.
+TEST(Cli, ClippingIsLoggedEveryStep) {
+  const fs::path d = tmpdir("clip_metrics");
+  CmdResult r = saturate("train --model mlp --data synthetic --batch 16 --steps 6 --threads 1 --eval off "
+                         "--clip-grad-norm 0.05 --betas 0.8,0.95 --eps 1e-6 --min-lr 1e-4 --out " +
+                         (d / "run").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("grad norm "), std::string::npos) << r.out;
+  std::ifstream metrics(d / "run" / "metrics.jsonl");
+  int lines = 0, clipped = 0;
+  for (std::string line; std::getline(metrics, line); ++lines) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("grad_norm") && j.contains("clipped")) << line;
+    EXPECT_GT(j["grad_norm"].get<double>(), 0) << line;
+    EXPECT_EQ(j["clipped"].get<bool>(), j["grad_norm"].get<double>() > 0.05) << line;
+    clipped += j["clipped"].get<bool>();
+  }
+  EXPECT_EQ(lines, 6);
+  const nlohmann::json s = read_json(d / "run" / "summary.json");
+  EXPECT_FLOAT_EQ(s["optimizer"]["clip_grad_norm"].get<float>(), 0.05f);
+  EXPECT_EQ(s["optimizer"]["clipped_steps"].get<int>(), clipped);
+  EXPECT_GE(clipped, 1);
+  EXPECT_FLOAT_EQ(s["optimizer"]["betas"][0].get<float>(), 0.8f);
+  EXPECT_FLOAT_EQ(s["optimizer"]["betas"][1].get<float>(), 0.95f);
+  EXPECT_FLOAT_EQ(s["optimizer"]["eps"].get<float>(), 1e-6f);
+  EXPECT_FLOAT_EQ(s["schedule"]["min_lr"].get<float>(), 1e-4f);
 }

@@ -1,8 +1,9 @@
 // The GPU optimizer (optim/optimizer_cuda.h) against the CPU Optimizer on the same
 // data: SGD (plain, weight decay, momentum, Nesterov) and AdamW over real ParamStore
-// layouts, several sizes, changing learning rates; the low-precision parameter copy;
-// fp16 loss scaling (skipped steps, backoff, growth); and the step captured as a CUDA
-// graph and replayed with the host running ahead (the lr protocol).
+// layouts, several sizes, changing learning rates and gradient clipping coefficients;
+// the low-precision parameter copy; fp16 loss scaling (skipped steps, backoff, growth);
+// and the step captured as a CUDA graph and replayed with the host running ahead (the
+// lr protocol).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -196,9 +197,10 @@ void run_parity(const NamedConfig& nc, int64_t n, DType lpt, Layout layout) {
     fill_normal(ps, rng, true, 1.0f);
     upload(d.dg(), ps.flat_grads(), size_t(gn) * 4, st.s);
     const float lr = rc.lr * (1.0f + 0.4f * float(k)) / (k == 3 ? 3.0f : 1.0f);
-    gpu.set_lr(lr, st.s);
+    const float clip = k == 2 ? 0.37f : k == 4 ? 0.8f : 1.0f;  // gradient clipping's coefficient on two steps
+    gpu.set_lr(lr, st.s, clip);
     gpu.step(d.dp(), d.dg(), d.ds(), lpt == DType::f32 ? nullptr : d.dlp(), st.s);
-    cpu.step(ps, lr);
+    cpu.step(ps, lr, clip);
   }
   auto p = download(d.dp(), gn, st.s);
   expect_close(p, ps.flat_params(), gn, what + " params");

@@ -3,6 +3,7 @@
 // safetensors round-trips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -219,7 +220,52 @@ TEST(Schedule, WarmupCosineAndStep) {
   EXPECT_NEAR(sat::schedule_lr(st, 1.0f, 12, 100), 0.01f, 1e-8);
   sat::ScheduleConfig bad;
   bad.name = "linear";
-  EXPECT_THROW(sat::resolve_schedule(bad), sat::Error);
+  EXPECT_THROW(sat::resolve_schedule(bad, 1.0f), sat::Error);
+}
+
+// --min-lr as PyTorch defines it: CosineAnnealingLR's eta_min (the cosine from base to min
+// over the steps after the warm-up, min at the last), and the floor of StepLR's decay. The
+// warm-up composes as without it: linear from base / warmup up to base.
+TEST(Schedule, MinLrIsEtaMinAndTheStepDecaysFloor) {
+  const float base = 0.1f, min = 0.01f;
+  sat::ScheduleConfig s;
+  s.name = "cosine";
+  s.warmup = 10;
+  s.min_lr = min;
+  const int64_t total = 110, T = total - s.warmup - 1;  // the cosine's steps after the warm-up
+  for (int64_t k = 0; k < s.warmup; ++k)
+    EXPECT_FLOAT_EQ(sat::schedule_lr(s, base, k, total), base * float(k + 1) / 10.0f) << "warm-up step " << k;
+  for (int64_t t = 0; t <= T; ++t) {
+    const double want = min + (base - min) * (1 + std::cos(M_PI * double(t) / double(T))) / 2;
+    EXPECT_NEAR(sat::schedule_lr(s, base, s.warmup + t, total), want, 1e-8) << "cosine step " << t;
+  }
+  EXPECT_FLOAT_EQ(sat::schedule_lr(s, base, total - 1, total), min);
+  EXPECT_FLOAT_EQ(sat::schedule_lr(s, base, s.warmup, total), base);
+  sat::ScheduleConfig st;
+  st.name = "step";
+  st.step_size = 5;
+  st.gamma = 0.5f;
+  st.min_lr = 0.02f;
+  for (int64_t k = 0; k < 40; ++k) {
+    const float want = std::max(0.02f, base * std::pow(0.5f, float(k / 5)));
+    EXPECT_FLOAT_EQ(sat::schedule_lr(st, base, k, 100), want) << "step " << k;
+  }
+  EXPECT_FLOAT_EQ(sat::schedule_lr(st, base, 99, 100), 0.02f) << "held at the floor";
+  EXPECT_FLOAT_EQ(sat::schedule_lr(st, base, 10, 100), 0.025f) << "above the floor: StepLR's value";
+  // Out of range: below 0, above --lr, or with the constant schedule (no decay to floor).
+  sat::ScheduleConfig neg = s, above = s, constant;
+  neg.min_lr = -1e-3f;
+  above.min_lr = 0.2f;
+  constant.min_lr = 1e-3f;
+  for (const sat::ScheduleConfig& b : {neg, above, constant}) {
+    try {
+      (void)sat::resolve_schedule(b, base);
+      ADD_FAILURE() << "accepted --min-lr " << b.min_lr << " with --schedule " << b.name;
+    } catch (const sat::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--min-lr"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW((void)sat::resolve_schedule(s, base));
 }
 
 TEST(Safetensors, RoundTripAndClearErrors) {

@@ -216,10 +216,16 @@ void add_schedule_options(CLI::App* c, RunArgs& a) {
   c->add_option("--lr", a.lr, "learning rate (default 0.01 for sgd, 0.001 for adamw)");
   c->add_flag("--nesterov", a.nesterov, "Nesterov momentum (SGD)");
   c->add_option("--weight-decay", a.weight_decay, "weight decay (default: PyTorch's, 0 for sgd, 0.01 for adamw)");
+  c->add_option("--betas", a.betas, "AdamW: B1,B2, the decay rates of the moment estimates (default 0.9,0.999)");
+  c->add_option("--eps", a.eps, "AdamW: the term added to the denominator (default 1e-8)");
+  c->add_option("--clip-grad-norm", a.clip_grad_norm, "scale the gradients so that their total 2-norm over the whole "
+                "model is at most X (torch.nn.utils.clip_grad_norm_; default: no clipping)");
   c->add_option("--schedule", a.schedule, "constant | step | cosine")->capture_default_str();
   c->add_option("--warmup", a.warmup, "linear learning-rate warm-up steps (default: 5% of the run's steps)");
   c->add_option("--step-size", a.step_size, "step schedule: decay every N steps (default: a third of the run)");
   c->add_option("--gamma", a.gamma, "step schedule: decay factor")->capture_default_str();
+  c->add_option("--min-lr", a.min_lr, "cosine: the learning rate at the last step; step: the floor of the decay "
+                "(PyTorch's eta_min)")->capture_default_str();
 }
 
 void add_device_options(CLI::App* c, RunArgs& a) {
@@ -246,8 +252,9 @@ void add_output_options(CLI::App* c, RunArgs& a) {
                 "--checkpoint-dir, or a fresh start); the run may be longer and of another layout, other settings "
                 "are refused unless --resume-change names them");
   c->add_option("--resume-change", a.resume_change, "with --resume: the settings this run may change from the "
-                "checkpoint's, separated by commas: lr, momentum, nesterov, weight_decay, betas, schedule, warmup, "
-                "step_size, gamma, seed, shuffle, data, normalize, last_batch, sync_bn, precision, model (each change "
+                "checkpoint's, separated by commas: lr, momentum, nesterov, weight_decay, betas, clip_grad_norm, schedule, "
+                "warmup, step_size, gamma, min_lr, seed, shuffle, data, normalize, last_batch, sync_bn, precision, "
+                "model (each change "
                 "is recorded in metrics.jsonl and summary.json)");
   c->add_flag("--profile", a.profile, "time every layer (after warm-up): a table per layer, and where each rank's "
               "step time goes");
@@ -364,6 +371,29 @@ Layout layout_of(const RunArgs& a, int64_t batch) {
 }
 
 namespace {
+// --betas B1,B2 and --eps (AdamW's; PyTorch's defaults when not given).
+void adam_into(const RunArgs& a, OptimConfig& o) {
+  const bool given = !a.betas.empty() || !std::isnan(a.eps);
+  SAT_CHECK(!given || a.optimizer == "adamw", !a.betas.empty() ? "--betas" : "--eps", " applies to --optimizer adamw, "
+            "not ", a.optimizer);
+  if (!a.betas.empty()) {
+    const std::string bad = str_cat("--betas: expected two numbers in [0, 1) separated by a comma (such as 0.9,0.95), "
+                                    "got '", a.betas, "'");
+    const size_t comma = a.betas.find(',');
+    SAT_CHECK(comma != std::string::npos, bad);
+    double b[2];
+    const std::string parts[2] = {a.betas.substr(0, comma), a.betas.substr(comma + 1)};
+    for (int k = 0; k < 2; ++k) {
+      char* end = nullptr;
+      b[k] = std::strtod(parts[k].c_str(), &end);
+      SAT_CHECK(!parts[k].empty() && end && *end == 0 && b[k] >= 0 && b[k] < 1, bad);
+    }
+    o.beta1 = float(b[0]), o.beta2 = float(b[1]);
+  }
+  SAT_CHECK(std::isnan(a.eps) || a.eps >= 0, "--eps: expected a number >= 0, got ", a.eps);
+  if (!std::isnan(a.eps)) o.eps = float(a.eps);
+}
+
 void optimizer_into(const RunArgs& a, TrainConfig& cfg) {
   cfg.optim.name = a.optimizer;
   cfg.optim.lr = float(std::isnan(a.lr) ? (a.optimizer == "adamw" ? 1e-3 : 0.01) : a.lr);
@@ -372,7 +402,12 @@ void optimizer_into(const RunArgs& a, TrainConfig& cfg) {
   SAT_CHECK(std::isnan(a.weight_decay) || a.weight_decay >= 0, "--weight-decay: expected a number >= 0, got ",
             a.weight_decay);
   cfg.optim.weight_decay = std::isnan(a.weight_decay) ? -1.0f : float(a.weight_decay);  // < 0: PyTorch's default
+  adam_into(a, cfg.optim);
+  SAT_CHECK(std::isnan(a.clip_grad_norm) || float(a.clip_grad_norm) > 0, "--clip-grad-norm: expected a norm > 0, got ",
+            a.clip_grad_norm, " (leave the flag out to train without clipping)");
+  cfg.optim.clip_grad_norm = std::isnan(a.clip_grad_norm) ? 0.0f : float(a.clip_grad_norm);
   cfg.schedule.name = a.schedule;
+  cfg.schedule.min_lr = float(a.min_lr);
   const bool auto_warmup = a.warmup == kWarmupNotGiven;
   SAT_CHECK(auto_warmup || a.warmup >= 0, "--warmup: expected a number of steps >= 0, got ", a.warmup);
   constexpr double kDefaultWarmupFraction = 0.05;  // --warmup not given: this share of the steps
@@ -380,6 +415,7 @@ void optimizer_into(const RunArgs& a, TrainConfig& cfg) {
   cfg.schedule.warmup_fraction = auto_warmup ? kDefaultWarmupFraction : 0;
   cfg.schedule.step_size = a.step_size;
   cfg.schedule.gamma = float(a.gamma);
+  (void)resolve_schedule(cfg.schedule, cfg.optim.lr);  // --min-lr against --lr, before anything runs
 }
 }  // namespace
 

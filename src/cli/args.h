@@ -44,6 +44,8 @@ struct RunArgs {
   // Optimizer and schedule. NaN: not given (the optimizer's default applies).
   std::string optimizer = "adamw", schedule = "cosine";
   double lr = std::nan(""), momentum = 0, weight_decay = std::nan(""), gamma = 0.1;
+  double eps = std::nan(""), clip_grad_norm = std::nan(""), min_lr = 0;
+  std::string betas;  // B1,B2 ("": PyTorch's 0.9,0.999)
   bool nesterov = false;
   int64_t epochs = 1, steps = 0, warmup = kWarmupNotGiven, step_size = 0;
   // Device and data parallelism.

@@ -35,8 +35,9 @@ class GpuOptimizer final : public DeviceOptimizer {
     grads_ = ps.flat_grads() + (ps.sharding().stage >= 2 ? 0 : ps.shard_begin());
   }
   void set_lr(float lr) override { lr_ = lr; }
+  void set_grad_scale(float s) override { clip_ = s; }
   void step() override {
-    opt_.set_lr(lr_, stream_);
+    opt_.set_lr(lr_, stream_, clip_);
     opt_.step(spans_, grads_, ps_.optimizer_slots() ? ps_.flat_slot(0) : nullptr, stream_);
   }
   const OptimConfig& config() const override { return opt_.config(); }
@@ -56,7 +57,7 @@ class GpuOptimizer final : public DeviceOptimizer {
   std::vector<CudaOptimizer::Span> spans_;
   const float* grads_ = nullptr;
   cudaStream_t stream_;
-  float lr_ = 0;
+  float lr_ = 0, clip_ = 1;
 };
 
 // Bucket i's all-reduce waits for an event recorded on the compute stream; the compute
@@ -107,6 +108,8 @@ class GpuNorms final : public SquaredNorms {
   }
   std::vector<double> take(int slots) override {
     std::vector<double> v(slot_of_.size()), out(size_t(slots), 0.0);
+    // (the compute stream does not block: cudaMemcpy alone would not wait for the sums)
+    SAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (!v.empty()) SAT_CUDA_CHECK(cudaMemcpy(v.data(), sums_, v.size() * sizeof(double), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < v.size(); ++i)
       if (slot_of_[i] < slots) out[size_t(slot_of_[i])] += v[i];

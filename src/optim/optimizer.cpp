@@ -15,7 +15,11 @@ OptimConfig resolve_optim(OptimConfig c) {
   SAT_CHECK(!c.nesterov || c.momentum > 0, "--nesterov needs --momentum > 0 (as in PyTorch)");
   if (c.weight_decay < 0) c.weight_decay = c.name == "adamw" ? 0.01f : 0.0f;
   SAT_CHECK(std::isfinite(c.weight_decay), "--weight-decay: expected a number >= 0");
-  SAT_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "--betas: expected values in [0, 1)");
+  SAT_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "--betas: expected values in [0, 1), got ",
+            c.beta1, ",", c.beta2);
+  SAT_CHECK(c.eps >= 0 && std::isfinite(c.eps), "--eps: expected a number >= 0, got ", c.eps);
+  SAT_CHECK(c.clip_grad_norm >= 0 && std::isfinite(c.clip_grad_norm), "--clip-grad-norm: expected a number > 0, got ",
+            c.clip_grad_norm);
   return c;
 }
 
@@ -24,11 +28,20 @@ int optimizer_slots(const OptimConfig& c) {
   return c.momentum > 0 ? 1 : 0;
 }
 
-void Optimizer::step(ParamStore& ps, float lr) {
+void Optimizer::step(ParamStore& ps, float lr, float grad_scale) {
   ++t_;
   nonfinite_ = 0;
   // The flat arrays, or under ZeRO this rank's shard of them (one span per unit under ZeRO-2).
-  for (const UpdateSpan& s : ps.update_spans()) nonfinite_ += update(ps, s, lr);
+  for (const UpdateSpan& s : ps.update_spans()) {
+    // Clipping: the store's gradients scaled in place first, as clip_grad_norm_'s g.mul_(c)
+    // (a pass only on the steps that clip: the update's own loop is unchanged).
+    if (grad_scale != 1.0f) {
+      float* g = const_cast<float*>(s.g);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < s.n; ++i) g[i] *= grad_scale;
+    }
+    nonfinite_ += update(ps, s, lr);
+  }
 }
 
 // Each loop also counts the updated values that are not finite: a compare in a pass that
@@ -91,10 +104,14 @@ int64_t Optimizer::update(ParamStore& ps, const UpdateSpan& s, float lr) {
   return bad;
 }
 
-ScheduleConfig resolve_schedule(ScheduleConfig s) {
+ScheduleConfig resolve_schedule(ScheduleConfig s, float base_lr) {
   check_choice("--schedule", s.name, {"constant", "step", "cosine"});
   SAT_CHECK(s.warmup >= 0, "--warmup: expected a number of steps >= 0");
   SAT_CHECK(s.warmup_fraction >= 0 && s.warmup_fraction <= 1, "--warmup: expected a share of the steps in [0, 1]");
+  SAT_CHECK(std::isfinite(s.min_lr) && s.min_lr >= 0 && s.min_lr <= base_lr, "--min-lr: expected a learning rate from 0 "
+            "to --lr (", base_lr, "), got ", s.min_lr);
+  SAT_CHECK(s.min_lr == 0 || s.name != "constant", "--min-lr applies to --schedule cosine and step (the floor they "
+            "decay to), not constant");
   return s;
 }
 
@@ -102,6 +119,10 @@ int64_t warmup_steps(const ScheduleConfig& s, int64_t total) {
   return std::max<int64_t>(s.warmup, int64_t(std::ceil(s.warmup_fraction * double(std::max<int64_t>(total, 0)))));
 }
 
+// After the linear warm-up (from base / warmup up to base, whatever min_lr is), each schedule
+// as PyTorch defines it over the steps after the warm-up: StepLR's base * gamma^(t / size),
+// held at min_lr once it would go below; CosineAnnealingLR's
+// min + (base - min) (1 + cos(pi t / T)) / 2 with T the steps to the last one, which takes min.
 float schedule_lr(const ScheduleConfig& schedule, float base, int64_t step, int64_t total) {
   ScheduleConfig s = schedule;
   s.warmup = warmup_steps(schedule, total);
@@ -109,12 +130,11 @@ float schedule_lr(const ScheduleConfig& schedule, float base, int64_t step, int6
   if (s.name == "constant") return base;
   if (s.name == "step") {
     int64_t size = s.step_size > 0 ? s.step_size : std::max<int64_t>(1, total / 3);
-    return base * std::pow(s.gamma, float((step - s.warmup) / size));
+    return std::max(s.min_lr, base * std::pow(s.gamma, float((step - s.warmup) / size)));
   }
-  // cosine from base (after warm-up) to min_lr_ratio * base at the last step
   int64_t span = std::max<int64_t>(1, total - s.warmup - 1);
   double progress = std::min(1.0, double(step - s.warmup) / double(span));
-  double minlr = double(base) * s.min_lr_ratio;
+  const double minlr = s.min_lr;
   return float(minlr + 0.5 * (double(base) - minlr) * (1.0 + std::cos(M_PI * progress)));
 }
 
@@ -123,8 +143,9 @@ class HostOptimizer final : public DeviceOptimizer {
  public:
   HostOptimizer(const OptimConfig& c, ParamStore& ps) : opt_(c), ps_(ps) {}
   void set_lr(float lr) override { lr_ = lr; }
+  void set_grad_scale(float s) override { grad_scale_ = s; }
   void step() override {
-    opt_.step(ps_, lr_);
+    opt_.step(ps_, lr_, grad_scale_);
     ps_.refresh_lp_after_update();
   }
   const OptimConfig& config() const override { return opt_.config(); }
@@ -135,7 +156,7 @@ class HostOptimizer final : public DeviceOptimizer {
  private:
   Optimizer opt_;
   ParamStore& ps_;
-  float lr_ = 0;
+  float lr_ = 0, grad_scale_ = 1;
 };
 }  // namespace
 

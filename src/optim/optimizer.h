@@ -14,7 +14,10 @@ struct OptimConfig {
   float momentum = 0.0f;     // sgd
   bool nesterov = false;     // sgd
   float weight_decay = -1;   // < 0: PyTorch's default (sgd 0, adamw 0.01)
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adamw (--betas, --eps)
+  // > 0: the gradients are scaled so that their total 2-norm over the whole model is at most
+  // this, as torch.nn.utils.clip_grad_norm_ (train/grad_clip.h); 0: no clipping.
+  float clip_grad_norm = 0;
 };
 
 // Validates the config (sat::Error naming the flag) and fills defaults.
@@ -24,8 +27,9 @@ int optimizer_slots(const OptimConfig& c);  // float arrays of state per paramet
 class Optimizer {
  public:
   explicit Optimizer(const OptimConfig& c) : c_(resolve_optim(c)) {}
-  // One update of every parameter with learning rate lr (the schedule's value).
-  void step(ParamStore& ps, float lr);
+  // One update of every parameter with learning rate lr (the schedule's value), its gradients
+  // first multiplied by grad_scale in place (gradient clipping's coefficient; 1: as they are).
+  void step(ParamStore& ps, float lr, float grad_scale = 1.0f);
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }  // resuming: AdamW's bias correction goes on from there
   const OptimConfig& config() const { return c_; }
@@ -47,6 +51,9 @@ class DeviceOptimizer {
  public:
   virtual ~DeviceOptimizer() = default;
   virtual void set_lr(float lr) = 0;
+  // The next step reads every gradient multiplied by s (gradient clipping's coefficient,
+  // train/grad_clip.h; after the loss scale's unscaling under fp16). 1 until set.
+  virtual void set_grad_scale(float s) = 0;
   virtual void step() = 0;  // one update of this rank's parameters (its shard, under ZeRO)
   virtual const OptimConfig& config() const = 0;
   virtual int64_t steps() const = 0;      // updates applied (AdamW's t)
@@ -69,9 +76,12 @@ struct ScheduleConfig {
   double warmup_fraction = 0;     // or this share of the run's steps, whichever is more
   int64_t step_size = 0;          // step: decay every step_size steps (0: a third of the run)
   float gamma = 0.1f;             // step: factor per decay
-  float min_lr_ratio = 0.0f;      // cosine: final lr / base lr
+  // cosine: the lr at the last step (CosineAnnealingLR's eta_min); step: the floor the decayed
+  // lr stops at. The warm-up (from base / warmup up to base) is not affected.
+  float min_lr = 0.0f;
 };
-ScheduleConfig resolve_schedule(ScheduleConfig s);
+// Validates the schedule (sat::Error naming the flag; --min-lr at most base_lr, --lr's).
+ScheduleConfig resolve_schedule(ScheduleConfig s, float base_lr);
 // The warm-up steps of a run of `total` optimizer steps.
 int64_t warmup_steps(const ScheduleConfig& s, int64_t total);
 // Learning rate of optimizer step `step` (0-based) out of `total`.

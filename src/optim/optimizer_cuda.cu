@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <type_traits>
 
 #include "backend/cuda/context.h"
@@ -80,8 +81,9 @@ __global__ void __launch_bounds__(kBlock)
 // (b) The step's scalars, one thread.
 __global__ void begin_kernel(OptimScalars* s, bool loss_scaling, bool adamw, float beta1, float beta2, float wd) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  // GradScaler.unscale_: inv_scale = scale.double().reciprocal().float()
-  s->grad_scale = loss_scaling ? float(1.0 / double(s->loss_scale)) : 1.0f;
+  // GradScaler.unscale_: inv_scale = scale.double().reciprocal().float(); then clip_grad_norm_'s
+  // coefficient (an exact product: inv_scale is a power of 2).
+  s->grad_scale = (loss_scaling ? float(1.0 / double(s->loss_scale)) : 1.0f) * s->clip;
   if (s->found_inf) {
     s->skipped += 1;
     return;
@@ -224,14 +226,15 @@ CudaOptimizer::CudaOptimizer(const OptimConfig& c, int64_t flat_size, DType lp, 
   max_blocks_ = std::max(1, sms * (2048 / kBlock));  // enough to fill every SM, then grid-stride
   try {
     d_ = static_cast<OptimScalars*>(cuda_alloc(sizeof(OptimScalars)));
-    SAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_lr_), sizeof(float), cudaHostAllocDefault));
+    SAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_lr_), 2 * sizeof(float), cudaHostAllocDefault));
     SAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_io_), sizeof(OptimScalars), cudaHostAllocDefault));
     SAT_CUDA_CHECK(cudaEventCreateWithFlags(&lr_copied_, cudaEventDisableTiming));
     OptimScalars s;
     s.lr = c_.lr;
     s.loss_scale = loss_scaling_ ? ls_.init_scale : 1.0f;
     s.grad_scale = loss_scaling_ ? float(1.0 / double(s.loss_scale)) : 1.0f;
-    *h_lr_ = c_.lr;
+    h_lr_[0] = c_.lr;
+    h_lr_[1] = 1.0f;
     *h_io_ = s;
     // From pinned memory: complete when cudaMemcpy returns.
     SAT_CUDA_CHECK(cudaMemcpy(d_, h_io_, sizeof(OptimScalars), cudaMemcpyHostToDevice));
@@ -329,16 +332,18 @@ void CudaOptimizer::update(const Span& sp, float* slots, cudaStream_t stream) {
   }
 }
 
-void CudaOptimizer::set_lr_host(float lr) {
+void CudaOptimizer::set_lr_host(float lr, float clip) {
   // The copy queued by the previous upload_lr (eager or a graph replay) must have
   // read h_lr_ before it is overwritten. Returns at once if none is pending.
   SAT_CUDA_CHECK(cudaEventSynchronize(lr_copied_));
-  *h_lr_ = lr;
+  h_lr_[0] = lr;
+  h_lr_[1] = clip;
 }
 
 void CudaOptimizer::upload_lr(cudaStream_t stream) {
   last_stream_ = stream;
-  SAT_CUDA_CHECK(cudaMemcpyAsync(&d_->lr, h_lr_, sizeof(float), cudaMemcpyHostToDevice, stream));
+  static_assert(offsetof(OptimScalars, clip) == offsetof(OptimScalars, lr) + sizeof(float), "lr and clip side by side");
+  SAT_CUDA_CHECK(cudaMemcpyAsync(&d_->lr, h_lr_, 2 * sizeof(float), cudaMemcpyHostToDevice, stream));
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   SAT_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
   // Inside a capture a plain record only orders streams within the graph; the
@@ -349,8 +354,8 @@ void CudaOptimizer::upload_lr(cudaStream_t stream) {
     SAT_CUDA_CHECK(cudaEventRecord(lr_copied_, stream));
 }
 
-void CudaOptimizer::set_lr(float lr, cudaStream_t stream) {
-  set_lr_host(lr);
+void CudaOptimizer::set_lr(float lr, cudaStream_t stream, float clip) {
+  set_lr_host(lr, clip);
   upload_lr(stream);
 }
 

@@ -2,8 +2,9 @@
 // update rules of optim/optimizer.cpp, plus fp16 dynamic loss scaling with the rules
 // of PyTorch's GradScaler. Included only by code compiled with the CUDA backend.
 //
-// Everything that changes from step to step (learning rate, Adam step counter, loss
-// scale, "this step had inf/NaN gradients") lives in one small struct in DEVICE
+// Everything that changes from step to step (learning rate, gradient clipping's
+// coefficient, Adam step counter, loss scale, "this step had inf/NaN gradients") lives in
+// one small struct in DEVICE
 // memory (OptimScalars) and the kernels read it from there, so the step can be
 // captured once as a CUDA graph and replayed: nothing per-step is a kernel argument.
 //
@@ -11,7 +12,7 @@
 //   (a) with loss scaling: found_inf = 0, then one pass over the gradients that sets
 //       found_inf when any is inf or NaN;
 //   (b) a one-thread kernel: the gradient multiplier grad_scale (1 / loss scale, or
-//       1), and unless found_inf: ++step and the step's Adam bias corrections
+//       1, times the clip coefficient), and unless found_inf: ++step and the step's Adam bias corrections
 //       (computed in float64 as the CPU optimizer does); with found_inf: ++skipped;
 //   (c) the fused update over the flat arrays (float4 loads and stores when every
 //       array is 16-byte aligned), which also writes the low-precision copy of each
@@ -20,11 +21,12 @@
 //       growth after growth_interval clean steps in a row).
 // The gradients are never modified: each is multiplied by grad_scale where it is
 // used (PyTorch's unscale_ multiplies in float32 by the same factor, so the update is
-// the same).
+// the same; a loss scale is a power of 2, so unscaling then clipping, two products in
+// PyTorch, is this one product exactly).
 //
-// Learning rate protocol. The lr reaches the device by cudaMemcpyAsync from a pinned
-// host float (so the copy can be part of a captured graph; the copy reads the host
-// float when it EXECUTES, not when it is queued):
+// Learning rate protocol. The lr (with the clip coefficient beside it) reaches the device
+// by cudaMemcpyAsync from pinned host floats (so the copy can be part of a captured graph;
+// the copy reads the host floats when it EXECUTES, not when it is queued):
 //  * eager steps: set_lr(lr, stream) before each step() (host write + queued copy);
 //  * CUDA graph: capture upload_lr(stream) once in the graph, before step() (best at
 //    the graph's start); before each replay call set_lr_host(lr), which first waits
@@ -51,13 +53,13 @@ struct OptimScalars {
   int64_t skipped = 0;         // steps skipped because of inf/NaN gradients
   int64_t growth_tracker = 0;  // clean steps in a row since the last loss-scale change
   float lr = 0;                // learning rate of the next step (upload_lr)
-  float grad_scale = 1;        // gradients are multiplied by this before use (1 / loss_scale)
+  float clip = 1;              // gradient clipping's coefficient of the next step (upload_lr, after lr)
+  float grad_scale = 1;        // gradients are multiplied by this before use (clip / loss_scale)
   float loss_scale = 1;        // the loss is multiplied by this before backward (1 without scaling)
   int32_t found_inf = 0;       // this step's gradients hold inf/NaN: the step is skipped
   float step_size = 0;         // AdamW: lr / (1 - beta1^t)
   float bc2_sqrt = 1;          // AdamW: sqrt(1 - beta2^t)
   float decay = 1;             // AdamW: 1 - lr * weight_decay
-  int32_t pad_ = 0;
 };
 
 // PyTorch's GradScaler defaults.
@@ -96,10 +98,11 @@ class CudaOptimizer {
   // of the gradients at `grads`: the inf/NaN check's range). Capturable.
   void step(const std::vector<Span>& spans, const float* grads, float* slots, cudaStream_t stream);
 
-  // See the protocol at the top of this file.
-  void set_lr(float lr, cudaStream_t stream);  // set_lr_host + upload_lr; not while capturing
-  void set_lr_host(float lr);                  // host side only; may wait for the previous upload
-  void upload_lr(cudaStream_t stream);         // capturable
+  // See the protocol at the top of this file. clip: the next step's gradient clipping
+  // coefficient (train/grad_clip.h; 1: none), uploaded with the lr.
+  void set_lr(float lr, cudaStream_t stream, float clip = 1.0f);  // set_lr_host + upload_lr; not while capturing
+  void set_lr_host(float lr, float clip = 1.0f);  // host side only; may wait for the previous upload
+  void upload_lr(cudaStream_t stream);            // capturable
 
   // params_lp = params rounded to lp (after loading parameters; step() keeps it current).
   void write_lp(const float* params, void* params_lp, cudaStream_t stream) const;
@@ -134,7 +137,7 @@ class CudaOptimizer {
   LossScaleConfig ls_;
   int max_blocks_ = 1;
   OptimScalars* d_ = nullptr;        // device
-  float* h_lr_ = nullptr;            // pinned, source of upload_lr's copy
+  float* h_lr_ = nullptr;            // pinned, source of upload_lr's copy: lr, clip
   OptimScalars* h_io_ = nullptr;     // pinned staging for scalars_host / set_scalars_host
   cudaEvent_t lr_copied_ = nullptr;  // recorded after each upload_lr copy
   cudaStream_t last_stream_ = nullptr;

@@ -133,6 +133,8 @@ struct StepMetrics {
   double seconds;
   double samples_per_second;
   double noise_scale = NAN;  // with measure_noise: the smoothed estimate so far (0 while undefined)
+  double grad_norm = NAN;    // with clip_grad_norm: the gradients' total 2-norm, before clipping
+  bool clipped = false;      // with clip_grad_norm: whether the step scaled its gradients down
 };
 
 // Bytes a rank moved over each group of the mesh per optimizer step (the payload its
@@ -185,6 +187,7 @@ struct TrainResult {
   std::vector<GradNormSample> grad_norms;  // with measure_noise
   double noise_scale = 0;                  // with measure_noise: the smoothed estimate at the end (0: undefined)
   NoiseInterval noise_interval;            // its 95% interval (train/noise.h), or why there is none
+  int64_t clipped_steps = 0;               // with clip_grad_norm: the steps (of this process's) that clipped
   // Layout.
   int world_size = 1;
   int dp = 1, tp = 1, pp = 1;

@@ -59,6 +59,20 @@ class Noise final : public RunObserver {
   NoiseScale estimate_;
 };
 
+// ---- gradient clipping ----------------------------------------------------------------------
+class Clip final : public RunObserver {
+ public:
+  explicit Clip(const GradClip& c) : clip_(c) {}
+  void step_ends(StepDone& d, RunState& run) override {
+    d.metrics.grad_norm = clip_.norm();
+    d.metrics.clipped = clip_.clipped();
+    run.result.clipped_steps += clip_.clipped() ? 1 : 0;
+  }
+
+ private:
+  const GradClip& clip_;
+};
+
 class Callback final : public RunObserver {
  public:
   explicit Callback(std::function<void(const StepMetrics&)> f) : f_(std::move(f)) {}
@@ -131,6 +145,9 @@ std::vector<TracedAction> traced_actions(const RankPlan& p, const dist::Mesh& m,
 std::unique_ptr<RunObserver> measure_observer(RankRuntime& rt) { return std::make_unique<Measure>(rt); }
 std::unique_ptr<HealthObserver> health_observer(RankRuntime& rt) { return std::make_unique<HealthObserver>(rt); }
 std::unique_ptr<RunObserver> noise_observer(RankRuntime& rt) { return std::make_unique<Noise>(rt); }
+std::unique_ptr<RunObserver> clip_observer(RankRuntime& rt) {
+  return rt.clip ? std::make_unique<Clip>(*rt.clip) : nullptr;
+}
 std::unique_ptr<RunObserver> callback_observer(std::function<void(const StepMetrics&)> f) {
   return std::make_unique<Callback>(std::move(f));
 }

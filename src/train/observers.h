@@ -61,6 +61,9 @@ class HealthObserver;
 std::unique_ptr<HealthObserver> health_observer(RankRuntime& rt);
 // The noise probe's sample each step (collective) and the smoothed estimate.
 std::unique_ptr<RunObserver> noise_observer(RankRuntime& rt);
+// --clip-grad-norm: each step's norm before clipping and whether it clipped, into its metrics
+// and the run's count (null without clipping).
+std::unique_ptr<RunObserver> clip_observer(RankRuntime& rt);
 // The library's per-step callback.
 std::unique_ptr<RunObserver> callback_observer(std::function<void(const StepMetrics&)> f);
 // --time-limit and stop_early: every rank stops at the step rank 0 decides (collective).

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include <cstdio>
@@ -24,6 +25,14 @@ std::string format_duration(double s) {
   if (s < 60) std::snprintf(b, sizeof b, "%.0fs", s);
   else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", int(s) / 60, int(s) % 60);
   else std::snprintf(b, sizeof b, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
+  return b;
+}
+
+// "  grad norm 3.2 (clipped)" with --clip-grad-norm, else nothing.
+std::string grad_norm_text(const StepMetrics& m) {
+  if (std::isnan(m.grad_norm)) return "";
+  char b[64];
+  std::snprintf(b, sizeof b, "  grad norm %.3g%s", m.grad_norm, m.clipped ? " (clipped)" : "");
   return b;
 }
 
@@ -103,21 +112,27 @@ void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
     int n = std::snprintf(line, sizeof line,
                           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_second\": %.6g, \"seconds\": %.6g",
                           (long long)m.step, m.loss, m.lr, m.samples_per_second, m.seconds);
-    if (noise_) std::snprintf(line + n, sizeof line - size_t(n), ", \"noise_scale\": %.6g", m.noise_scale);
+    if (noise_) n += std::snprintf(line + n, sizeof line - size_t(n), ", \"noise_scale\": %.6g", m.noise_scale);
+    if (!std::isnan(m.grad_norm)) {  // --clip-grad-norm (a norm that is not finite: null)
+      char norm[32] = "null";
+      if (std::isfinite(m.grad_norm)) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);
+      std::snprintf(line + n, sizeof line - size_t(n), ", \"grad_norm\": %s, \"clipped\": %s", norm,
+                    m.clipped ? "true" : "false");
+    }
     write_line(std::string(line) + "}\n");
   }
   if (progress_ == 2) {
     const double frac = double(m.step) / double(total);
     const int filled = int(frac * 30);
-    std::fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s   ", filled,
+    std::fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.4f%s  %.0f samples/s  ETA %s   ", filled,
                  "##############################", 30 - filled, "", (long long)m.step, (long long)total, m.loss,
-                 m.samples_per_second, format_duration(elapsed / frac - elapsed).c_str());
+                 grad_norm_text(m).c_str(), m.samples_per_second, format_duration(elapsed / frac - elapsed).c_str());
     if (m.step == total) std::fprintf(stderr, "\n");
   } else if (progress_ == 1) {
     const int64_t every = std::max<int64_t>(1, total / 20);
     if (m.step % every == 0 || m.step == total)
-      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g  %.0f samples/s\n", (long long)m.step, (long long)total,
-                   m.loss, m.lr, m.samples_per_second);
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f samples/s\n", (long long)m.step,
+                   (long long)total, m.loss, m.lr, grad_norm_text(m).c_str(), m.samples_per_second);
   }
 }
 
@@ -210,8 +225,16 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["steps"] = r.steps;
   s["optimizer"] = {{"name", cfg.optim.name}, {"lr", cfg.optim.lr}, {"momentum", cfg.optim.momentum},
                     {"nesterov", cfg.optim.nesterov}, {"weight_decay", resolve_optim(cfg.optim).weight_decay}};
+  if (cfg.optim.name == "adamw") {
+    s["optimizer"]["betas"] = {cfg.optim.beta1, cfg.optim.beta2};
+    s["optimizer"]["eps"] = cfg.optim.eps;
+  }
+  if (cfg.optim.clip_grad_norm > 0) {
+    s["optimizer"]["clip_grad_norm"] = cfg.optim.clip_grad_norm;
+    s["optimizer"]["clipped_steps"] = r.clipped_steps;
+  }
   s["schedule"] = {{"name", info.schedule_name}, {"warmup", cfg.schedule.warmup},
-                   {"warmup_fraction", cfg.schedule.warmup_fraction}};
+                   {"warmup_fraction", cfg.schedule.warmup_fraction}, {"min_lr", cfg.schedule.min_lr}};
   s["seed"] = info.seed;
   s["final_train_loss"] = r.final_train_loss;
   if (r.test) {

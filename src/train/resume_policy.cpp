@@ -16,6 +16,7 @@ struct Policy {
   May may;
   const char* name;  // --resume-change's name for it (when_named), or why not (never)
   bool on_off = false;
+  const char* absent = nullptr;  // its value in a checkpoint that does not record it (null: none)
 };
 
 // Every field of config_fingerprint, and the global batch.
@@ -35,11 +36,14 @@ constexpr Policy kPolicies[] = {
     {"momentum", "--momentum", May::when_named, "momentum"},
     {"nesterov", "--nesterov", May::when_named, "nesterov", true},
     {"weight_decay", "--weight-decay", May::when_named, "weight_decay"},
-    {"betas", "betas", May::when_named, "betas"},
+    {"betas", "--betas,--eps", May::when_named, "betas"},
+    // (a checkpoint written before these two were recorded trained without them)
+    {"clip_grad_norm", "--clip-grad-norm", May::when_named, "clip_grad_norm", false, "off"},
     {"schedule", "--schedule", May::when_named, "schedule"},
     {"warmup", "--warmup", May::when_named, "warmup"},
     {"step_size", "--step-size", May::when_named, "step_size"},
     {"gamma", "--gamma", May::when_named, "gamma"},
+    {"min_lr", "--min-lr", May::when_named, "min_lr", false, "0"},
     {"sync_bn", "--sync-bn", May::when_named, "sync_bn", true},
     {"precision", "--precision", May::when_named, "precision"},
     {"optimizer", "--optimizer", May::never, "the optimizer's state would not carry over"},
@@ -135,11 +139,12 @@ std::vector<SettingChange> resume_changes(const Settings& was, const Settings& n
   for (const auto& kv : now) keys.insert(kv.first);
   std::vector<SettingChange> out;
   for (const std::string& key : keys) {
-    const auto a = was.find(key), b = now.find(key);
-    const bool in_a = a != was.end(), in_b = b != now.end();
-    if (in_a && in_b && a->second == b->second) continue;
     const Policy* p = policy_of(key);
-    const std::string from = shown(p, in_a ? a->second : "", in_a), to = shown(p, in_b ? b->second : "", in_b);
+    const auto a = was.find(key), b = now.find(key);
+    const bool in_b = b != now.end(), in_a = a != was.end() || (p && p->absent);
+    const std::string va = a != was.end() ? a->second : in_a ? p->absent : "", vb = in_b ? b->second : "";
+    if (in_a && in_b && va == vb) continue;
+    const std::string from = shown(p, va, in_a), to = shown(p, vb, in_b);
     SAT_CHECK(p, "--resume: the checkpoint ", where, " records the setting '", key, "' as ", from, "; this run has ", to,
               " (a checkpoint of another saturate?)");
     const std::string both = str_cat("--resume: the checkpoint ", where, " was trained with ", p->flag, " ", from,

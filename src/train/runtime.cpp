@@ -43,7 +43,7 @@ RankRuntime::RankRuntime(JobPlan* job, const ModelConfig& model, const TrainConf
                          const Dataset* test_set)
     : mc(model), cfg(config), train(train_set), test(config.evaluate ? test_set : nullptr) {
   cfg.optim = resolve_optim(config.optim);
-  cfg.schedule = resolve_schedule(config.schedule);
+  cfg.schedule = resolve_schedule(config.schedule, cfg.optim.lr);
   if (config.comm) {
     world = config.comm;
   } else {
@@ -57,7 +57,7 @@ RankRuntime::RankRuntime(JobPlan* job, const ModelConfig& model, const TrainConf
 
 RankRuntime::~RankRuntime() {
   exec.reset();
-  noise.reset(), partial_sum.reset(), feed.reset(), sync.reset();
+  clip.reset(), noise.reset(), partial_sum.reset(), feed.reset(), sync.reset();
   train_loader.reset(), test_loader.reset();
   optimizer.reset();
   engine.reset();
@@ -175,11 +175,16 @@ void RankRuntime::build_step() {
   if (partial_sum->empty()) partial_sum.reset();
   if (cfg.measure_noise)
     noise = std::make_unique<NoiseProbe>(g, *params, m, cfg, *device, optimizer->loss_scale_device());
+  if (cfg.optim.clip_grad_norm > 0)
+    clip = std::make_unique<GradClip>(g, *params, m, cfg.zero >= 1, cfg.optim.clip_grad_norm, *device,
+                                      optimizer->loss_scale_device(), *optimizer);
   exec = std::make_unique<Executor>(*engine, plan->actions, plan->ctx_of, groups.pp);
   exec->capture_from_second_step(cfg.cuda_graph);
   parts.data = feed.get();
   parts.sync = sync.get();
-  for (GradHook* h : {static_cast<GradHook*>(partial_sum.get()), static_cast<GradHook*>(noise.get())})
+  // In order: the gradients made final (the sequence-parallel sums), measured, then clipped.
+  for (GradHook* h : {static_cast<GradHook*>(partial_sum.get()), static_cast<GradHook*>(noise.get()),
+                      static_cast<GradHook*>(clip.get())})
     if (h) parts.grad_hooks.push_back(h);
   parts.optimizer = optimizer.get();
 }

@@ -24,6 +24,7 @@
 #include "train/config.h"
 #include "train/data_parallel.h"
 #include "train/executor.h"
+#include "train/grad_clip.h"
 #include "train/plan.h"
 #include "train/step_parts.h"
 
@@ -67,6 +68,7 @@ class RankRuntime {
   std::unique_ptr<BatchFeed> feed;
   std::unique_ptr<PartialGradSum> partial_sum;  // sequence parallelism's (null: none)
   std::unique_ptr<NoiseProbe> noise;            // --noise-scale (null: off)
+  std::unique_ptr<GradClip> clip;               // --clip-grad-norm (null: off)
   std::unique_ptr<Executor> exec;
   StepParts parts;
 

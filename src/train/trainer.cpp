@@ -157,6 +157,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   std::vector<std::unique_ptr<RunObserver>> own;
   std::unique_ptr<HealthObserver> health = health_observer(rt);
   own.push_back(measure_observer(rt));
+  own.push_back(clip_observer(rt));
   if (cfg.measure_noise) own.push_back(noise_observer(rt));
   if (on_step) own.push_back(callback_observer(on_step));
   own.push_back(stop_observer(rt));

@@ -45,8 +45,9 @@ void check_ranges(const TrainConfig& cfg) {
   SAT_CHECK(!cfg.measure_noise || cfg.accum >= 2, "--noise-scale needs --accum 2 or more: the estimator compares one "
             "micro-batch's gradient with the whole step's (e.g. --batch ", std::max<int64_t>(1, cfg.batch / 2),
             " --accum 2 instead of --batch ", cfg.batch, ")");
-  (void)resolve_optim(cfg.optim);        // --optimizer, --lr, --momentum, --weight-decay
-  (void)resolve_schedule(cfg.schedule);  // --schedule, --warmup, --step-size, --gamma
+  // --optimizer, --lr, --momentum, --weight-decay, --betas, --eps, --clip-grad-norm
+  (void)resolve_optim(cfg.optim);
+  (void)resolve_schedule(cfg.schedule, cfg.optim.lr);  // --schedule, --warmup, --step-size, --gamma, --min-lr
 }
 
 // What the device can run (backend/support.h), and where the gradients are reduced.

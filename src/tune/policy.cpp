@@ -168,6 +168,7 @@ void print_choice(const TunePolicy& p, const TuneChoice& ch, int world, const Tr
 void adopt_choice(const TunePolicy& p, const TuneChoice& ch, int64_t train_size, bool lead, TrainConfig& cfg) {
   cfg.batch = ch.micro_batch;
   cfg.accum = ch.accum;
+  cfg.schedule.min_lr *= ch.lr / cfg.optim.lr;  // --min-lr keeps its share of --lr
   cfg.optim.lr = ch.lr;
   if (ch.zero || ch.recompute != Recompute::none) {  // a lever the tuner chose
     cfg.zero = ch.zero;
