@@ -205,22 +205,6 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
   return 2;
 }
 
-// Edits (insert, delete, replace a letter) from a to b.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> d(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = d[0];
-    d[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = d[j];
-      d[j] = std::min({d[j] + 1, d[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return d[b.size()];
-}
-
 // `saturate trian`: the first word names no command (CLI11 would say a subcommand is
 // required). Returns 2 after saying so, 0 when the word is a command or a flag.
 int unknown_command(const CLI::App& app, const char* word) {
@@ -231,7 +215,7 @@ int unknown_command(const CLI::App& app, const char* word) {
   for (const std::string& n : names) {
     if (n == word) return 0;
     list += (list.empty() ? "" : ", ") + n;
-    if (near.empty() && edit_distance(word, n) <= 2) near = n;
+    if (near.empty() && sat::edit_distance(word, n) <= 2) near = n;
   }
   std::fprintf(stderr, "saturate: error: unknown command '%s': expected one of %s%s\nrun 'saturate --help' for the "
                "commands\n", sat::printable(word).c_str(), list.c_str(),
