@@ -263,13 +263,14 @@ int guarded(F&& fn) {
     return 2;
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
+    const std::string what = sat::cli::with_config_origin(e.what());  // a --config file's key: its file and line
     if (pi.distributed()) {
       // The other ranks would wait for this one in their next collective: end the job
       // (after every rank has said so, when all of them met the error before training).
-      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, sat::printable(e.what()).c_str());
-      sat::dist::end_job_after_input_error(2, e.what());
+      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, sat::printable(what).c_str());
+      sat::dist::end_job_after_input_error(2, what);
     }
-    std::fprintf(stderr, "saturate: error: %s\n", sat::printable(e.what()).c_str());
+    std::fprintf(stderr, "saturate: error: %s\n", sat::printable(what).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "saturate: error: out of host memory\n");
@@ -310,7 +311,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return parse_error(c, e);
   }
-  sat::cli::note_layout_flags(c.app("train"), c.train);
-  sat::cli::note_layout_flags(c.app("tune"), c.tune);
-  return guarded([&] { return run_command(c); });
+  return guarded([&] {
+    for (auto [name, a] : {std::pair{"train", &c.train}, {"tune", &c.tune}})
+      if (c.parsed(name)) sat::cli::read_config_and_flags(c.app(name), *a);
+    return run_command(c);
+  });
 }
