@@ -142,6 +142,27 @@ TEST(ConfigFile, BatchAutoIsWrittenAsItsChoice) {
   EXPECT_EQ(again["optimizer"]["lr"], summary["optimizer"]["lr"]);
 }
 
+// --layout auto: config.toml holds the layout it chose as the layout's flags (--layout and
+// --global-batch commented out), and --config of it trains that layout to the same losses.
+TEST(ConfigFile, LayoutAutoIsWrittenAsItsFlags) {
+  const fs::path a = tmpdir("layout"), b = tmpdir("layout_again"), cache = tmpdir("layout_cache");
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  CmdResult r = saturate("train --model mlp:784-16-10 --data synthetic --threads 1 --eval off --layout auto "
+                         "--global-batch 32 --layout-candidates 2 --memory-budget 4MiB --steps 3 --out " + a.string(), env);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto summary = nlohmann::json::parse(std::ifstream(a / "summary.json"));
+  const std::string toml = read(a / "config.toml");
+  EXPECT_EQ(entry(toml, "batch"), std::to_string(summary["batch"].get<int>()) + "  # chosen by --layout") << toml;
+  for (const char* key : {"tp", "pp", "zero", "recompute", "pp-schedule", "sequence-parallel"})
+    EXPECT_NE(entry(toml, key).find("  # chosen by --layout"), std::string::npos) << key << "\n" << toml;
+  EXPECT_EQ(entry(toml, "layout", true), "\"auto\"  # command line; its choice is written in the layout's flags") << toml;
+  EXPECT_EQ(entry(toml, "global-batch", true), "32  # command line; the batch and accumulation above give it") << toml;
+  r = saturate("train --config " + (a / "config.toml").string() + " --out " + b.string(), env);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("layout auto"), std::string::npos) << r.out;
+  EXPECT_EQ(losses(a / "metrics.jsonl"), losses(b / "metrics.jsonl"));
+}
+
 // Flags on the command line win over the file's; a flag given there replaces the file's
 // flag it cannot go with (--steps, the file's epochs). Tables group keys; seq_len = seq-len.
 TEST(ConfigFile, CommandLineOverridesTheFile) {
