@@ -183,11 +183,13 @@ TEST(ConfigFile, CommandLineOverridesTheFile) {
   EXPECT_EQ(entry(toml, "epochs"), "") << toml;  // --steps replaced it
   EXPECT_EQ(entry(toml, "steps"), "2  # command line") << toml;
   // A switch given on the command line wins over the file's false.
-  write(d / "off.toml", "sync-bn = false\n");
+  write(d / "off.toml", "sync-bn = false\nseed = \"18446744073709551615\"  # beyond TOML's integers\n");
   r = saturate(std::string(kRun) + "--config " + (d / "off.toml").string() + " --sync-bn --batch 8 --steps 1 --out " +
                out.string() + " --overwrite");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(entry(read(out / "config.toml"), "sync-bn"), "true  # command line");
+  const std::string written = read(out / "config.toml");
+  EXPECT_EQ(entry(written, "sync-bn"), "true  # command line");
+  EXPECT_EQ(entry(written, "seed"), "\"18446744073709551615\"  # from " + (d / "off.toml").string() + ":2");
 }
 
 // Every mistake in a file: one line naming the file, the line and the key, exit status 2,
@@ -214,6 +216,10 @@ TEST(ConfigFile, MistakesNameTheFileLineAndKey) {
       {"batch = 8\nsteps = 2\nbatch = 4\n", at + "3: batch: given twice (first on line 1)"},
       {"[data]\nseq_len = 8\n[model]\nseq-len = 8\n", at + "4: seq-len: given twice (first on line 2)"},
       {"epochs = 2\nsteps = 3\n", at + "2: steps: not with epochs (line 1): give one of them"},
+      {"seed = 18446744073709551616\n", at + "1: seed: expected an integer TOML can hold (-2^63 to 2^63 - 1), got "
+                                              "18446744073709551616 (write a larger one as a string of digits)"},
+      {"seed = \"18446744073709551616\"\n", at + "1: seed: expected an integer from 0 to 18446744073709551615, got "
+                                                "'18446744073709551616'"},
       {"accum = 0\n", at + "1: accum: expected an integer from 1 to 1048576, got '0'"},  // CLI11's check
       {"steps = 2\nbatch = 0\n", at + "2: batch: expected a micro-batch size from 1 to"},    // train's check
       {"steps = 2\nshuffle = \"maybe\"\n", at + "2: shuffle: expected on or off, got 'maybe'"},
@@ -226,7 +232,8 @@ TEST(ConfigFile, MistakesNameTheFileLineAndKey) {
     SCOPED_TRACE(c.text);
     expect_config_error(r, c.message);
   }
-  expect_config_error(saturate("train --config " + (d / "missing.toml").string()), "--config: " + (d / "missing.toml").string() + ": cannot read the file");
+  const std::string missing = (d / "missing.toml").string();
+  expect_config_error(saturate("train --config " + missing), "--config: " + missing + ": cannot read the file");
   EXPECT_EQ(read(out / "summary.json"), summary);
   EXPECT_EQ(read(out / "metrics.jsonl"), metrics);
   EXPECT_EQ(read(out / "config.toml"), config);

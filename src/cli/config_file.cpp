@@ -160,8 +160,9 @@ std::string close_keys(const CLI::App* c, const std::string& key) {
   }
   std::sort(near.begin(), near.end());
   if (near.empty()) return str_cat(" (saturate ", c->get_name(), " --help lists the flags)");
+  const size_t n = std::min<size_t>(near.size(), 3);
   std::string s;
-  for (size_t i = 0; i < near.size() && i < 3; ++i) s += (i == 0 ? "" : i + 1 == std::min<size_t>(near.size(), 3) ? " or " : ", ") + near[i].second;
+  for (size_t i = 0; i < n; ++i) s += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + near[i].second;
   return " (did you mean " + s + "?)";
 }
 
@@ -191,6 +192,26 @@ std::string double_text(double x) {
   return buf;
 }
 
+// A TOML integer as text. toml11 (3.7) reads one beyond 64 bits as the nearest limit, without
+// a word: a value at a limit is checked against the text it was read from.
+std::string integer_text(const toml::value& v, const std::string& file, const std::string& key, bool unsigned_flag) {
+  const int64_t x = v.as_integer();
+  if (x != std::numeric_limits<int64_t>::max() && x != std::numeric_limits<int64_t>::min()) return std::to_string(x);
+  const toml::source_location loc = v.location();
+  std::string text = loc.column() >= 1 ? loc.line_str().substr(loc.column() - 1, loc.region()) : "";
+  text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  const bool prefixed = text.size() > 2 && text[0] == '0' && std::isalpha(static_cast<unsigned char>(text[1]));
+  const int base = !prefixed ? 10 : text[1] == 'x' ? 16 : text[1] == 'o' ? 8 : 2;
+  errno = 0;
+  const unsigned long long u = prefixed ? std::strtoull(text.c_str() + 2, nullptr, base) : 0;
+  const bool exact = prefixed ? errno == 0 && u == uint64_t(x) : text == std::to_string(x);
+  if (!exact)
+    fail_key(file, line_of(v), key, str_cat("expected an integer TOML can hold (-2^63 to 2^63 - 1), got ", text,
+                                            unsigned_flag ? " (write a larger one as a string of digits)" : ""));
+  return std::to_string(x);
+}
+
 // A TOML value as the text the flag would be given on the command line; sat::Error when
 // its type is not the flag's.
 std::string value_text(const CLI::Option* o, const Entry& e, const std::string& file) {
@@ -212,22 +233,22 @@ std::string value_text(const CLI::Option* o, const Entry& e, const std::string& 
                         v.as_string().str.find_first_not_of("0123456789") == std::string::npos;
     if (type == "UINT" && digits) return v.as_string().str;
     if (!v.is_integer()) wrong();
-    return std::to_string(v.as_integer());
+    return integer_text(v, file, e.key, type == "UINT");
   }
   if (type == "FLOAT") {
-    if (v.is_integer()) return std::to_string(v.as_integer());
+    if (v.is_integer()) return integer_text(v, file, e.key, false);
     if (!v.is_floating()) wrong();
     return double_text(v.as_floating());
   }
   if (v.is_string()) return v.as_string().str;
-  if (v.is_integer()) return std::to_string(v.as_integer());
+  if (v.is_integer()) return integer_text(v, file, e.key, false);
   if (!v.is_array()) wrong();
   std::string list;  // [1, 3] as --pp-split 1,3
   for (const toml::value& item : v.as_array()) {
     if (!item.is_string() && !item.is_integer() && !item.is_floating())
       fail_key(file, e.line, e.key, "expected an array of strings or numbers, got " + described(item) + " in it");
     list += (list.empty() ? "" : ",") + (item.is_string()    ? item.as_string().str
-                                         : item.is_integer() ? std::to_string(item.as_integer())
+                                         : item.is_integer() ? integer_text(item, file, e.key, false)
                                                              : double_text(item.as_floating()));
   }
   return list;
@@ -439,7 +460,7 @@ std::map<std::string, Resolved> resolved_flags(const TrainConfig& cfg, const std
     r["layout"] = {"", "its choice is written in the layout's flags", true};
   }
   if (cfg.device == "auto")
-    r["device"] = {"", resolve_device("auto") == Device::cuda ? "auto: cuda on this machine" : "auto: cpu on this machine"};
+    r["device"] = {"", str_cat("auto: ", resolve_device("auto") == Device::cuda ? "cuda" : "cpu", " on this machine")};
   return r;
 }
 
