@@ -716,8 +716,9 @@ TEST(Cli, OutDirIsOneRunsCompleteOrMarkedIncomplete) {
   ASSERT_EQ(saturate(run + " --steps 3").status, 0);
   EXPECT_EQ(read_json_file(d / "summary.json")["status"], "complete");
   std::ofstream(d / "tune.json") << "{}\n";  // an earlier run's report: not this run's
-  // A file size limit stands in for a full disk: metrics.jsonl fails after a few dozen lines.
-  CmdResult full = sat::test::run_command("ulimit -f 4; OMP_WAIT_POLICY=passive " + std::string(SAT_BINARY) + " " +
+  // A file size limit stands in for a full disk: metrics.jsonl fails after 100-odd lines (16 KiB;
+  // config.toml, written before, is smaller).
+  CmdResult full = sat::test::run_command("ulimit -f 16; OMP_WAIT_POLICY=passive " + std::string(SAT_BINARY) + " " +
                                           run + " --steps 400 --overwrite");
   EXPECT_EQ(full.status, 2) << full.out;
   EXPECT_NE(full.out.find("--out: cannot write " + (d / "metrics.jsonl").string() + ": File too large"),

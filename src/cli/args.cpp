@@ -262,7 +262,8 @@ void add_output_options(CLI::App* c, RunArgs& a) {
                 "(one per rank and window; with --out, report.html too)");
   c->add_option("--trace-steps", a.trace_steps, "which steps --trace records, as torch.profiler.schedule: "
                 "wait=W,warmup=U,active=A,repeat=R (default 1,1,3,1)");
-  c->add_option("--out", a.out, "directory for summary.json and metrics.jsonl");
+  c->add_option("--out", a.out, "directory for summary.json, metrics.jsonl and config.toml (the run's flags, for "
+                "--config)");
   c->add_flag("--overwrite", a.overwrite, "with --out: replace the results of an earlier run in that directory");
 }
 
@@ -288,6 +289,8 @@ void add_tuning_options(CLI::App* c, RunArgs& a) {
 }
 
 void add_train_options(CLI::App* c, RunArgs& a, bool tune) {
+  c->add_option("--config", a.config, "FILE.toml: flags read from a TOML file (keys: the flags' names, batch = 32, "
+                "lr = 3e-4, sync-bn = true); flags given here override it; a run's --out has its config.toml");
   add_model_options(c, a);
   add_data_options(c, a);
   add_layout_options(c, a, false);
@@ -326,6 +329,12 @@ void check_numbers(CLI::App* app, const std::string& command) {
   }
   for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; }))
     check_numbers(sub, command.empty() ? sub->get_name() : command + " " + sub->get_name());
+}
+
+void read_config_and_flags(CLI::App* c, RunArgs& a) {
+  if (!a.config.empty()) apply_config_file(c, a.config);
+  note_layout_flags(c, a);
+  a.flags = flag_values(c);
 }
 
 void note_layout_flags(const CLI::App* c, RunArgs& a) {

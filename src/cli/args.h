@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/config_file.h"
 #include "nn/models.h"
 #include "train/config.h"
 #include "tune/layout_tune.h"
@@ -65,6 +66,10 @@ struct RunArgs {
   double knee = 0.03;
   int layout_candidates = 3;
   std::vector<std::string> given;  // the layout flags given explicitly (they fix fields of --layout's search)
+  // --config FILE.toml (cli/config_file.h), and every flag's value and where it came from,
+  // once the command line and the file are read: what --out's config.toml records.
+  std::string config;
+  std::vector<FlagValue> flags;
 };
 
 // --model's help: the built-in models, the families and model files.
@@ -82,6 +87,10 @@ void add_tuning_options(CLI::App* c, RunArgs& a);
 // The commands' sets of them.
 void add_train_options(CLI::App* c, RunArgs& a, bool tune);  // train's and tune's (tune: no --noise-scale)
 void add_info_options(CLI::App* c, RunArgs& a);
+
+// --config FILE: the file's values for the flags of `c` the command line left unset; then
+// the layout flags given (note_layout_flags) and every flag's value (RunArgs::flags).
+void read_config_and_flags(CLI::App* c, RunArgs& a);
 
 // Every number of every option of app and its subcommands checked where CLI11 parses it:
 // floats finite and within float's range, integers within their flag's range.

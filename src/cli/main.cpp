@@ -212,22 +212,6 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
   return 2;
 }
 
-// Edits (insert, delete, replace a letter) from a to b.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> d(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = d[0];
-    d[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = d[j];
-      d[j] = std::min({d[j] + 1, d[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return d[b.size()];
-}
-
 // `saturate trian`: the first word names no command (CLI11 would say a subcommand is
 // required). Returns 2 after saying so, 0 when the word is a command or a flag.
 int unknown_command(const CLI::App& app, const char* word) {
@@ -238,7 +222,7 @@ int unknown_command(const CLI::App& app, const char* word) {
   for (const std::string& n : names) {
     if (n == word) return 0;
     list += (list.empty() ? "" : ", ") + n;
-    if (near.empty() && edit_distance(word, n) <= 2) near = n;
+    if (near.empty() && sat::edit_distance(word, n) <= 2) near = n;
   }
   std::fprintf(stderr, "saturate: error: unknown command '%s': expected one of %s%s\nrun 'saturate --help' for the "
                "commands\n", sat::printable(word).c_str(), list.c_str(),
@@ -287,13 +271,14 @@ int guarded(F&& fn) {
     return 2;
   } catch (const sat::Error& e) {
     const sat::dist::ProcessInfo pi = sat::dist::detect_process();
+    const std::string what = sat::cli::with_config_origin(e.what());  // a --config file's key: its file and line
     if (pi.distributed()) {
       // The other ranks would wait for this one in their next collective: end the job
       // (after every rank has said so, when all of them met the error before training).
-      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, sat::printable(e.what()).c_str());
-      sat::dist::end_job_after_input_error(2, e.what());
+      std::fprintf(stderr, "saturate: error on rank %d: %s\n", pi.rank, sat::printable(what).c_str());
+      sat::dist::end_job_after_input_error(2, what);
     }
-    std::fprintf(stderr, "saturate: error: %s\n", sat::printable(e.what()).c_str());
+    std::fprintf(stderr, "saturate: error: %s\n", sat::printable(what).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "saturate: error: out of host memory\n");
@@ -334,7 +319,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return parse_error(c, e);
   }
-  sat::cli::note_layout_flags(c.app("train"), c.train);
-  sat::cli::note_layout_flags(c.app("tune"), c.tune);
-  return guarded([&] { return run_command(c); });
+  return guarded([&] {
+    for (auto [name, a] : {std::pair{"train", &c.train}, {"tune", &c.tune}})
+      if (c.parsed(name)) sat::cli::read_config_and_flags(c.app(name), *a);
+    return run_command(c);
+  });
 }

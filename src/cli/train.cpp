@@ -97,7 +97,7 @@ void check_train_outputs(const RunArgs& a, bool tune_only) {
   check_output_dir("--out", a.out);
   const std::vector<std::string> files = tune_only ? std::vector<std::string>{"tune.json", "tune.html"}
                                                    : std::vector<std::string>{"metrics.jsonl", "summary.json",
-                                                                              "tune.json", "tune.html"};
+                                                                              "config.toml", "tune.json", "tune.html"};
   for (const std::string& f : files) check_output_file("--out", a.out + "/" + f);
   if (!a.trace.empty() && !tune_only) check_output_file("--out", a.out + "/report.html");
   // --resume goes on with the same run: its metrics.jsonl is kept up to the checkpoint's step.
@@ -308,8 +308,17 @@ void write_summary(RunDirectory& out, const RunArgs& a, const ModelConfig& mc, c
   info.wall_seconds = now_seconds() - t0;
   info.memory_budget = double(run.policy.tune.memory_budget);
   out.complete(run_summary(info, run.cfg, r, trainer.memory_plan()));
-  std::fprintf(stderr, "wrote %s/summary.json and %s/metrics.jsonl\n", a.out.c_str(), a.out.c_str());
+  std::fprintf(stderr, "wrote %s/summary.json, %s/metrics.jsonl and %s/config.toml\n", a.out.c_str(), a.out.c_str(),
+               a.out.c_str());
   if (!a.trace.empty()) std::fprintf(stderr, "wrote %s (saturate report)\n", write_run_report(a.out).c_str());
+}
+
+// --out's config.toml: every flag as this run resolved it (cli/config_file.h), before it
+// trains, so that a run stopped on the way can be repeated too.
+void write_run_config(const RunArgs& a, const Run& run) {
+  const std::string text =
+      config_toml("train", a.flags, resolved_flags(run.cfg, a.flags, run.auto_batch, run.auto_layout));
+  write_file_atomic("--out", a.out + "/config.toml", text);
 }
 
 // Trains with the job's plan; rank 0 reports.
@@ -379,6 +388,7 @@ int run_train(const RunArgs& a, bool tune_only) {
   if (!job) job = plan_job(mc, cfg, data, comm->size(), comm->rank());
   const int stage = cfg.with_world(comm->size()).coords(comm->rank()).pp;
   if (run.policy.tune.memory_budget) hold_to_budget(run.policy.tune.memory_budget, job->stage(stage).memory, cfg);
+  if (out) write_run_config(a, run);
   return train_and_report(a, mc, data, run, *job, out.get(), t0);
 }
 

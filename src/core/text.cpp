@@ -1,11 +1,13 @@
 #include "core/text.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 namespace sat {
 
@@ -63,6 +65,21 @@ void check_choice(std::string_view setting, std::string_view text, std::initiali
 bool parse_on_off(std::string_view setting, std::string_view text) {
   static constexpr Named<bool> kOnOff[] = {{"on", true}, {"off", false}};
   return parse_named(setting, text, kOnOff);
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> d(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = d[0];
+    d[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = d[j];
+      d[j] = std::min({d[j] + 1, d[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return d[b.size()];
 }
 
 namespace {

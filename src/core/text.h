@@ -74,6 +74,9 @@ void check_choice(std::string_view setting, std::string_view text, std::initiali
 // "on" or "off"; sat::Error "SETTING: expected on or off, got 'x'".
 bool parse_on_off(std::string_view setting, std::string_view text);
 
+// Edits (insert, delete or replace a letter) from a to b: how close a mistyped name is.
+size_t edit_distance(std::string_view a, std::string_view b);
+
 // ---- sizes --------------------------------------------------------------------------
 
 // A size in bytes: a positive number, optionally fractional, and a unit: none or B; K, KiB,
