@@ -840,6 +840,43 @@ TEST(Cli, LaunchedRanksShareTheCoresByDefault) {
   }
 }
 
+// saturate launch on hosts: --hosts and --hostfile go to mpirun as given (and show in the
+// command launch prints), -n is bounded by their slots, and a spec mpirun could not take is
+// one line naming the flag, status 2, before anything starts. The run takes about 2 s.
+TEST(Cli, LaunchRunsOnTheHostsGiven) {
+  if (mpirun().empty()) GTEST_SKIP() << "no mpirun";
+  const fs::path d = tmpdir("launch_hosts");
+  const std::string run = " -- train --model mlp --data synthetic --steps 2 --batch 8 --eval off --out ";
+  const CmdResult r = saturate("launch -n 2 --hosts localhost:2" + run + (d / "run").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("saturate: running mpirun -np 2 --host localhost:2 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 rank(s)"), std::string::npos) << r.out;
+  std::ifstream sf(d / "run" / "summary.json");
+  ASSERT_TRUE(sf) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(sf).at("steps").get<int>(), 2);
+
+  std::ofstream(d / "hosts") << "# two slots here\nlocalhost slots=2  # this machine\n";
+  std::ofstream(d / "bad") << "localhost slots=2\nnode2 slot=8\n";
+  std::ofstream(d / "none") << "# no host\n\n";
+  const std::string hosts = (d / "hosts").string(), bad = (d / "bad").string(), none = (d / "none").string();
+  expect_user_error(saturate("launch -n 3 --hosts localhost:2" + run + "x"),
+                    "-n 3: the hosts of --hosts localhost:2 offer 2 slot(s)");
+  expect_user_error(saturate("launch -n 3 --hostfile " + hosts + run + "x"),
+                    "-n 3: the hosts of --hostfile " + hosts + " offer 2 slot(s)");
+  expect_user_error(saturate("launch -n 2 --hosts localhost:0" + run + "x"), "--hosts: 'localhost:0' is not HOST:SLOTS");
+  expect_user_error(saturate("launch -n 2 --hosts a:1,,b:1" + run + "x"), "--hosts 'a:1,,b:1': '' is not HOST:SLOTS");
+  expect_user_error(saturate("launch -n 2 --hosts localhost" + run + "x"), "--hosts: 'localhost' is not HOST:SLOTS");
+  expect_user_error(saturate("launch -n 2 --hosts" + run + "x"), "--hosts: expected HOST:SLOTS");
+  expect_user_error(saturate("launch -n 2 --hostfile " + bad + run + "x"),
+                    "--hostfile " + bad + ": line 2: expected HOST [slots=N] [max_slots=N]");
+  expect_user_error(saturate("launch -n 2 --hostfile " + none + run + "x"), "--hostfile " + none + ": names no host");
+  expect_user_error(saturate("launch -n 2 --hostfile " + (d / "missing").string() + run + "x"),
+                    "--hostfile: cannot read '" + (d / "missing").string() + "'");
+  expect_user_error(saturate("launch -n 2 --hosts localhost:2 --hostfile " + hosts + run + "x"),
+                    "--hosts and --hostfile: give one of them, not both");
+  EXPECT_FALSE(fs::exists("x"));
+}
+
 // One rank failing its own setup (its flags, its data, its files) while the others succeed:
 // the job's first collective is the verdict, so whichever rank fails, every rank prints the
 // failing rank's message and the job exits 2 at once (no MPI_ERR_TRUNCATE, no wait for a

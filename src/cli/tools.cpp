@@ -78,12 +78,19 @@ int run_launch(int argc, char** argv) {
       n = int(v);
     } else if (arg == "--oversubscribe") {
       o.oversubscribe = true;
+    } else if (arg == "--hosts" || arg == "--hostfile") {
+      SAT_CHECK(i + 1 < argc && std::string(argv[i + 1]) != "--", arg, ": expected ",
+                arg == "--hosts" ? "HOST:SLOTS[,HOST:SLOTS...]" : "a file", " after it");
+      (arg == "--hosts" ? o.hosts : o.hostfile) = argv[++i];
     } else if (arg == "-h" || arg == "--help") {
-      std::printf("usage: saturate launch -n N [--oversubscribe] -- train [options]\n"
+      std::printf("usage: saturate launch -n N [--hosts H1:SLOTS,H2:SLOTS | --hostfile FILE] [--oversubscribe]\n"
+                  "                       -- train [options]\n"
                   "runs N processes of saturate under mpirun, with the flags users forget (running as\n"
                   "root, binding), and prints the command. N is bounded by this machine's hardware\n"
-                  "threads unless --oversubscribe. SIGINT/SIGTERM/SIGHUP are passed on to the ranks\n"
-                  "(a run with --checkpoint-dir checkpoints and stops); nothing outlives launch.\n");
+                  "threads, or the slots of --hosts or --hostfile (mpirun's --host and --hostfile: the\n"
+                  "ranks run on those machines, where saturate must be at the same path), unless\n"
+                  "--oversubscribe. SIGINT/SIGTERM/SIGHUP are passed on to the ranks (a run with\n"
+                  "--checkpoint-dir checkpoints and stops); nothing outlives launch.\n");
       return 0;
     } else {
       fail("saturate launch: unexpected argument '", arg, "'; usage: saturate launch -n N -- train ...");
