@@ -6,6 +6,7 @@
 
 #include "data/loader.h"
 #include "nn/params.h"
+#include "train/validation.h"
 
 namespace sat {
 
@@ -252,6 +253,7 @@ MemoryPlan stage_memory(const RankPlan& r, const TrainConfig& cfg, const Dataset
   if (r.reads_data) {
     inputs = BatchLoader::buffer_bytes(train, cfg.batch, kPrefetch + r.loader_keep - 1);
     if (test && cfg.evaluate) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
+    if (test && validates_prefix(cfg, *test)) inputs += BatchLoader::buffer_bytes(*test, cfg.batch, kPrefetch);
   }
   const int slots = optimizer_slots(resolve_optim(cfg.optim));
   MemoryPlan m = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
