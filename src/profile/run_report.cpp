@@ -300,7 +300,7 @@ std::string run_plots(const Metrics& m) {
   if (val) {  // the validation curve on the same axes, each evaluation marked
     loss.line(m.val_loss, kOrange);
     loss.dots(m.val_loss, kOrange, 'o', 3.5);
-    loss.legend("training loss", kBlue, "");
+    loss.legend("training loss", kBlue, "", 0);
     loss.legend("validation loss (--eval-every)", kOrange, "", 'o');
   }
   Plot rate(linear(first, last, false, true), linear(0, hi_rate * 1.05, false), "step", "samples per second");
@@ -325,8 +325,9 @@ std::string validation_text(const json& v) {
     if (l.contains("val_accuracy")) t += strf(" (accuracy %.2f%%)", 100 * num(l, "val_accuracy"));
   }
   if (v.contains("best") && v["best"].is_object() && v["best"].value("step", json()).is_number())
-    t += strf("; best %s %.4f at step %d, kept in %s", v["best"].value("metric", "").c_str(), num(v["best"], "value"),
-              v["best"].value("step", 0), v["best"].value("dir", "").c_str());
+    t += strf("; best %s %.4f at step %d (its checkpoint: %s/)", v["best"].value("metric", "").c_str(),
+              num(v["best"], "value"), v["best"].value("step", 0),
+              fs::path(v["best"].value("dir", "")).filename().string().c_str());
   return t;
 }
 
