@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "run_command.h"
@@ -127,26 +128,28 @@ TEST(Validation, EveryNStepsMatchesEvalOfTheCheckpoint) {
   fs::remove_all(d);
 }
 
-// The same figures from 2 data-parallel ranks (the same global batch), from a 2-stage pipeline,
-// and from ZeRO-3 as from one process.
+// The same figures from 2 data-parallel ranks (the same global batch; the whole test split),
+// and from a 2-stage pipeline and ZeRO-3 (--eval-batches: the same 128 samples) as from one
+// process.
 TEST(Validation, LayoutsLogTheOneProcessFigures) {
   if (sat::test::mpirun().empty()) GTEST_SKIP() << "no mpirun";
   const fs::path d = tmpdir("layouts");
-  const std::string run = "train " + kMlp + " --threads 1 --steps 4 --eval-every 2 --accum 2 ";
-  const Cmd one = saturate(run + "--batch 16 --out " + (d / "one").string());
-  ASSERT_EQ(one.status, 0) << one.out;
-  const Cmd dp = saturate(run + "--batch 8 --out " + (d / "dp").string(), 2);
-  ASSERT_EQ(dp.status, 0) << dp.out;
-  const Cmd pp = saturate(run + "--batch 16 --pp 2 --out " + (d / "pp").string(), 2);
-  ASSERT_EQ(pp.status, 0) << pp.out;
-  const Cmd z3 = saturate(run + "--batch 8 --zero 3 --out " + (d / "z3").string(), 2);
-  ASSERT_EQ(z3.status, 0) << z3.out;
-  const std::map<int64_t, double> ref = val_losses(d / "one");
-  ASSERT_EQ(ref.size(), 2u);
-  for (const char* layout : {"dp", "pp", "z3"}) {
-    const std::map<int64_t, double> got = val_losses(d / layout);
-    ASSERT_EQ(got.size(), ref.size()) << layout;
-    for (const auto& [step, v] : ref) EXPECT_NEAR(got.at(step), v, 1e-5) << layout << " step " << step;
+  const std::string run = "train " + kMlp + " --threads 1 --steps 2 --eval-every 1 --accum 2 ";
+  auto job = [&](const std::string& name, const std::string& flags, int np) {
+    const Cmd c = saturate(run + flags + " --out " + (d / name).string(), np);
+    EXPECT_EQ(c.status, 0) << c.out;
+    return val_losses(d / name);
+  };
+  const std::map<int64_t, double> whole = job("one", "--batch 16", 1), prefix = job("one128", "--batch 16 --eval-batches 8", 1);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(prefix.size(), 2u);
+  const std::vector<std::tuple<std::string, std::string, const std::map<int64_t, double>*>> layouts = {
+      {"dp", "--batch 8", &whole}, {"pp", "--batch 16 --pp 2 --eval-batches 8", &prefix},
+      {"z3", "--batch 8 --zero 3 --eval-batches 16", &prefix}};
+  for (const auto& [name, flags, ref] : layouts) {
+    const std::map<int64_t, double> got = job(name, flags, 2);
+    ASSERT_EQ(got.size(), ref->size()) << name;
+    for (const auto& [step, v] : *ref) EXPECT_NEAR(got.at(step), v, 1e-5) << name << " step " << step;
   }
   fs::remove_all(d);
 }
