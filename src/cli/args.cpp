@@ -46,6 +46,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
       {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
       {"--min-steps-per-epoch", {0, 1LL << 40}},
+      {"--eval-every", {1, 1LL << 40}},  {"--eval-batches", {1, 1LL << 40}},
       {"--batch", {1, kMaxMicroBatch}},  {"--ranks", {1, 1 << 20}},
       {"--gpus", {1, 1 << 20}},          {"--gpus-per-node", {0, 4096}},
       {"--top", {1, 100000}},            {"--min-bytes", {4, 1LL << 34}},
@@ -166,6 +167,12 @@ void add_data_options(CLI::App* c, RunArgs& a) {
   c->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255; csv: "
                 "per-feature instead of the training rows' own");
   c->add_option("--eval", a.eval, "on | off: evaluate on the test split at the end")->capture_default_str();
+  c->add_option("--eval-every", a.eval_every, "also evaluate on the test split every N optimizer steps (metrics.jsonl: "
+                "val_loss, and val_accuracy or a language model's val_perplexity)");
+  c->add_option("--eval-batches", a.eval_batches, "with --eval-every: those evaluations read the first K x --batch "
+                "samples of the test split (default: all of it)");
+  c->add_option("--keep-best", a.keep_best, "val_loss (lower is better) | val_accuracy (higher is better): with "
+                "--eval-every and --out DIR, keep the best evaluation's checkpoint in DIR/best");
   c->add_option("--last-batch", a.last_batch, "drop | pad: the last partial global batch of an epoch")
       ->capture_default_str();
   add_loader_options(c, a);
@@ -470,6 +477,10 @@ TrainConfig train_config(const RunArgs& a) {
   cfg.checkpoint_every = a.checkpoint_every;
   cfg.checkpoint_every_minutes = a.checkpoint_every_minutes;
   cfg.checkpoint_keep = a.keep;
+  cfg.eval_every = a.eval_every;
+  cfg.eval_batches = a.eval_batches;
+  cfg.keep_best = a.keep_best;
+  if (!a.keep_best.empty() && !a.out.empty()) cfg.best_dir = a.out + "/best";
   if (!a.resume_change.empty()) {
     SAT_CHECK(!a.resume.empty(), "--resume-change needs --resume (it names what the resumed run may change)");
     for (const std::string& s : parse_resume_change(a.resume_change)) cfg.resume_change.push_back(s);

@@ -35,6 +35,9 @@ struct RunArgs {
   std::string loader_workers = "auto";  // --loader-workers: a number, or auto (loader_workers_of)
   int prefetch = 2;                     // --prefetch: batches read ahead
   double val_fraction = 0;  // tables: the share of the rows held out as the test split
+  // Validation during training: every N steps (0: never) on K batches (0: all); the best's checkpoint.
+  int64_t eval_every = 0, eval_batches = 0;
+  std::string keep_best;
   // Layout: the micro-batch ("auto": tuned), tensor and pipeline parallelism (the
   // data-parallel degree is what is left), recomputation, ZeRO.
   std::string batch = "64", pp_schedule = "1f1b", pp_split, recompute = "none";

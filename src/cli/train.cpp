@@ -31,6 +31,7 @@
 #include "train/signals.h"
 #include "train/trainer.h"
 #include "train/validate.h"
+#include "train/validation.h"
 #include "tune/policy.h"
 
 namespace sat::cli {
@@ -86,6 +87,15 @@ std::string resume_from(const RunArgs& a, dist::Comm& world) {
   return from;
 }
 
+// --keep-best replaces DIR/best whole: it may hold a checkpoint, or nothing yet.
+void check_best_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  SAT_CHECK(fs::is_directory(dir, ec) && (fs::exists(fs::path(dir) / "manifest.json", ec) || fs::is_empty(dir, ec)),
+            "--keep-best: ", dir, " exists and is not a checkpoint (--keep-best replaces it whole): move it away, or "
+            "give another --out");
+}
+
 // Every output of train and tune, before anything is read or trained (on every rank alike):
 // a target that exists and is not a regular file, or a directory that cannot be created or
 // written, is refused; and a directory holding another run's results is not written over
@@ -100,6 +110,7 @@ void check_train_outputs(const RunArgs& a, bool tune_only) {
                                                                               "config.toml", "tune.json", "tune.html"};
   for (const std::string& f : files) check_output_file("--out", a.out + "/" + f);
   if (!a.trace.empty() && !tune_only) check_output_file("--out", a.out + "/report.html");
+  if (!a.keep_best.empty() && !tune_only) check_best_dir(a.out + "/best");
   // --resume goes on with the same run: its metrics.jsonl is kept up to the checkpoint's step.
   if (a.overwrite || (!tune_only && !a.resume.empty())) return;
   const std::vector<const char*> earlier = tune_only ? std::vector<const char*>{"tune.json", "tune.html"}
@@ -149,6 +160,17 @@ Run run_of(const RunArgs& a, bool tune_only, const DataSplit& data) {
     SAT_CHECK(r.cfg.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");
   if (!a.init_weights.empty()) require(resolve_device(a.device), Feature::init_weights);
   return r;
+}
+
+// --eval-every against the data and the run's length, before anything is written. The steps
+// are known unless --batch auto or --layout still has to choose the batch of an --epochs run
+// (the trainer checks those when it starts).
+void check_validation_run(const Run& r, const DataSplit& data, int world) {
+  const TrainConfig& c = r.cfg;
+  int64_t total = c.steps;
+  if (total == 0 && !r.auto_batch && !r.auto_layout)
+    total = c.epochs * BatchLoader::train_steps(data.train->size(), c.batch, c.accum, c.dp_of(world), c.last_batch);
+  check_validation(c, data.test.get(), total);
 }
 
 // The one validation before MPI starts, of what is known then: the whole run with a layout
@@ -370,6 +392,7 @@ int run_train(const RunArgs& a, bool tune_only) {
   TrainConfig& cfg = run.cfg;
   const dist::ProcessInfo pi = dist::detect_process();
   validate_before_mpi(mc, run, pi.world);
+  check_validation_run(run, data, pi.world);
   std::unique_ptr<JobPlan> job;
   if (!run.auto_batch && !run.auto_layout) job = plan_job(mc, cfg, data, pi.world, pi.rank);
   const std::unique_ptr<dist::Comm> comm = start_job(pi, cfg);

@@ -39,6 +39,7 @@ double num(const json& j, const char* key, double dflt = NAN) {
 
 struct Metrics {
   Pts loss, rate;  // per step
+  Pts val_loss;    // the steps evaluated during training (--eval-every)
 };
 
 Metrics read_metrics(const fs::path& p) {
@@ -57,6 +58,7 @@ Metrics read_metrics(const fs::path& p) {
     if (!std::isfinite(step)) continue;
     m.loss.push_back({step, num(j, "loss")});
     m.rate.push_back({step, num(j, "samples_per_second")});
+    if (j.contains("val_loss")) m.val_loss.push_back({step, num(j, "val_loss")});
   }
   return m;
 }
@@ -291,8 +293,16 @@ std::string breakdown_svg(const json& ranks) {
 std::string run_plots(const Metrics& m) {
   double hi_loss = top_of(m.loss), hi_rate = top_of(m.rate);
   const double first = m.loss.empty() ? 0 : m.loss.front().first, last = m.loss.empty() ? 1 : m.loss.back().first;
-  Plot loss(linear(first, last, false, true), linear(0, hi_loss * 1.05, false), "step", "training loss");
+  const bool val = !m.val_loss.empty();
+  hi_loss = top_of(m.val_loss, hi_loss);
+  Plot loss(linear(first, last, false, true), linear(0, hi_loss * 1.05, false), "step", val ? "loss" : "training loss");
   loss.line(m.loss, kBlue);
+  if (val) {  // the validation curve on the same axes, each evaluation marked
+    loss.line(m.val_loss, kOrange);
+    loss.dots(m.val_loss, kOrange, 'o', 3.5);
+    loss.legend("training loss", kBlue, "", 0);
+    loss.legend("validation loss (--eval-every)", kOrange, "", 'o');
+  }
   Plot rate(linear(first, last, false, true), linear(0, hi_rate * 1.05, false), "step", "samples per second");
   rate.line(m.rate, kGreen);
   return "<h2>Loss</h2>\n" + loss.done(m.loss.size() >= 2, "fewer than two steps") + "<h2>Throughput</h2>\n" +
@@ -305,6 +315,21 @@ body{color:#222;line-height:1.45}h1{font-size:1.5em;margin-bottom:.3em}h2{font-s
 table.meta td{text-align:left;border:none;padding:1px 12px 1px 0}table.meta td:first-child{color:#666}
 .note{color:#555;font-size:.92em}
 )";
+
+// summary.json's "validation": the last evaluation, and the best one kept (--keep-best).
+std::string validation_text(const json& v) {
+  std::string t = strf("every %d steps", v.value("every", 0));
+  if (v.contains("last") && v["last"].is_object()) {
+    const json& l = v["last"];
+    t += strf(", val_loss %.4f at step %d", num(l, "val_loss"), l.value("step", 0));
+    if (l.contains("val_accuracy")) t += strf(" (accuracy %.2f%%)", 100 * num(l, "val_accuracy"));
+  }
+  if (v.contains("best") && v["best"].is_object() && v["best"].value("step", json()).is_number())
+    t += strf("; best %s %.4f at step %d (its checkpoint: %s/)", v["best"].value("metric", "").c_str(),
+              num(v["best"], "value"), v["best"].value("step", 0),
+              fs::path(v["best"].value("dir", "")).filename().string().c_str());
+  return t;
+}
 
 std::string meta_table(const json& s) {
   auto row = [](const std::string& k, const std::string& v) {
@@ -322,6 +347,7 @@ std::string meta_table(const json& s) {
   h += row("steps", strf("%d, %.1f samples/s (warm-up excluded)", s.value("steps", 0), num(s, "samples_per_second", 0)));
   h += row("loss", strf("%.4f at the end", num(s, "final_train_loss")) +
                        (s.contains("test_accuracy") ? strf(", test accuracy %.2f%%", 100 * num(s, "test_accuracy")) : ""));
+  if (s.contains("validation")) h += row("validation", validation_text(s["validation"]));
   h += row("memory", "predicted " + format_bytes(num(s, "predicted_memory_bytes", 0)) + ", measured peak " +
                          format_bytes(num(s, "peak_memory_bytes", 0)) + " (rank 0)");
   if (s.contains("ranks") && s["ranks"].is_array() && !s["ranks"].empty()) {

@@ -91,7 +91,10 @@ std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, co
                  ";bucket_mb=", cfg.bucket_mb, ";sync_bn=", cfg.sync_bn, ";zero=", cfg.zero,
                  ";noise_scale=", cfg.measure_noise, ";dist_backend=", int(cfg.dist_backend), ";device=", cfg.device,
                  ";precision=", precision_name(cfg.precision), ";cuda_graph=", cfg.cuda_graph,
-                 ";checkpoints=", !cfg.checkpoint_dir.empty());
+                 ";checkpoints=", !cfg.checkpoint_dir.empty(),
+                 // (only when on: the checkpoints of runs without them record the same settings as before)
+                 cfg.eval_every > 0 ? str_cat(";eval_every=", cfg.eval_every, ";eval_batches=", cfg.eval_batches,
+                                              ";keep_best=", cfg.keep_best) : "");
 }
 
 void agree_on_config(dist::Comm& world, const std::string& fingerprint) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -309,6 +310,7 @@ std::string manifest_json(const Manifest& m) {
             {"tensors", tensors_json(m.tensors)},
             {"settings", m.settings}};
   if (m.seq_len > 0) j["seq_len"] = m.seq_len;
+  if (!m.best_metric.empty()) j["best"] = {{"metric", m.best_metric}, {"value", m.best_value}, {"step", m.step}};
   j["checksum"] = checksum_of(j);
   return j.dump(1);
 }
@@ -343,6 +345,13 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   if (j.contains("seq_len")) {
     m.seq_len = r.get<int64_t>(j, "seq_len", "");
     SAT_CHECK(m.seq_len >= 1, where, ": key 'seq_len' must be a positive window of tokens");
+  }
+  if (j.contains("best")) {
+    m.best_metric = r.get<std::string>(j["best"], "metric", "best.");
+    m.best_value = r.get<double>(j["best"], "value", "best.");
+    SAT_CHECK((m.best_metric == "val_loss" || m.best_metric == "val_accuracy") && std::isfinite(m.best_value) &&
+                  r.get<int64_t>(j["best"], "step", "best.") == m.step,
+              where, ": key 'best' must name val_loss or val_accuracy, a finite value and the checkpoint's step");
   }
   SAT_CHECK(m.step >= 1 && m.step <= (int64_t(1) << 40) && m.epoch >= 0 && m.step_in_epoch >= 0 &&
                 m.global_batch >= 1 && m.micro_batch >= 1 && m.accum >= 1 && m.parameters >= 0,

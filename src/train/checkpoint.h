@@ -79,6 +79,10 @@ struct Manifest {
   std::map<std::string, CkptFile> files;
   std::map<std::string, CkptTensor> tensors;  // "param/NAME", "state/NAME", "optim/SLOT/NAME"
   std::map<std::string, std::string> settings;  // the run's, as "key" -> "value" (train/resume_policy.h)
+  // A --keep-best checkpoint (train/validation.h): the metric that made it the best and its
+  // value at this step, as "best": {"metric", "value", "step"} ("": not such a checkpoint).
+  std::string best_metric;
+  double best_value = 0;
 };
 
 // "step-00000020".
@@ -146,6 +150,8 @@ std::string temp_checkpoint_dir(const std::string& root, int64_t step);
 // directory; finished collectively once every rank's thread is done.
 struct CheckpointWrite {
   std::string root, tmp;
+  std::string dest;                        // --keep-best: the directory it replaces ("": root/step-NNNNNNNN)
+  std::string flag = "--checkpoint-dir";   // what its errors name
   int64_t step = 0;
   Manifest man;
   std::vector<std::vector<uint8_t>> data;  // owned copies the entries point into

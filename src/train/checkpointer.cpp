@@ -1,6 +1,11 @@
 #include "train/checkpointer.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -83,6 +88,30 @@ CkptEntry entry_of(const std::string& name, const ParamDecl& d, const void* data
   e.data = data;
   if (d.shard.split()) e.dim = d.shard.dim, e.parts = d.shard.parts, e.index = d.shard.index, e.stride = d.shard.stride;
   return e;
+}
+
+// Puts the directory `tmp` in place of `dest` at once: renameat2's RENAME_EXCHANGE swaps the
+// two (the old one, now at tmp, is then removed), so that a reader finds the old checkpoint or
+// the new one, never neither. A file system that cannot swap (EINVAL: NFS, ...) has the old
+// one moved aside first.
+void replace_dir(const fs::path& tmp, const fs::path& dest, const std::string& flag) {
+  std::error_code ec;
+  const fs::path old = dest.parent_path() / ("." + dest.filename().string() + ".old");
+  if (fs::exists(dest, ec)) {
+    if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(tmp, ec);
+      return;
+    }
+    const int e = errno;
+    SAT_CHECK(e == EINVAL || e == ENOSYS || e == ENOTSUP, flag, ": cannot replace ", dest.string(), ": ",
+              std::strerror(e));
+    fs::remove_all(old, ec);
+    fs::rename(dest, old, ec);
+    SAT_CHECK(!ec, flag, ": cannot move ", dest.string(), " aside: ", ec.message());
+  }
+  fs::rename(tmp, dest, ec);
+  SAT_CHECK(!ec, flag, ": cannot rename ", tmp.string(), " to ", dest.string(), ": ", ec.message());
+  fs::remove_all(old, ec);
 }
 
 // Every rank's agreement on `ok` (all must be true), with the first failing rank's message.
@@ -221,25 +250,45 @@ void Checkpointer::snapshot(CheckpointWrite& p) {
 
 void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& losses, bool wait) {
   finish();  // one write at a time
-  const std::string& root = rt_.cfg.checkpoint_dir;
-  dist::Comm& w = *rt_.world;
-  const double t0 = now_seconds();
   auto p = std::make_unique<CheckpointWrite>();
-  p->root = root;
-  p->tmp = temp_checkpoint_dir(root, step);
-  p->step = step;
-  p->started = t0;
+  p->started = now_seconds();
+  p->root = rt_.cfg.checkpoint_dir;
+  p->tmp = temp_checkpoint_dir(p->root, step);
   p->man = header(step, total, losses);
+  write(std::move(p), wait);
+}
+
+void Checkpointer::save_best(int64_t step, int64_t total, const std::vector<double>& losses, const std::string& dir,
+                             const std::string& metric, double value) {
+  finish();
+  auto p = std::make_unique<CheckpointWrite>();
+  p->started = now_seconds();
+  const fs::path d = fs::path(dir).lexically_normal();
+  const fs::path named = d.has_filename() ? d : d.parent_path();  // "out/best/" is out/best
+  p->root = named.has_parent_path() ? named.parent_path().string() : ".";
+  p->tmp = (fs::path(p->root) / ("." + named.filename().string() + ".tmp")).string();
+  p->dest = named.string();
+  p->flag = "--keep-best";
+  p->man = header(step, total, losses);
+  p->man.best_metric = metric;
+  p->man.best_value = value;
+  write(std::move(p), true);
+}
+
+void Checkpointer::write(std::unique_ptr<CheckpointWrite> p, bool wait) {
+  dist::Comm& w = *rt_.world;
+  const double t0 = p->started;
+  p->step = p->man.step;
   p->data_schema = rt_.train.schema();
   std::string error;
   try {
     if (w.rank() == 0) {
       std::error_code ec;
-      fs::create_directories(root, ec);
-      SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", root, ": ", ec.message());
+      fs::create_directories(p->root, ec);
+      SAT_CHECK(!ec, p->flag, ": cannot create ", p->root, ": ", ec.message());
       fs::remove_all(p->tmp, ec);
       fs::create_directory(p->tmp, ec);
-      SAT_CHECK(!ec, "--checkpoint-dir: cannot create ", p->tmp, ": ", ec.message());
+      SAT_CHECK(!ec, p->flag, ": cannot create ", p->tmp, ": ", ec.message());
     }
   } catch (const Error& e) {
     error = e.what();
@@ -261,7 +310,7 @@ void Checkpointer::save(int64_t step, int64_t total, const std::vector<double>& 
         std::ofstream f(fs::path(q->tmp) / file, std::ios::trunc);
         f << manifest_json(mine);
         f.flush();
-        SAT_CHECK(f, "--checkpoint-dir: writing ", (fs::path(q->tmp) / file).string(), " failed");
+        SAT_CHECK(f, q->flag, ": writing ", (fs::path(q->tmp) / file).string(), " failed");
       } catch (const std::exception& e) {
         q->error = e.what();
       }
@@ -297,12 +346,12 @@ void Checkpointer::publish(CheckpointWrite& p) {
   // Published only when complete: every writing rank's file (the first replica's tensor-
   // and pipeline-parallel ranks), each of the size its writer recorded.
   const int writers = rt_.mesh->tp() * rt_.mesh->pp();
-  SAT_CHECK(parts == writers && int(man.files.size()) == writers, "--checkpoint-dir: ", p.tmp, " holds ", parts, " of the ",
+  SAT_CHECK(parts == writers && int(man.files.size()) == writers, p.flag, ": ", p.tmp, " holds ", parts, " of the ",
             writers, " ranks' files: the checkpoint is incomplete (was the directory changed by another program?)");
   for (const auto& [name, f] : man.files) {
     std::error_code ec;
     const auto size = fs::file_size(fs::path(p.tmp) / name, ec);
-    SAT_CHECK(!ec && size == f.bytes, "--checkpoint-dir: ", (fs::path(p.tmp) / name).string(), " is ",
+    SAT_CHECK(!ec && size == f.bytes, p.flag, ": ", (fs::path(p.tmp) / name).string(), " is ",
               ec ? "missing" : str_cat(size, " bytes, its writer wrote ", f.bytes),
               ": the checkpoint is incomplete (was the directory changed by another program?)");
   }
@@ -312,17 +361,21 @@ void Checkpointer::publish(CheckpointWrite& p) {
     std::ofstream f(mp, std::ios::trunc);
     f << manifest_json(man);
     f.flush();
-    SAT_CHECK(f, "--checkpoint-dir: writing ", mp.string(), " failed");
+    SAT_CHECK(f, p.flag, ": writing ", mp.string(), " failed");
   }
   sync_path(mp.string());
   sync_path(p.tmp);
-  const fs::path final_dir = fs::path(p.root) / checkpoint_name(p.step);
   std::error_code ec;
-  fs::remove_all(final_dir, ec);  // the same step written again (a resumed run's last)
-  fs::rename(p.tmp, final_dir, ec);
-  SAT_CHECK(!ec, "--checkpoint-dir: cannot rename ", p.tmp, " to ", final_dir.string(), ": ", ec.message());
+  const fs::path final_dir = p.dest.empty() ? fs::path(p.root) / checkpoint_name(p.step) : fs::path(p.dest);
+  if (!p.dest.empty()) {
+    replace_dir(p.tmp, final_dir, p.flag);
+  } else {
+    fs::remove_all(final_dir, ec);  // the same step written again (a resumed run's last)
+    fs::rename(p.tmp, final_dir, ec);
+    SAT_CHECK(!ec, "--checkpoint-dir: cannot rename ", p.tmp, " to ", final_dir.string(), ": ", ec.message());
+  }
   sync_path(p.root);
-  prune_checkpoints(p.root, rt_.cfg.checkpoint_keep);
+  if (p.dest.empty()) prune_checkpoints(p.root, rt_.cfg.checkpoint_keep);
   for (const auto& e : fs::directory_iterator(final_dir, ec)) stats_.last_bytes += double(e.file_size(ec));
 }
 
@@ -340,6 +393,7 @@ void Checkpointer::finish() {
     error = e.what();
   }
   agree(w, error.empty(), error);
+  if (!p->dest.empty()) return;  // --keep-best's: not one of the run's checkpoints
   stats_.written += 1;
   stats_.paused += p->paused;
   stats_.written_seconds += now_seconds() - p->started;

@@ -38,6 +38,12 @@ class Checkpointer final : public RunObserver {
   // not fit this run is a sat::Error on every rank, nothing changed.
   ResumeState load(const std::string& dir, bool weights_only = false);
 
+  // --keep-best (train/validation.h): this step's checkpoint written as `dir`, a complete
+  // checkpoint that replaces the one there atomically, its manifest recording `metric` and
+  // its `value`. Collective; complete on return.
+  void save_best(int64_t step, int64_t total, const std::vector<double>& losses, const std::string& dir,
+                 const std::string& metric, double value);
+
   void step_begins(RunState& run) override;
   void step_ends(StepDone& done, RunState& run) override;
   void run_ends(RunState& run) override;
@@ -52,6 +58,8 @@ class Checkpointer final : public RunObserver {
   // Writes the checkpoint of step `step` under the checkpoint directory. Collective. With
   // wait, complete on return; otherwise finish() (or the next save) completes it.
   void save(int64_t step, int64_t total, const std::vector<double>& losses, bool wait);
+  // Starts writing p (its root, tmp, dest and manifest's header set). Collective.
+  void write(std::unique_ptr<CheckpointWrite> p, bool wait);
   void finish();
   Manifest header(int64_t step, int64_t total, const std::vector<double>& losses) const;
   void snapshot(CheckpointWrite& p);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/loader.h"
@@ -107,6 +108,15 @@ struct TrainConfig : Layout {
   // Settings a run resumed from a checkpoint may change beyond the run's length and layout
   // (--resume-change; train/resume_policy.h names them).
   std::vector<std::string> resume_change;
+  // Validation during training (train/validation.h): the test split evaluated every
+  // eval_every optimizer steps (0: never) through evaluation's own path, on its first
+  // eval_batches x batch samples (0: all of it). keep_best ("" none, "val_loss" lower is
+  // better, "val_accuracy" higher is better): the best evaluation's checkpoint in best_dir,
+  // replaced atomically whenever the metric improves.
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
+  std::string keep_best;
+  std::string best_dir;
   // GPU: --device, --precision, --cuda-graph.
   std::string device = "cpu";
   Precision precision = Precision::fp32;
@@ -135,6 +145,8 @@ struct StepMetrics {
   double noise_scale = NAN;  // with measure_noise: the smoothed estimate so far (0 while undefined)
   double grad_norm = NAN;    // with clip_grad_norm: the gradients' total 2-norm, before clipping
   bool clipped = false;      // with clip_grad_norm: whether the step scaled its gradients down
+  std::optional<EvalResult> val = {};  // with eval_every, on its steps: the validation after this step's update
+  std::string val_kept = {};           // with keep_best: where its checkpoint went, when it was the best so far
 };
 
 // Bytes a rank moved over each group of the mesh per optimizer step (the payload its
@@ -211,6 +223,13 @@ struct TrainResult {
   std::vector<SettingChange> resume_changes;  // the settings changed since it, as accepted
   int stop_signal = 0;       // the signal that stopped the run early after a checkpoint (0: none)
   std::string last_checkpoint;  // the directory of the last checkpoint written
+  // Validation during training (eval_every): the evaluations this process ran, the time they
+  // took (left out of samples_per_second), and with keep_best the best so far (a resumed
+  // run's includes the one it found in best_dir; best_step 0: none yet).
+  std::vector<std::pair<int64_t, EvalResult>> validations;
+  double validation_seconds = 0;
+  int64_t best_step = 0;
+  double best_value = NAN;
   int64_t checkpoints = 0;         // written by this run
   double checkpoint_seconds = 0;   // the time training waited for them (the copies; the files are written beside it)
   double checkpoint_write_seconds = 0;  // from each one's start to its rename, summed

@@ -40,10 +40,7 @@ void count_batch(RankRuntime& rt, const Batch& b, double loss, int64_t first, co
   }
 }
 
-}  // namespace
-
-EvalResult evaluate(RankRuntime& rt, const EvalSink& sink) {
-  SAT_CHECK(rt.test, "internal error: no test split to evaluate");
+EvalResult evaluate_split(RankRuntime& rt, const Dataset& data, BatchLoader* loader, const EvalSink& sink) {
   const dist::Mesh& m = *rt.mesh;
   SAT_CHECK(!sink || m.dp() == 1, "internal error: predictions of a data-parallel rank's shard");
   const Graph& g = *rt.plan->model.graph;
@@ -55,11 +52,11 @@ EvalResult evaluate(RankRuntime& rt, const EvalSink& sink) {
   StepParts parts;
   parts.data = &feed;
   EvalSums s;
-  const int64_t batches = BatchLoader::eval_batches(rt.test->size(), rt.cfg.batch, m.dp());
-  if (rt.test_loader) rt.test_loader->start_epoch(0);
+  const int64_t batches = BatchLoader::eval_batches(data.size(), rt.cfg.batch, m.dp());
+  if (loader) loader->start_epoch(0);
   Batch b;
   for (int64_t i = 0; i < batches; ++i) {
-    if (rt.test_loader) SAT_CHECK(rt.test_loader->next(b), "internal error: the test loader ended early");
+    if (loader) SAT_CHECK(loader->next(b), "internal error: the test loader ended early");
     feed.set(&b);
     const StepStats st = exec.run_step([](int) { return uint64_t(0); }, parts);
     if (st.losses > 0) count_batch(rt, b, double(float(st.loss_sum)), i * rt.cfg.batch, sink, s);
@@ -71,6 +68,17 @@ EvalResult evaluate(RankRuntime& rt, const EvalSink& sink) {
   e.loss = s.v[1] > 0 ? s.v[0] / s.v[1] : NAN;
   if (!rt.mc.tokens) e.accuracy = s.v[3] > 0 ? s.v[2] / s.v[3] : NAN;
   return e;
+}
+
+}  // namespace
+
+EvalResult evaluate(RankRuntime& rt, const EvalSink& sink) {
+  SAT_CHECK(rt.test, "internal error: no test split to evaluate");
+  return evaluate_split(rt, *rt.test, rt.test_loader.get(), sink);
+}
+
+EvalResult evaluate(RankRuntime& rt, const Dataset& data, BatchLoader* loader) {
+  return evaluate_split(rt, data, loader, {});
 }
 
 }  // namespace sat

@@ -27,5 +27,9 @@ using EvalSink = std::function<void(const EvalBatch&)>;
 // The test split's loss (and accuracy for classifiers); `sink` (one data-parallel rank only)
 // also sees every batch's logits, so predictions come from the same forward pass. Collective.
 EvalResult evaluate(RankRuntime& rt, const EvalSink& sink = {});
+// The same over `data` in place of the test split (validation during training: its first
+// samples), read by `loader` (built as the runtime builds its test loader; null on the ranks
+// whose stage reads no data). Collective.
+EvalResult evaluate(RankRuntime& rt, const Dataset& data, BatchLoader* loader);
 
 }  // namespace sat

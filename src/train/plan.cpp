@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "nn/params.h"
+#include "train/validation.h"
 
 namespace sat {
 
@@ -262,6 +263,13 @@ LoaderPlan plan_loaders(const TrainConfig& cfg, const Dataset& train, const Data
     p.test_slots = BatchLoader::ring_slots(te.prefetch, te.keep);
     p.ring_bytes += BatchLoader::buffer_bytes(*test, cfg.batch, p.test_slots);
     p.scratch_bytes += BatchLoader::worker_host_bytes(*test, te);
+  }
+  if (test && validates_prefix(cfg, *test)) {  // --eval-batches: a loader of the test split's first batches
+    const int64_t n = std::min(test->size(), cfg.eval_batches * cfg.batch);
+    p.test_slots += BatchLoader::ring_slots(te.prefetch, te.keep);
+    p.ring_bytes += BatchLoader::buffer_bytes(*test, cfg.batch, BatchLoader::ring_slots(te.prefetch, te.keep));
+    p.scratch_bytes += BatchLoader::worker_host_bytes(*test, te);
+    p.order_bytes += size_t(n) * sizeof(int64_t);
   }
   return p;
 }

@@ -62,6 +62,14 @@ std::string metrics_until(const std::string& path, int64_t last) {
   return out;
 }
 
+// A number for a JSON line: null when not finite (a perplexity beyond double's range).
+std::string json_number(double v, const char* format = "%.9g") {
+  if (!std::isfinite(v)) return "null";
+  char b[40];
+  std::snprintf(b, sizeof b, format, v);
+  return b;
+}
+
 // "resume" events' changes: {"key": [from, to], ...}.
 nlohmann::ordered_json changes_json(const std::vector<SettingChange>& changes) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
@@ -69,6 +77,24 @@ nlohmann::ordered_json changes_json(const std::vector<SettingChange>& changes) {
   return j;
 }
 }  // namespace
+
+std::string validation_fields(const EvalResult& e) {
+  std::string s = ", \"val_loss\": " + json_number(e.loss);
+  if (e.accuracy >= 0) s += ", \"val_accuracy\": " + json_number(e.accuracy);
+  else s += ", \"val_perplexity\": " + json_number(std::exp(e.loss));  // a language model's: e^(nats per token)
+  return s + ", \"val_samples\": " + std::to_string(e.samples);
+}
+
+std::string describe_validation(const EvalResult& e) {
+  char b[160];
+  if (e.accuracy >= 0)
+    std::snprintf(b, sizeof b, "loss %.4f, accuracy %.2f%% (%lld samples)", e.loss, 100 * e.accuracy,
+                  (long long)e.samples);
+  else
+    std::snprintf(b, sizeof b, "loss %.4f, perplexity %.4g (%lld samples)", e.loss, std::exp(e.loss),
+                  (long long)e.samples);
+  return b;
+}
 
 StepReporter::StepReporter(int progress, const std::string& out_dir, bool noise, int64_t resumed_at)
     : progress_(progress >= 0 ? progress : (isatty(STDERR_FILENO) ? 2 : 1)), noise_(noise) {
@@ -119,7 +145,7 @@ void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
       std::snprintf(line + n, sizeof line - size_t(n), ", \"grad_norm\": %s, \"clipped\": %s", norm,
                     m.clipped ? "true" : "false");
     }
-    write_line(std::string(line) + "}\n");
+    write_line(std::string(line) + (m.val ? validation_fields(*m.val) : "") + "}\n");
   }
   if (progress_ == 2) {
     const double frac = double(m.step) / double(total);
@@ -133,6 +159,12 @@ void StepReporter::step(const StepMetrics& m, int64_t total, double elapsed) {
     if (m.step % every == 0 || m.step == total)
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f samples/s\n", (long long)m.step,
                    (long long)total, m.loss, m.lr, grad_norm_text(m).c_str(), m.samples_per_second);
+  }
+  if (m.val && progress_ != 0) {
+    if (progress_ == 2 && m.step != total) std::fprintf(stderr, "\n");  // below the bar, which goes on under it
+    std::fprintf(stderr, "validation at step %lld/%lld: %s%s\n", (long long)m.step, (long long)total,
+                 describe_validation(*m.val).c_str(),
+                 m.val_kept.empty() ? "" : ("; the best so far: saved to " + m.val_kept).c_str());
   }
 }
 
@@ -157,6 +189,29 @@ nlohmann::ordered_json memory_plan_json(const MemoryPlan& p) {
   j["contexts"] = p.contexts;
   j["total"] = p.total();
   return j;
+}
+
+// --eval-every's evaluations: how often, on how much, the last one, and with --keep-best the
+// best so far (its checkpoint's directory, step and value).
+static nlohmann::ordered_json validation_summary(const TrainConfig& cfg, const TrainResult& r) {
+  using nlohmann::ordered_json;
+  ordered_json v{{"every", cfg.eval_every},
+                 {"batches", cfg.eval_batches > 0 ? ordered_json(cfg.eval_batches) : ordered_json(nullptr)},
+                 {"evaluations", r.validations.size()},
+                 {"seconds", r.validation_seconds}};
+  if (!r.validations.empty()) {
+    const auto& [step, e] = r.validations.back();
+    v["last"] = ordered_json::parse("{\"step\": " + std::to_string(step) + validation_fields(e) + "}");
+  }
+  if (!cfg.keep_best.empty()) {
+    const bool any = r.best_step > 0;
+    v["best"] = {{"metric", cfg.keep_best},
+                 {"direction", cfg.keep_best == "val_loss" ? "lower is better" : "higher is better"},
+                 {"value", any ? ordered_json(r.best_value) : ordered_json(nullptr)},
+                 {"step", any ? ordered_json(r.best_step) : ordered_json(nullptr)},
+                 {"dir", std::filesystem::absolute(cfg.best_dir).lexically_normal().string()}};
+  }
+  return v;
 }
 
 // The host CPU: its model and the vector extensions the kernels may take; under bf16 on
@@ -242,6 +297,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
     if (r.test->accuracy >= 0) s["test_accuracy"] = r.test->accuracy;
     s["test_samples"] = r.test->samples;
   }
+  if (cfg.eval_every > 0) s["validation"] = validation_summary(cfg, r);
   if (cfg.measure_noise) s["noise_scale"] = r.noise_scale > 0 ? ordered_json(r.noise_scale) : ordered_json(nullptr);
   s["samples_per_second"] = r.samples_per_second;
   s["samples_per_second_note"] = "excludes the first " + std::to_string(r.warmup_excluded) + " steps (warm-up)";

@@ -41,6 +41,12 @@ class StepReporter {
   long long written_ = 0;  // bytes of whole lines in the file
 };
 
+// A validation's fields of a metrics.jsonl line (after a comma): val_loss, val_accuracy
+// (classifiers) or val_perplexity (language models: e^val_loss), val_samples.
+std::string validation_fields(const EvalResult& e);
+// The same for people: "loss 0.4321, accuracy 85.10% (1000 samples)".
+std::string describe_validation(const EvalResult& e);
+
 // The run's description beyond TrainConfig, for summary.json.
 struct RunInfo {
   std::string model, data, schedule_name;

@@ -71,6 +71,9 @@ constexpr Policy kPolicies[] = {
     {"device", "--device", May::change, ""},
     {"cuda_graph", "--cuda-graph", May::change, "", true},
     {"checkpoints", "--checkpoint-dir", May::change, "", true},
+    {"eval_every", "--eval-every", May::change, ""},
+    {"eval_batches", "--eval-batches", May::change, ""},
+    {"keep_best", "--keep-best", May::change, ""},
 };
 
 const Policy* policy_of(const std::string& key) {

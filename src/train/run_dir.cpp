@@ -39,6 +39,16 @@ RunDirectory::RunDirectory(std::string dir, bool resuming) : dir_(std::move(dir)
     fs::remove(fs::path(dir_) / f, ec);
     SAT_CHECK(!ec, "--out: cannot remove the earlier run's ", dir_, "/", f, ": ", ec.message());
   }
+  // An earlier run's --keep-best checkpoint (and what its writer left half done), unless
+  // this run goes on with it; a directory "best" that is not a checkpoint is not touched.
+  std::error_code ec;
+  const fs::path best = fs::path(dir_) / "best";
+  if (!resuming && fs::exists(best / "manifest.json", ec)) {
+    fs::remove_all(best, ec);
+    SAT_CHECK(!ec, "--out: cannot remove the earlier run's ", best.string(), ": ", ec.message());
+  }
+  if (!resuming)
+    for (const char* stale : {".best.tmp", ".best.old"}) fs::remove_all(fs::path(dir_) / stale, ec);
   started_ = {{"started", utc_now()}, {"pid", long(getpid())}, {"host", host_name()}};
   mark("running", {});
 }

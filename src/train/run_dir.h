@@ -20,8 +20,8 @@ inline constexpr const char* kRunResultFiles[] = {"metrics.jsonl", "summary.json
 class RunDirectory {
  public:
   // Claims dir (whose earlier results the caller has checked may be replaced): removes them
-  // (all but metrics.jsonl when `resuming`: the resumed run goes on with it) and marks the
-  // directory running. sat::Error naming --out when it cannot be written.
+  // (all but metrics.jsonl and the --keep-best checkpoint best/ when `resuming`: the resumed
+  // run goes on with them) and marks the directory running. sat::Error naming --out when it cannot be written.
   RunDirectory(std::string dir, bool resuming);
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;

@@ -11,6 +11,7 @@
 #include "optim/optimizer.h"
 #include "train/checkpoint.h"
 #include "train/runtime.h"
+#include "train/validation.h"
 #include "train/weights.h"
 
 namespace sat {
@@ -161,6 +162,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   if (cfg.measure_noise) own.push_back(noise_observer(rt));
   if (on_step) own.push_back(callback_observer(on_step));
   own.push_back(stop_observer(rt));
+  if (cfg.eval_every > 0) own.push_back(validation_observer(rt, *checkpointer_, run));  // before progress writes it
   own.push_back(progress_observer(rt, resume_ ? resume_->step : 0));
   own.push_back(utilization_observer(rt));
   std::vector<RunObserver*> watch{health.get()};

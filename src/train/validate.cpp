@@ -4,6 +4,7 @@
 
 #include "backend/device.h"
 #include "core/error.h"
+#include "train/validation.h"
 
 namespace sat {
 
@@ -62,7 +63,7 @@ void check_device(const ModelConfig& mc, const TrainConfig& cfg, Device dev, int
   if (cfg.profile) require(dev, Feature::profile);
   if (!cfg.trace_dir.empty()) require(dev, Feature::trace);
   if (cfg.measure_noise && cfg.tp > 1) require(dev, Feature::noise_scale_tp);
-  if (!cfg.checkpoint_dir.empty()) require(dev, Feature::checkpoints);
+  if (!cfg.checkpoint_dir.empty() || !cfg.keep_best.empty()) require(dev, Feature::checkpoints);
   if (mc.family == ModelFamily::llama) require(dev, Feature::llama);
 }
 
@@ -89,6 +90,7 @@ std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* 
 
 void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_ranges(cfg);
+  check_validation(mc, cfg);  // --eval-every, --eval-batches, --keep-best
   // The model's own limits first: no number of processes can fix them.
   check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
   ModelConfig rc = mc;

@@ -24,6 +24,8 @@ TrainConfig timed_config(const TrainConfig& base, int64_t max_steps, double seco
   c.warmup_excluded = 1;
   c.schedule = ScheduleConfig{};
   c.measure_noise = false;
+  c.eval_every = c.eval_batches = 0;  // no validation during a probe, no best checkpoint
+  c.keep_best.clear();
   return c;
 }
 
