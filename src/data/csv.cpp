@@ -437,6 +437,7 @@ class TableDataset : public Dataset {
   }
   std::vector<std::string> class_names() const override { return schema_->classes; }
   std::string schema() const override { return schema_->to_json(); }
+  bool is_table() const override { return true; }
 
  private:
   std::string name_;
