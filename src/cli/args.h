@@ -31,7 +31,9 @@ struct RunArgs {
   int64_t vocab = 0, seq_len = 0;  // --seq-len: GPT models' window (0: the context)
   uint64_t seed = 0;
   std::string label;        // tables (csv:): the class column
-  double val_fraction = 0;  // tables: the share of the rows held out as the test split
+  double val_fraction = 0;  // tables, image folders: the share of the rows (images) held out as the test split
+  std::string augment = "off";  // image folders: off | standard | crop,flip
+  bool skip_bad_images = false;  // image folders: leave out the files that cannot be read
   // Layout: the micro-batch ("auto": tuned), tensor and pipeline parallelism (the
   // data-parallel degree is what is left), recomputation, ZeRO.
   std::string batch = "64", pp_schedule = "1f1b", pp_split, recompute = "none";

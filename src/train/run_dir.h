@@ -14,8 +14,8 @@
 namespace sat {
 
 // The files a run writes in its --out directory.
-inline constexpr const char* kRunResultFiles[] = {"metrics.jsonl", "summary.json", "table.json", "tune.json",
-                                                  "tune.html", "report.html"};
+inline constexpr const char* kRunResultFiles[] = {"metrics.jsonl", "summary.json", "table.json", "images.json",
+                                                  "tune.json", "tune.html", "report.html"};
 
 class RunDirectory {
  public:
