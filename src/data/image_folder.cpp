@@ -330,6 +330,24 @@ DataOptions scaling_of(const ImageSchema& s, const DataOptions& opt, const Shape
   return o;
 }
 
+// The line the log shows: the folder, the splits, the classes, the shape, the scaling.
+std::string describe(const std::string& dir, const DataSplit& d, bool test_only, const std::string& how,
+                     const std::vector<std::string>& classes, const Setup& s, const BadFiles& bad) {
+  std::string t = str_cat("images (", dir, "): ");
+  if (!test_only) t += str_cat(d.train->size(), " train", d.test ? " / " : " images (no test split), ");
+  if (d.test) t += str_cat(d.test->size(), " test (", how, ") images, ");
+  t += str_cat(classes.empty() ? str_cat("no class folders (", s.classes, " classes)")
+                                           : str_cat(classes.size(), " classes (", list_of(classes), ")"),
+               ", resized and centre-cropped to ", s.chw.str(), ", ", s.scaling);
+  if (s.augment.any())
+    t += str_cat(", --augment ", s.augment.crop ? "crop" : "", s.augment.crop && s.augment.flip ? "," : "",
+                 s.augment.flip ? "flip" : "");
+  if (bad.count)
+    t += str_cat(", ", bad.count, " bad file", bad.count == 1 ? "" : "s", " left out (--skip-bad-images; ", bad.first,
+                 ")");
+  return t;
+}
+
 }  // namespace
 
 DataSplit open_images(const std::string& dir_in, const std::string& val_in, const DataOptions& opt) {
@@ -359,17 +377,21 @@ DataSplit open_images(const std::string& dir_in, const std::string& val_in, cons
   setup->lut = pixel_lut(chw[0], scaled);
   setup->scaling = scaling_text(scaled);
   // The index, without the bad files (every rank finds the same ones).
-  auto train = std::make_shared<Files>(scan_folder(train_dir, classes, opt.labels_optional));
-  std::shared_ptr<Files> test = test_dir.empty() ? nullptr
-                                                 : std::make_shared<Files>(scan_folder(test_dir, classes, opt.labels_optional));
+  // eval and predict with the weights' classes read the test split's folder alone.
+  const bool test_only = !opt.table.empty() && !test_dir.empty();
+  auto scan = [&](const std::string& d) { return std::make_shared<Files>(scan_folder(d, classes, opt.labels_optional)); };
+  std::shared_ptr<Files> train = test_only ? nullptr : scan(train_dir);
+  std::shared_ptr<Files> test = test_dir.empty() ? nullptr : scan(test_dir);
+  if (test_only) train = test;
   SAT_CHECK(!opt.table.empty() || opt.evaluating || classes.size() >= 2, train_dir, ": ", classes.size(),
             " class folder (", list_of(classes), "); expected at least 2 classes");
   BadFiles bad;
   check_files(*train, bad);
-  if (test) check_files(*test, bad);
+  if (test && test != train) check_files(*test, bad);
   SAT_CHECK(bad.count == 0 || opt.skip_bad_images, bad.first, " (", bad.count, " bad image file", bad.count == 1 ? "" : "s",
             " under ", dir, test_dir.empty() || split ? "" : " and " + test_dir, "; --skip-bad-images leaves them out)");
-  SAT_CHECK(!train->paths.empty(), train_dir, ": every image is bad (", bad.first, "); expected images to train on");
+  for (const auto& f : {train, test})
+    SAT_CHECK(!f || !f->paths.empty(), f->root, ": every image is bad (", bad.first, "); expected images to read");
   setup->classes = classes.empty() ? opt.num_classes : int64_t(classes.size());
   setup->names = classes;
   if (!classes.empty()) {
@@ -391,19 +413,7 @@ DataSplit open_images(const std::string& dir_in, const std::string& val_in, cons
   DataSplit d;
   d.train = std::make_unique<ImageFolderDataset>("images train", train, std::move(train_rows), setup);
   if (test) d.test = std::make_unique<ImageFolderDataset>("images test", test, std::move(test_rows), setup);
-  d.description = str_cat(
-      "images (", dir, "): ", d.train->size(), " train", d.test ? str_cat(" / ", d.test->size(), " test (", how, ")")
-                                                                 : std::string(", no test split"),
-      " images, ", classes.empty() ? str_cat("no class folders (", setup->classes, " classes)")
-                                   : str_cat(classes.size(), " classes (", list_of(classes), ")"),
-      ", resized and centre-cropped to ", chw.str(), ", ", setup->scaling,
-      setup->augment.any() ? str_cat(", --augment ", setup->augment.crop ? "crop" : "",
-                                     setup->augment.crop && setup->augment.flip ? "," : "",
-                                     setup->augment.flip ? "flip" : "")
-                           : std::string(""),
-      bad.count ? str_cat(", ", bad.count, " bad file", bad.count == 1 ? "" : "s", " left out (--skip-bad-images; ",
-                          bad.first, ")")
-                : std::string(""));
+  d.description = describe(dir, d, test_only, how, classes, *setup, bad);
   return d;
 }
 
