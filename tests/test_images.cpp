@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -456,19 +457,19 @@ TEST_F(Images, CliBadInputsExitWithStatus2) {
 // on class folders the accuracy.
 TEST_F(Images, CliTrainsEvaluatesAndPredictsOnAFlatFolder) {
   sat::test::FolderSpec spec;
-  spec.count = 300, spec.variant = sat::test::mixed_variant;
+  spec.count = 240, spec.variant = sat::test::mixed_variant;
   sat::test::write_fashion_folder(path("d/train"), spec);
   spec.first = 300, spec.count = 60;
   sat::test::write_fashion_folder(path("d/val"), spec);
   const std::string w = path("w.safetensors");
-  CmdResult r = saturate("train --model mlp:784-64-10 --data images:" + path("d") + " --epochs 3 --batch 16 --lr 0.003 "
+  CmdResult r = saturate("train --model mlp:784-64-10 --data images:" + path("d") + " --epochs 2 --batch 16 --lr 0.003 "
                          "--threads 1 --out " + path("run") + " --save-weights " + w);
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("300 train / 60 test"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("240 train / 60 test"), std::string::npos) << r.out;
   const auto summary = nlohmann::json::parse(std::ifstream(path("run/summary.json")));
   const double accuracy = summary["test_accuracy"].get<double>();
-  std::printf("mlp:784-64-10, 3 epochs of 300 mixed images: test accuracy %.4f on 60\n", accuracy);
-  EXPECT_GE(accuracy, 0.5);
+  std::printf("mlp:784-64-10, 2 epochs of 240 mixed images: test accuracy %.4f on 60\n", accuracy);
+  EXPECT_GE(accuracy, 0.4);
   const auto schema = nlohmann::json::parse(std::ifstream(path("run/images.json")));
   EXPECT_EQ(schema["classes"].size(), 10u);
   r = saturate("eval --model mlp:784-64-10 --data images:" + path("d") + " --batch 16 --threads 1 --init-weights " + w);
@@ -529,4 +530,18 @@ TEST_F(Images, CliDataParallelWithAugmentFollowsOneProcess) {
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
   std::printf("2 ranks with --augment against one process: largest loss difference %.3g over 10 steps\n", worst);
   EXPECT_LE(worst, 1e-5);
+}
+
+// Not a test: writes the folder the accuracy in docs/training.md was measured on, to
+// $SAT_IMAGE_FOLDER (train/: Fashion-MNIST test images 0-3999, val/: 4000-4999, mixed PNG
+// and JPEG, 28x28 and larger, gray and RGB). Run with --gtest_also_run_disabled_tests
+// --gtest_filter=Images.DISABLED_WriteFashionFolder.
+TEST_F(Images, DISABLED_WriteFashionFolder) {
+  const char* out = std::getenv("SAT_IMAGE_FOLDER");
+  ASSERT_TRUE(out && *out) << "set SAT_IMAGE_FOLDER to the folder to write";
+  sat::test::FolderSpec spec;
+  spec.count = 4000, spec.variant = sat::test::mixed_variant;
+  sat::test::write_fashion_folder(std::string(out) + "/train", spec);
+  spec.first = 4000, spec.count = 1000;
+  sat::test::write_fashion_folder(std::string(out) + "/val", spec);
 }
