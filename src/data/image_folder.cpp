@@ -128,7 +128,8 @@ void walk(const std::string& dir, int32_t label, Files& out) {
     const std::string d = todo.back();
     todo.pop_back();
     std::error_code ec;
-    if (!seen.insert(fs::weakly_canonical(d, ec).string()).second) continue;
+    const fs::path real = fs::weakly_canonical(d, ec);
+    if (!seen.insert(ec ? d : real.string()).second) continue;
     std::vector<std::string> folders, images;
     list_folder(d, folders, images);
     for (const std::string& f : folders) todo.push_back(d + "/" + f);
