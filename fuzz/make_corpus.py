@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import struct
+import zlib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -94,6 +95,123 @@ put("csv", "header-only", b"\x00a,y\n")
 put("csv", "empty", b"\x00")
 put("csv", "open-quote", b"\x00a,y\n1,\"p\n2,q\n")
 put("csv", "huge-values", b"\x00a,y\n3e38,p\n-3e38,q\n3e38,q\n")
+
+
+# ---- image: byte 0 -> channels (bit 0: 1 or 3), the model's H x W (bits 1-3), the crop's seed
+# (bits 4-7); then a PNG or JPEG file. PNGs are built here (zlib); the JPEGs are small files
+# TurboJPEG wrote (gray, RGB 4:2:0, CMYK, progressive RGB 4:4:4), kept as bytes.
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png(w, h, color_type, depth, rows, plte=b"", trns=b"", interlace=0, gamma=None, after=b""):
+    """rows: the filtered scanlines (each a filter byte, then the row's bytes), joined."""
+    out = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, interlace))
+    if gamma is not None:
+        out += png_chunk(b"gAMA", struct.pack(">I", gamma))
+    if plte:
+        out += png_chunk(b"PLTE", plte)
+    if trns:
+        out += png_chunk(b"tRNS", trns)
+    return out + png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b"") + after
+
+
+def scan(h, row):
+    return b"".join(b"\x00" + row(y) for y in range(h))
+
+
+gray = png(5, 3, 0, 8, scan(3, lambda y: bytes((x * 50 + y * 20) % 256 for x in range(5))))
+rgb = png(4, 4, 2, 8, scan(4, lambda y: bytes((x * 60 + c * 80 + y) % 256 for x in range(4) for c in range(3))))
+rgba = png(3, 2, 6, 8, scan(2, lambda y: bytes([200, 10, 30, 0, 5, 250, 60, 128, 9, 9, 9, 255])[:12]))
+put("image", "png-gray", b"\x00" + gray)
+put("image", "png-rgb-to-gray", b"\x02" + rgb)
+put("image", "png-rgba", b"\x05" + rgba)
+put("image", "png-gray-alpha", b"\x07" + png(2, 2, 4, 8, scan(2, lambda y: bytes([40, 0, 250, 255]))))
+put("image", "png-palette-trns", b"\x09" + png(4, 2, 3, 2, scan(2, lambda y: bytes([0b00011011])),
+                                                plte=bytes([255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9]),
+                                                trns=bytes([0, 128])))
+put("image", "png-gray-1bit", b"\x0b" + png(9, 2, 0, 1, scan(2, lambda y: bytes([0b10101010, 0b10000000]))))
+put("image", "png-rgb-16bit", b"\x0d" + png(2, 2, 2, 16, scan(2, lambda y: bytes(range(y, y + 12)))))
+put("image", "png-gamma", b"\x01" + png(5, 3, 0, 8, scan(3, lambda y: bytes([y * 40] * 5)), gamma=100000))
+put("image", "png-filters", b"\x03" + png(3, 4, 0, 8, b"".join(bytes([f]) + bytes([7, 70, 170]) for f in range(5))[:16]))
+# Adam7: a 3x3 image's passes 1, 4, 6 and 7 (passes 2, 3 and 5 are empty at this size).
+put("image", "png-interlaced", b"\x10" + png(3, 3, 0, 8, b"\x00\x0a" + b"\x00\x14" + b"\x00\x1e\x28" +
+                                              b"\x00\x32\x3c\x46" + b"\x00\x50\x5a\x64", interlace=1))
+put("image", "png-data-after-iend", b"\x00" + png(5, 3, 0, 8, scan(3, lambda y: bytes(5)), after=b"\x00" * 100))
+put("image", "png-truncated", b"\x00" + gray[:-20])
+put("image", "png-bad-crc", b"\x00" + gray[:40] + bytes([gray[40] ^ 0xff]) + gray[41:])
+put("image", "png-huge", b"\x00" + png(1 << 20, 1 << 20, 0, 8, b"\x00" * 10))
+put("image", "png-zero-width", b"\x00" + png(0, 3, 0, 8, b""))
+JPEG_GRAY_8 = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300080606070605080707070909080a0c140d0c0b0b0c1912"
+    "130f141d1a1f1e1d1a1c1c20242e2720222c231c1c2837292c30313434341f27393d38323c2e333432ffc0000b080008"
+    "000801011100ffc4001f0000010501010101010100000000000000000102030405060708090a0bffc400b51000020103"
+    "03020403050504040000017d01020300041105122131410613516107227114328191a1082342b1c11552d1f024336272"
+    "82090a161718191a25262728292a3435363738393a434445464748494a535455565758595a636465666768696a737475"
+    "767778797a838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9"
+    "cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9faffda0008010100003f00698ac6cb4b9ece00"
+    "963a1ba6d4217179a885e19635241d8c5946319c72c543328fffd9")
+JPEG_RGB_420 = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb0043000d090a0b0a080d0b0a0b0e0e0d0f13201513121213271c"
+    "1e17202e2931302e292d2c333a4a3e333646372c2d405741464c4e525352323e5a615a50604a51524fffdb0043010e0e"
+    "0e131113261515264f352d354f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f4f"
+    "4f4f4f4f4f4f4f4f4f4f4f4f4f4fffc0001108000c001003012200021101031101ffc4001f0000010501010101010100"
+    "000000000000000102030405060708090a0bffc400b5100002010303020403050504040000017d010203000411051221"
+    "31410613516107227114328191a1082342b1c11552d1f02433627282090a161718191a25262728292a3435363738393a"
+    "434445464748494a535455565758595a636465666768696a737475767778797a838485868788898a9293949596979899"
+    "9aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1"
+    "f2f3f4f5f6f7f8f9faffc4001f0100030101010101010101010000000000000102030405060708090a0bffc400b51100"
+    "020102040403040705040400010277000102031104052131061241510761711322328108144291a1b1c109233352f015"
+    "6272d10a162434e125f11718191a262728292a35363738393a434445464748494a535455565758595a63646566676869"
+    "6a737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4"
+    "c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9faffda000c03010002110311003f0045"
+    "511ec8d62ea42f94ac067a2ecc838e06d4ce33feb6877219c8918023929f297cfcdbb031ea5863f8a48fd2a4b7851ee4"
+    "db8255230a8b83d8b88cf5f6ddcfabb1fa5679dcc048f94fca72a48e5823138e80e64cf1fdd5f4a6d5d5fbfea1657e5f"
+    "ebb9ffd9")
+JPEG_CMYK = bytes.fromhex(
+    "ffd8ffee000e41646f626500640000000002ffdb004300100b0c0e0c0a100e0d0e1211101318281a181616183123251d"
+    "283a333d3c3933383740485c4e404457453738506d51575f626768673e4d71797064785c656763ffdb00430111121218"
+    "15182f1a1a2f634238426363636363636363636363636363636363636363636363636363636363636363636363636363"
+    "636363636363636363636363ffc00014080008000804011100021101031101041100ffc4001f00000105010101010101"
+    "00000000000000000102030405060708090a0bffc400b5100002010303020403050504040000017d0102030004110512"
+    "2131410613516107227114328191a1082342b1c11552d1f02433627282090a161718191a25262728292a343536373839"
+    "3a434445464748494a535455565758595a636465666768696a737475767778797a838485868788898a92939495969798"
+    "999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9ea"
+    "f1f2f3f4f5f6f7f8f9faffc4001f0100030101010101010101010000000000000102030405060708090a0bffc400b511"
+    "00020102040403040705040400010277000102031104052131061241510761711322328108144291a1b1c109233352f0"
+    "156272d10a162434e125f11718191a262728292a35363738393a434445464748494a535455565758595a636465666768"
+    "696a737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3"
+    "c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9faffda000e04010002110311040000"
+    "3f005455570e18c8db8146739dc4640cfa82db9fe82935369a7a6f7fbfb74bbb2bab6d6ee2734f5fc7b69e7b5a3ab4d5"
+    "aef71238a22de5c722a9c2b007692010db588e870a1e4e307711e95fffd9")
+JPEG_RGB_444_PROGRESSIVE = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb00430006040506050406060506070706080a100a0a09090a140e"
+    "0f0c1017141818171416161a1d251f1a1b231c1616202c20232627292a29191f2d302d283025282928ffdb0043010707"
+    "070a080a130a0a13281a161a282828282828282828282828282828282828282828282828282828282828282828282828"
+    "2828282828282828282828282828ffc20011080007000903011100021101031101ffc400150001010000000000000000"
+    "0000000000000001ffc400160101010100000000000000000000000000040103ffda000c030100021003100000015c61"
+    "1dffc4001810000203000000000000000000000000000203000115ffda0008010100010502a0250ed2a7ffc4001f1100"
+    "000309000000000000000000000000000102041214213153a2c1f1ffda0008010301013f0125c9d5d3bb310ec57b131f"
+    "ffc40020110000040603000000000000000000000000010212030411132153a1b1c1ffda0008010201013f014b63aaa5"
+    "85174ef5a2ccfede087fffc4001c1000010305000000000000000000000000010012a1021133c2e1ffda000801010006"
+    "3f0268b34802291b158a78bfffc400191000020301000000000000000000000000000111215161ffda0008010100013f"
+    "2140b8851ab87217ffda000c030100020003000000106fffc4001a110101000203000000000000000000000001112131"
+    "104151ffda0008010301013f1014e502136610793236b34f5c27ffc4001a110101000203000000000000000000000001"
+    "110051314161ffda0008010201013f106eba5b17846bc5354eeb9bffc4001b1001000202030000000000000000000000"
+    "01001121415181f1ffda0008010100013f10beea5428a21c72f7baa9ec67ffd9")
+put("image", "jpeg-gray", b"\x00" + JPEG_GRAY_8)
+put("image", "jpeg-gray-to-rgb", b"\x1f" + JPEG_GRAY_8)
+put("image", "jpeg-rgb-420", b"\x21" + JPEG_RGB_420)
+put("image", "jpeg-rgb-to-gray", b"\x40" + JPEG_RGB_420)
+put("image", "jpeg-cmyk", b"\x01" + JPEG_CMYK)
+put("image", "jpeg-progressive", b"\x33" + JPEG_RGB_444_PROGRESSIVE)
+put("image", "jpeg-truncated", b"\x00" + JPEG_RGB_420[:len(JPEG_RGB_420) // 2])
+put("image", "jpeg-no-eoi", b"\x00" + JPEG_GRAY_8[:-2])
+put("image", "jpeg-huge", b"\x00" + JPEG_GRAY_8.replace(b"\xff\xc0\x00\x0b\x08\x00\x08\x00\x08",
+                                                         b"\xff\xc0\x00\x0b\x08\xff\xff\xff\xff"))
+put("image", "jpeg-corrupt-data", b"\x00" + JPEG_RGB_420[:-40] + bytes(range(38)) + b"\xff\xd9")
+put("image", "not-an-image", b"\x00" + b"P5 2 2 255\n\x00\x01\x02\x03")
+put("image", "empty", b"\x00")
 
 
 # ---- safetensors: byte 0 even = convnet's store, odd = a GPT's tensor-parallel part

@@ -155,13 +155,18 @@ void add_model_options(CLI::App* c, RunArgs& a) {
 }
 
 void add_data_options(CLI::App* c, RunArgs& a) {
-  c->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | csv:FILE[:VAL] | tokens:FILE[:VAL] "
-                "(FILE, VAL: a shard, a glob or a directory; without VAL, FILE's *_val_* shards) | synthetic[:CxHxW]")
-      ->capture_default_str();
+  c->add_option("--data", a.data, "fashion-mnist | mnist:DIR | cifar10:DIR | csv:FILE[:VAL] | images:DIR[:VALDIR] "
+                "(DIR/CLASS/*.png|jpg) | tokens:FILE[:VAL] (FILE, VAL: a shard, a glob or a directory; without VAL, "
+                "FILE's *_val_* shards) | synthetic[:CxHxW]")->capture_default_str();
   c->add_option("--label", a.label, "csv: the column of class labels (integers or strings; every other column is a "
                 "numeric feature)");
-  c->add_option("--val-fraction", a.val_fraction, "csv:FILE: hold out this share of the rows (after a seeded shuffle) "
-                "as the test split");
+  c->add_option("--val-fraction", a.val_fraction, "csv:FILE, images:DIR: hold out this share of the rows or images "
+                "(after a seeded shuffle) as the test split");
+  c->add_option("--augment", a.augment, "images:DIR: off | standard (= crop,flip) | crop,flip: random resized crops "
+                "(scale 0.08-1, ratio 3/4-4/3) and horizontal flips of the training images, drawn from --seed, the "
+                "epoch and the image")->capture_default_str();
+  c->add_flag("--skip-bad-images", a.skip_bad_images, "images:DIR: leave out the files that are not whole PNG or JPEG "
+              "images (default: the first one stops the run, naming it)");
   c->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
   c->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();
   c->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255; csv: "

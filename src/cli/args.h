@@ -34,7 +34,9 @@ struct RunArgs {
   std::string label;        // tables (csv:): the class column
   std::string loader_workers = "auto";  // --loader-workers: a number, or auto (loader_workers_of)
   int prefetch = 2;                     // --prefetch: batches read ahead
-  double val_fraction = 0;  // tables: the share of the rows held out as the test split
+  double val_fraction = 0;  // tables, image folders: the share of the rows (images) held out as the test split
+  std::string augment = "off";  // image folders: off | standard | crop,flip
+  bool skip_bad_images = false;  // image folders: leave out the files that cannot be read
   // Validation during training: every N steps (0: never) on K batches (0: all); the best's checkpoint.
   int64_t eval_every = 0, eval_batches = 0;
   std::string keep_best;

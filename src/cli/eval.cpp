@@ -37,8 +37,8 @@ void check_common(const EvalArgs& a) {
 }
 
 // The data as train opens it (the same seed and scaling give the same samples); the model
-// takes the data's image shape as train's does. A table is read with the schema saved with
-// the weights (its columns, classes and standardisation); predict's may lack the labels.
+// takes the data's image shape as train's does. A table or image folder is read with the schema
+// saved with the weights (its classes and scaling); predict's may lack the labels.
 DataSplit open_test_split(const EvalArgs& a, ModelConfig& mc, bool predict) {
   SAT_CHECK(!a.data.empty(), "--data is required (the data whose test split is evaluated, as given to train)");
   DataOptions dopt = data_options_for(mc, a.seed);
@@ -47,6 +47,8 @@ DataSplit open_test_split(const EvalArgs& a, ModelConfig& mc, bool predict) {
   dopt.val_fraction = a.val_fraction;
   dopt.table = saved_data_schema(a.init_weights);
   dopt.labels_optional = predict;
+  dopt.evaluating = true;
+  dopt.skip_bad_images = a.skip_bad_images;
   DataSplit d = open_dataset(a.data, dopt);
   SAT_CHECK(d.test, "--data ", a.data, ": has no test split to evaluate (", d.description, ")");
   fit_to_data(mc, *d.train);
@@ -92,16 +94,18 @@ std::string csv_field(const std::string& s) {
 }
 
 // Classifiers: one row per test sample, the most likely class and its probability (a
-// table's classes by their names); the accuracy where the samples have labels.
+// table's or image folder's classes by their names; an image's file); the accuracy where
+// the samples have labels. An image without a label: FILE<TAB>CLASS on stdout too.
 int predict_classes(const EvalArgs& a, ModelConfig mc) {
   SAT_CHECK(a.prompt.empty(), "--prompt applies to the GPT models only, not --model ", a.model);
   SAT_CHECK(a.text.empty(), "--text applies to the language models only (gpt:, llama:), not --model ", a.model);
   DataSplit d = open_test_split(a, mc, true);
   std::unique_ptr<Trainer> t = loaded_trainer(mc, a, a.batch, *d.train, *d.test);
   const std::vector<std::string> names = d.test->class_names();
-  auto name = [&](int64_t c) { return c < 0 ? "" : names.empty() ? std::to_string(c) : csv_field(names[size_t(c)]); };
+  auto name = [&](int64_t c) { return c < 0 ? "" : names.empty() ? std::to_string(c) : names[size_t(c)]; };
+  const bool files = !d.test->sample_name(0).empty();
   std::ostringstream csv;
-  csv << "index,class,probability,label\n";
+  csv << "index,class,probability,label" << (files ? ",file\n" : "\n");
   char prob[32];
   const EvalResult r = t->evaluate([&](const EvalBatch& e) {
     const int32_t* y = e.batch.y.i32();
@@ -109,7 +113,11 @@ int predict_classes(const EvalArgs& a, ModelConfig mc) {
       const float* l = e.logits + k * e.classes;
       const int64_t c = std::max_element(l, l + e.classes) - l;
       std::snprintf(prob, sizeof prob, "%.9g", softmax(l, e.classes)[size_t(c)]);
-      csv << e.first + k << ',' << name(c) << ',' << prob << ',' << name(y[k]) << '\n';
+      csv << e.first + k << ',' << csv_field(name(c)) << ',' << prob << ',' << csv_field(name(y[k]));
+      const std::string file = files ? d.test->sample_name(e.first + k) : "";
+      if (files) csv << ',' << csv_field(file);
+      csv << '\n';
+      if (files && y[k] < 0) std::printf("%s\t%s\n", file.c_str(), name(c).c_str());
     }
   });
   write_csv(a.out, csv.str());

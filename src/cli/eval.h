@@ -10,7 +10,8 @@ namespace sat {
 struct EvalArgs {
   std::string model = "mlp", data, init_weights, normalize;
   std::string label;        // tables (csv:): train's --label (the weights know it)
-  double val_fraction = 0;  // tables: train's --val-fraction (its test split)
+  double val_fraction = 0;  // tables, image folders: train's --val-fraction (its test split)
+  bool skip_bad_images = false;  // image folders: leave out the files that cannot be read
   std::string json;    // eval: --json FILE
   std::string out;     // predict: --out FILE (CSV)
   std::string prompt;  // predict, GPT models: --prompt FILE of token ids
@@ -24,10 +25,12 @@ struct EvalArgs {
 // Prints the test loss (and accuracy for classifiers); with --json writes them. Returns
 // the exit status; user mistakes are sat::Error naming the flag or file.
 int run_eval(const EvalArgs& a);
-// Classifiers: a CSV index,class,probability,label of the test split (a table's classes and
-// labels by their own names; the label empty where the file has none). GPT models: the
-// top-k next tokens after --prompt, a CSV rank,token,probability,logit; after --text (encoded
-// as generate encodes a prompt), printed with their text, and with --out a CSV
+// Classifiers: a CSV index,class,probability,label of the test split (a table's or image
+// folder's classes and labels by their own names; the label empty where the data has none;
+// image folders add a column file, the image's path in its folder, and a folder of images
+// without class folders prints FILE<TAB>CLASS per image). GPT models: the top-k next tokens
+// after --prompt, a CSV rank,token,probability,logit; after --text (encoded as generate
+// encodes a prompt), printed with their text, and with --out a CSV
 // rank,token,text,probability,logit.
 int run_predict(const EvalArgs& a);
 

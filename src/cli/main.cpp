@@ -81,14 +81,14 @@ void add_eval_options(CLI::App* c, sat::EvalArgs& a, bool predict) {
   c->add_option("--model", a.model, sat::cli::model_help())->capture_default_str();
   c->add_option("--init-weights", a.init_weights, "the trained weights: a safetensors file (train --save-weights) or a "
                 "checkpoint directory")->required();
-  c->add_option("--data", a.data, predict ? "the data whose test split is predicted (classifiers; csv:FILE: its rows)"
-                                          : "the data whose test split is evaluated (as given to train; csv:FILE: its rows)");
+  c->add_option("--data", a.data, std::string(predict ? "the data whose test split is predicted (classifiers; " :
+                "the data whose test split is evaluated (as given to train; ") + "csv:FILE, images:DIR: all of it)");
   c->add_option("--batch", a.batch, "micro-batch size (train's gives train's figures exactly)")->capture_default_str();
   c->add_option("--seed", a.seed, "train's --seed (synthetic data is generated from it)")->capture_default_str();
   c->add_option("--normalize", a.normalize, "train's --normalize");
   c->add_option("--label", a.label, "csv: train's --label (the weights' table description knows it)");
-  c->add_option("--val-fraction", a.val_fraction, predict ? "csv:FILE: predict train's held-out rows (default: all)"
-                                                          : "csv:FILE: train's --val-fraction (default: all rows)");
+  c->add_option("--val-fraction", a.val_fraction, "csv:, images: train's --val-fraction (its test split; default all)");
+  c->add_flag("--skip-bad-images", a.skip_bad_images, "images:DIR: leave out the files that are not whole images");
   c->add_option("--vocab", a.vocab, "GPT models: train's --vocab");
   c->add_option("--threads", a.threads, "CPU threads (0: the cores this rank may use: OMP_NUM_THREADS, its CPU binding, or the host's cores divided among its ranks)")->capture_default_str();
   if (!predict) {

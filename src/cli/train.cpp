@@ -384,6 +384,8 @@ int run_train(const RunArgs& a, bool tune_only) {
   if (!a.normalize.empty()) parse_normalize(a.normalize, dopt);
   dopt.label = a.label;
   dopt.val_fraction = a.val_fraction;
+  dopt.augment = a.augment;
+  dopt.skip_bad_images = a.skip_bad_images;
   const DataSplit data = open_dataset(a.data, dopt);
   // Image data of another shape (synthetic:CxHxW, CIFAR...) sets the model's input (an
   // mlp's input width must match it).
@@ -400,8 +402,8 @@ int run_train(const RunArgs& a, bool tune_only) {
   // Rank 0 claims --out before anything is written there (a tuned batch's tune.json first).
   auto out = dist::on_every_rank(*comm, [&] {
     auto dir = lead && !tune_only && !a.out.empty() ? std::make_unique<RunDirectory>(a.out, !a.resume.empty()) : nullptr;
-    if (dir && !data.train->is_tokens() && !data.train->schema().empty())  // a table's, for predict
-      write_file_atomic("--out", a.out + "/table.json", data.train->schema() + "\n");
+    if (dir && !data.train->is_tokens() && !data.train->schema().empty())  // a table's or image folder's, for predict
+      write_file_atomic("--out", a.out + "/" + data.train->schema_file(), data.train->schema() + "\n");
     return dir;
   });
   if (lead) print_start(mc, data, a, tune_only);

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/io.h"
 #include "data/gz_open.h"
+#include "data/sources.h"
 #include "core/rng.h"
 
 namespace sat {
@@ -367,23 +368,6 @@ void order_classes(Rows& rows, TableSchema& s, const std::string& path) {
   for (int32_t& y : rows.y) y = cls[size_t(y)];
 }
 
-// --val-fraction: the last round(F x N) rows of a seeded permutation are the test split;
-// each split keeps the file's order.
-std::pair<std::vector<int64_t>, std::vector<int64_t>> hold_out(int64_t n, double fraction, uint64_t seed,
-                                                               const std::string& path) {
-  const int64_t held = std::max<int64_t>(1, std::llround(fraction * double(n)));
-  SAT_CHECK(held < n, "--val-fraction ", fraction, ": holding out ", held, " of the ", n, " rows of ", path,
-            " leaves none to train on; expected a smaller fraction or more rows");
-  std::vector<int64_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = i;
-  Rng rng(mix_seed(seed, 0x7ab1e5ull));
-  for (int64_t i = n - 1; i > 0; --i) std::swap(p[size_t(i)], p[rng.below(uint64_t(i + 1))]);
-  std::vector<int64_t> train(p.begin(), p.end() - held), test(p.end() - held, p.end());
-  std::sort(train.begin(), train.end());
-  std::sort(test.begin(), test.end());
-  return {train, test};
-}
-
 // The features' mean and (population) std over `rows` (empty: all), or --normalize's values.
 void standardisation(const Rows& data, const std::vector<int64_t>& rows, const DataOptions& opt, TableSchema& s) {
   const size_t F = data.features;
@@ -453,6 +437,7 @@ class TableDataset : public Dataset {
   }
   std::vector<std::string> class_names() const override { return schema_->classes; }
   std::string schema() const override { return schema_->to_json(); }
+  bool is_table() const override { return true; }
 
  private:
   std::string name_;
@@ -499,7 +484,7 @@ DataSplit open_for_training(const std::string& file, const std::string& val_file
   order_classes(*rows, *s, file);
   TableSplit t;
   if (opt.val_fraction > 0) {
-    std::tie(t.train_rows, t.test_rows) = hold_out(rows->n, opt.val_fraction, opt.seed, file);
+    std::tie(t.train_rows, t.test_rows) = hold_out(rows->n, opt.val_fraction, opt.seed, "rows of " + file);
     t.how = str_cat("--val-fraction ", opt.val_fraction, ", seed ", opt.seed);
   }
   standardisation(*rows, t.train_rows, opt, *s);
@@ -534,7 +519,7 @@ DataSplit open_with_schema(const std::string& file, const std::string& val_file,
   t.train = t.test = rows;
   t.how = "all of " + file;
   if (opt.val_fraction > 0) {
-    std::tie(t.train_rows, t.test_rows) = hold_out(rows->n, opt.val_fraction, opt.seed, file);
+    std::tie(t.train_rows, t.test_rows) = hold_out(rows->n, opt.val_fraction, opt.seed, "rows of " + file);
     t.how = str_cat("--val-fraction ", opt.val_fraction, ", seed ", opt.seed);
   } else if (!val_file.empty()) {
     auto val = std::make_shared<Rows>(read_with_schema(val_file, *s, opt.labels_optional));
@@ -546,6 +531,21 @@ DataSplit open_with_schema(const std::string& file, const std::string& val_file,
 }
 
 }  // namespace
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> hold_out(int64_t n, double fraction, uint64_t seed,
+                                                               const std::string& what) {
+  const int64_t held = std::max<int64_t>(1, std::llround(fraction * double(n)));
+  SAT_CHECK(held < n, "--val-fraction ", fraction, ": holding out ", held, " of the ", n, " ", what,
+            " leaves none to train on; expected a smaller fraction or more of them");
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = i;
+  Rng rng(mix_seed(seed, 0x7ab1e5ull));
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[size_t(i)], p[rng.below(uint64_t(i + 1))]);
+  std::vector<int64_t> train(p.begin(), p.end() - held), test(p.end() - held, p.end());
+  std::sort(train.begin(), train.end());
+  std::sort(test.begin(), test.end());
+  return {train, test};
+}
 
 DataSplit open_csv(const std::string& train_file, const std::string& val_file, const DataOptions& opt) {
   SAT_CHECK(opt.val_fraction == 0 || (opt.val_fraction > 0 && opt.val_fraction < 1), "--val-fraction ",

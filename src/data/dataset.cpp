@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "data/csv.h"
+#include "data/images.h"
 #include "data/sources.h"
 
 namespace sat {
@@ -120,7 +121,7 @@ class TensorDataset : public Dataset {
 
 const char* kAcceptedForms =
     "expected one of: fashion-mnist, fashion-mnist:DIR, mnist:DIR, cifar10:DIR, csv:FILE, csv:TRAIN_FILE:VAL_FILE, "
-    "tokens:FILE (or GLOB, DIR), tokens:TRAIN_FILE:VAL_FILE, synthetic, synthetic:CxHxW";
+    "images:DIR, images:TRAIN_DIR:VAL_DIR, tokens:FILE (or GLOB, DIR), tokens:TRAIN_FILE:VAL_FILE, synthetic, synthetic:CxHxW";
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -203,8 +204,19 @@ DataSplit open_dataset(const std::string& spec, const DataOptions& opt) {
   const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   const bool has_arg = colon != std::string::npos;
 
-  SAT_CHECK(kind == "csv" || (opt.label.empty() && opt.val_fraction == 0), opt.label.empty() ? "--val-fraction"
-            : "--label", " applies to tables only (--data csv:FILE), not --data ", spec);
+  SAT_CHECK(kind == "csv" || opt.label.empty(), "--label applies to tables only (--data csv:FILE), not --data ", spec);
+  SAT_CHECK(kind == "csv" || kind == "images" || opt.val_fraction == 0, "--val-fraction applies to tables and image "
+            "folders only (--data csv:FILE, images:DIR), not --data ", spec);
+  SAT_CHECK(kind == "images" || ((opt.augment.empty() || opt.augment == "off") && !opt.skip_bad_images),
+            opt.skip_bad_images ? "--skip-bad-images" : "--augment", " applies to image folders only (--data images:DIR), "
+            "not --data ", spec);
+  if (kind == "images") {
+    require_images(spec, opt);
+    auto parts = split(rest, ':');
+    SAT_CHECK(has_arg && !parts[0].empty() && parts.size() <= 2 && (parts.size() == 1 || !parts[1].empty()),
+              "--data ", spec, ": expected images:DIR or images:TRAIN_DIR:VAL_DIR (folders of class folders)");
+    return open_images(parts[0], parts.size() == 2 ? parts[1] : "", opt);
+  }
   if (kind == "csv") {
     SAT_CHECK(!opt.model_takes_tokens, "--data ", spec, " gives rows of numeric features, but the model takes token "
               "sequences; expected --model mlp:FEATURES-...-CLASSES or a model file");

@@ -7,6 +7,7 @@
 //   kind      sample                    label                    num_classes()
 //   images    {C,H,W} f32               {}  int32 class index    classes (10)
 //   tables    {1,1,F} f32 (features)    {}  int32 class index    the labels' (csv.h)
+//   folders   {C,H,W} f32 (the model's) {}  int32 class index    the class folders' (images.h)
 //   tokens    {T} i32 (token ids)       {T} int32 next tokens    model vocabulary
 //
 // Real images are stored as uint8 (Fashion-MNIST train is 47 MB so) and converted on
@@ -50,11 +51,16 @@ class Dataset {
   // Host bytes one reading thread holds while it reads (a decoder's buffers, say), beyond
   // the sample it writes: the loader's plan counts this per worker (loader.h). Default 0.
   virtual size_t worker_scratch_bytes() const { return 0; }
-  // Tables (csv.h): class c's own label, for predict ({} for the others); and the schema a
-  // model trained on this data reads other data with (JSON), saved with its weights and
-  // checkpoints ("" for the others).
+  // Tables (csv.h) and image folders (images.h): class c's own name, for predict ({} for the
+  // others); and the schema a model trained on this data reads other data with (JSON), saved
+  // with its weights and checkpoints ("" for the others), and beside the run in --out as
+  // schema_file().
   virtual std::vector<std::string> class_names() const { return {}; }
   virtual std::string schema() const { return ""; }
+  virtual std::string schema_file() const { return "table.json"; }
+  virtual bool is_table() const { return false; }  // samples are a table's rows of features
+  // Image folders: sample i's file, relative to its folder, for predict ("" for the others).
+  virtual std::string sample_name(int64_t i) const { return (void)i, ""; }
 
   bool is_tokens() const { return sample_dtype() == DType::i32; }
   size_t sample_bytes() const { return size_t(sample_shape().numel()) * dtype_size(sample_dtype()); }
@@ -76,16 +82,23 @@ struct DataOptions {
   // channel (mean and std must have the same length, 1 or C). See parse_normalize.
   std::vector<float> mean, std;
 
-  uint64_t seed = 0;  // synthetic data (and a table's --val-fraction split) depend on this
+  uint64_t seed = 0;  // synthetic data, --val-fraction's split and --augment depend on this
 
-  // Tables (csv:, see csv.h). label: --label, the class column. val_fraction: --val-fraction,
-  // the share of the rows held out as the test split (0: none). table: the schema saved with
-  // the weights (eval and predict; "" in train: the training rows make it). labels_optional:
-  // predict reads tables without the label column too.
+  // Tables (csv:, see csv.h) and image folders (images:, images.h). label: --label, the class
+  // column. val_fraction: --val-fraction, the share of the rows (images) held out as the test
+  // split (0: none). table: the schema saved with the weights (eval and predict; "" in train:
+  // the training data makes it). labels_optional: predict reads tables without the label
+  // column and folders of images without class folders too. evaluating: eval and predict,
+  // where an image folder without a test split of its own is the test split whole.
   std::string label;
   double val_fraction = 0;
   std::string table;
   bool labels_optional = false;
+  bool evaluating = false;
+
+  // Image folders: --augment (off, standard, or crop,flip: images.h) and --skip-bad-images.
+  std::string augment;
+  bool skip_bad_images = false;
 };
 
 struct DataSplit {
@@ -118,6 +131,10 @@ struct DataSplit {
 //                              split, or --val-fraction's share of the rows (a seeded
 //                              shuffle's last ones); with opt.table (eval, predict) and
 //                              neither, the whole FILE is the test split.
+//   images:DIR[:VALDIR]        an image folder (images.h): DIR/CLASS/*.png|jpg|jpeg, decoded,
+//                              resized and centre-cropped to the model's [C, H, W]. The test
+//                              split: DIR/val beside DIR/train, else VALDIR, else
+//                              --val-fraction's share, else none (eval and predict: all of DIR).
 //   synthetic                  learnable generated data shaped like the model's input
 //   synthetic:CxHxW            synthetic images of another shape (image models only)
 // Throws sat::Error naming the file (or --data) and what was expected.

@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/dataset.h"
@@ -48,6 +49,11 @@ DataSplit open_tokens(const std::string& train_spec, const std::string& val_spec
 // and the data must end there. Returns the tokens' bytes.
 std::vector<uint8_t> read_gzip_token_shard(const std::string& path,
                                            const std::function<uint64_t(const int32_t* header)>& payload_bytes);
+// --val-fraction (tables, image folders): the last round(F x N) of a permutation seeded by
+// `seed` are the test split, the rest the training split, each in the original order. `what`
+// names the N things in the message when none would be left to train on ("rows of FILE").
+std::pair<std::vector<int64_t>, std::vector<int64_t>> hold_out(int64_t n, double fraction, uint64_t seed,
+                                                               const std::string& what);
 DataSplit open_synthetic_images(Shape chw, int64_t classes, const DataOptions& opt);
 DataSplit open_synthetic_tokens(const DataOptions& opt);
 

@@ -15,7 +15,7 @@ namespace sat {
 
 // The files a run writes in its --out directory.
 inline constexpr const char* kRunResultFiles[] = {"metrics.jsonl", "summary.json", "config.toml", "table.json",
-                                                  "tune.json",     "tune.html",    "report.html"};
+                                                  "images.json",   "tune.json",    "tune.html",   "report.html"};
 
 class RunDirectory {
  public:

@@ -30,19 +30,20 @@ DataOptions data_options_for(const ModelConfig& mc, uint64_t seed) {
 void fit_to_data(ModelConfig& mc, const Dataset& train) {
   if (mc.tokens) return;
   const Shape sample = train.sample_shape();
-  const bool table = !train.class_names().empty();  // its classes are its own (data/csv.h)
-  const std::string counts = str_cat(sample.numel(), " features and ", train.num_classes(), " classes");
+  const bool table = train.is_table(), named = !train.class_names().empty();  // classes of their own (csv.h, images.h)
+  const std::string counts = str_cat(sample.numel(), table ? " features and " : " values and ", train.num_classes(),
+                                     " classes"), data = table ? "the table (--data)" : "--data " + train.name();
   if (mc.family == ModelFamily::file) {  // the file fixes its input
     SAT_CHECK(sample == mc.image, "--data ", train.name(), " has samples of shape ", sample.str(), " but --model ",
               mc.name, " declares its input as ", mc.image.str());
-    SAT_CHECK(!table || mc.classes == train.num_classes(), "--model ", mc.name, " has ", mc.classes, " outputs, but the "
-              "table (--data) has ", counts, "; expected as many outputs as classes");
+    SAT_CHECK(!named || mc.classes == train.num_classes(), "--model ", mc.name, " has ", mc.classes, " outputs, but ",
+              data, " has ", counts, "; expected as many outputs as classes");
     return;
   }
   ModelConfig want = mc;  // the mlp that would fit, for the messages
   if (table && want.family != ModelFamily::mlp) want = model_config("mlp");
   want.mlp_widths.front() = sample.numel();
-  if (table) want.mlp_widths.back() = want.classes = train.num_classes();
+  if (named) want.mlp_widths.back() = want.classes = train.num_classes();
   if (mc.family != ModelFamily::mlp) {
     SAT_CHECK(!table, "--model ", mc.name, " takes images, but the table (--data) has rows of ", counts,
               ": use --model ", model_spec(want), " (mlp:FEATURES-HIDDEN...-CLASSES) or a model file");
@@ -50,9 +51,9 @@ void fit_to_data(ModelConfig& mc, const Dataset& train) {
     mc.classes = train.num_classes();
     return;
   }
-  SAT_CHECK(!table || (sample.numel() == mc.mlp_widths.front() && mc.classes == train.num_classes()), "--model ",
-            mc.name, " takes ", mc.mlp_widths.front(), " inputs and has ", mc.classes, " outputs, but the table "
-            "(--data) has ", counts, ": use --model ", model_spec(want), " (mlp:FEATURES-HIDDEN...-CLASSES)");
+  SAT_CHECK(!named || (sample.numel() == mc.mlp_widths.front() && mc.classes == train.num_classes()), "--model ",
+            mc.name, " takes ", mc.mlp_widths.front(), " inputs and has ", mc.classes, " outputs, but ", data, " has ",
+            counts, ": use --model ", model_spec(want), " (mlp:FEATURES-HIDDEN...-CLASSES)");
   SAT_CHECK(sample.numel() == mc.mlp_widths.front(), "--model ", mc.name, " takes inputs of ", mc.mlp_widths.front(),
             " values, but --data ", train.name(), " has samples of shape ", sample.str(), " (", sample.numel(),
             " values): use --model ", model_spec(want));
@@ -87,9 +88,7 @@ const RankPlan& Trainer::rank_plan() const { return *rt_->plan; }
 const JobPlan& Trainer::job_plan() const { return *rt_->job; }
 const dist::Mesh& Trainer::mesh() const { return *rt_->mesh; }
 
-std::string Trainer::profile_table(double gemm_peak) const {
-  return profile_ ? profile_->profiler().table(gemm_peak) : "";
-}
+std::string Trainer::profile_table(double gemm_peak) const { return profile_ ? profile_->profiler().table(gemm_peak) : ""; }
 
 std::vector<std::string> Trainer::trace_files() const {
   return profile_ ? profile_->profiler().files() : std::vector<std::string>{};
