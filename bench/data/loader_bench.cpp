@@ -9,7 +9,7 @@
 // runs it beside PyTorch's DataLoader (bench/data/README.md).
 //
 //   build/loader_bench --data fashion-mnist [--model convnet] [--batch 64] [--batches 200]
-//                      [--workers 0,1,2] [--prefetch 2] [--split train|test] [--normalize M,S]
+//                      [--workers 0,1,2] [--prefetch 2] [--split train|test] [--normalize M,S] [--augment A] [--size S]
 //                      [--warmup 5] [--repeat 3] [--rows-per-claim N] [--json]
 // --rows-per-claim: the rows a worker claims at once (0: the loader's choice, a batch split
 // into about 2W pieces; the batch size: whole batches).
@@ -31,7 +31,8 @@
 namespace {
 
 struct Options {
-  std::string data = "synthetic", model = "convnet", split = "train", normalize;
+  std::string data = "synthetic", model = "convnet", split = "train", normalize, augment;
+  int64_t size = 0;  // image folders: the side of the square the images become (0: the model's input)
   int64_t batch = 64, batches = 200, warmup = 5;
   std::vector<int> workers{0, 1, 2};
   int prefetch = 2, repeat = 3;
@@ -61,6 +62,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--model") o.model = value();
     else if (a == "--split") o.split = value();
     else if (a == "--normalize") o.normalize = value();
+    else if (a == "--augment") o.augment = value();
+    else if (a == "--size") o.size = std::atoll(value().c_str());
     else if (a == "--batch") o.batch = std::atoll(value().c_str());
     else if (a == "--batches") o.batches = std::atoll(value().c_str());
     else if (a == "--warmup") o.warmup = std::atoll(value().c_str());
@@ -101,6 +104,8 @@ int run(const Options& o) {
   sat::ModelConfig mc = sat::cli::model_for(o.model, 0, 0);
   sat::DataOptions dopt = sat::data_options_for(mc, 0);
   if (!o.normalize.empty()) sat::parse_normalize(o.normalize, dopt);
+  dopt.augment = o.augment;  // image folders: off | standard | crop,flip (training's get_train)
+  if (o.size > 0) dopt.image_shape = sat::Shape{dopt.image_shape[0], o.size, o.size};
   const sat::DataSplit data = sat::open_dataset(o.data, dopt);
   const sat::Dataset* ds = o.split == "train" ? data.train.get() : data.test.get();
   SAT_CHECK(ds, "--split test: ", o.data, " has no test split");
