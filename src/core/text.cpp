@@ -49,6 +49,14 @@ std::string html_escape(const std::string& s) {
   return o;
 }
 
+std::string names_list(const std::vector<std::string>& names) {
+  std::string s;
+  const size_t shown = names.size() <= 12 ? names.size() : 10;
+  for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
+  if (shown < names.size()) s += ", ... (" + std::to_string(names.size()) + " in all)";
+  return s;
+}
+
 std::string choice_list(std::initializer_list<std::string_view> names) {
   std::string s;
   size_t i = 0;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
@@ -37,6 +38,9 @@ struct Named {
 
 // "a, b or c": the names, for messages.
 std::string choice_list(std::initializer_list<std::string_view> names);
+// A list of names for a message: "a, b, c" up to 12 of them, else the first 10 and
+// ", ... (N in all)".
+std::string names_list(const std::vector<std::string>& names);
 template <class T, size_t N>
 std::string choice_list(const Named<T> (&table)[N]) {
   std::string s;

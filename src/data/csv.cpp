@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/io.h"
+#include "core/text.h"
 #include "data/gz_open.h"
 #include "data/sources.h"
 #include "core/rng.h"
@@ -137,15 +138,6 @@ std::string TableSchema::to_json() const {
 
 namespace {
 
-// The names of a list for a message: all of them up to 12, else the first 10 and a count.
-std::string list_of(const std::vector<std::string>& names) {
-  std::string s;
-  const size_t shown = names.size() <= 12 ? names.size() : 10;
-  for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
-  if (shown < names.size()) s += str_cat(", ... (", names.size(), " in all)");
-  return s;
-}
-
 template <typename T>
 std::vector<T> json_list(const nlohmann::json& j, const char* key, const std::string& where) {
   SAT_CHECK(j.contains(key) && j[key].is_array(), where, ": the table description has no list '", key, "'");
@@ -232,14 +224,14 @@ std::vector<std::string> read_header(CsvReader& r) {
 // Training: the --label column, and every other column a feature.
 Columns training_columns(const std::vector<std::string>& header, const std::string& label, const std::string& path) {
   SAT_CHECK(!label.empty(), "--data csv:", path, " needs --label NAME, the column of class labels (its columns: ",
-            list_of(header), ")");
+            names_list(header), ")");
   Columns c{header, std::vector<int>(header.size(), -1), -1};
   int f = 0;
   for (size_t i = 0; i < header.size(); ++i) {
     if (header[i] == label) c.label = int(i);
     else c.feature_of[i] = f++;
   }
-  SAT_CHECK(c.label >= 0, "--label ", label, ": ", path, " has no column '", label, "'; its columns: ", list_of(header));
+  SAT_CHECK(c.label >= 0, "--label ", label, ": ", path, " has no column '", label, "'; its columns: ", names_list(header));
   SAT_CHECK(f > 0, path, ": has no column but the label '", label, "'; expected numeric feature columns beside it");
   return c;
 }
@@ -259,16 +251,16 @@ Columns schema_columns(const std::vector<std::string>& header, const TableSchema
     }
     const auto it = feature.find(header[i]);
     SAT_CHECK(it != feature.end(), path, ": column '", header[i], "' is not one of the training data's; expected its ",
-              "features ", list_of(s.features), " and its label ", s.label);
+              "features ", names_list(s.features), " and its label ", s.label);
     c.feature_of[i] = it->second;
     found[size_t(it->second)] = true;
   }
   for (size_t f = 0; f < found.size(); ++f)
     SAT_CHECK(found[f], path, ": has no column '", s.features[f], "', a feature of the training data; expected the "
-              "features ", list_of(s.features), labels_optional ? " (and optionally the label " : " and the label ",
+              "features ", names_list(s.features), labels_optional ? " (and optionally the label " : " and the label ",
               s.label, labels_optional ? ")" : "");
   SAT_CHECK(c.label >= 0 || labels_optional, "--label ", s.label, ": ", path, " has no column '", s.label,
-            "'; its columns: ", list_of(header));
+            "'; its columns: ", names_list(header));
   return c;
 }
 
@@ -313,7 +305,7 @@ int32_t label_value(const CsvReader& r, const std::string& text, const std::stri
   const std::string key = m.schema->integer_labels && parse_integer(text, v) ? std::to_string(v) : text;
   const auto it = m.index.find(key);
   SAT_CHECK(it != m.index.end(), r.path(), ":", r.line(), ": label '", text, "' (column '", column, "') is not one of ",
-            "the ", m.schema->classes.size(), " classes of the training data (", list_of(m.schema->classes), ")");
+            "the ", m.schema->classes.size(), " classes of the training data (", names_list(m.schema->classes), ")");
   return it->second;
 }
 
@@ -462,7 +454,7 @@ DataSplit make_split(TableSplit t, const std::shared_ptr<const TableSchema>& s, 
   d.description = str_cat("csv (", file, "): ", d.train->size(), " train rows, ",
                           d.test ? str_cat(d.test->size(), " test rows (", t.how, ")") : std::string("no test split"),
                           ", ", s->features.size(), " features, ", s->classes.size(), " classes (",
-                          list_of(s->classes), "), ", scaling);
+                          names_list(s->classes), "), ", scaling);
   return d;
 }
 

@@ -1,6 +1,7 @@
 // open_dataset (spec parsing), --normalize, pixel conversion and in-memory datasets.
 #include "data/dataset.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -164,6 +165,30 @@ void require_tokens(const std::string& spec, const DataOptions& opt) {
 }
 
 }  // namespace
+
+namespace {
+class Prefix final : public Dataset {
+ public:
+  Prefix(const Dataset& d, int64_t n) : d_(d), n_(std::min(n, d.size())) {}
+  int64_t size() const override { return n_; }
+  Shape sample_shape() const override { return d_.sample_shape(); }
+  DType sample_dtype() const override { return d_.sample_dtype(); }
+  Shape label_shape() const override { return d_.label_shape(); }
+  int64_t num_classes() const override { return d_.num_classes(); }
+  void get(int64_t i, void* x, int32_t* y) const override { d_.get(i, x, y); }
+  void get_train(int64_t i, int64_t epoch, void* x, int32_t* y) const override { d_.get_train(i, epoch, x, y); }
+  std::string name() const override { return d_.name(); }
+  std::string scaling() const override { return d_.scaling(); }
+  size_t worker_scratch_bytes() const override { return d_.worker_scratch_bytes(); }
+  std::vector<std::string> class_names() const override { return d_.class_names(); }
+
+ private:
+  const Dataset& d_;
+  int64_t n_;
+};
+}  // namespace
+
+std::unique_ptr<Dataset> make_prefix(const Dataset& d, int64_t n) { return std::make_unique<Prefix>(d, n); }
 
 std::unique_ptr<Dataset> make_tensor_dataset(Shape sample_shape, std::vector<float> samples,
                                              std::vector<int32_t> labels, Shape label_shape,

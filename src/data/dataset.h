@@ -151,6 +151,11 @@ inline DataSplit synthetic_shapes(const DataOptions& opt) { return synthetic_sha
 // "0.4914,0.4822,0.4465,0.2470,0.2435,0.2616"). Fills opt.mean/opt.std.
 void parse_normalize(const std::string& text, DataOptions& opt);
 
+// The first n samples of d (all of them when n >= d.size()), read through d, which must
+// outlive it: an evaluation of part of a split (--eval-batches, the tuner's probes), the
+// same samples whatever the layout.
+std::unique_ptr<Dataset> make_prefix(const Dataset& d, int64_t n);
+
 // Deterministic in-memory datasets (tests, parity runs). N = labels.size() /
 // label_shape.numel(); samples.size() must be N * sample_shape.numel().
 // Float samples: an image-like dataset (values returned as given, no scaling);

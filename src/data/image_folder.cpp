@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/text.h"
 #include "data/images.h"
 #include "data/sources.h"
 
@@ -21,15 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kAugmentStream = 0x6175676d656e74ull;  // "augment"
-
-// The names of a list for a message: all of them up to 12, else the first 10 and a count.
-std::string list_of(const std::vector<std::string>& names) {
-  std::string s;
-  const size_t shown = names.size() <= 12 ? names.size() : 10;
-  for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
-  if (shown < names.size()) s += str_cat(", ... (", names.size(), " in all)");
-  return s;
-}
 
 // ---------------------------------------------------------------- the schema
 
@@ -167,7 +159,7 @@ Files scan_folder(const std::string& dir, std::vector<std::string>& classes, boo
   for (const std::string& name : found) {
     const auto it = index.find(name);
     SAT_CHECK(it != index.end(), dir, "/", name, ": class '", name, "' is not one of the ", classes.size(),
-              " classes of the training data (", list_of(classes), ")");
+              " classes of the training data (", names_list(classes), ")");
     const size_t before = f.paths.size();
     walk(dir + "/" + name, it->second, f);
     SAT_CHECK(f.paths.size() > before, dir, "/", name, ": an empty class folder (no .jpg, .jpeg or .png images in it "
@@ -338,7 +330,7 @@ std::string describe(const std::string& dir, const DataSplit& d, bool test_only,
   if (!test_only) t += str_cat(d.train->size(), " train", d.test ? " / " : " images (no test split), ");
   if (d.test) t += str_cat(d.test->size(), " test (", how, ") images, ");
   t += str_cat(classes.empty() ? str_cat("no class folders (", s.classes, " classes)")
-                                           : str_cat(classes.size(), " classes (", list_of(classes), ")"),
+                                           : str_cat(classes.size(), " classes (", names_list(classes), ")"),
                ", resized and centre-cropped to ", s.chw.str(), ", ", s.scaling);
   if (s.augment.any())
     t += str_cat(", --augment ", s.augment.crop ? "crop" : "", s.augment.crop && s.augment.flip ? "," : "",
@@ -385,7 +377,7 @@ DataSplit open_images(const std::string& dir_in, const std::string& val_in, cons
   std::shared_ptr<Files> test = test_dir.empty() ? nullptr : scan(test_dir);
   if (test_only) train = test;
   SAT_CHECK(!opt.table.empty() || opt.evaluating || classes.size() >= 2, train_dir, ": ", classes.size(),
-            " class folder (", list_of(classes), "); expected at least 2 classes");
+            " class folder (", names_list(classes), "); expected at least 2 classes");
   BadFiles bad;
   check_files(*train, bad);
   if (test && test != train) check_files(*test, bad);

@@ -54,31 +54,13 @@ bool validates_prefix(const TrainConfig& cfg, const Dataset& test) {
 
 namespace {
 
-// The first n samples of a dataset: --eval-batches' share of the test split, the same
-// samples whatever the layout (the data-parallel ranks split them as they split the whole).
-class Prefix final : public Dataset {
- public:
-  Prefix(const Dataset& d, int64_t n) : d_(d), n_(std::min(n, d.size())) {}
-  int64_t size() const override { return n_; }
-  Shape sample_shape() const override { return d_.sample_shape(); }
-  DType sample_dtype() const override { return d_.sample_dtype(); }
-  Shape label_shape() const override { return d_.label_shape(); }
-  int64_t num_classes() const override { return d_.num_classes(); }
-  void get(int64_t i, void* x, int32_t* y) const override { d_.get(i, x, y); }
-  std::string name() const override { return d_.name(); }
-
- private:
-  const Dataset& d_;
-  int64_t n_;
-};
-
 class Validation final : public RunObserver {
  public:
   Validation(RankRuntime& rt, Checkpointer& checkpoints, RunState& run) : rt_(rt), checkpoints_(checkpoints) {
     const TrainConfig& cfg = rt.cfg;
     check_validation(cfg, rt.test, run.total);
     if (validates_prefix(cfg, *rt.test)) {
-      prefix_ = std::make_unique<Prefix>(*rt.test, cfg.eval_batches * cfg.batch);
+      prefix_ = make_prefix(*rt.test, cfg.eval_batches * cfg.batch);
       if (rt.test_loader)  // built as the runtime builds its test loader
         loader_ = std::make_unique<BatchLoader>(*prefix_, cfg.batch, false, cfg.seed, false,
                                                 Sharding{rt.mesh->dp_rank(), rt.mesh->dp()}, loader_options(cfg));
@@ -149,7 +131,7 @@ class Validation final : public RunObserver {
 
   RankRuntime& rt_;
   Checkpointer& checkpoints_;
-  std::unique_ptr<Prefix> prefix_;
+  std::unique_ptr<Dataset> prefix_;
   std::unique_ptr<BatchLoader> loader_;
 };
 

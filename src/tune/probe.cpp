@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "data/dataset.h"
 #include "dist/comm.h"
 #include "train/trainer.h"
 
@@ -39,23 +40,6 @@ double median_seconds(std::vector<double> s) {
 
 namespace {
 
-// The first n samples of a dataset.
-class Prefix : public Dataset {
- public:
-  Prefix(const Dataset& d, int64_t n) : d_(d), n_(std::min(n, d.size())) {}
-  int64_t size() const override { return n_; }
-  Shape sample_shape() const override { return d_.sample_shape(); }
-  DType sample_dtype() const override { return d_.sample_dtype(); }
-  Shape label_shape() const override { return d_.label_shape(); }
-  int64_t num_classes() const override { return d_.num_classes(); }
-  void get(int64_t i, void* x, int32_t* y) const override { d_.get(i, x, y); }
-  std::string name() const override { return d_.name(); }
-
- private:
-  const Dataset& d_;
-  int64_t n_;
-};
-
 // The job's figures: the slowest median, the largest peak and plan.
 void agree_on_job(const TrainConfig& c, TimedRun& t) {
   double v[3] = {t.median_step_seconds, double(t.peak_bytes), double(t.planned_bytes)};
@@ -71,10 +55,10 @@ TimedRun timed_run(const ModelConfig& mc, const TrainConfig& c_in, const Dataset
   TimedRun t;
   TrainConfig c = c_in;
   const int world = c.comm ? c.comm->size() : 1, dp = c.dp_of(world);
-  const Prefix one_batch(test ? *test : train, c.batch * dp);
+  const std::unique_ptr<Dataset> one_batch = make_prefix(test ? *test : train, c.batch * dp);
   c.evaluate = test != nullptr;
   try {
-    Trainer trainer(mc, c, train, test ? &one_batch : nullptr);
+    Trainer trainer(mc, c, train, test ? one_batch.get() : nullptr);
     TrainResult r = trainer.run([&](const StepMetrics& m) {
       if (m.step > c.warmup_excluded) t.step_seconds.push_back(m.seconds);
     });
