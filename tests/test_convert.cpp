@@ -1,9 +1,10 @@
 // `saturate convert`: Hugging Face checkpoints into saturate's weights. The checkpoints in
 // tests/hf (a GPT-2 with Conv1D weights, mask buffers and no `transformer.` prefix; a BF16
 // Llama with tied embeddings and inv_freq buffers) and PyTorch's loss on tests/hf/tokens
-// (tests/golden/hf_*.json) are written by scripts/make-hf-checkpoints; converted, the
-// weights give PyTorch's loss under `saturate eval` within 1e-5 (relative). Every bad input
-// is one line naming the file, tensor or key, exit status 2, and nothing written.
+// (tests/golden/hf_*.json) are written by scripts/make-hf-checkpoints. Converted (also from
+// prefixed names, without config.json, from shards), the weights give PyTorch's loss under
+// `saturate eval` within 1e-5 (relative). Every bad input is one line naming the file,
+// tensor or key, exit status 2, and nothing written.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -88,7 +89,8 @@ void write_raw(const fs::path& p, const RawTensors& ts) {
   const uint64_t n = h.size();
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(h.data(), std::streamsize(h.size()));
-  for (const auto& [name, t] : ts) f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  for (const auto& [name, t] : ts)
+    f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
 }
 
 // The checkpoint's model.safetensors changed by `edit`.
@@ -309,12 +311,29 @@ TEST(Convert, NothingSavedIsLostOnARefusal) {
   fs::remove_all(dir);
 }
 
-TEST(Convert, ShardedCheckpointIsRefused) {
+// save_pretrained's shards: model.safetensors.index.json names the file of each tensor.
+TEST(Convert, ShardedCheckpoint) {
   const fs::path dir = temp_dir("sharded");
-  const fs::path ckpt = dir / "ckpt", out = dir / "w.safetensors";
-  fs::create_directories(ckpt);
+  const fs::path ckpt = copy_checkpoint("llama", dir);
+  RawTensors all = read_raw(ckpt / "model.safetensors"), first, second;
+  json map = json::object();
+  for (auto& [name, t] : all) {
+    const bool one = name.find("layers.1.") == std::string::npos;
+    (one ? first : second)[name] = t;
+    map[name] = one ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  fs::remove(ckpt / "model.safetensors");
+  write_raw(ckpt / "model-00001-of-00002.safetensors", first);
+  write_raw(ckpt / "model-00002-of-00002.safetensors", second);
+  std::ofstream(ckpt / "model.safetensors.index.json") << json{{"metadata", json::object()}, {"weight_map", map}};
+  expect_golden_loss("llama", ckpt, dir);
+  // A tensor in two shards, and an index that is not one.
+  write_raw(ckpt / "model-00002-of-00002.safetensors", all);
+  const fs::path out = dir / "w2.safetensors";
+  expect_refused(convert("--from llama " + ckpt.string() + " --out " + out.string()),
+                 "model-00002-of-00002.safetensors: tensor 'model.embed_tokens.weight' is in", out);
   std::ofstream(ckpt / "model.safetensors.index.json") << "{}";
   expect_refused(convert("--from llama " + ckpt.string() + " --out " + out.string()),
-                 "model.safetensors.index.json: a checkpoint sharded", out);
+                 "model.safetensors.index.json: expected a JSON object with a weight_map", out);
   fs::remove_all(dir);
 }

@@ -18,8 +18,8 @@ CLI::App* add_convert_command(CLI::App& app, ConvertArgs& a) {
                                "weights, with the --model they fit");
   c->add_option("--from", a.from, "gpt2 | llama: the checkpoint's family (GPT2LMHeadModel, LlamaForCausalLM)")
       ->required();
-  c->add_option("IN", a.input, "a model.safetensors file, or the checkpoint's directory (model.safetensors and "
-                "config.json)")->required();
+  c->add_option("IN", a.input, "a model.safetensors file (or a sharded checkpoint's index), or the checkpoint's "
+                "directory (model.safetensors and config.json)")->required();
   c->add_option("--out", a.out, "the weights written (default: NAME.safetensors here, NAME the checkpoint's "
                 "directory)");
   c->add_option("--heads", a.heads, "without config.json: the attention heads (the shapes do not give them)");

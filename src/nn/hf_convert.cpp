@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -27,6 +28,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 // ---- the input files ----------------------------------------------------------------------
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
 
 [[noreturn]] void fail_pickle(const std::string& path) {
   fail(path, " is a PyTorch pickle (torch.save), not safetensors: re-save it with python3 -c \"import torch; "
@@ -53,27 +59,72 @@ Located locate(const std::string& in) {
   Located l;
   const fs::path p(in);
   if (fs::is_directory(p)) {
-    const fs::path st = p / "model.safetensors";
-    if (!fs::exists(st)) {
-      SAT_CHECK(!fs::exists(p / "model.safetensors.index.json"), (p / "model.safetensors.index.json").string(),
-                ": a checkpoint sharded into several safetensors files, which saturate convert does not read yet; "
-                "expected one model.safetensors (save_pretrained(DIR, max_shard_size='100GB') writes one)");
-      for (const char* pickle : {"pytorch_model.bin", "model.pt", "model.bin"})
+    for (const char* name : {"model.safetensors", "model.safetensors.index.json"})
+      if (l.weights.empty() && fs::exists(p / name)) l.weights = (p / name).string();
+    if (l.weights.empty()) {
+      for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin"})
         if (fs::exists(p / pickle)) fail_pickle((p / pickle).string());
       fail(in, ": no model.safetensors in this directory (expected a Hugging Face checkpoint: model.safetensors "
            "and config.json)");
     }
-    l.weights = st.string();
   } else {
     l.weights = in;
   }
   const std::string ext = fs::path(l.weights).extension().string();
-  if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".ckpt" || looks_like_pickle(l.weights))
+  const bool index = ends_with(l.weights, ".safetensors.index.json");
+  if (!index && (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".ckpt" || looks_like_pickle(l.weights)))
     fail_pickle(l.weights);
   const fs::path config = fs::path(l.weights).parent_path() / "config.json";
   if (fs::is_regular_file(config)) l.config = config.string();
   return l;
 }
+
+// The checkpoint's tensors: one safetensors file's, or those of the shards that
+// model.safetensors.index.json's weight_map names (each name in one shard only).
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& path) : path_(path) {
+    if (!ends_with(path, ".safetensors.index.json")) {
+      add(path);
+      return;
+    }
+    const json j = json::parse(read_input_file("saturate convert", path, uint64_t(1) << 28), nullptr, false);
+    SAT_CHECK(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(), path, ": expected a JSON "
+              "object with a weight_map of tensor names to safetensors files");
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      SAT_CHECK(file.is_string(), path, ": weight_map's '", name, "' is ", file.dump(), ", expected a file name");
+      shards.insert(file.get<std::string>());
+    }
+    for (const std::string& s : shards) add((fs::path(path).parent_path() / s).string());
+  }
+  const std::string& path() const { return path_; }  // the file, or the index
+  const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
+  const SafetensorsTensor* find(const std::string& name) const {
+    auto it = index_.find(name);
+    return it == index_.end() ? nullptr : &tensors_[it->second];
+  }
+  const std::string& path_of(const SafetensorsTensor& t) const { return file_of(t).path(); }
+  void read(const SafetensorsTensor& t, void* dst) const { file_of(t).read(t, dst); }
+
+ private:
+  void add(const std::string& file) {
+    files_.push_back(std::make_unique<SafetensorsFile>(file));
+    for (const SafetensorsTensor& t : files_.back()->tensors()) {
+      SAT_CHECK(!index_.count(t.name), file, ": tensor '", t.name, "' is in ", path_of(tensors_[index_.at(t.name)]),
+                " too; expected each tensor in one file");
+      index_[t.name] = tensors_.size();
+      tensors_.push_back(t);
+      file_.push_back(files_.size() - 1);
+    }
+  }
+  SafetensorsFile& file_of(const SafetensorsTensor& t) const { return *files_[file_[size_t(&t - tensors_.data())]]; }
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<SafetensorsTensor> tensors_;
+  std::vector<size_t> file_;  // per tensor: its file
+  std::map<std::string, size_t> index_;
+};
 
 // ---- config.json --------------------------------------------------------------------------
 
@@ -143,9 +194,9 @@ float f16_to_f32(uint16_t h) {
 }
 
 // A floating tensor's values as float32.
-std::vector<float> read_floats(SafetensorsFile& f, const SafetensorsTensor& t) {
+std::vector<float> read_floats(const Checkpoint& f, const SafetensorsTensor& t) {
   const std::string& d = t.dtype;
-  SAT_CHECK(d == "F32" || d == "F16" || d == "BF16" || d == "F64", f.path(), ": tensor '", t.name, "' has dtype ",
+  SAT_CHECK(d == "F32" || d == "F16" || d == "BF16" || d == "F64", f.path_of(t), ": tensor '", t.name, "' has dtype ",
             d, ", expected a floating-point one (F32, F16, BF16 or F64)");
   std::vector<uint8_t> raw(t.end - t.begin);
   f.read(t, raw.data());
@@ -199,25 +250,25 @@ Expected expected_params(const std::string& spec, const std::string& source) {
 
 // Fills a conversion's tensors from the file's, checking each against the model.
 struct Filler {
-  SafetensorsFile& file;
+  Checkpoint& file;
   const Expected& want;
   HfConversion& out;
   std::vector<bool> seen;
 
-  Filler(SafetensorsFile& f, const Expected& e, HfConversion& o) : file(f), want(e), out(o), seen(e.params.size()) {
+  Filler(Checkpoint& f, const Expected& e, HfConversion& o) : file(f), want(e), out(o), seen(e.params.size()) {
     out.spec = e.spec;
     out.tensors.resize(e.params.size());
   }
   // The file's tensor t as saturate's `name`, transposed ([in, out] into [out, in]) when asked.
   void take(const SafetensorsTensor& t, const std::string& name, bool transpose) {
     auto it = want.index.find(name);
-    SAT_CHECK(it != want.index.end(), file.path(), ": unexpected tensor '", t.name, "' (", want.spec,
+    SAT_CHECK(it != want.index.end(), file.path_of(t), ": unexpected tensor '", t.name, "' (", want.spec,
               " has no parameter ", name, ")");
     const std::vector<int64_t>& shape = want.params[it->second].second;
     std::vector<int64_t> stored = shape;
     if (transpose) std::reverse(stored.begin(), stored.end());
-    SAT_CHECK(t.shape == stored, file.path(), ": tensor '", t.name, "' has shape ", shape_text(t.shape), ", expected ",
-              shape_text(stored), transpose ? " (Conv1D's [in, out])" : "", " for ", want.spec);
+    SAT_CHECK(t.shape == stored, file.path_of(t), ": tensor '", t.name, "' has shape ", shape_text(t.shape),
+              ", expected ", shape_text(stored), transpose ? " (Conv1D's [in, out])" : "", " for ", want.spec);
     std::vector<float> v = read_floats(file, t);
     if (transpose) {
       const int64_t rows = stored[0], cols = stored[1];
@@ -245,11 +296,6 @@ struct Filler {
   }
 };
 
-bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
-
 // The number after `prefix` in a tensor name ("h.11.attn..." -> 11), or -1.
 int64_t layer_of(const std::string& name, const std::string& prefix) {
   if (!starts_with(name, prefix)) return -1;
@@ -258,14 +304,14 @@ int64_t layer_of(const std::string& name, const std::string& prefix) {
   return j > i && j < name.size() && name[j] == '.' ? std::stoll(name.substr(i, j - i)) : -1;
 }
 
-int64_t count_layers(const SafetensorsFile& f, const std::string& prefix) {
+int64_t count_layers(const Checkpoint& f, const std::string& prefix) {
   int64_t n = 0;
   for (const SafetensorsTensor& t : f.tensors()) n = std::max(n, layer_of(t.name, prefix) + 1);
   return n;
 }
 
 // The shape of a tensor the shapes are read from when there is no config.json.
-const std::vector<int64_t>& shape_of(const SafetensorsFile& f, const std::string& name, size_t dims) {
+const std::vector<int64_t>& shape_of(const Checkpoint& f, const std::string& name, size_t dims) {
   const SafetensorsTensor* t = f.find(name);
   SAT_CHECK(t, f.path(), ": tensor '", name, "' is missing (no config.json beside it, so the model's sizes are read "
             "from the tensors' shapes)");
@@ -274,7 +320,7 @@ const std::vector<int64_t>& shape_of(const SafetensorsFile& f, const std::string
   return t->shape;
 }
 
-int64_t heads_option(const HfConvertOptions& o, const SafetensorsFile& f, const Config& cfg, const char* key) {
+int64_t heads_option(const HfConvertOptions& o, const Checkpoint& f, const Config& cfg, const char* key) {
   if (!cfg.path.empty()) {
     const int64_t h = cfg.integer(key);
     SAT_CHECK(o.heads == 0 || o.heads == h, "--heads ", o.heads, ": ", cfg.path, " says ", key, " = ", h);
@@ -288,7 +334,7 @@ int64_t heads_option(const HfConvertOptions& o, const SafetensorsFile& f, const 
 // ---- GPT-2 --------------------------------------------------------------------------------
 
 // The gpt spec of config.json (or of the shapes), refusing what saturate's gpt cannot express.
-std::string gpt2_spec(const SafetensorsFile& f, const Config& cfg, const HfConvertOptions& o, const std::string& pre) {
+std::string gpt2_spec(const Checkpoint& f, const Config& cfg, const HfConvertOptions& o, const std::string& pre) {
   const int64_t heads = heads_option(o, f, cfg, "n_head");
   if (cfg.path.empty()) {
     const auto& wte = shape_of(f, pre + "wte.weight", 2);
@@ -325,7 +371,7 @@ bool gpt2_conv1d(const std::string& rest) {  // rest: without the prefix
   return false;
 }
 
-void convert_gpt2(SafetensorsFile& f, const Config& cfg, const HfConvertOptions& o, HfConversion& out) {
+void convert_gpt2(Checkpoint& f, const Config& cfg, const HfConvertOptions& o, HfConversion& out) {
   // GPT2LMHeadModel's files carry `transformer.`; GPT2Model's (the hub's gpt2) do not.
   const bool prefixed = f.find("transformer.wte.weight") != nullptr;
   const std::string pre = prefixed ? "transformer." : "";
@@ -338,15 +384,15 @@ void convert_gpt2(SafetensorsFile& f, const Config& cfg, const HfConvertOptions&
       lm_head = &t;
       continue;
     }
-    SAT_CHECK(starts_with(t.name, pre), f.path(), ": unexpected tensor '", t.name, "' (its other tensors' names begin "
-              "with 'transformer.')");
+    SAT_CHECK(starts_with(t.name, pre), f.path_of(t), ": unexpected tensor '", t.name, "' (its other tensors' "
+              "names begin with 'transformer.')");
     const std::string rest = t.name.substr(pre.size());
     if (layer_of(rest, "h.") >= 0 && (ends_with(rest, ".attn.bias") || ends_with(rest, ".attn.masked_bias"))) {
       ++masks;
       continue;
     }
     const bool tr = gpt2_conv1d(rest);
-    SAT_CHECK(!tr || t.shape.size() == 2, f.path(), ": tensor '", t.name, "' has shape ", shape_text(t.shape),
+    SAT_CHECK(!tr || t.shape.size() == 2, f.path_of(t), ": tensor '", t.name, "' has shape ", shape_text(t.shape),
               ", expected Conv1D's 2 dimensions [in, out]");
     fill.take(t, "transformer." + rest, tr);
     conv1d += tr;
@@ -387,7 +433,7 @@ void check_llama_config(const Config& cfg, int64_t C, int64_t heads) {
               "hidden_size / num_attention_heads = ", C / heads, " channels"));
 }
 
-std::string llama_spec(const SafetensorsFile& f, const Config& cfg, const HfConvertOptions& o, bool& tie) {
+std::string llama_spec(const Checkpoint& f, const Config& cfg, const HfConvertOptions& o, bool& tie) {
   const int64_t heads = heads_option(o, f, cfg, "num_attention_heads");
   if (cfg.path.empty()) {
     SAT_CHECK(o.context > 0, f.path(), ": no config.json beside it, and the tensors do not give the context "
@@ -408,7 +454,7 @@ std::string llama_spec(const SafetensorsFile& f, const Config& cfg, const HfConv
                  ",context=", cfg.integer("max_position_embeddings"), ",vocab=", cfg.integer("vocab_size"));
 }
 
-void convert_llama(SafetensorsFile& f, const Config& cfg, const HfConvertOptions& o, HfConversion& out) {
+void convert_llama(Checkpoint& f, const Config& cfg, const HfConvertOptions& o, HfConversion& out) {
   bool tie = false;
   const Expected want = expected_params(llama_spec(f, cfg, o, tie), cfg.path.empty() ? f.path() : cfg.path);
   Filler fill(f, want, out);
@@ -459,7 +505,7 @@ HfConversion convert_hf_checkpoint(const HfConvertOptions& o) {
   out.weights_file = in.weights;
   out.config_file = in.config;
   const Config cfg = read_config(in.config);
-  SafetensorsFile f(in.weights);
+  Checkpoint f(in.weights);
   if (o.from == "gpt2") convert_gpt2(f, cfg, o, out);
   else convert_llama(f, cfg, o, out);
   return out;

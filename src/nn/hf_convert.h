@@ -20,6 +20,7 @@
 //          rms_norm_eps other than 1e-5, rope_theta other than 10000, rope_scaling,
 //          hidden_act other than silu, attention or MLP biases, head_dim other than
 //          hidden_size / heads.
+// The weights: one model.safetensors, or the shards model.safetensors.index.json names.
 // Without config.json the shapes give layers, width, vocabulary, the MLP width and GPT-2's
 // context; the heads (and Llama's context) come from the options. Tensors may be F32, F16,
 // BF16 or F64; the weights written are float32. Every problem is a sat::Error naming the file
@@ -34,7 +35,7 @@ namespace sat {
 
 struct HfConvertOptions {
   std::string from;      // "gpt2" | "llama"
-  std::string input;     // a safetensors file, or a directory holding model.safetensors (and config.json)
+  std::string input;     // a safetensors file (or index), or a directory holding them (and config.json)
   int64_t heads = 0;     // without config.json: the attention heads (0: not given)
   int64_t context = 0;   // llama without config.json: the context (positions)
 };
@@ -46,7 +47,7 @@ struct HfTensor {
 };
 
 struct HfConversion {
-  std::string weights_file, config_file;  // what was read (config_file empty: none)
+  std::string weights_file, config_file;  // what was read: the file or the shards' index; config_file empty: none
   std::string spec;                       // the --model the weights fit: "gpt:layers=..."
   std::vector<HfTensor> tensors;          // saturate's parameters, in the model's order
   std::vector<std::string> notes;         // what was done beside copying: dropped, transposed, tied
