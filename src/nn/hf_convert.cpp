@@ -320,6 +320,12 @@ const std::vector<int64_t>& shape_of(const Checkpoint& f, const std::string& nam
   return t->shape;
 }
 
+// config.json's model_type (when it has one) is the family --from names.
+void check_model_type(const Config& cfg, const std::string& from) {
+  const std::string type = cfg.string_or("model_type", from);
+  SAT_CHECK(type == from, cfg.path, ": model_type '", type, "', expected ", from, " (--from ", from, ")");
+}
+
 int64_t heads_option(const HfConvertOptions& o, const Checkpoint& f, const Config& cfg, const char* key) {
   if (!cfg.path.empty()) {
     const int64_t h = cfg.integer(key);
@@ -335,6 +341,7 @@ int64_t heads_option(const HfConvertOptions& o, const Checkpoint& f, const Confi
 
 // The gpt spec of config.json (or of the shapes), refusing what saturate's gpt cannot express.
 std::string gpt2_spec(const Checkpoint& f, const Config& cfg, const HfConvertOptions& o, const std::string& pre) {
+  check_model_type(cfg, "gpt2");
   const int64_t heads = heads_option(o, f, cfg, "n_head");
   if (cfg.path.empty()) {
     const auto& wte = shape_of(f, pre + "wte.weight", 2);
@@ -342,8 +349,6 @@ std::string gpt2_spec(const Checkpoint& f, const Config& cfg, const HfConvertOpt
     return str_cat("gpt:layers=", count_layers(f, pre + "h."), ",heads=", heads, ",width=", wte[1],
                    ",context=", wpe[0], ",vocab=", wte[0]);
   }
-  SAT_CHECK(cfg.string_or("model_type", "gpt2") == "gpt2", cfg.path, ": model_type '", cfg.string_or("model_type", ""),
-            "', expected gpt2 (--from gpt2)");
   const std::string act = cfg.string_or("activation_function", "gelu_new");
   cfg.require("activation_function", act == "gelu_new" || act == "gelu_pytorch_tanh", "'" + act + "'",
               "gpt cannot express: its GELU is the tanh approximation (gelu_new)");
@@ -414,8 +419,6 @@ void convert_gpt2(Checkpoint& f, const Config& cfg, const HfConvertOptions& o, H
 
 // Settings of config.json that saturate's llama fixes, refused when they differ.
 void check_llama_config(const Config& cfg, int64_t C, int64_t heads) {
-  SAT_CHECK(cfg.string_or("model_type", "llama") == "llama", cfg.path, ": model_type '",
-            cfg.string_or("model_type", ""), "', expected llama (--from llama)");
   const double eps = cfg.number_or("rms_norm_eps", 1e-6), theta = cfg.number_or("rope_theta", 10000.0);
   cfg.require("rms_norm_eps", near(eps, 1e-5), number_text(eps), "llama cannot express yet: its RMSNorm eps is "
               "1e-5");
@@ -434,6 +437,7 @@ void check_llama_config(const Config& cfg, int64_t C, int64_t heads) {
 }
 
 std::string llama_spec(const Checkpoint& f, const Config& cfg, const HfConvertOptions& o, bool& tie) {
+  check_model_type(cfg, "llama");
   const int64_t heads = heads_option(o, f, cfg, "num_attention_heads");
   if (cfg.path.empty()) {
     SAT_CHECK(o.context > 0, f.path(), ": no config.json beside it, and the tensors do not give the context "
