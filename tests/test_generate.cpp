@@ -71,6 +71,8 @@ const char* kModels[] = {
     "llama:layers=2,heads=4,kv_heads=4,width=64,ffn=96,context=96,vocab=97",
     "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=96,vocab=97",  // grouped-query attention
     "llama:layers=2,heads=4,kv_heads=1,width=64,ffn=96,context=96,vocab=97",  // one key/value head
+    // Not llama's default RMSNorm eps (1e-5) and rotary theta (10000): the cache uses the config's.
+    "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=96,vocab=97,norm_eps=0.01,rope_theta=500000",
 };
 
 constexpr float kTol = 2e-5f;  // of the logits' scale: float32 rounding of two summation orders
@@ -125,6 +127,28 @@ TEST(Decoder, GreedyGenerationIsTheSameWithAndWithoutTheCache) {
     EXPECT_EQ(a.decode_steps, 63);  // the last token is not fed back
     // Not a constant sequence: the test compares choices that vary.
     EXPECT_GT(std::set<int32_t>(a.tokens.begin(), a.tokens.end()).size(), 4u);
+  }
+}
+
+// norm_eps and rope_theta change the forward (the same weights: parameters are drawn by name
+// and shape), each by itself, in the ordinary forward and in the cache alike.
+TEST(Decoder, NormEpsAndRopeThetaChangeTheForward) {
+  const std::string base = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=96,vocab=97";
+  auto logits = [&](const std::string& spec, bool cache) {
+    LanguageModel m = random_model(spec, 7);
+    auto d = cache ? make_cached_decoder(m.config, *m.params) : make_full_decoder(m.config, *m.params);
+    return d->append(random_tokens(32, m.config.vocab, 4));
+  };
+  const std::vector<float> ref = logits(base, false);
+  ASSERT_EQ(max_diff(logits(base + ",norm_eps=1e-5,rope_theta=10000", false), ref), 0.0f);
+  for (const std::string extra : {",norm_eps=0.01", ",rope_theta=500000", ",norm_eps=0.01,rope_theta=500000"}) {
+    SCOPED_TRACE(extra);
+    const std::vector<float> full = logits(base + extra, false), cached = logits(base + extra, true);
+    const float scale = 1 + max_abs(ref);
+    EXPECT_GT(max_diff(full, ref), 100 * kTol * scale);
+    EXPECT_LE(max_diff(cached, full), kTol * scale);
+    std::printf("%s: logits move by %.3g (of %.3g); cached within %.3g\n", extra.c_str(), double(max_diff(full, ref)),
+                double(max_abs(ref)), double(max_diff(cached, full)));
   }
 }
 

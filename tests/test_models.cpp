@@ -206,6 +206,15 @@ TEST(ModelFamilies, LlamaHasHuggingFacesNames) {
             spec);
   EXPECT_EQ(sat::describe_model(sat::model_config(spec)), "Llama: 2 layers, 4 heads of 16 channels (2 key/value heads), "
                                                            "width 64, SwiGLU width 96, context 32, vocabulary 256");
+  // norm_eps and rope_theta: in the spec and description only where they are not 1e-5 and 10000.
+  EXPECT_EQ(sat::model_spec(sat::model_config(spec + ",norm_eps=1e-5,rope_theta=1e4")), spec);
+  const sat::ModelConfig l3 = sat::model_config("llama:rope_theta=500000,norm_eps=0.000001," + spec.substr(6));
+  EXPECT_EQ(l3.norm_eps, 1e-6f);
+  EXPECT_EQ(l3.rope_theta, 500000.0f);
+  EXPECT_EQ(sat::model_spec(l3), spec + ",norm_eps=1e-06,rope_theta=500000");
+  EXPECT_EQ(sat::model_spec(sat::model_config(sat::model_spec(l3))), sat::model_spec(l3));
+  EXPECT_EQ(sat::describe_model(l3), "Llama: 2 layers, 4 heads of 16 channels (2 key/value heads), width 64, SwiGLU "
+                                     "width 96, context 32, vocabulary 256, RMSNorm eps 1e-06, rope theta 500000");
   const sat::BuiltModel m = sat::build_model(sat::model_config(spec), 2);
   std::map<std::string, sat::Shape> shapes;
   for (auto& p : m.graph->params()) shapes[p.name] = p.spec.shape;
@@ -297,13 +306,26 @@ TEST(ModelFamilies, MistakesAreClearErrors) {
       {"gpt:layers=1,heads=256,width=256,context=10000000,vocab=64", "heads x context^2 = 2.56e+16 attention "
                                                                      "probabilities per sample is beyond 1e15"},
       {"llama:layers=2,heads=4,width=64,ffn=96,context=32,vocab=256", "missing 'kv_heads' (llama:layers=L,heads=H,"
-                                                                      "kv_heads=K,width=C,ffn=F,context=T,vocab=V)"},
+                                                                      "kv_heads=K,width=C,ffn=F,context=T,vocab=V[,"
+                                                                      "norm_eps=E][,rope_theta=R])"},
       {"llama:layers=2,heads=4,kv_heads=2,width=64,context=32,vocab=256", "missing 'ffn'"},
       {"llama:layers=2,heads=4,kv_heads=3,width=64,ffn=96,context=32,vocab=256", "heads 4 does not divide by kv_heads 3"},
       {"llama:layers=2,heads=4,kv_heads=0,width=64,ffn=96,context=32,vocab=256", "'kv_heads' must be a positive"},
       {"llama:layers=2,heads=4,kv_heads=2,width=12,ffn=96,context=32,vocab=256", "width / heads = 3 channels per head "
                                                                                  "is odd"},
       {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,dropout=0.1", "unknown key 'dropout'"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,norm_eps=0",
+       "'norm_eps' must be a number above 0, got '0'"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,norm_eps=1e-50",
+       "'norm_eps' must be a number above 0, got '1e-50'"},  // 0 as a float
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,norm_eps=small",
+       "'norm_eps' must be a number above 0, got 'small'"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,rope_theta=1",
+       "'rope_theta' must be a number above 1, got '1'"},
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,rope_theta=1e39",
+       "'rope_theta' must be a number above 1, got '1e39'"},  // beyond float
+      {"llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256,rope_theta=",
+       "'rope_theta' must be a number above 1, got ''"},
       {"resnet:50", "--model resnet:50: expected a depth of 18 or 34"},
       {"resnet:eighteen", "expected a depth of 18 or 34"},
       {"mlp:784", "expected the widths IN-HIDDEN...-CLASSES"},

@@ -3,7 +3,8 @@ safetensors names, so they must not change.
 
 build(name, ...) takes a preset name or a family string, as saturate's --model does
 (gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P],
-llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V, mlp:IN-HIDDEN...-CLASSES,
+llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R],
+mlp:IN-HIDDEN...-CLASSES,
 resnet:18|34; dropout is not modelled here), and returns (model, spec) where spec
 describes the input:
   {"kind": "image", "chw": (C,H,W), "classes": n}  or
@@ -203,9 +204,9 @@ def rotate_half(x):
 class LlamaAttention(nn.Module):
     """Grouped-query causal attention with rotary q and k (HF LlamaAttention, no bias)."""
 
-    def __init__(self, C, n_head, n_kv_head):
+    def __init__(self, C, n_head, n_kv_head, theta=10000.0):
         super().__init__()
-        self.nh, self.nkv, self.hs = n_head, n_kv_head, C // n_head
+        self.nh, self.nkv, self.hs, self.theta = n_head, n_kv_head, C // n_head, theta
         self.q_proj = nn.Linear(C, n_head * self.hs, bias=False)
         self.k_proj = nn.Linear(C, n_kv_head * self.hs, bias=False)
         self.v_proj = nn.Linear(C, n_kv_head * self.hs, bias=False)
@@ -216,7 +217,7 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(B, T, self.nh, self.hs).transpose(1, 2)  # [B, nh, T, hs]
         k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)  # [B, nkv, T, hs]
         v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
-        cos, sin = rope_tables(T, self.hs, x.dtype)
+        cos, sin = rope_tables(T, self.hs, x.dtype, self.theta)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # HF's repeat_kv
@@ -240,11 +241,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, C, n_head, n_kv_head, ffn):
+    def __init__(self, C, n_head, n_kv_head, ffn, eps=1e-5, theta=10000.0):
         super().__init__()
-        self.input_layernorm = RMSNorm(C)
-        self.self_attn = LlamaAttention(C, n_head, n_kv_head)
-        self.post_attention_layernorm = RMSNorm(C)
+        self.input_layernorm = RMSNorm(C, eps)
+        self.self_attn = LlamaAttention(C, n_head, n_kv_head, theta)
+        self.post_attention_layernorm = RMSNorm(C, eps)
         self.mlp = LlamaMLP(C, ffn)
 
     def forward(self, x):
@@ -253,22 +254,24 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, V):
+    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, V, eps=1e-5, theta=10000.0):
         super().__init__()
         self.embed_tokens = nn.Embedding(V, C)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(C, n_head, n_kv_head, ffn) for _ in range(n_layer)])
-        self.norm = RMSNorm(C)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(C, n_head, n_kv_head, ffn, eps, theta)
+                                     for _ in range(n_layer)])
+        self.norm = RMSNorm(C, eps)
 
 
 class Llama(nn.Module):
     """HF LlamaForCausalLM's layout and names (model.embed_tokens, model.layers.N.self_attn.q_proj,
-    ..., model.norm, lm_head untied); every weight N(0, 0.02), norms ones; rope theta 10000,
-    RMSNorm eps 1e-5. T: the context, for the spec only (rotary embeddings have no table)."""
+    ..., model.norm, lm_head untied); every weight N(0, 0.02), norms ones; RMSNorm eps and rope
+    theta as the spec's norm_eps and rope_theta (1e-5 and 10000 unless given). T: the context,
+    for the spec only (rotary embeddings have no table)."""
 
-    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, T, V):
+    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, T, V, eps=1e-5, theta=10000.0):
         super().__init__()
         self.T, self.V = T, V
-        self.model = LlamaModel(n_layer, n_head, n_kv_head, C, ffn, V)
+        self.model = LlamaModel(n_layer, n_head, n_kv_head, C, ffn, V, eps, theta)
         self.lm_head = nn.Linear(C, V, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -296,13 +299,15 @@ PRESETS = {
 }
 
 LLAMA_KEYS = ("layers", "heads", "kv_heads", "width", "ffn", "context", "vocab")
+LLAMA_FLOATS = {"norm_eps": (1e-5, 0.0), "rope_theta": (10000.0, 1.0)}  # key: (default, the bound it must exceed)
 
 MODEL_NAMES = ["mlp", "convnet", "resnet18", "gpt-mini", "gpt2-124m"]
 
 
 def parse_family(name):
-    """A family string -> (family, config): ("gpt", (L, H, C, T, V)), ("mlp", [widths]),
-    ("resnet", depth). ValueError naming the string otherwise."""
+    """A family string -> (family, config): ("gpt", (L, H, C, T, V)), ("llama", (L, H, K, C,
+    F, T, V, norm_eps, rope_theta)), ("mlp", [widths]), ("resnet", depth). ValueError naming
+    the string otherwise."""
     family, _, body = name.partition(":")
     try:
         if family == "gpt":
@@ -314,9 +319,15 @@ def parse_family(name):
             return "gpt", tuple(int(kv[k]) for k in keys)
         if family == "llama":
             kv = dict(item.split("=", 1) for item in body.split(","))
+            floats = []
+            for key, (default, above) in LLAMA_FLOATS.items():
+                v = float(kv.pop(key, default))
+                if not (v > above and math.isfinite(v)):
+                    raise ValueError(f"{key!r} must be a number above {above:g}")
+                floats.append(v)
             if sorted(kv) != sorted(LLAMA_KEYS):
-                raise ValueError(f"expected the keys {', '.join(LLAMA_KEYS)}")
-            return "llama", tuple(int(kv[k]) for k in LLAMA_KEYS)
+                raise ValueError(f"expected the keys {', '.join(LLAMA_KEYS)}[, norm_eps, rope_theta]")
+            return "llama", tuple(int(kv[k]) for k in LLAMA_KEYS) + tuple(floats)
         if family == "mlp":
             widths = [int(w) for w in body.split("-")]
             if len(widths) < 2 or min(widths) < 1:
@@ -365,9 +376,9 @@ def build(name, chw=None, classes=10, seq_len=None):
         C, H, W = tuple(chw) if chw else (3, 32, 32)
         return ResNet(C, classes, cfg), {"kind": "image", "chw": (C, H, W), "classes": classes}
     if family == "llama":
-        L, nh, nkv, C, ffn, T, V = cfg
+        L, nh, nkv, C, ffn, T, V, eps, theta = cfg
         T = seq_len or T
-        return Llama(L, nh, nkv, C, ffn, T, V), {"kind": "tokens", "T": T, "V": V}
+        return Llama(L, nh, nkv, C, ffn, T, V, eps, theta), {"kind": "tokens", "T": T, "V": V}
     L, nh, C, T, V = cfg
     if seq_len:
         T = seq_len

@@ -25,8 +25,8 @@ namespace {
 
 constexpr const char* kModelHelp =
     "mlp | convnet | resnet18 | gpt-mini | gpt2-124m, or a family: gpt:layers=L,heads=H,width=C,context=T,vocab=V"
-    "[,dropout=P] | llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V | mlp:IN-HIDDEN...-CLASSES | "
-    "resnet:18|34, or a model file: file:NET.json (README 'Your own model')";
+    "[,dropout=P] | llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R] | "
+    "mlp:IN-HIDDEN...-CLASSES | resnet:18|34, or a model file: file:NET.json (README 'Your own model')";
 
 // An integer flag's range (check_numbers). A flag that is not listed gets [0, 2^31 - 1];
 // "COMMAND FLAG" overrides FLAG for one command.

@@ -55,13 +55,13 @@ void layer_norm(const float* x, int64_t n, int64_t D, const float* w, const floa
   }
 }
 
-void rms_norm(const float* x, int64_t n, int64_t D, const float* w, float* y) {
+void rms_norm(const float* x, int64_t n, int64_t D, const float* w, float eps, float* y) {
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = x + r * D;
     float* yr = y + r * D;
     float sq = 0.0f;
     for (int64_t j = 0; j < D; ++j) sq += xr[j] * xr[j];
-    const float rs = 1.0f / std::sqrt(sq / float(D) + 1e-5f);
+    const float rs = 1.0f / std::sqrt(sq / float(D) + eps);
     for (int64_t j = 0; j < D; ++j) yr[j] = (xr[j] * rs) * w[j];
   }
 }
@@ -196,7 +196,7 @@ class LlamaDecoder : public Decoder {
  public:
   LlamaDecoder(const ModelConfig& mc, const ParamStore& ps)
       : Decoder(mc.context, mc.vocab),
-        C_(mc.n_embd), F_(mc.ffn), hs_(mc.n_embd / mc.n_head),
+        C_(mc.n_embd), F_(mc.ffn), hs_(mc.n_embd / mc.n_head), eps_(mc.norm_eps),
         attn_{mc.n_head, mc.n_kv_head, mc.n_embd / mc.n_head, mc.context} {
     const int64_t C = C_, Q = mc.n_head * hs_, KV = mc.n_kv_head * hs_, F = F_;
     embed_ = weight(ps, "model.embed_tokens.weight", {mc.vocab, C});
@@ -218,8 +218,9 @@ class LlamaDecoder : public Decoder {
       L.V.resize(size_t(mc.context * KV));
       layers_.push_back(std::move(L));
     }
-    // The Rotary layer's inverse frequencies, in float32 as it computes them (theta 10000).
-    for (int64_t i = 0; i < hs_ / 2; ++i) inv_freq_.push_back(1.0f / std::pow(10000.0f, float(2 * i) / float(hs_)));
+    // The Rotary layer's inverse frequencies, in float32 as it computes them (the config's theta).
+    for (int64_t i = 0; i < hs_ / 2; ++i)
+      inv_freq_.push_back(1.0f / std::pow(mc.rope_theta, float(2 * i) / float(hs_)));
   }
 
  private:
@@ -257,7 +258,7 @@ class LlamaDecoder : public Decoder {
     for (int64_t i = 0; i < n; ++i) std::copy(embed_ + tok[i] * C, embed_ + (tok[i] + 1) * C, R.x.data() + i * C);
     std::vector<float>& q = R.a;
     for (Layer& L : layers_) {
-      rms_norm(R.x.data(), n, C, L.in_norm, R.h.data());
+      rms_norm(R.x.data(), n, C, L.in_norm, eps_, R.h.data());
       linear(R.h.data(), n, C, L.q, nullptr, Q, q.data());
       rotate(q.data(), n, Q, first);
       float* Kn = L.K.data() + first * KV;  // the new rows go straight into the cache
@@ -268,7 +269,7 @@ class LlamaDecoder : public Decoder {
       attn_(q.data(), Q, L.K.data(), L.V.data(), R.b.data(), n, first);
       linear(R.b.data(), n, Q, L.o, nullptr, C, R.c.data());
       add_rows(R.x.data(), R.c.data(), n * C);
-      rms_norm(R.x.data(), n, C, L.post_norm, R.h.data());
+      rms_norm(R.x.data(), n, C, L.post_norm, eps_, R.h.data());
       linear(R.h.data(), n, C, L.gate, nullptr, F, R.a.data());
       linear(R.h.data(), n, C, L.up, nullptr, F, R.b.data());
       for (int64_t i = 0; i < n * F; ++i) {
@@ -278,12 +279,13 @@ class LlamaDecoder : public Decoder {
       linear(R.a.data(), n, F, L.down, nullptr, C, R.c.data());
       add_rows(R.x.data(), R.c.data(), n * C);
     }
-    rms_norm(R.x.data() + (n - 1) * C, 1, C, norm_, R.h.data());
+    rms_norm(R.x.data() + (n - 1) * C, 1, C, norm_, eps_, R.h.data());
     logits_.resize(size_t(vocab()));
     linear(R.h.data(), 1, C, head_, nullptr, vocab(), logits_.data());
   }
 
   int64_t C_, F_, hs_;
+  float eps_;  // RMSNorm's
   Attention attn_;
   const float *embed_, *norm_, *head_;
   std::vector<Layer> layers_;

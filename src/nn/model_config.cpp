@@ -1,6 +1,7 @@
 // --model strings: the preset names and FAMILY:SPEC (models.h).
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -18,7 +19,8 @@ constexpr int64_t kMaxCount = 100'000'000;
 
 const char* const kFamilies =
     "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], "
-    "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V, mlp:IN-HIDDEN...-CLASSES, resnet:18|34, "
+    "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R], "
+    "mlp:IN-HIDDEN...-CLASSES, resnet:18|34, "
     "file:NET.json";
 
 // A positive integer, the whole of `text`; sat::Error naming the spec and `what` otherwise.
@@ -104,14 +106,28 @@ void parse_gpt(ModelConfig& c, const std::string& spec, const std::string& body)
   }
 }
 
-// llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V
+// A finite float above `above` under `key` when given (kept as `v` otherwise).
+void take_float(const Spec& s, const char* key, float above, float& v) {
+  if (!s.kv.count(key)) return;
+  const std::string& text = s.kv.at(key);
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  SAT_CHECK(!text.empty() && end && *end == 0 && std::isfinite(float(x)) && float(x) > above, "--model ", s.spec,
+            ": '", key, "' must be a number above ", above, ", got '", text, "'");
+  v = float(x);
+}
+
+// llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R]
 void parse_llama(ModelConfig& c, const std::string& spec, const std::string& body) {
-  const Spec s = parse_spec(spec, body, {"layers", "heads", "kv_heads", "width", "ffn", "context", "vocab"},
-                            "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V");
+  const Spec s = parse_spec(
+      spec, body, {"layers", "heads", "kv_heads", "width", "ffn", "context", "vocab", "norm_eps", "rope_theta"},
+      "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R]");
   c.family = ModelFamily::llama;
   take_transformer(c, s);
   c.n_kv_head = s.take("kv_heads");
   c.ffn = s.take("ffn");
+  take_float(s, "norm_eps", 0.0f, c.norm_eps);      // RMSNorm: x / sqrt(mean(x^2) + eps)
+  take_float(s, "rope_theta", 1.0f, c.rope_theta);  // Rotary: angles t / theta^(2i / hs)
   SAT_CHECK(c.n_head % c.n_kv_head == 0, "--model ", spec, ": heads ", c.n_head, " does not divide by kv_heads ",
             c.n_kv_head, " (each key/value head serves a group of heads / kv_heads query heads)");
   SAT_CHECK((c.n_embd / c.n_head) % 2 == 0, "--model ", spec, ": width / heads = ", c.n_embd / c.n_head,
@@ -216,6 +232,19 @@ std::string float_text(float x) {
   const auto r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
 }
+
+// A llama's norm_eps and rope_theta where they are not the defaults (1e-5, 10000), after
+// their labels: existing specs and descriptions read as before.
+std::string llama_extras(const ModelConfig& c, const char* eps_label, const char* theta_label) {
+  std::string s;
+  if (c.norm_eps != 1e-5f) s += eps_label + float_text(c.norm_eps);
+  if (c.rope_theta != 10000.0f) {  // in full (500000, not 5e+05), as config.json files write it
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, c.rope_theta, std::chars_format::fixed);
+    s += theta_label + std::string(buf, r.ptr);
+  }
+  return s;
+}
 }  // namespace
 
 std::string model_spec(const ModelConfig& c) {
@@ -233,7 +262,8 @@ std::string model_spec(const ModelConfig& c) {
                      ",vocab=", c.vocab, c.dropout > 0 ? ",dropout=" + float_text(c.dropout) : std::string());
     case ModelFamily::llama:
       return str_cat("llama:layers=", c.n_layer, ",heads=", c.n_head, ",kv_heads=", c.n_kv_head, ",width=", c.n_embd,
-                     ",ffn=", c.ffn, ",context=", c.context, ",vocab=", c.vocab);
+                     ",ffn=", c.ffn, ",context=", c.context, ",vocab=", c.vocab,
+                     llama_extras(c, ",norm_eps=", ",rope_theta="));
   }
   return c.name;
 }
@@ -264,7 +294,7 @@ std::string describe_model(const ModelConfig& c) {
     case ModelFamily::llama:
       return str_cat("Llama: ", c.n_layer, " layers, ", c.n_head, " heads of ", c.n_embd / c.n_head, " channels (",
                      c.n_kv_head, " key/value heads), width ", c.n_embd, ", SwiGLU width ", c.ffn, ", context ",
-                     c.context, ", vocabulary ", c.vocab);
+                     c.context, ", vocabulary ", c.vocab, llama_extras(c, ", RMSNorm eps ", ", rope theta "));
   }
   return "";
 }

@@ -254,7 +254,8 @@ void build_gpt(BuiltModel& m, Graph& g) {
 // k_proj, v_proj), rotary embeddings on q and k, grouped-query causal attention, o_proj,
 // residual add; RMSNorm, SwiGLU MLP (gate_proj, up_proj, down_proj), residual add; a final
 // RMSNorm and an untied lm_head. Every weight N(0, 0.02) (HF's initializer_range), the
-// norms ones; RMSNorm eps 1e-5 and rope theta 10000 (Llama 2's). Blocks, recompute units
+// norms ones; RMSNorm eps and rope theta from the config (1e-5 and 10000 unless given:
+// Llama 2's). Blocks, recompute units
 // and tensor-parallel regions as build_gpt's: embed_tokens vocabulary-parallel, q/k/v,
 // gate and up column-parallel (each rank: n_head / tp query heads, n_kv_head / tp kv heads,
 // ffn / tp features), o_proj and down_proj row-parallel, lm_head vocabulary-parallel.
@@ -276,19 +277,19 @@ void build_llama(BuiltModel& m, Graph& g) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     if (l > 0) g.begin_block();
     g.begin_recompute();
-    int h = g.add<RMSNorm>(p + "input_layernorm", {x}, C, 1e-5f, sp);
+    int h = g.add<RMSNorm>(p + "input_layernorm", {x}, C, c.norm_eps, sp);
     h = region.enter(p + "self_attn", h);
     int q = linear(p + "self_attn.q_proj", h, C, c.n_head * hs, col);
     int k = linear(p + "self_attn.k_proj", h, C, c.n_kv_head * hs, col);
     const int v = linear(p + "self_attn.v_proj", h, C, c.n_kv_head * hs, col);
-    q = g.add<Rotary>(p + "self_attn.rotary_q", {q}, hs);
-    k = g.add<Rotary>(p + "self_attn.rotary_k", {k}, hs);
+    q = g.add<Rotary>(p + "self_attn.rotary_q", {q}, hs, c.rope_theta);
+    k = g.add<Rotary>(p + "self_attn.rotary_k", {k}, hs, c.rope_theta);
     h = g.add<CausalSelfAttention>(p + "self_attn.attn", {q, k, v}, c.n_head / tp.parts,
                                    c.recompute == Recompute::selective, c.n_kv_head / tp.parts);
     h = linear(p + "self_attn.o_proj", h, c.n_head * hs, C, row);
     h = region.leave(p + "self_attn", h);
     x = g.add<Add>(p + "add1", {x, h});
-    h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, 1e-5f, sp);
+    h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, c.norm_eps, sp);
     h = region.enter(p + "mlp", h);
     const int gate = linear(p + "mlp.gate_proj", h, C, F, col);
     const int up = linear(p + "mlp.up_proj", h, C, F, col);
@@ -298,7 +299,7 @@ void build_llama(BuiltModel& m, Graph& g) {
     x = g.add<Add>(p + "add2", {x, h});
     g.end_recompute();
   }
-  x = g.add<RMSNorm>("model.norm", {x}, C, 1e-5f, sp);
+  x = g.add<RMSNorm>("model.norm", {x}, C, c.norm_eps, sp);
   x = region.enter("lm_head", x);
   m.logits = linear("lm_head", x, C, c.vocab, col);
 }

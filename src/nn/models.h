@@ -41,6 +41,7 @@ struct ModelConfig {
   int resnet_depth = 18;      // resnet: 18 or 34 (BasicBlocks per stage 2,2,2,2 or 3,4,6,3)
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;  // GPT and Llama families
   int64_t n_kv_head = 0, ffn = 0;  // Llama: key/value heads (grouped-query attention), MLP width
+  float norm_eps = 1e-5f, rope_theta = 10000.0f;  // Llama: RMSNorm eps, rotary embeddings' theta
   // GPT and Llama families: `context` is the model's (the position embedding's rows, part
   // of its parameters and of --model); `seq_len` is the window T the step's graph is built
   // for and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.
@@ -61,7 +62,8 @@ const std::vector<std::string>& model_names();
 // A preset name, or a family with its configuration (sat::Error naming --model, the key
 // and what was expected otherwise):
 //   gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]  (keys in any order)
-//   llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V  (keys in any order)
+//   llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R]
+//                                                               (keys in any order; E 1e-5, R 10000 unless given)
 //   mlp:IN-HIDDEN...-CLASSES                                    (any number of hidden layers)
 //   resnet:18 | resnet:34                                       (CIFAR stem: 3x3 conv, no max-pool)
 //   file:NET.json                                               (any network of saturate's layers: model_file.h)

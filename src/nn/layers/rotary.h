@@ -1,5 +1,5 @@
 // Rotary position embeddings (RoPE), Llama / GPT-NeoX's "rotate half" convention, as
-// HuggingFace's apply_rotary_pos_emb with theta = 10000:
+// HuggingFace's apply_rotary_pos_emb with its rope_theta (10000 unless given):
 //   in   x [B, T, n hs]  n heads of hs channels (hs even), token t at position t
 //   out  y [B, T, n hs]  per head, with H = hs / 2, i < H and a = t * theta^(-2i / hs):
 //        y[i]     = x[i] cos a - x[i + H] sin a
