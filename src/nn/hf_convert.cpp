@@ -417,13 +417,15 @@ void convert_gpt2(Checkpoint& f, const Config& cfg, const HfConvertOptions& o, H
 
 // ---- Llama --------------------------------------------------------------------------------
 
-// Settings of config.json that saturate's llama fixes, refused when they differ.
+// Settings of config.json that saturate's llama fixes, refused when they differ; rms_norm_eps
+// (Hugging Face's default 1e-6) and rope_theta (default 10000) are checked here and carried
+// into the spec by llama_spec.
 void check_llama_config(const Config& cfg, int64_t C, int64_t heads) {
   const double eps = cfg.number_or("rms_norm_eps", 1e-6), theta = cfg.number_or("rope_theta", 10000.0);
-  cfg.require("rms_norm_eps", near(eps, 1e-5), number_text(eps), "llama cannot express yet: its RMSNorm eps is "
-              "1e-5");
-  cfg.require("rope_theta", near(theta, 10000.0), number_text(theta), "llama cannot express yet: its rotary "
-              "embeddings' theta is 10000");
+  cfg.require("rms_norm_eps", std::isfinite(float(eps)) && float(eps) > 0, number_text(eps),
+              "llama cannot express: its RMSNorm eps is a positive float");
+  cfg.require("rope_theta", std::isfinite(float(theta)) && float(theta) > 1, number_text(theta),
+              "llama cannot express: its rotary embeddings' theta is a float above 1");
   cfg.require("rope_scaling", !cfg.has("rope_scaling"), cfg.has("rope_scaling") ? cfg.j.at("rope_scaling").dump() : "",
               "llama cannot express: its rotary embeddings are unscaled (rope_scaling null)");
   const std::string act = cfg.string_or("hidden_act", "silu");
@@ -453,9 +455,13 @@ std::string llama_spec(const Checkpoint& f, const Config& cfg, const HfConvertOp
   const int64_t C = cfg.integer("hidden_size");
   check_llama_config(cfg, C, heads);
   tie = cfg.flag_or("tie_word_embeddings", false);
-  return str_cat("llama:layers=", cfg.integer("num_hidden_layers"), ",heads=", heads, ",kv_heads=",
-                 cfg.integer_or("num_key_value_heads", heads), ",width=", C, ",ffn=", cfg.integer("intermediate_size"),
-                 ",context=", cfg.integer("max_position_embeddings"), ",vocab=", cfg.integer("vocab_size"));
+  ModelConfig mc = model_config(str_cat(
+      "llama:layers=", cfg.integer("num_hidden_layers"), ",heads=", heads, ",kv_heads=",
+      cfg.integer_or("num_key_value_heads", heads), ",width=", C, ",ffn=", cfg.integer("intermediate_size"),
+      ",context=", cfg.integer("max_position_embeddings"), ",vocab=", cfg.integer("vocab_size")));
+  mc.norm_eps = float(cfg.number_or("rms_norm_eps", 1e-6));
+  mc.rope_theta = float(cfg.number_or("rope_theta", 10000.0));
+  return model_spec(mc);  // norm_eps= and rope_theta= only where they are not llama's defaults
 }
 
 void convert_llama(Checkpoint& f, const Config& cfg, const HfConvertOptions& o, HfConversion& out) {
@@ -489,7 +495,7 @@ void convert_llama(Checkpoint& f, const Config& cfg, const HfConvertOptions& o, 
   }
   fill.finish([](const std::string& n) { return n; });
   if (inv_freq) out.notes.push_back(str_cat("dropped ", inv_freq, " rotary_emb.inv_freq buffers (saturate's rotary "
-                                            "embeddings compute them, rotate_half convention, theta 10000)"));
+                                            "embeddings compute them, rotate_half convention, the config's theta)"));
   if (cfg.path.empty())
     out.notes.push_back("no config.json: RMSNorm eps 1e-5 and rope theta 10000 assumed (saturate's llama)");
 }

@@ -16,10 +16,11 @@
 //          Rotary is HF's rotate_half convention and computes them itself);
 //          tie_word_embeddings copies embed_tokens to lm_head (saturate's llama is untied).
 //          config.json: num_hidden_layers, num_attention_heads, num_key_value_heads,
-//          hidden_size, intermediate_size, max_position_embeddings, vocab_size; refused:
-//          rms_norm_eps other than 1e-5, rope_theta other than 10000, rope_scaling,
-//          hidden_act other than silu, attention or MLP biases, head_dim other than
-//          hidden_size / heads.
+//          hidden_size, intermediate_size, max_position_embeddings, vocab_size, and
+//          rms_norm_eps (1e-6 when absent, as Hugging Face's LlamaConfig) and rope_theta
+//          (10000 when absent) as the spec's norm_eps= and rope_theta= (left out where they
+//          are llama's defaults, 1e-5 and 10000); refused: rope_scaling, hidden_act other
+//          than silu, attention or MLP biases, head_dim other than hidden_size / heads.
 // The weights: one model.safetensors, or the shards model.safetensors.index.json names.
 // Without config.json the shapes give layers, width, vocabulary, the MLP width and GPT-2's
 // context; the heads (and Llama's context) come from the options. Tensors may be F32, F16,
