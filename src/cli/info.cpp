@@ -174,10 +174,9 @@ ModelConfig planned_model(const ModelConfig& mc, const TrainConfig& cfg, bool gp
 
 }  // namespace
 
-int run_info(const RunArgs& a) {
-  const bool gpu = a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
+InfoPlan::InfoPlan(const RunArgs& a, const ModelConfig& model) {
+  gpu = a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
   SAT_CHECK(gpu || a.device == "cpu" || a.device == "auto", "--device: expected cpu or cuda, got '", a.device, "'");
-  ModelConfig mc = model_for(a);
   TrainConfig cfg;  // the CPU engine's plan (the device's own support is the table below)
   cfg.precision = parse_precision(a.precision);
   static_cast<Layout&>(cfg) = layout_of(a, parse_batch(a.batch));
@@ -185,17 +184,23 @@ int run_info(const RunArgs& a) {
   cfg.optim.momentum = float(a.momentum);
   cfg.prefetch = a.prefetch;
   cfg.loader_workers = loader_workers_of(a, gpu, 1);
-  validate_run(mc, cfg, a.ranks * cfg.pp * cfg.tp);
+  validate_run(model, cfg, a.ranks * cfg.pp * cfg.tp);
   (void)resolve_optim(cfg.optim);  // (--optimizer's name, before anything is printed)
   // The plan of `saturate train` on data of the model's default shape (its shapes only:
   // planning generates and allocates no data): loader rings included.
-  const DataSplit data = synthetic_shapes(data_options_for(mc, 0));
-  JobPlan job(planned_model(mc, cfg, gpu), cfg, *data.train, data.test.get(), a.ranks);
+  data = synthetic_shapes(data_options_for(model, 0));
+  job = std::make_unique<JobPlan>(planned_model(model, cfg, gpu), cfg, *data.train, data.test.get(), a.ranks);
+}
+
+int run_info(const RunArgs& a) {
+  InfoPlan p(a, model_for(a));
+  JobPlan& job = *p.job;
+  const TrainConfig& cfg = job.config();
   print_model(job);
   print_memory(job, a);
   if (cfg.recompute != Recompute::none) print_recompute(job);
   if (cfg.zero) print_zero_saving(job);
-  if (gpu) std::printf("\n%s", support_table().c_str());
+  if (p.gpu) std::printf("\n%s", support_table().c_str());
   return 0;
 }
 
