@@ -101,7 +101,8 @@ class Model {
   std::vector<int64_t> weight_shape(const std::string& name) const;  // Error naming an unknown one
   // Sets weights from row-major values by name: each a weight of the model with its number
   // of values (an Error names the first that is not). A model without weights yet needs
-  // every one of them; one with weights keeps those left out.
+  // every parameter and statistic (its counters, num_batches_tracked, start at 0 when left
+  // out); one with weights keeps those left out.
   void set_weights(const std::map<std::string, std::vector<float>>& weights);
   // safetensors, as saturate train --save-weights writes and --init-weights reads.
   void save(const std::string& path) const;

@@ -166,15 +166,19 @@ def test_from_torch_imports_a_module_with_its_weights():
     except ImportError as e:
         pytest.skip(f"saturate_torch is not importable here ({e})")
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()
-    x = torch.randn(6, 1, 1, 4)
-    m = saturate.from_torch(net, x)
-    assert m.classes == 3 and m.parameters == sum(p.numel() for p in net.parameters())
+    nn = torch.nn
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    cnn = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 3))
     with torch.no_grad():
-        want = net(x).numpy()
-    assert np.allclose(saturate.predict(m, x.numpy()), want, atol=1e-5)
-    state = m.state_dict_for_torch()
-    net.load_state_dict(state, strict=True)
+        cnn(torch.randn(16, 1, 6, 6))  # running statistics that are not the initial ones
+    for net, x in ((mlp, torch.randn(6, 1, 1, 4)), (cnn, torch.randn(5, 1, 6, 6))):
+        net.eval()
+        m = saturate.from_torch(net, x)
+        assert m.classes == 3 and m.parameters == sum(p.numel() for p in net.parameters())
+        with torch.no_grad():
+            want = net(x).numpy()
+        assert np.allclose(saturate.predict(m, x.numpy()), want, atol=1e-5)
+        net.load_state_dict(m.state_dict_for_torch(), strict=True)
 
 
 def test_data_parallel_fit_under_mpirun_follows_one_process(tmp_path):

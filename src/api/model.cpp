@@ -256,6 +256,22 @@ void set_tensor(const sat::Tensor& t, const std::vector<float>& values) {
   }
 }
 
+// A model without weights gets every parameter and float state from `weights`; its counters
+// (an i64 state such as num_batches_tracked, which PyTorch's BatchNorm keeps) start at 0.
+void require_all(sat::ParamStore& to, const std::map<std::string, std::vector<float>>& weights,
+                 const std::string& model) {
+  std::vector<std::string> need;
+  for (size_t i = 0; i < to.num_params(); ++i) need.push_back(to.decl(i).name);
+  for (size_t i = 0; i < to.num_states(); ++i) {
+    const sat::Tensor t = to.host_state(i);
+    if (t.dtype != sat::DType::i64) need.push_back(to.state_decl(i).name);
+    else if (!weights.count(to.state_decl(i).name)) std::fill_n(static_cast<int64_t*>(t.ptr), t.numel(), 0);
+  }
+  for (const std::string& n : need)
+    SAT_CHECK(weights.count(n), "model '", model, "' has no weights yet: set_weights needs every one of its ",
+              need.size(), " parameters and statistics, and '", n, "' is missing");
+}
+
 }  // namespace
 
 void Model::set_weights(const std::map<std::string, std::vector<float>>& weights) {
@@ -265,10 +281,7 @@ void Model::set_weights(const std::map<std::string, std::vector<float>>& weights
     sat::ParamStore& to = fresh ? *w : *impl_->weights;
     std::vector<std::pair<sat::Tensor, const std::vector<float>*>> writes;  // all checked before any is written
     for (const auto& [key, values] : weights) writes.emplace_back(weight_tensor(to, name(), key, values.size()), &values);
-    if (fresh)
-      for (const std::string& n : declared_weights())
-        SAT_CHECK(weights.count(n), "model '", name(), "' has no weights yet: set_weights needs every one of its ",
-                  to.num_params() + to.num_states(), ", and '", n, "' is missing");
+    if (fresh) require_all(to, weights, name());
     for (const auto& [t, values] : writes) set_tensor(t, *values);
     if (fresh) impl_->weights = std::move(w);
     impl_->weights->refresh_lp();
