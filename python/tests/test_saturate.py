@@ -58,6 +58,17 @@ def test_info_rows_sum_to_the_total():
     assert saturate.info("mlp", batch=8, zero=1, ranks=2).zero == 1
 
 
+def test_info_is_what_saturate_info_prints():
+    if not os.path.exists(CLI):
+        pytest.skip("no saturate command beside the module")
+    i = saturate.info("mlp", batch=32)
+    text = subprocess.run([CLI, "info", "--model", "mlp", "--batch", "32"], check=True, capture_output=True,
+                          text=True).stdout
+    for row in i.memory + [saturate.Record(name="total", bytes=i.total_bytes)]:
+        line = next(l for l in text.splitlines() if l.startswith("  " + row.name + " "))
+        assert int(line[len(row.name) + 2:].split()[0]) == row.bytes, line
+
+
 def test_fit_with_validation_learns_and_predict_agrees_with_evaluate():
     m = tiny()
     x, y = blobs(512, 1)

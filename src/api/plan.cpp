@@ -2,8 +2,12 @@
 // info` for a library Model, through the commands' own request builders.
 #include "saturate/plan.h"
 
+#include <thread>
+
 #include "api/impl.h"
-#include "cli/info.h"
+#include "backend/cpu/blas.h"
+#include "data/loader.h"
+#include "plan/info_plan.h"
 #include "plan/plan_cli.h"
 #include "plan/planner.h"
 
@@ -37,19 +41,17 @@ std::string info_json(const Model& model, const InfoOptions& o) {
     SAT_CHECK(o.accum >= 1, "accum: expected 1 or more, got ", o.accum);
     SAT_CHECK(o.ranks >= 1 && o.tp >= 1 && o.pp >= 1, "ranks, tp, pp: expected 1 or more, got ", o.ranks, ", ",
               o.tp, ", ", o.pp);
-    sat::cli::RunArgs a;
-    a.model = model.name();
-    a.batch = std::to_string(o.batch);
-    a.accum = o.accum;
-    a.ranks = o.ranks;
-    a.tp = o.tp;
-    a.pp = o.pp;
-    a.zero = o.zero;
-    a.recompute = o.recompute;
-    a.precision = o.precision;
-    a.optimizer = o.optimizer;
-    a.device = o.device;
-    return sat::cli::info_json(a, model.impl()->config);
+    SAT_CHECK(o.device == "cpu" || o.device == "cuda", "device: expected cpu or cuda, got '", o.device, "'");
+    const bool gpu = o.device == "cuda";
+    sat::TrainConfig cfg;  // as saturate info builds it from its flags (cli/info.cpp)
+    cfg.precision = sat::parse_precision(o.precision);
+    cfg.batch = o.batch, cfg.accum = o.accum, cfg.tp = o.tp, cfg.pp = o.pp, cfg.zero = o.zero;
+    cfg.recompute = sat::parse_recompute(o.recompute, "recompute");
+    cfg.optim.name = o.optimizer;
+    cfg.loader_workers = sat::auto_loader_workers(int(std::thread::hardware_concurrency()), 1,
+                                                  gpu ? 1 : sat::cpu::num_threads());
+    sat::InfoPlan p(model.impl()->config, cfg, o.ranks, gpu);
+    return sat::info_json(p);
   });
 }
 

@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "plan/info_plan.h"
 #include "plan/planner.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -163,19 +164,9 @@ void print_memory(JobPlan& job, const RunArgs& a) {
   }
 }
 
-// The model as the plan is made for: with --device cuda, the GPU engine's (its activations
-// and GEMM inputs in the precision, the low-precision copy of the parameters, the library
-// workspace), planned on any machine; otherwise the CPU engine's.
-ModelConfig planned_model(const ModelConfig& mc, const TrainConfig& cfg, bool gpu) {
-  ModelConfig m = resolved_model(mc, cfg);
-  if (gpu) m.device = Device::cuda, m.act = activation_dtype(cfg.precision, Device::cuda);
-  return m;
-}
-
-}  // namespace
-
-InfoPlan::InfoPlan(const RunArgs& a, const ModelConfig& model) {
-  gpu = a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
+// info's flags as the plan: the layout, precision, optimizer and loaders of --device's engine.
+InfoPlan info_plan(const RunArgs& a, const ModelConfig& mc) {
+  const bool gpu = a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
   SAT_CHECK(gpu || a.device == "cpu" || a.device == "auto", "--device: expected cpu or cuda, got '", a.device, "'");
   TrainConfig cfg;  // the CPU engine's plan (the device's own support is the table below)
   cfg.precision = parse_precision(a.precision);
@@ -184,16 +175,13 @@ InfoPlan::InfoPlan(const RunArgs& a, const ModelConfig& model) {
   cfg.optim.momentum = float(a.momentum);
   cfg.prefetch = a.prefetch;
   cfg.loader_workers = loader_workers_of(a, gpu, 1);
-  validate_run(model, cfg, a.ranks * cfg.pp * cfg.tp);
-  (void)resolve_optim(cfg.optim);  // (--optimizer's name, before anything is printed)
-  // The plan of `saturate train` on data of the model's default shape (its shapes only:
-  // planning generates and allocates no data): loader rings included.
-  data = synthetic_shapes(data_options_for(model, 0));
-  job = std::make_unique<JobPlan>(planned_model(model, cfg, gpu), cfg, *data.train, data.test.get(), a.ranks);
+  return InfoPlan(mc, cfg, a.ranks, gpu);
 }
 
+}  // namespace
+
 int run_info(const RunArgs& a) {
-  InfoPlan p(a, model_for(a));
+  InfoPlan p = info_plan(a, model_for(a));
   JobPlan& job = *p.job;
   const TrainConfig& cfg = job.config();
   print_model(job);
