@@ -63,6 +63,7 @@ void promote_mpi() {
 PYBIND11_MODULE(saturate, m) {
   namespace sb = saturate::py_bind;
   m.doc() = "saturate: train, plan and inspect neural networks with saturate's C++ engine";
+  m.attr("__version__") = SAT_VERSION;
   sb::promote_mpi();
   pybind11::register_exception<saturate::Error>(m, "Error", PyExc_ValueError);
   pybind11::exec(sb::kRecord, m.attr("__dict__"));

@@ -27,11 +27,16 @@ def test_model_load_describes_the_builtin():
     assert m.json is None and m.weights() == {} and not m.has_weights
 
 
-def test_model_from_json_keeps_its_text():
+def test_model_from_json_keeps_its_text(tmp_path):
     m = tiny()
     assert json.loads(m.json) == TINY
     assert m.input_shape == (1, 1, 4) and m.classes == 2
     assert m.parameters == 4 * 16 + 16 + 16 * 2 + 2
+    path = tmp_path / "tiny.json"
+    path.write_text(m.json)
+    for spec in (str(path), "file:" + str(path)):
+        assert saturate.Model.load(spec).json == m.json
+    assert saturate.__version__.count(".") == 2
 
 
 def test_plan_is_what_saturate_plan_json_writes(tmp_path):
