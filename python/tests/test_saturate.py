@@ -117,6 +117,23 @@ def test_on_epoch_false_stops_and_callback_errors_propagate():
     assert steps == [1, 2, 3]
 
 
+def test_fit_releases_the_gil(tmp_path):
+    """This thread runs while saturate trains: it sees metrics.jsonl with some of the steps."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    x, y = rng.random((256, 1, 28, 28), np.float32), rng.integers(0, 10, 256)
+    m, metrics = saturate.Model.load("mlp"), tmp_path / "metrics.jsonl"
+    t = threading.Thread(target=saturate.fit, args=(m, x, y), kwargs=quiet(batch_size=32, steps=60, out_dir=tmp_path))
+    t.start()
+    lines = set()
+    while t.is_alive():
+        if metrics.exists():
+            lines.add(metrics.read_text().count("\n"))
+    t.join()
+    assert any(0 < n < 60 for n in lines), f"saw only {sorted(lines)} of the 60 steps' lines"
+
+
 def test_batch_size_auto_is_the_tuner():
     x, y = blobs(256, 4)
     h = saturate.fit(tiny(), x, y, **quiet(batch_size="auto", steps=2))
