@@ -1,7 +1,11 @@
 // saturate.fit, evaluate and predict on NumPy arrays: the library's (saturate train's
-// trainer) with the GIL released while saturate runs, taken back for the callbacks.
+// trainer) with the GIL released while saturate runs, taken back for the callbacks; Ctrl-C
+// stops fit after the step it is in.
 #include <pybind11/functional.h>
 
+#include <signal.h>
+
+#include <atomic>
 #include <exception>
 
 #include "bind.h"
@@ -69,6 +73,41 @@ struct Callbacks {
   }
 };
 
+// Ctrl-C while saturate trains without the GIL: on Python's main thread, with Python's own
+// handler in place (KeyboardInterrupt), SIGINT sets a flag that stops training after the
+// step (FitOptions::stop_requested), and fit then raises KeyboardInterrupt.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted = true; }
+
+class CtrlC {
+ public:
+  explicit CtrlC(FitOptions& o) {
+    py::module_ signal = py::module_::import("signal"), threading = py::module_::import("threading");
+    if (!threading.attr("current_thread")().is(threading.attr("main_thread")()) ||
+        !signal.attr("getsignal")(signal.attr("SIGINT")).is(signal.attr("default_int_handler")))
+      return;
+    g_interrupted = false;
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    active_ = sigaction(SIGINT, &sa, &old_) == 0;
+    if (active_) o.stop_requested = [] { return g_interrupted.load(); };
+  }
+  ~CtrlC() {
+    if (active_) sigaction(SIGINT, &old_, nullptr);
+  }
+  // After fit: KeyboardInterrupt when Ctrl-C stopped it.
+  void raise_if_interrupted() const {
+    if (!active_ || !g_interrupted) return;
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+
+ private:
+  bool active_ = false;
+  struct sigaction old_ {};
+};
+
 py::object fit(py::handle model_h, py::handle x, py::handle y, py::handle batch_size, int64_t epochs, int64_t steps,
                py::handle validation, bool shuffle, double lr, const std::string& optimizer, py::handle weight_decay,
                double momentum, const std::string& schedule, double warmup, uint64_t seed, int threads,
@@ -94,12 +133,14 @@ py::object fit(py::handle model_h, py::handle x, py::handle y, py::handle batch_
   }
   Callbacks cb{on_epoch, on_step, nullptr};
   cb.hook(o);
+  CtrlC ctrl_c(o);
   History h;
   {
     py::gil_scoped_release nogil;
     h = saturate::fit(model, train, o);
   }
   if (cb.failed) std::rethrow_exception(cb.failed);
+  ctrl_c.raise_if_interrupted();
   return history_record(h);
 }
 

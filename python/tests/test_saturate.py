@@ -134,6 +134,24 @@ def test_fit_releases_the_gil(tmp_path):
     assert any(0 < n < 60 for n in lines), f"saw only {sorted(lines)} of the 60 steps' lines"
 
 
+def test_ctrl_c_stops_fit_after_the_step_and_raises_keyboard_interrupt():
+    import signal
+
+    x, y = blobs(256, 8)
+    m, steps = tiny(), []
+
+    def step(s):
+        steps.append(s.step)
+        if s.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        saturate.fit(m, x, y, **quiet(batch_size=8, steps=1000, on_step=step))
+    assert steps == [1, 2, 3] and m.has_weights
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    saturate.fit(m, x, y, **quiet(batch_size=8, steps=2))  # the next fit runs to its end
+
+
 def test_batch_size_auto_is_the_tuner():
     x, y = blobs(256, 4)
     h = saturate.fit(tiny(), x, y, **quiet(batch_size="auto", steps=2))

@@ -183,6 +183,7 @@ History run_fit(Model& model, const Dataset& train, const FitOptions& o) {
                                                                       c.last_batch));
   std::vector<EpochLog> logs;
   c.stop_early = [&](const sat::TrainResult& r) {
+    if (o.stop_requested && o.stop_requested()) return true;  // the epoch ends after the run
     if (r.steps % ep.per_epoch != 0) return false;
     EpochLog e = ep.close(r.steps / ep.per_epoch, sat::now_seconds());
     if (val) add_validation(e, trainer->evaluate());
