@@ -2,7 +2,8 @@
 // follows `saturate train`'s trajectory for the same settings; validation after each epoch
 // leaves training as it was; predict agrees with evaluate; weights round-trip; arrays and
 // token windows train; under mpirun fit is data-parallel and follows one process; every
-// mistake is a saturate::Error naming its part.
+// mistake is a saturate::Error naming its part; a model file's text and weights by name make
+// a model; plan_json and info_json are the commands' JSON.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -311,6 +312,63 @@ TEST(Library, MistakesAreErrorsNamingTheirPart) {
   fit(m, blobs(64, 1), quiet(8));
   has(error_of([&] { m.weight("linear9.weight"); }), {"no weight named 'linear9.weight'"});
   has(error_of([&] { Model::load("gpt:layers=2"); }), {"gpt:layers=2"});
+}
+
+// A model from a model file's text is the model the file describes; set_weights checks every
+// name and size before it writes any, and a model without weights needs them all.
+TEST(Library, FromJsonAndSetWeights) {
+  const Sequential seq = Sequential({1, 1, 4}, "small-mlp").add(Flatten()).add(Linear(16)).add(ReLU()).add(Linear(2));
+  Model m = small_mlp(), copy = Model::from_json(seq.json(), "small-mlp");
+  EXPECT_EQ(copy.json(), seq.json());
+  EXPECT_EQ(copy.parameters(), m.parameters());
+  EXPECT_EQ(Model::load("mlp").json(), "");
+  EXPECT_EQ(copy.weight_shape("linear1.weight"), (std::vector<int64_t>{16, 4}));
+  EXPECT_EQ(copy.declared_weights().size(), 4u);
+  fit(m, blobs(64, 1), quiet(16));
+  std::map<std::string, std::vector<float>> w;
+  for (const std::string& n : m.weight_names()) w[n] = m.weight(n);
+  auto partial = w;
+  partial.erase("linear2.bias");
+  EXPECT_NE(error_of([&] { copy.set_weights(partial); }).find("'linear2.bias' is missing"), std::string::npos);
+  EXPECT_FALSE(copy.has_weights());
+  copy.set_weights(w);
+  const Dataset d = blobs(32, 2);
+  EXPECT_EQ(predict(copy, d).logits, predict(m, d).logits);
+  auto bad = w;
+  bad["linear1.weight"].pop_back();
+  bad["linear2.bias"] = {5, 5};
+  EXPECT_NE(error_of([&] { copy.set_weights(bad); }).find("weight 'linear1.weight' has 64 values (shape [16, 4]), got 63"),
+            std::string::npos);
+  EXPECT_EQ(copy.weight("linear2.bias"), w["linear2.bias"]) << "a refused set_weights wrote some of them";
+  copy.set_weights({{"linear2.bias", {5, 5}}});
+  EXPECT_EQ(copy.weight("linear2.bias"), (std::vector<float>{5, 5}));
+  EXPECT_EQ(copy.weight("linear1.weight"), w["linear1.weight"]);
+}
+
+// plan_json is `saturate plan --json`'s file; info_json's memory rows sum to its total.
+TEST(Library, PlanAndInfoAreTheCommandsJson) {
+  const std::string spec = "gpt:layers=1,heads=2,width=32,context=8,vocab=64";
+  const fs::path dir = tmpdir("plan");
+  const auto r = sat::test::run_command(std::string(SAT_BINARY) + " plan --model " + spec +
+                                        " --gpus 2 --gpu h100-sxm --global-batch 16 --json " + (dir / "p.json").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream f(dir / "p.json");
+  nlohmann::json cli = nlohmann::json::parse(f);
+  PlanOptions o;
+  o.gpus = 2, o.gpu = "h100-sxm", o.global_batch = 16;
+  nlohmann::json lib = nlohmann::json::parse(plan_json(Model::load(spec), o));
+  cli.erase("search_seconds"), lib.erase("search_seconds");
+  EXPECT_EQ(cli, lib);
+  InfoOptions io;
+  io.batch = 8;
+  const nlohmann::json info = nlohmann::json::parse(info_json(small_mlp(), io));
+  EXPECT_EQ(info["parameters"], small_mlp().parameters());
+  double sum = 0;
+  for (const auto& row : info["memory"]) sum += row["bytes"].get<double>();
+  EXPECT_EQ(sum, info["total_bytes"].get<double>());
+  o.global_batch = 0;
+  EXPECT_NE(error_of([&] { plan_json(small_mlp(), o); }).find("--global-batch"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 // Under mpirun each rank calls fit alike and trains data-parallel: 2 ranks at batch 8 follow

@@ -52,6 +52,9 @@ struct FitOptions {
   std::string out_dir;      // metrics.jsonl there, a line per step, as saturate train --out writes it
   std::function<void(const StepLog&)> on_step;
   std::function<bool(const EpochLog&)> on_epoch;  // false stops training after that epoch
+  // Asked after every step (under mpirun, rank 0's answer counts): true stops training at
+  // that step, which then ends the last epoch (Python's saturate.fit stops on Ctrl-C so).
+  std::function<bool()> stop_requested;
 };
 
 struct History {

@@ -5,6 +5,7 @@
 // any (after fit, or load_weights); copies of a Model share them.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -77,6 +78,9 @@ class Model {
   // "gpt:layers=2,heads=2,width=64,context=32,vocab=256", "file:NET.json"), or a path
   // ending in .json (a model file).
   static Model load(const std::string& spec);
+  // A model file's text (what Sequential::json() writes, or saturate import): checked as
+  // --model file: checks a file; messages name it "model 'NAME'".
+  static Model from_json(const std::string& text, const std::string& name = "model");
 
   const std::string& name() const;
   std::string summary() const;          // in words, with the parameter count
@@ -84,12 +88,22 @@ class Model {
   std::vector<int64_t> input_shape() const;  // per sample: [C, H, W], or [T] tokens
   int64_t classes() const;              // the logits' width (the vocabulary for token models)
   bool takes_tokens() const;
+  // The model file's text (a file, from_json or a Sequential); "" for a built-in.
+  std::string json() const;
 
   // Weights: none until fit() or load_weights() (fit then starts from a seeded
   // initialisation). Names are PyTorch's ("fc1.weight", "bn1.running_mean").
   bool has_weights() const;
   std::vector<std::string> weight_names() const;
   std::vector<float> weight(const std::string& name) const;  // Error when absent
+  // The model's weights by name, whether it holds values yet or not, and each one's shape.
+  std::vector<std::string> declared_weights() const;
+  std::vector<int64_t> weight_shape(const std::string& name) const;  // Error naming an unknown one
+  // Sets weights from row-major values by name: each a weight of the model with its number
+  // of values (an Error names the first that is not). A model without weights yet needs
+  // every parameter and statistic (its counters, num_batches_tracked, start at 0 when left
+  // out); one with weights keeps those left out.
+  void set_weights(const std::map<std::string, std::vector<float>>& weights);
   // safetensors, as saturate train --save-weights writes and --init-weights reads.
   void save(const std::string& path) const;
   void load_weights(const std::string& path);

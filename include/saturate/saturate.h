@@ -5,3 +5,4 @@
 #include "saturate/data.h"
 #include "saturate/fit.h"
 #include "saturate/model.h"
+#include "saturate/plan.h"

@@ -183,6 +183,7 @@ History run_fit(Model& model, const Dataset& train, const FitOptions& o) {
                                                                       c.last_batch));
   std::vector<EpochLog> logs;
   c.stop_early = [&](const sat::TrainResult& r) {
+    if (o.stop_requested && o.stop_requested()) return true;  // the epoch ends after the run
     if (r.steps % ep.per_epoch != 0) return false;
     EpochLog e = ep.close(r.steps / ep.per_epoch, sat::now_seconds());
     if (val) add_validation(e, trainer->evaluate());
@@ -220,10 +221,10 @@ std::unique_ptr<sat::Trainer> eval_trainer(const Model& model, const Dataset& da
   SAT_CHECK(model.impl()->weights, "model '", mc.name, "' has no weights yet (fit it or load_weights)");
   check_data(mc, data, "dataset");
   sat::TrainConfig c;
-  c.batch = batch;
+  c.batch = std::min(batch, data.size());  // a dataset smaller than one batch: a batch of them all
   c.shuffle = false;
   c.progress = 0;
-  c.last_batch = sat::LastBatch::pad;  // a dataset smaller than one batch is fine to evaluate
+  c.last_batch = sat::LastBatch::pad;  // the last batch padded
   const sat::Dataset& ds = *data.impl()->data;
   sat::fit_to_data(mc, ds);  // a built-in takes the data's image shape (its weights must then fit)
   auto t = std::make_unique<sat::Trainer>(mc, c, ds, &ds);

@@ -18,6 +18,8 @@ namespace saturate {
 
 struct Model::Impl {
   sat::ModelConfig config;
+  std::string spec;  // as --model takes it ("" : built here, from a model file's text)
+  std::string json;  // the model file's text ("" : a built-in)
   std::unique_ptr<sat::ParamStore> weights;  // null: none yet
 };
 

@@ -5,6 +5,7 @@
 
 #include "api/impl.h"
 #include "nn/model_file.h"
+#include "core/io.h"
 #include "nn/safetensors.h"
 
 namespace saturate {
@@ -101,6 +102,7 @@ Model Sequential::build() const {
   return guarded([&] {
     auto impl = std::make_shared<Model::Impl>();
     impl->config = sat::model_text_config(name_, text);
+    impl->json = text;
     return Model(impl);
   });
 }
@@ -133,10 +135,23 @@ Model Model::load(const std::string& spec) {
   return guarded([&] {
     const bool path = spec.size() > 5 && spec.compare(spec.size() - 5, 5, ".json") == 0 && spec.rfind("file:", 0) != 0;
     auto impl = std::make_shared<Impl>();
-    impl->config = sat::model_config(path ? "file:" + spec : spec);
+    impl->spec = path ? "file:" + spec : spec;
+    impl->config = sat::model_config(impl->spec);
+    if (impl->config.family == sat::ModelFamily::file) impl->json = sat::read_input_file("--model", impl->config.file->path);
     return Model(impl);
   });
 }
+
+Model Model::from_json(const std::string& text, const std::string& name) {
+  return guarded([&] {
+    auto impl = std::make_shared<Impl>();
+    impl->config = sat::model_text_config(name, text);
+    impl->json = text;
+    return Model(impl);
+  });
+}
+
+std::string Model::json() const { return impl_->json; }
 
 const std::string& Model::name() const { return impl_->config.name; }
 
@@ -198,6 +213,79 @@ std::vector<float> weight_values(const sat::ParamStore& w, const std::string& mo
 std::vector<float> Model::weight(const std::string& name) const {
   if (!impl_->weights) throw Error("model '" + this->name() + "' has no weights yet (fit it or load_weights)");
   return guarded([&] { return weight_values(*impl_->weights, this->name(), name); });
+}
+
+std::vector<std::string> Model::declared_weights() const {
+  if (impl_->weights) return weight_names();
+  const auto w = guarded([&] { return empty_weights(impl_->config); });
+  std::vector<std::string> names;
+  for (size_t i = 0; i < w->num_params(); ++i) names.push_back(w->decl(i).name);
+  for (size_t i = 0; i < w->num_states(); ++i) names.push_back(w->state_decl(i).name);
+  return names;
+}
+
+std::vector<int64_t> Model::weight_shape(const std::string& name) const {
+  return guarded([&] {
+    std::unique_ptr<sat::ParamStore> fresh;
+    const sat::ParamStore& w = impl_->weights ? *impl_->weights : *(fresh = empty_weights(impl_->config));
+    if (const int i = w.find_param(name); i >= 0) return w.decl(size_t(i)).spec.shape.vec();
+    const int s = w.find_state(name);
+    SAT_CHECK(s >= 0, "model '", this->name(), "' has no weight named '", name, "'");
+    return w.state_decl(size_t(s)).spec.shape.vec();
+  });
+}
+
+namespace {
+
+// The tensor a weight's values go to (f32, or an i64 state such as num_batches_tracked),
+// the name and the number of values checked.
+sat::Tensor weight_tensor(sat::ParamStore& w, const std::string& model, const std::string& name, size_t values) {
+  const int i = w.find_param(name), s = w.find_state(name);
+  SAT_CHECK(i >= 0 || s >= 0, "model '", model, "' has no weight named '", name, "'");
+  const sat::Tensor t = i >= 0 ? w.host_param(size_t(i)) : w.host_state(size_t(s));
+  SAT_CHECK(int64_t(values) == t.numel(), "model '", model, "': weight '", name, "' has ", t.numel(),
+            " values (shape ", t.shape.str(), "), got ", values);
+  SAT_ASSERT(t.dtype == sat::DType::f32 || t.dtype == sat::DType::i64);
+  return t;
+}
+
+void set_tensor(const sat::Tensor& t, const std::vector<float>& values) {
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (t.dtype == sat::DType::i64) static_cast<int64_t*>(t.ptr)[k] = int64_t(values[k]);
+    else t.f32()[k] = values[k];
+  }
+}
+
+// A model without weights gets every parameter and float state from `weights`; its counters
+// (an i64 state such as num_batches_tracked, which PyTorch's BatchNorm keeps) start at 0.
+void require_all(sat::ParamStore& to, const std::map<std::string, std::vector<float>>& weights,
+                 const std::string& model) {
+  std::vector<std::string> need;
+  for (size_t i = 0; i < to.num_params(); ++i) need.push_back(to.decl(i).name);
+  for (size_t i = 0; i < to.num_states(); ++i) {
+    const sat::Tensor t = to.host_state(i);
+    if (t.dtype != sat::DType::i64) need.push_back(to.state_decl(i).name);
+    else if (!weights.count(to.state_decl(i).name)) std::fill_n(static_cast<int64_t*>(t.ptr), t.numel(), 0);
+  }
+  for (const std::string& n : need)
+    SAT_CHECK(weights.count(n), "model '", model, "' has no weights yet: set_weights needs every one of its ",
+              need.size(), " parameters and statistics, and '", n, "' is missing");
+}
+
+}  // namespace
+
+void Model::set_weights(const std::map<std::string, std::vector<float>>& weights) {
+  guarded([&] {
+    const bool fresh = !impl_->weights;
+    std::unique_ptr<sat::ParamStore> w = fresh ? empty_weights(impl_->config) : nullptr;
+    sat::ParamStore& to = fresh ? *w : *impl_->weights;
+    std::vector<std::pair<sat::Tensor, const std::vector<float>*>> writes;  // all checked before any is written
+    for (const auto& [key, values] : weights) writes.emplace_back(weight_tensor(to, name(), key, values.size()), &values);
+    if (fresh) require_all(to, weights, name());
+    for (const auto& [t, values] : writes) set_tensor(t, *values);
+    if (fresh) impl_->weights = std::move(w);
+    impl_->weights->refresh_lp();
+  });
 }
 
 void Model::save(const std::string& path) const {

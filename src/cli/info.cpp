@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "plan/info_plan.h"
 #include "plan/planner.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -163,21 +164,10 @@ void print_memory(JobPlan& job, const RunArgs& a) {
   }
 }
 
-// The model as the plan is made for: with --device cuda, the GPU engine's (its activations
-// and GEMM inputs in the precision, the low-precision copy of the parameters, the library
-// workspace), planned on any machine; otherwise the CPU engine's.
-ModelConfig planned_model(const ModelConfig& mc, const TrainConfig& cfg, bool gpu) {
-  ModelConfig m = resolved_model(mc, cfg);
-  if (gpu) m.device = Device::cuda, m.act = activation_dtype(cfg.precision, Device::cuda);
-  return m;
-}
-
-}  // namespace
-
-int run_info(const RunArgs& a) {
+// info's flags as the plan: the layout, precision, optimizer and loaders of --device's engine.
+InfoPlan info_plan(const RunArgs& a, const ModelConfig& mc) {
   const bool gpu = a.device == "cuda" || a.device.rfind("cuda:", 0) == 0;
   SAT_CHECK(gpu || a.device == "cpu" || a.device == "auto", "--device: expected cpu or cuda, got '", a.device, "'");
-  ModelConfig mc = model_for(a);
   TrainConfig cfg;  // the CPU engine's plan (the device's own support is the table below)
   cfg.precision = parse_precision(a.precision);
   static_cast<Layout&>(cfg) = layout_of(a, parse_batch(a.batch));
@@ -185,17 +175,20 @@ int run_info(const RunArgs& a) {
   cfg.optim.momentum = float(a.momentum);
   cfg.prefetch = a.prefetch;
   cfg.loader_workers = loader_workers_of(a, gpu, 1);
-  validate_run(mc, cfg, a.ranks * cfg.pp * cfg.tp);
-  (void)resolve_optim(cfg.optim);  // (--optimizer's name, before anything is printed)
-  // The plan of `saturate train` on data of the model's default shape (its shapes only:
-  // planning generates and allocates no data): loader rings included.
-  const DataSplit data = synthetic_shapes(data_options_for(mc, 0));
-  JobPlan job(planned_model(mc, cfg, gpu), cfg, *data.train, data.test.get(), a.ranks);
+  return InfoPlan(mc, cfg, a.ranks, gpu);
+}
+
+}  // namespace
+
+int run_info(const RunArgs& a) {
+  InfoPlan p = info_plan(a, model_for(a));
+  JobPlan& job = *p.job;
+  const TrainConfig& cfg = job.config();
   print_model(job);
   print_memory(job, a);
   if (cfg.recompute != Recompute::none) print_recompute(job);
   if (cfg.zero) print_zero_saving(job);
-  if (gpu) std::printf("\n%s", support_table().c_str());
+  if (p.gpu) std::printf("\n%s", support_table().c_str());
   return 0;
 }
 

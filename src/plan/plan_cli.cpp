@@ -33,9 +33,11 @@ double memory_budget_of(const PlanArgs& a) {
   return double(parse_size(old_name ? "--memory-limit" : "--memory-budget", text, kMinMemoryBytes));
 }
 
-PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
+}  // namespace
+
+PlanRequest plan_request(const PlanArgs& a, const ModelConfig& model, dist::Comm* world) {
   PlanRequest r;
-  r.model = model_config(a.model);
+  r.model = model;
   r.model_arg = a.model;
   r.hw = hardware(a.gpu, world);
   r.gpus = a.gpus;
@@ -57,6 +59,8 @@ PlanRequest request_of(const PlanArgs& a, dist::Comm* world) {
   r.engine = engine_model(a.engine);
   return r;
 }
+
+namespace {
 
 // --compare: every run predicted on the device it ran on, by its engine's model.
 int run_compare(const PlanArgs& a) {
@@ -99,15 +103,19 @@ void check_plan_outputs(const PlanArgs& a) {
 
 }  // namespace
 
+void check_plan_args(const PlanArgs& a) {
+  SAT_CHECK(a.gpus >= 1, "--gpus: expected a positive number of devices, got ", a.gpus);
+  SAT_CHECK(a.global_batch >= 1, "--global-batch is required: expected a positive number of samples per step, got ", a.global_batch);
+}
+
 int run_plan(const PlanArgs& a) {
   check_plan_outputs(a);
   if (!a.calibrate.empty()) return run_calibrate(a);
   if (!a.compare.empty()) return run_compare(a);
-  SAT_CHECK(a.gpus >= 1, "--gpus: expected a positive number of devices, got ", a.gpus);
-  SAT_CHECK(a.global_batch >= 1, "--global-batch is required: expected a positive number of samples per step, got ", a.global_batch);
+  check_plan_args(a);
   std::unique_ptr<dist::Comm> world;
   if (a.gpu == "this" && dist::detect_process().distributed()) world = dist::make_world_comm();
-  const PlanRequest r = request_of(a, world.get());
+  const PlanRequest r = plan_request(a, model_config(a.model), world.get());
   const PlanResult p = plan_layouts(r);
   if (!world || world->rank() == 0) {
     std::printf("%s", plan_text(p, r).c_str());

@@ -2,7 +2,14 @@
 #pragma once
 #include <string>
 
+#include "nn/models.h"
+
 namespace sat {
+
+namespace dist {
+class Comm;
+}
+struct PlanRequest;
 
 struct PlanArgs {
   std::string model = "gpt2-124m";
@@ -25,5 +32,12 @@ struct PlanArgs {
 
 // Returns the exit status; sat::Error for bad input.
 int run_plan(const PlanArgs& a);
+
+// --gpus and --global-batch checked (sat::Error naming the flag).
+void check_plan_args(const PlanArgs& a);
+// The planner's request for `model` (a.model only names it in the printed commands):
+// the hardware (world: the ranks that measure `--gpu this` together, or null), precision,
+// optimizer, --layout's filter and the memory budget.
+PlanRequest plan_request(const PlanArgs& a, const ModelConfig& model, dist::Comm* world);
 
 }  // namespace sat
