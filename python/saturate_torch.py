@@ -17,6 +17,7 @@ import json
 import math
 import operator
 import os
+import re
 import struct
 import sys
 
@@ -405,7 +406,8 @@ class _Converter:
     def function_layer(self, n):
         t = n.target
         path = n.meta.get("path", "")
-        name = f"{path}.{n.name}" if path else n.name
+        base = re.sub(r"_\d+$", "", n.name)
+        name = f"{path}.{base}" if path else base
         arg = lambda k, key, d=None: n.args[k] if len(n.args) > k else n.kwargs.get(key, d)  # noqa: E731
         if t in _RELU:
             return self.add(n, {"name": name, "type": "relu"}, [self.tensor_arg(n)])
@@ -675,7 +677,7 @@ def _example_targets(module, x, tokens):
             module.load_state_dict(state)
     logits = out[0] if isinstance(out, (tuple, list)) else out
     g = torch.Generator().manual_seed(0)
-    return torch.randint(0, logits.shape[-1], tuple(logits.shape[:-1]), generator=g)
+    return torch.randint(0, logits.shape[-1], tuple(x.shape) if tokens else x.shape[:1], generator=g)
 
 
 def import_module(module, example_input, name=None):
