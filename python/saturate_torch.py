@@ -1,7 +1,8 @@
 """Import a PyTorch module into saturate: a model file (--model file:NET.json) and its weights.
 
     imp = import_module(module, example_input)   # example_input: a batch [B, ...]
-    imp.model_json, imp.weights, imp.input_shape, imp.takes_tokens, imp.classes
+    imp.model_json, imp.weights (float32 arrays; BatchNorm's num_batches_tracked int64), imp.input_shape,
+    imp.takes_tokens, imp.classes
     imp.state_dict(weights)                       # saturate's weights -> the module's state_dict
 
 The module is traced with torch.fx by a tracer that runs every operation on the example
@@ -50,6 +51,11 @@ def _has_tensor(v):
     return bool(found)
 
 
+def _shape_spec(shape, tokens):
+    """A per-sample shape as --input writes it."""
+    return f"tokens:{shape[-1]}" if tokens else "x".join(str(int(d)) for d in shape)
+
+
 class _ConcreteProxy(fx.Proxy):
     """A proxy that also holds the value its node computes on the example batch."""
 
@@ -82,6 +88,8 @@ class _Tracer(fx.Tracer):
         self.inputs = list(inputs)
         self.path = [""]
         self.computing = False
+        self.example_shape = tuple(inputs[0].shape[1:]) if inputs else ()
+        self.tokens = bool(inputs) and not inputs[0].is_floating_point()
 
     def is_leaf_module(self, m, qualname):
         if isinstance(m, _LEAVES):
@@ -99,9 +107,10 @@ class _Tracer(fx.Tracer):
             self.path.pop()
 
     def to_bool(self, obj):
-        raise TorchImportError(
-            f"data-dependent control flow in '{self.path[-1] or type(self.root_module).__name__}': a Python "
-            f"condition (if/while/assert/bool) on a tensor's values, which a traced graph cannot hold")
+        where = self.path[-1] or type(self.root_module).__name__
+        raise TorchImportError(f"data-dependent control flow in '{where}': a Python condition (if, while, assert, "
+                               f"bool) on a tensor's values, which a traced graph cannot hold (torch.fx: symbolically "
+                               f"traced variables cannot be used as inputs to control flow)")
 
     def iter(self, obj):
         return iter(obj)
@@ -141,9 +150,17 @@ class _Tracer(fx.Tracer):
             raise
         except Exception as e:  # noqa: BLE001 - any failure of the module on the example batch
             where = target if kind == "call_module" else self.path[-1]
+            op = type(self.root_module.get_submodule(target)).__name__ if kind == "call_module" else _describe(kind, target)
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TorchImportError(f"--input: '{where or 'the model'}' ({_describe(kind, target)}) fails on the "
-                                   f"example batch: {msg}") from None
+            shape = _shape_spec(self.example_shape, self.tokens)
+            m = self.root_module.get_submodule(target) if kind == "call_module" else None
+            xv = args[0].value if args and isinstance(args[0], _ConcreteProxy) else None
+            if isinstance(m, nn.Linear) and isinstance(xv, torch.Tensor) and xv.shape[-1] != m.in_features:
+                msg = f"it takes {m.in_features} features, and gets {list(xv.shape)}"
+            elif isinstance(m, nn.Conv2d) and isinstance(xv, torch.Tensor) and xv.dim() == 4 and xv.shape[1] != m.in_channels:
+                msg = f"it takes {m.in_channels} channels, and gets {list(xv.shape)}"
+            raise TorchImportError(f"--input {shape}: '{where or type(self.root_module).__name__}' ({op}) fails on a "
+                                   f"batch of that shape: {msg}") from None
         finally:
             self.computing = False
         if kind not in ("placeholder", "get_attr") and not _has_tensor(value):
@@ -286,7 +303,9 @@ class _Converter:
 
     def param(self, layer_name, key, t):
         name = f"{layer_name}.{key}"
-        self.weights[name] = np.ascontiguousarray(t.detach().cpu().float().numpy())
+        v = t.detach().cpu()
+        v = v.numpy() if v.dtype == torch.int64 else v.float().numpy()  # num_batches_tracked stays int64
+        self.weights[name] = np.array(v, order="C", copy=True)
         self.file_of[id(t)] = name
 
     def tensor_arg(self, n, k=0):
@@ -333,7 +352,7 @@ class _Converter:
             if not (m.affine and m.track_running_stats) or m.momentum is None:
                 self.refuse(n, "BatchNorm2d without affine parameters, running statistics or a momentum")
             lay = self.add(n, {"name": path, "type": "batchnorm2d", "eps": m.eps, "momentum": m.momentum}, [x])
-            for k in ("weight", "bias", "running_mean", "running_var"):
+            for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
                 self.param(lay["name"], k, getattr(m, k))
             return
         if isinstance(m, nn.LayerNorm):
@@ -610,6 +629,13 @@ class _Converter:
 
     def model_json(self, name, x_shape, classes):
         T = x_shape[0] if self.tokens else None
+        if not self.tokens and len(x_shape) == 1:
+            # saturate's feature inputs are [1, 1, N] (as its readers give them): flattened first
+            x_shape = (1, 1, x_shape[0])
+            for l, _ in self.layers:
+                if "inputs" in l:
+                    l["inputs"] = ["x.flatten" if i == "x" else i for i in l["inputs"]]
+            self.layers.insert(0, ({"name": "x.flatten", "type": "flatten"}, None))
         inputs = {"x": {"shape": list(x_shape), **({"dtype": "int32"} if self.tokens else {})},
                   "y": {"shape": [T] if self.tokens else [], "dtype": "int32"}}
         out, i = [], 0
@@ -653,7 +679,7 @@ class ImportedModel:
                 continue
             if name not in weights:
                 raise KeyError(f"saturate's weights have no '{name}' (the module's '{key}')")
-            v = torch.from_numpy(np.array(weights[name], dtype=np.float32, copy=True))
+            v = torch.from_numpy(np.array(weights[name], copy=True))
             if v.numel() != t.numel():
                 raise ValueError(f"'{name}' has {v.numel()} values, the module's '{key}' {t.numel()}")
             out[key] = v.reshape(t.shape).to(t.dtype)
@@ -671,7 +697,8 @@ def _example_targets(module, x, tokens):
         try:
             out = module(x)
         except Exception as e:  # noqa: BLE001
-            raise TorchImportError(f"--input: the module fails on an example batch {list(x.shape)}: "
+            shape = _shape_spec(x.shape[1:], tokens)
+            raise TorchImportError(f"--input {shape}: '{type(module).__name__}' fails on a batch of that shape: "
                                    f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
         finally:
             module.load_state_dict(state)
@@ -702,11 +729,12 @@ def import_module(module, example_input, name=None):
 # ---- saturate import --------------------------------------------------------------------
 
 def save_safetensors(path, weights):
-    """weights (name -> float32 array) as a safetensors file."""
+    """weights (name -> float32 array, or int64 for BatchNorm's num_batches_tracked) as a safetensors file."""
     header, off, blobs = {}, 0, []
     for k in sorted(weights):
-        a = np.ascontiguousarray(weights[k], dtype=np.float32)
-        header[k] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        i64 = np.asarray(weights[k]).dtype == np.int64
+        a = np.ascontiguousarray(weights[k], dtype=np.int64 if i64 else np.float32)
+        header[k] = {"dtype": "I64" if i64 else "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
         blobs.append(a.tobytes())
         off += a.nbytes
     h = json.dumps(header).encode()
@@ -727,8 +755,12 @@ def load_safetensors(path):
         if k == "__metadata__":
             continue
         s, e = v["data_offsets"]
-        dt = {"F32": np.float32, "F16": np.float16, "BF16": None}[v["dtype"]]
-        out[k] = np.frombuffer(data[s:e], dtype=dt).reshape(v["shape"]).astype(np.float32)
+        if v["dtype"] == "I64":
+            out[k] = np.frombuffer(data[s:e], dtype=np.int64).reshape(v["shape"]).copy()
+        elif v["dtype"] == "F32":
+            out[k] = np.frombuffer(data[s:e], dtype=np.float32).reshape(v["shape"]).copy()
+        else:
+            raise ValueError(f"{path}: tensor '{k}' is {v['dtype']}; saturate's weights are F32 (and I64 counters)")
     return out
 
 
