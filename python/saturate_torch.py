@@ -259,6 +259,7 @@ class _Converter:
         self.consumed = set()
         self.emit_at = {}          # node -> a function emitting its layers (attention, embeddings)
         self.modules = dict(module.named_modules())
+        self.vocab_parallel = set()  # gpt_embedding's token tables: split by vocabulary under --tp
         self.alias = {}            # node -> the node whose value it passes on unchanged
 
     # -- helpers --
@@ -328,6 +329,8 @@ class _Converter:
             tied = self.file_of.get(id(m.weight))
             if tied:
                 layer["tied_to"] = tied
+                if tied in self.vocab_parallel:  # gpt_embedding splits its vocabulary under --tp: so must the head
+                    layer["tp"] = "column"
             lay = self.add(n, layer, [x])
             if not tied:
                 self.param(lay["name"], "weight", m.weight)
@@ -532,6 +535,7 @@ class _Converter:
         lay = self.add(n, {"name": name, "type": "gpt_embedding", "vocab": wte.num_embeddings,
                            "width": wte.embedding_dim, "context": wpe.num_embeddings}, [tok.args[0]], a)
         self.param(lay["name"], "wte.weight", wte.weight)
+        self.vocab_parallel.add(f"{lay['name']}.wte.weight")
         self.param(lay["name"], "wpe.weight", wpe.weight)
 
     # -- the whole graph --
