@@ -163,10 +163,12 @@ void run_import_parity(const std::string& name) {
                                         " " + trained.string());
   ASSERT_EQ(e.status, 0) << e.out;
   const double torch_eval = std::stod(e.out), rel_eval = std::fabs(torch_eval - r.test->loss) / std::fabs(r.test->loss);
+  char rest[160] = "";
+  if (stable < steps)
+    std::snprintf(rest, sizeof rest, " over steps 1-%lld; %.1e over the later steps, where PyTorch disagrees with "
+                  "itself", (long long)stable, worst_rest);
   std::printf("[ import   ] %-9s %lld steps: worst relative loss difference %.2e%s; trained weights in PyTorch: "
-              "evaluation loss %.6f vs saturate's %.6f (%.1e)\n", name.c_str(), (long long)steps, worst,
-              stable < steps ? (" (steps 1-" + std::to_string(stable) + "; later steps, where PyTorch disagrees with "
-                                "itself, " + std::to_string(worst_rest) + ")").c_str() : "",
+              "evaluation loss %.6f vs saturate's %.6f (%.1e)\n", name.c_str(), (long long)steps, worst, rest,
               torch_eval, r.test->loss, rel_eval);
   EXPECT_LT(rel_eval, 1e-5) << name;
 }
