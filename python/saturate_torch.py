@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 SUPPORTED = ("Linear, Conv2d, BatchNorm2d, LayerNorm, Embedding, ReLU, GELU, Dropout, MaxPool2d, "
              "AdaptiveAvgPool2d(1), Flatten, Identity, relu, gelu, add (residuals), flatten/view/reshape that "
-             "flatten, dropout, F.cross_entropy, causal self-attention (fused qkv Linear, output Linear), "
-             "token + position embeddings")
+             "flatten, dropout, F.cross_entropy, causal self-attention (a module with a fused qkv Linear and an output "
+             "Linear, or MultiheadAttention with a causal mask), token + position embeddings")
 
 
 class TorchImportError(Exception):
@@ -372,7 +372,35 @@ class _Converter:
                                "width": m.embedding_dim}, [x])
             self.param(lay["name"], "weight", m.weight)
             return
+        if isinstance(m, nn.MultiheadAttention):
+            return self.multihead_attention(n, m, x, xv)
         self.simple_module(n, m, x, xv)
+
+    def multihead_attention(self, n, m, x, xv):
+        """nn.MultiheadAttention(batch_first=True) of one input with a causal attn_mask: saturate's attention."""
+        qkv = [n.args[i] if len(n.args) > i else n.kwargs.get(k) for i, k in enumerate(("query", "key", "value"))]
+        out = n.meta["value"][0]
+        ok = len(set(qkv)) == 1 and m.batch_first and m._qkv_same_embed_dim and m.bias_k is None and \
+            not m.add_zero_attn and (m.dropout == 0 or not m.training) and n.kwargs.get("key_padding_mask") is None
+        if ok:
+            with torch.no_grad():
+                ok = _close(m.out_proj(_causal_attention(F.linear(xv, m.in_proj_weight, m.in_proj_bias), m.num_heads)),
+                            out)
+        if not ok:
+            self.refuse(n, "MultiheadAttention other than causal self-attention (batch_first=True, one input, a causal "
+                           "attn_mask, no dropout, key padding or extra bias)")
+        path, bias = n.target, m.in_proj_bias is not None
+        la = self.add(None, {"name": f"{path}.in_proj", "type": "linear", "out": 3 * m.embed_dim, "bias": bias,
+                             "tp": "column", "tp_stride": 3}, [x], path)
+        self.param(la["name"], "weight", m.in_proj_weight)
+        if bias:
+            self.param(la["name"], "bias", m.in_proj_bias)
+        at = self.add(None, {"name": f"{path}.attention", "type": "attention", "heads": m.num_heads}, [la["name"]], path)
+        lb = self.add(n, {"name": f"{path}.out_proj", "type": "linear", "out": m.embed_dim,
+                          "bias": m.out_proj.bias is not None, "tp": "row"}, [at["name"]], path)
+        self.param(lb["name"], "weight", m.out_proj.weight)
+        if m.out_proj.bias is not None:
+            self.param(lb["name"], "bias", m.out_proj.bias)
 
     def simple_module(self, n, m, x, xv):
         path = n.target
@@ -431,6 +459,10 @@ class _Converter:
         base = re.sub(r"_\d+$", "", n.name)
         name = f"{path}.{base}" if path else base
         arg = lambda k, key, d=None: n.args[k] if len(n.args) > k else n.kwargs.get(key, d)  # noqa: E731
+        if t is operator.getitem and isinstance(n.args[0], fx.Node) and n.args[0] in self.name and n.args[1] == 0 and \
+                n.args[0].op == "call_module" and isinstance(self.modules[n.args[0].target], nn.MultiheadAttention):
+            self.name[n] = self.name[n.args[0]]  # MultiheadAttention's output (its weights are not used)
+            return None
         if t in _RELU:
             return self.add(n, {"name": name, "type": "relu"}, [self.tensor_arg(n)])
         if t in _GELU:

@@ -218,6 +218,7 @@ void expect_refusal(const std::string& factory, const std::string& input, const 
 TEST(Import, MlpMatchesPyTorch) { run_import_parity("mlp"); }
 TEST(Import, CnnMatchesPyTorch) { run_import_parity("cnn"); }
 TEST(Import, NanoGptMatchesPyTorch) { run_import_parity("gpt"); }
+TEST(Import, MultiheadAttentionMatchesPyTorch) { run_import_parity("mha"); }
 TEST(Import, Resnet18MatchesPyTorch) { run_import_parity("resnet18"); }
 TEST(Import, Resnet50MatchesPyTorch) { run_import_parity("resnet50"); }
 

@@ -196,3 +196,26 @@ def with_sin():
 
 def branchy():
     return Branchy()
+
+
+class MHANet(nn.Module):
+    """A token model around nn.MultiheadAttention with a causal mask."""
+
+    def __init__(self, vocab=64, width=32, heads=4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.ln = nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        x = self.emb(idx)
+        h = self.ln(x)
+        y, _ = self.attn(h, h, h, attn_mask=mask, need_weights=False)
+        return self.head(x + y)
+
+
+def mha():
+    return MHANet()
