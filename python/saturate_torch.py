@@ -8,7 +8,9 @@
 The module is traced with torch.fx by a tracer that runs every operation on the example
 batch as it goes, so sizes (x.size(), .shape, b, t = idx.size()) are plain ints; each leaf
 module and function becomes one of saturate's layers, or the import stops with a
-TorchImportError naming the operation and where it is. Run as a script it is
+TorchImportError naming the operation and where it is. A feature vector [N] (--input N) is
+[1, 1, N] in the model file, as saturate's readers give features, and flattened first.
+Run as a script it is
 `saturate import`: python3 saturate_torch.py MODULE:FACTORY --input SHAPE [--out] [--weights].
 """
 import ast
@@ -29,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SUPPORTED = ("Linear, Conv2d, BatchNorm2d, LayerNorm, Embedding, ReLU, GELU, Dropout, MaxPool2d, "
-             "AdaptiveAvgPool2d(1), Flatten, Identity, relu, gelu, add (residuals), flatten/view/reshape that "
+             "AdaptiveAvgPool2d, Flatten, Identity, relu, gelu, add (residuals), flatten/view/reshape that "
              "flatten, dropout, F.cross_entropy, causal self-attention (a module with a fused qkv Linear and an output "
              "Linear, or MultiheadAttention with a causal mask), token + position embeddings")
 
@@ -67,9 +69,7 @@ class _ConcreteProxy(fx.Proxy):
     def __len__(self):
         return len(self.value)
 
-    def __iter__(self):
-        if isinstance(self.value, (tuple, list)):
-            return iter([self[i] for i in range(len(self.value))])
+    def __iter__(self):  # q, k, v = x.split(...): one getitem node each
         return iter([self[i] for i in range(len(self.value))])
 
 
