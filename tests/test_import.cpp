@@ -119,15 +119,18 @@ void check_init(const sat::ParamStore& ps, const json& sums, const std::string& 
 
 // Imports the golden's module, trains its 20 steps from the imported weights, compares the
 // losses, then loads saturate's trained weights back into the module (PyTorch, strict) and
-// compares its evaluation loss on the first batch with saturate's.
-void run_import_parity(const std::string& name) {
+// compares its evaluation loss on the first batch with saturate's. `steps` < 20: only the
+// golden's first steps (resnet50, whose steps cost a second each here and which PyTorch
+// itself does not reproduce past the first: see scripts/make-import-goldens).
+void run_import_parity(const std::string& name, int64_t steps = 0) {
   REQUIRE_TORCH();
   sat::cpu::set_num_threads(2);
   const json g = golden(name);
   const fs::path base = imported(name);
   sat::ModelConfig mc = sat::model_config("file:" + base.string() + ".json");
   ASSERT_EQ(mc.classes, g["classes"].get<int64_t>());
-  const int64_t batch = g["batch"], steps = g["steps"];
+  const int64_t batch = g["batch"];
+  if (steps == 0) steps = g["steps"];
   const auto data = parity_data(mc, 0, batch * steps), test = parity_data(mc, 0, batch);
   sat::TrainConfig cfg;
   cfg.batch = batch;
@@ -146,9 +149,9 @@ void run_import_parity(const std::string& name) {
   t.load_weights(base.string() + ".safetensors");
   check_init(t.params(), g["init_checksums"], name);
   const auto r = t.run();
-  const auto& ref = g["losses"];
+  const json ref(std::vector<json>(g["losses"].begin(), g["losses"].begin() + steps));
   ASSERT_EQ(r.losses.size(), ref.size());
-  const int64_t stable = g["stable_steps"];
+  const int64_t stable = std::min(g["stable_steps"].get<int64_t>(), steps);
   double worst = 0, worst_rest = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double want = ref[i].get<double>(), rel = std::fabs(r.losses[i] - want) / std::fabs(want);
@@ -223,7 +226,7 @@ TEST(Import, CnnMatchesPyTorch) { run_import_parity("cnn"); }
 TEST(Import, NanoGptMatchesPyTorch) { run_import_parity("gpt"); }
 TEST(Import, MultiheadAttentionMatchesPyTorch) { run_import_parity("mha"); }
 TEST(Import, Resnet18MatchesPyTorch) { run_import_parity("resnet18"); }
-TEST(Import, Resnet50MatchesPyTorch) { run_import_parity("resnet50"); }
+TEST(Import, Resnet50MatchesPyTorch) { run_import_parity("resnet50", 5); }
 
 TEST(Import, WritesBlocksAndTensorParallelPairs) {
   REQUIRE_TORCH();
