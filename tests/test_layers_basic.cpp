@@ -282,6 +282,29 @@ TEST(GELU, MatchesPyTorchTanhGelu) {
   EXPECT_NEAR(rig.ctx().out.f32()[1], -0.1542859972, 1e-6);
 }
 
+TEST(GELU, ExactErfGradientsManyShapes) {
+  for (Shape s : {Shape{1}, Shape{3, 5}, Shape{17, 33}, Shape{2, 3, 4, 5}, Shape{300, 301}}) {
+    SCOPED_TRACE(s.str());
+    GELU gelu(true);
+    OpCheck o = f32_inputs({s});
+    o.inputs[0].scale = 2.0f;  // reach the tails
+    check(gelu, o);
+  }
+}
+
+TEST(GELU, ExactErfMatchesPyTorchGelu) {
+  // torch.nn.functional.gelu(x) (approximate='none') in float64.
+  const std::vector<float> x = {1.0f, -0.5f, 2.0f, -3.0f, 0.1f, -10.0f, 0.0f, 20.0f};
+  const std::vector<double> want = {0.8413447461, -0.1542687694, 1.9544997361, -0.0040496941, 0.0539827837, -0.0000000000, 0.0000000000, 20.0000000000};
+  GELU gelu(true);
+  EXPECT_STREQ(gelu.kind(), "GELU(erf)");
+  LayerRig rig(gelu, f32_inputs({{int64_t(x.size())}}));
+  set(rig.ctx().in[0], x);
+  rig.forward();
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(rig.ctx().out.f32()[i], want[i], 2e-7 + 1e-6 * std::fabs(want[i])) << "gelu(" << x[i] << ")";
+}
+
 TEST(GELU, BackwardMatchesAnalyticDerivative) {
   const std::vector<float> x = {-4, -1.5f, -0.3f, 0, 0.7f, 2.5f};
   GELU gelu;

@@ -143,6 +143,8 @@ TEST(ModelFile, MistakesNameTheLayerAndTheField) {
       {net(flat + R"({"name": "fc", "type": "dense", "out": 10}, )" + loss), {"layer 'fc'", "unknown type 'dense'", "linear"}},
       {net(flat + R"({"name": "fc", "type": "linear"}, )" + loss), {"layer 'fc' (linear)", "missing field 'out'"}},
       {net(flat + R"({"name": "fc", "type": "linear", "outs": 10}, )" + loss), {"layer 'fc' (linear)", "unknown field 'outs'"}},
+      {net(flat + R"({"name": "act", "type": "gelu", "approximate": "fast"}, {"name": "fc", "type": "linear", "out": 10}, )" +
+           loss), {"layer 'act' (gelu)", "field 'approximate' must be tanh or none (exact erf), got 'fast'"}},
       {net(flat + R"({"name": "fc", "type": "linear", "out": 10, "in": 100}, )" + loss),
        {"layer 'fc' (linear)", "'in' is 100 but its input 'flat' has 784 features"}},
       {net(flat + R"({"name": "conv", "type": "conv2d", "out_channels": 8, "kernel": 3}, )"

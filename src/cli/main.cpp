@@ -1,5 +1,5 @@
 // The `saturate` command: train, tune, eval, predict, info, plan, hardware, schedule, launch,
-// bench, report, tokenize, generate and convert. It parses flags into typed configs (cli/args.h) and hands them to the
+// bench, report, tokenize, generate, convert and import. It parses flags into typed configs (cli/args.h) and hands them to the
 // command's run function; policy lives below it. User mistakes print one clear line and
 // exit with status 2; nothing is written over until a run has succeeded.
 #include <strings.h>
@@ -18,6 +18,7 @@
 #include "cli/convert_cmd.h"
 #include "cli/eval.h"
 #include "cli/generate_cmd.h"
+#include "cli/import_cmd.h"
 #include "cli/info.h"
 #include "cli/tokenize_cmd.h"
 #include "cli/tools.h"
@@ -68,6 +69,7 @@ struct Commands {
   sat::cli::TokenizeArgs tokenize;
   sat::cli::GenerateArgs generate;
   sat::cli::ConvertArgs convert;
+  sat::cli::ImportArgs import_args;
   std::string report_dir;
   std::vector<std::pair<std::string, CLI::App*>> apps;
   CLI::App* app(const std::string& name) const {
@@ -176,6 +178,7 @@ void add_tool_commands(CLI::App& app, Commands& c) {
   c.apps.emplace_back("tokenize", sat::cli::add_tokenize_command(app, c.tokenize));
   c.apps.emplace_back("generate", sat::cli::add_generate_command(app, c.generate));
   c.apps.emplace_back("convert", sat::cli::add_convert_command(app, c.convert));
+  c.apps.emplace_back("import", sat::cli::add_import_command(app, c.import_args));
 }
 
 void add_commands(CLI::App& app, Commands& c) {
@@ -207,7 +210,7 @@ int parse_error(const Commands& c, const CLI::ParseError& e) {
   const std::string who = pi.distributed() ? "error on rank " + std::to_string(pi.rank) : "error";
   std::string command;
   for (const char* name : {"train", "tune", "eval", "predict", "info", "hardware", "plan", "schedule", "bench comm",
-                           "report", "tokenize", "generate", "convert"})
+                           "report", "tokenize", "generate", "convert", "import"})
     if (command.empty() && c.parsed(name)) command = std::string(name) + " ";
   std::fprintf(stderr, "saturate: %s: %s\nrun 'saturate %s--help' for the options\n", who.c_str(),
                sat::printable(e.what()).c_str(), command.c_str());
@@ -260,6 +263,7 @@ int run_command(Commands& c) {
   if (c.parsed("tokenize")) return sat::cli::run_tokenize(c.tokenize);
   if (c.parsed("generate")) return sat::cli::run_generate(c.generate);
   if (c.parsed("convert")) return sat::cli::run_convert(c.convert);
+  if (c.parsed("import")) return sat::cli::run_import(c.import_args);
   return 0;
 }
 

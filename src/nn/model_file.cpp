@@ -44,7 +44,7 @@ const std::map<std::string, std::vector<std::string>>& layer_types() {
       {"conv2d", {"out_channels", "in_channels", "kernel", "stride", "padding", "bias", "groups", "weight_init"}},
       {"batchnorm2d", {"channels", "eps", "momentum"}},
       {"relu", {}},
-      {"gelu", {}},
+      {"gelu", {"approximate"}},
       {"flatten", {}},
       {"add", {}},
       {"dropout", {"p"}},
@@ -354,7 +354,11 @@ class FileBuilder {
       return g_.add<BatchNorm2d>(l.name, {x}, c, float(fl.number("eps", 1e-5, 0, 1)), float(fl.number("momentum", 0.1, 0, 1)));
     }
     if (t == "relu") return same_split(x, g_.add<ReLU>(l.name, {x}));
-    if (t == "gelu") return same_split(x, g_.add<GELU>(l.name, {x}));
+    if (t == "gelu") {
+      const std::string a = fl.text("approximate", "tanh");
+      if (a != "tanh" && a != "none") fl.fail(str_cat("field 'approximate' must be tanh or none (exact erf), got '", a, "'"), "approximate");
+      return same_split(x, g_.add<GELU>(l.name, {x}, a == "none"));
+    }
     if (t == "dropout") {
       const float p = float(fl.number("p", -1, 0, 1));
       if (p < 0) fl.fail("missing field 'p' (the probability of dropping an activation, in [0, 1))");

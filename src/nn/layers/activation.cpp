@@ -119,18 +119,54 @@ void gelu_backward(const LayerCtx& c) {
   }
 }
 
+// The exact GELU: y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x),
+// phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+
+template <class L>
+void gelu_erf_forward(const LayerCtx& c) {
+  using T = typename L::T;
+  const int64_t n = c.in[0].numel();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  T* y = static_cast<T*>(c.out.ptr);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = L::ld(x, i);
+    L::st(y, i, 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)));
+  }
+}
+
+template <class L>
+void gelu_erf_backward(const LayerCtx& c) {
+  using T = typename L::T;
+  const int64_t n = c.in[0].numel();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  const T* dy = static_cast<const T*>(c.dout.ptr);
+  T* dx = static_cast<T*>(c.din[0].ptr);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = L::ld(x, i);
+    const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2)), pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+    L::st(dx, i, L::ld(dy, i) * (cdf + v * pdf));
+  }
+}
+
 }  // namespace
 
 // Activations in float32, or bf16 under native bf16 (computed in float32, rounded once).
 bool GELU::bf16_native_cpu() const { return cpu::bf16_native(); }
 
 void GELU::forward(LayerCtx& c) {
+  if (exact_ && c.in[0].dtype == DType::bf16) return gelu_erf_forward<cpu::StoreBf16>(c);
+  if (exact_) return gelu_erf_forward<cpu::StoreF32>(c);
   if (c.in[0].dtype == DType::bf16) return gelu_forward<cpu::StoreBf16>(c);
   gelu_forward<cpu::StoreF32>(c);
 }
 
 void GELU::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
+  if (exact_ && c.in[0].dtype == DType::bf16) return gelu_erf_backward<cpu::StoreBf16>(c);
+  if (exact_) return gelu_erf_backward<cpu::StoreF32>(c);
   if (c.in[0].dtype == DType::bf16) return gelu_backward<cpu::StoreBf16>(c);
   gelu_backward<cpu::StoreF32>(c);
 }

@@ -28,6 +28,24 @@ __global__ void relu_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* _
     dx[i] = cuda::to_f(y[i]) > 0.0f ? dy[i] : cuda::from_f<T>(0.0f);
 }
 
+// The exact GELU (gelu(approximate='none')): x Phi(x); backward Phi(x) + x phi(x).
+template <typename T>
+__global__ void gelu_erf_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = cuda::to_f(x[i]);
+    y[i] = cuda::from_f<T>(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+  }
+}
+
+template <typename T>
+__global__ void gelu_erf_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = cuda::to_f(x[i]);
+    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f)), pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    dx[i] = cuda::from_f<T>(cuda::to_f(dy[i]) * (cdf + v * pdf));
+  }
+}
+
 template <typename T>
 __global__ void gelu_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -78,8 +96,9 @@ void GELU::forward_cuda(LayerCtx& c) {
   if (n == 0) return;
   cuda::dispatch_float(c.out.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    gelu_fwd<T><<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(static_cast<const T*>(c.in[0].ptr),
-                                                                          static_cast<T*>(c.out.ptr), n);
+    auto* k = exact_ ? gelu_erf_fwd<T> : gelu_fwd<T>;
+    k<<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(static_cast<const T*>(c.in[0].ptr),
+                                                                static_cast<T*>(c.out.ptr), n);
     SAT_CUDA_LAUNCH_CHECK();
   });
 }
@@ -90,7 +109,8 @@ void GELU::backward_cuda(LayerCtx& c) {
   if (n == 0) return;
   cuda::dispatch_float(c.out.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    gelu_bwd<T><<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(
+    auto* k = exact_ ? gelu_erf_bwd<T> : gelu_bwd<T>;
+    k<<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(
         static_cast<const T*>(c.in[0].ptr), static_cast<const T*>(c.dout.ptr), static_cast<T*>(c.din[0].ptr), n);
     SAT_CUDA_LAUNCH_CHECK();
   });

@@ -5,6 +5,7 @@
 //         y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
 //         computed as x * sigmoid(2u) (the same function; one exp instead of a tanh, and
 //         more accurate for negative x where 1 + tanh(u) cancels). Backward uses the input.
+//         GELU(true) is the exact gelu(approximate='none'): y = 0.5 x (1 + erf(x / sqrt 2)).
 // Also vexp(): a float exp that vectorises (used by GELU and CrossEntropy).
 #pragma once
 #include <algorithm>
@@ -68,13 +69,18 @@ class ReLU : public Layer {
 class GELU : public Layer {
  public:
   GELU() = default;
-  const char* kind() const override { return "GELU"; }
+  explicit GELU(bool exact) : exact_(exact) {}  // exact: erf; default: the tanh approximation
+  const char* kind() const override { return exact_ ? "GELU(erf)" : "GELU"; }
+  bool exact() const { return exact_; }
   bool backward_reads_output() const override { return false; }
   bool bf16_native_cpu() const override;  // bf16 activations read and written as they are
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
   SAT_CUDA_LAYER
+
+ private:
+  bool exact_ = false;
 };
 
 }  // namespace sat
