@@ -21,7 +21,9 @@
 #include "mpi_job.h"
 #include "run_command.h"
 #include "cli/import_cmd.h"
+#include "parity_data.h"
 #include "train/trainer.h"
+#include "trajectory.h"
 
 #ifndef SAT_MPIEXEC
 #define SAT_MPIEXEC "mpirun --oversubscribe"
@@ -77,31 +79,6 @@ fs::path imported(const std::string& name) {
   return done[name] = base;
 }
 
-// bench/peer/common.py's parity data: samples first..first+n.
-std::unique_ptr<sat::Dataset> parity_data(const sat::ModelConfig& mc, int64_t first, int64_t n) {
-  if (mc.tokens) {
-    const int64_t T = mc.seq_len;
-    std::vector<int32_t> x(size_t(n * T)), y(size_t(n * T));
-    const uint64_t h = sat::fnv1a64(std::string("tok"));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t k = 0; k <= T; ++k) {
-        const int32_t tok = int32_t(sat::splitmix64(h + uint64_t((first + i) * (T + 1) + k)) % uint64_t(mc.vocab));
-        if (k < T) x[size_t(i * T + k)] = tok;
-        if (k > 0) y[size_t(i * T + k - 1)] = tok;
-      }
-    return sat::make_tensor_dataset(sat::Shape{T}, std::move(x), std::move(y), sat::Shape{T}, mc.vocab, "parity tokens");
-  }
-  const int64_t numel = mc.image.numel();
-  std::vector<float> x(size_t(n * numel));
-  std::vector<int32_t> y(static_cast<size_t>(n));
-  const uint64_t hx = sat::fnv1a64(std::string("x")), hy = sat::fnv1a64(std::string("y"));
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < numel; ++k) x[size_t(i * numel + k)] = sat::hash_unit(hx, uint64_t((first + i) * numel + k));
-    y[size_t(i)] = int32_t(sat::splitmix64(hy + uint64_t(first + i)) % uint64_t(mc.classes));
-  }
-  return sat::make_tensor_dataset(mc.image, std::move(x), std::move(y), sat::Shape{}, mc.classes, "parity images");
-}
-
 void check_init(const sat::ParamStore& ps, const json& sums, const std::string& name) {
   for (auto& [p, v] : sums.items()) {
     const int i = ps.find_param(p);
@@ -131,7 +108,7 @@ void run_import_parity(const std::string& name, int64_t steps = 0) {
   ASSERT_EQ(mc.classes, g["classes"].get<int64_t>());
   const int64_t batch = g["batch"];
   if (steps == 0) steps = g["steps"];
-  const auto data = parity_data(mc, 0, batch * steps), test = parity_data(mc, 0, batch);
+  const auto data = sat::test::parity_data(mc, 0, batch * steps), test = sat::test::parity_data(mc, 0, batch);
   sat::TrainConfig cfg;
   cfg.batch = batch;
   cfg.steps = steps;
@@ -177,20 +154,6 @@ void run_import_parity(const std::string& name, int64_t steps = 0) {
   EXPECT_LT(rel_eval, 1e-5) << name;
 }
 
-std::vector<double> losses(const fs::path& out) {
-  std::vector<double> l;
-  std::ifstream f(out / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) l.push_back(json::parse(line)["loss"].get<double>());
-  return l;
-}
-
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return m;
-}
-
 // The imported network trained by one process and by a 2-rank job with `layout`.
 double against_one_process(const std::string& name, const std::string& layout) {
   const fs::path base = imported(name);
@@ -203,7 +166,7 @@ double against_one_process(const std::string& name, const std::string& layout) {
   EXPECT_EQ(r.status, 0) << r.out;
   const auto j = sat::test::run_job(2, run + two.string() + " " + layout, 180);
   EXPECT_EQ(j.status, 0) << j.out;
-  const double e = max_rel(losses(two), losses(one));
+  const double e = sat::test::max_rel(sat::test::metrics_losses(two), sat::test::metrics_losses(one));
   std::printf("[ import   ] %s under %s: worst relative loss difference %.2e against one process\n", name.c_str(),
               layout.c_str(), e);
   return e;

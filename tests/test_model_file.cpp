@@ -15,6 +15,7 @@
 
 #include "mpi_job.h"
 #include "run_command.h"
+#include "trajectory.h"
 
 #ifndef SAT_MPIEXEC
 #define SAT_MPIEXEC "mpirun --oversubscribe"
@@ -37,20 +38,6 @@ sat::test::CmdResult saturate(const std::string& args) {
 }
 
 nlohmann::json summary(const fs::path& out) { return nlohmann::json::parse(std::ifstream(out / "summary.json")); }
-
-std::vector<double> losses(const fs::path& out) {
-  std::vector<double> l;
-  std::ifstream f(out / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return l;
-}
-
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return m;
-}
 
 }  // namespace
 
@@ -80,9 +67,9 @@ TEST(ModelFileNetwork, RunsUnderTensorAndPipelineParallelism) {
   ASSERT_EQ(t.status, 0) << t.out;
   const auto p = sat::test::run_job(2, run + pp.string() + " --pp 2", 180);
   ASSERT_EQ(p.status, 0) << p.out;
-  const std::vector<double> ref = losses(one);
+  const std::vector<double> ref = sat::test::metrics_losses(one);
   ASSERT_EQ(ref.size(), 12u);
-  const double e_tp = max_rel(losses(tp), ref), e_pp = max_rel(losses(pp), ref);
+  const double e_tp = sat::test::max_rel(sat::test::metrics_losses(tp), ref), e_pp = sat::test::max_rel(sat::test::metrics_losses(pp), ref);
   std::printf("[ model file ] branchnet 12 steps: --tp 2 worst relative loss difference %.2e, --pp 2 %.2e\n", e_tp, e_pp);
   EXPECT_LT(e_tp, 1e-5);
   EXPECT_LT(e_pp, 1e-5);

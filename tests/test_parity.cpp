@@ -26,6 +26,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "nn/safetensors.h"
+#include "parity_data.h"
 #include "train/trainer.h"
 
 namespace {
@@ -37,31 +38,6 @@ json load_golden(const std::string& name) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error("missing golden file " + path + " (run scripts/make-goldens)");
   return json::parse(f);
-}
-
-// The parity data of bench/peer/common.py: step s takes samples s*B .. s*B+B-1.
-std::unique_ptr<sat::Dataset> parity_data(const sat::ModelConfig& mc, int64_t n) {
-  if (mc.tokens) {
-    const int64_t T = mc.seq_len;
-    std::vector<int32_t> x(size_t(n * T)), y(size_t(n * T));
-    const uint64_t h = sat::fnv1a64(std::string("tok"));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t k = 0; k <= T; ++k) {
-        int32_t tok = int32_t(sat::splitmix64(h + uint64_t(i * (T + 1) + k)) % uint64_t(mc.vocab));
-        if (k < T) x[size_t(i * T + k)] = tok;
-        if (k > 0) y[size_t(i * T + k - 1)] = tok;
-      }
-    return sat::make_tensor_dataset(sat::Shape{T}, std::move(x), std::move(y), sat::Shape{T}, mc.vocab, "parity tokens");
-  }
-  const int64_t numel = mc.image.numel();
-  std::vector<float> x(size_t(n * numel));
-  std::vector<int32_t> y(static_cast<size_t>(n));
-  const uint64_t hx = sat::fnv1a64(std::string("x")), hy = sat::fnv1a64(std::string("y"));
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < numel; ++k) x[size_t(i * numel + k)] = sat::hash_unit(hx, uint64_t(i * numel + k));
-    y[size_t(i)] = int32_t(sat::splitmix64(hy + uint64_t(i)) % uint64_t(mc.classes));
-  }
-  return sat::make_tensor_dataset(mc.image, std::move(x), std::move(y), sat::Shape{}, mc.classes, "parity images");
 }
 
 void check_checksums(const sat::ParamStore& ps, const json& sums, const std::string& what, double tol) {
@@ -121,7 +97,7 @@ void run_parity(const std::string& golden_name, const Checks& checks = {}) {
     mc.vocab = mc.classes = g["input"]["vocab"];
   }
   const int64_t batch = g["batch"], steps = g["steps"];
-  auto data = parity_data(mc, batch * steps);
+  auto data = sat::test::parity_data(mc, 0, batch * steps);
 
   sat::TrainConfig cfg;
   cfg.batch = batch;

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,6 +25,14 @@ inline double max_rel(const std::vector<double>& a, const std::vector<double>& b
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
     m = std::max(m, std::fabs(a[i] - b[i]) / std::max(1e-12, std::fabs(b[i])));
   return m;
+}
+
+// Every step's loss of a run's --out DIR (its metrics.jsonl), in order.
+inline std::vector<double> metrics_losses(const std::filesystem::path& out) {
+  std::vector<double> l;
+  std::ifstream f(out / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return l;
 }
 
 // Evaluation counts the same samples and gives the same loss (1e-5) and accuracy.
