@@ -37,7 +37,7 @@ def main():
     model = saturate.from_torch(net, torch.zeros(8, 1, 28, 28))
     print(model.summary())
 
-    rng = np.random.default_rng(0)  # a learnable toy task: the class is the brightest quadrant's index
+    rng = np.random.default_rng(0)  # a learnable toy task: the class is the index of the quadrant made brighter
     x = rng.random((2048, 1, 28, 28), dtype=np.float32)
     y = rng.integers(0, 4, 2048)
     for i, (r, c) in enumerate([(0, 0), (0, 14), (14, 0), (14, 14)]):
