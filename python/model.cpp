@@ -62,7 +62,13 @@ py::object from_torch(py::handle module, py::handle example, py::object name) {
     throw py::import_error("saturate.from_torch needs saturate_torch (saturate_torch.py, installed beside the "
                            "saturate module): " + std::string(py::str(e.value())));
   }
-  py::object imp = importer.attr("import_module")(module, example, py::arg("name") = name);
+  py::object imp;
+  try {
+    imp = importer.attr("import_module")(module, example, py::arg("name") = name);
+  } catch (py::error_already_set& e) {  // the importer's refusal, as every other mistake: a saturate.Error
+    if (!e.matches(importer.attr("TorchImportError"))) throw;
+    throw Error(py::str(e.value()).cast<std::string>());
+  }
   const std::string model_name = name.is_none() ? py::str(py::type::of(module).attr("__name__")).cast<std::string>()
                                                 : name.cast<std::string>();
   Model m = Model::from_json(imp.attr("model_json").cast<std::string>(), model_name);

@@ -232,6 +232,35 @@ def test_from_torch_imports_a_module_with_its_weights():
         net.load_state_dict(m.state_dict_for_torch(), strict=True)
 
 
+def test_from_torch_refusals_are_saturate_errors():
+    torch = pytest.importorskip("torch")
+    try:
+        import saturate_torch  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"saturate_torch is not importable here ({e})")
+    nn = torch.nn
+
+    class Wavy(nn.Module):
+        def forward(self, x):
+            return torch.sin(x)
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x) if x.sum() > 0 else self.fc(-x)
+
+    cases = [(nn.Sequential(nn.Linear(4, 8), Wavy(), nn.Linear(8, 3)), torch.randn(2, 4), "sin in '1'"),
+             (Branchy(), torch.randn(2, 4), "data-dependent control flow in 'Branchy'"),
+             (nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), torch.randn(2, 3, 32, 32), "takes 784 features")]
+    for net, x, message in cases:
+        with pytest.raises(saturate.Error) as e:
+            saturate.from_torch(net, x)
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_data_parallel_fit_under_mpirun_follows_one_process(tmp_path):
     mpiexec = os.environ.get("SAT_MPIEXEC", "mpirun --oversubscribe" if shutil.which("mpirun") else "")
     if not mpiexec:
