@@ -30,8 +30,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-SUPPORTED = ("Linear, Conv2d, BatchNorm2d, LayerNorm, Embedding, ReLU, GELU, Dropout, MaxPool2d, "
-             "AdaptiveAvgPool2d, Flatten, Identity, relu, gelu, add (residuals), flatten/view/reshape that "
+SUPPORTED = ("Linear, Conv2d, BatchNorm2d, LayerNorm, Embedding, ReLU, GELU, SiLU, Dropout, MaxPool2d, "
+             "AdaptiveAvgPool2d, Flatten, Identity, relu, gelu, silu, add (residuals), flatten/view/reshape that "
              "flatten, dropout, F.cross_entropy, causal self-attention (a module with a fused qkv Linear and an output "
              "Linear, or MultiheadAttention with a causal mask), token + position embeddings")
 
@@ -408,6 +408,8 @@ class _Converter:
             return self.add(n, {"name": path, "type": "relu"}, [x])
         if isinstance(m, nn.GELU):
             return self.add(n, {"name": path, "type": "gelu", "approximate": m.approximate}, [x])
+        if isinstance(m, nn.SiLU):
+            return self.add(n, {"name": path, "type": "silu"}, [x])
         if isinstance(m, nn.Dropout):
             return self.dropout(n, x, m.p, path)
         if isinstance(m, (nn.Identity,)):
@@ -419,8 +421,6 @@ class _Converter:
             return self.maxpool(n, x, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode, path)
         if isinstance(m, nn.AdaptiveAvgPool2d):
             return self.avgpool(n, x, path)
-        if isinstance(m, nn.SiLU):
-            self.refuse(n, "SiLU (saturate has SiLU only inside its swiglu layer)")
         self.refuse(n)
 
     def dropout(self, n, x, p, path):
@@ -468,6 +468,8 @@ class _Converter:
         if t in _GELU:
             return self.add(n, {"name": name, "type": "gelu", "approximate": n.kwargs.get("approximate", "none")},
                             [self.tensor_arg(n)])
+        if t in _SILU:
+            return self.add(n, {"name": name, "type": "silu"}, [self.tensor_arg(n)])
         if t in _ADD:
             a, b = (n.args + (None,))[:2]
             if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or n.kwargs.get("alpha", 1) != 1 or \
@@ -487,8 +489,6 @@ class _Converter:
                                 arg(4, "dilation", 1), arg(5, "ceil_mode", False), name)
         if t in _AVGPOOL:
             return self.avgpool(n, self.tensor_arg(n), name)
-        if t in _SILU:
-            self.refuse(n, "silu (saturate has SiLU only inside its swiglu layer)")
         self.refuse(n)
 
     # -- recognised subgraphs --
@@ -644,7 +644,7 @@ class _Converter:
         return int(lv.shape[-1])
 
     def mark_tensor_parallel(self):
-        """Linear -> (relu|gelu|dropout)* -> Linear pairs: the first "column", the second "row"."""
+        """Linear -> (relu|gelu|silu|dropout)* -> Linear pairs: the first "column", the second "row"."""
         layers = [l for l, _ in self.layers]
         readers = {}
         prev = "x"
@@ -657,7 +657,8 @@ class _Converter:
             if not free(a):
                 continue
             cur = a
-            while len(readers.get(cur["name"], [])) == 1 and readers[cur["name"]][0]["type"] in ("relu", "gelu", "dropout"):
+            while len(readers.get(cur["name"], [])) == 1 and \
+                    readers[cur["name"]][0]["type"] in ("relu", "gelu", "silu", "dropout"):
                 cur = readers[cur["name"]][0]
             nxt = readers.get(cur["name"], [])
             if len(nxt) == 1 and free(nxt[0]) and nxt[0] is not a:

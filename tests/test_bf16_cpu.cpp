@@ -202,6 +202,7 @@ TEST(Bf16Cpu, EveryLayerKindMatchesFloat32WithinBf16Tolerance) {
       {"LayerNorm", [] { return std::make_unique<sat::LayerNorm>(32); }, {{Shape{3, 5, 32}, f}}},
       {"ReLU", [] { return std::make_unique<sat::ReLU>(); }, {{Shape{7, 33}, f}}},
       {"GELU", [] { return std::make_unique<sat::GELU>(); }, {{Shape{7, 33}, f}}},
+      {"SiLU", [] { return std::make_unique<sat::SiLU>(); }, {{Shape{7, 33}, f}}},
       {"Add", [] { return std::make_unique<sat::Add>(); }, {{Shape{5, 12}, f}, {Shape{5, 12}, f}}},
       {"Flatten", [] { return std::make_unique<sat::Flatten>(); }, {{Shape{3, 2, 4, 4}, f}}},
       {"Dropout", [] { return std::make_unique<sat::Dropout>(0.25f); }, {{Shape{6, 40}, f}}},
@@ -251,6 +252,7 @@ std::vector<Case> native_cases() {
       {"MaxPool2d", [] { return std::make_unique<sat::MaxPool2d>(2); }, {{Shape{2, 3, 8, 8}, f}}},
       {"LayerNorm", [] { return std::make_unique<sat::LayerNorm>(32); }, {{Shape{3, 5, 32}, f}}},
       {"GELU", [] { return std::make_unique<sat::GELU>(); }, {{Shape{7, 33}, f}}},
+      {"SiLU", [] { return std::make_unique<sat::SiLU>(); }, {{Shape{7, 33}, f}}},
       {"MaxPool2d overlapping", [] { return std::make_unique<sat::MaxPool2d>(3, 2, 1); }, {{Shape{2, 3, 9, 9}, f}}},
   };
 }

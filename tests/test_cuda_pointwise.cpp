@@ -1,5 +1,5 @@
 // GPU element-wise and row-wise layers against their CPU references (cuda_harness.h):
-// ReLU, GELU, Add, Flatten, Dropout, LayerNorm, Embedding, GPTEmbedding, CrossEntropy, in
+// ReLU, GELU, SiLU, Add, Flatten, Dropout, LayerNorm, Embedding, GPTEmbedding, CrossEntropy, in
 // f32, bf16 and f16, on sizes that are and are not multiples of the block sizes. Setup tests
 // (which buffers each device declares) run everywhere; the rest need a GPU.
 #include <gtest/gtest.h>
@@ -130,6 +130,19 @@ TEST(CudaPointwise, GELU) {
       o.act = act;
       o.tol = tol_for(act, 1e-4);
       run([] { return std::make_unique<GELU>(); }, o);
+    }
+}
+
+TEST(CudaPointwise, SiLU) {
+  SAT_REQUIRE_GPU();
+  for (DType act : kActs)
+    for (int64_t n : kSizes) {
+      SCOPED_TRACE(trace(act, "n " + std::to_string(n)));
+      CudaCheck o;
+      o.inputs = {InputSpec{{n}, DType::f32, 0, 1, true, 4.0f}};
+      o.act = act;
+      o.tol = tol_for(act, 1e-4);
+      run([] { return std::make_unique<SiLU>(); }, o);
     }
 }
 

@@ -185,6 +185,7 @@ void expect_refusal(const std::string& factory, const std::string& input, const 
 }  // namespace
 
 TEST(Import, MlpMatchesPyTorch) { run_import_parity("mlp"); }
+TEST(Import, SiluMlpMatchesPyTorch) { run_import_parity("silu"); }  // nn.SiLU and F.silu
 TEST(Import, CnnMatchesPyTorch) { run_import_parity("cnn"); }
 TEST(Import, NanoGptMatchesPyTorch) { run_import_parity("gpt"); }
 TEST(Import, MultiheadAttentionMatchesPyTorch) { run_import_parity("mha"); }
@@ -212,6 +213,7 @@ TEST(Import, ImportedNetworksRunUnderTensorAndPipelineParallelism) {
   REQUIRE_TORCH();
   if (sat::test::mpirun().empty()) GTEST_SKIP() << "no mpirun";
   EXPECT_LT(against_one_process("gpt", "--tp 2"), 1e-5);
+  EXPECT_LT(against_one_process("silu", "--tp 2"), 1e-5);  // silu on the column linear's split features
   EXPECT_LT(against_one_process("cnn", "--pp 2"), 1e-5);
   EXPECT_LT(against_one_process("gpt", "--pp 2"), 1e-5);  // its tied head and embedding in two stages
 }

@@ -321,6 +321,47 @@ TEST(GELU, BackwardMatchesAnalyticDerivative) {
   }
 }
 
+TEST(SiLU, GradientsManyShapes) {
+  for (Shape s : {Shape{1}, Shape{3, 5}, Shape{17, 33}, Shape{2, 3, 4, 5}, Shape{300, 301}}) {
+    SCOPED_TRACE(s.str());
+    SiLU silu;
+    OpCheck o = f32_inputs({s});
+    o.inputs[0].scale = 4.0f;  // reach the tails
+    check(silu, o);
+  }
+}
+
+TEST(SiLU, MatchesPyTorchSilu) {
+  // torch.nn.functional.silu(x) in float64.
+  const std::vector<float> x = {1.0f, -0.5f, 2.0f, -3.0f, 0.1f, -10.0f, 0.0f, 20.0f, -100.0f, -20.0f};
+  const std::vector<double> want = {0.7310585786, -0.1887703344,   1.761594156, -0.1422776195, 0.05249791875,
+                                    -0.000453978687, 0.0, 19.99999996, -3.720075976e-42, -4.122307236e-08};
+  SiLU silu;
+  EXPECT_STREQ(silu.kind(), "SiLU");
+  EXPECT_FALSE(silu.backward_reads_output());  // the memory plan keeps its input, not its output
+  EXPECT_TRUE(silu.backward_reads_inputs());
+  LayerRig rig(silu, f32_inputs({{int64_t(x.size())}}));
+  set(rig.ctx().in[0], x);
+  rig.forward();
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(rig.ctx().out.f32()[i], want[i], 2e-7 + 1e-6 * std::fabs(want[i])) << "silu(" << x[i] << ")";
+}
+
+TEST(SiLU, BackwardMatchesPyTorchGradient) {
+  // x.grad of torch.nn.functional.silu(x).sum() in float64: s (1 + x (1 - s)).
+  const std::vector<float> x = {1.0f, -0.5f, 2.0f, -3.0f, 0.1f, -10.0f, 0.0f, 20.0f, -100.0f, -20.0f};
+  const std::vector<double> want = {0.9276705119, 0.2600388127,    1.090784249, -0.08810410602, 0.5499167915,
+                                    -0.0004085602087, 0.5, 1.000000039, -3.682875216e-42, -3.916191866e-08};
+  SiLU silu;
+  LayerRig rig(silu, f32_inputs({{int64_t(x.size())}}));
+  set(rig.ctx().in[0], x);
+  set(rig.ctx().dout, std::vector<float>(x.size(), 1.0f));
+  rig.forward();
+  rig.backward();
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(rig.ctx().din[0].f32()[i], want[i], 2e-7 + 1e-6 * std::fabs(want[i])) << "x=" << x[i];
+}
+
 // ---- Add, Flatten, Dropout ----
 
 TEST(Add, GradientsAndValues) {

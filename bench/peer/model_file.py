@@ -160,6 +160,7 @@ class FileNet(nn.Module):
         simple = {
             "relu": F.relu,
             "gelu": lambda a: F.gelu(a, approximate="tanh"),
+            "silu": F.silu,
             "flatten": lambda a: torch.flatten(a, 1),
             "add": lambda a, b: a + b,
             "dropout": lambda a: F.dropout(a, l.get("p", 0.0), self.training),

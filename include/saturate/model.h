@@ -45,7 +45,8 @@ Layer Conv2d(int64_t out_channels, int64_t kernel, int64_t stride = 1, int64_t p
 Layer BatchNorm2d();
 Layer LayerNorm();
 Layer ReLU();
-Layer GELU();
+Layer GELU();  // the tanh approximation
+Layer SiLU();  // x sigmoid(x)
 Layer Flatten();
 Layer Dropout(double p);
 Layer MaxPool2d(int64_t kernel, int64_t stride = 0);  // stride 0: the kernel

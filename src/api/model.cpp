@@ -39,6 +39,7 @@ Layer BatchNorm2d() { return Layer("batchnorm2d"); }
 Layer LayerNorm() { return Layer("layernorm"); }
 Layer ReLU() { return Layer("relu"); }
 Layer GELU() { return Layer("gelu"); }
+Layer SiLU() { return Layer("silu"); }
 Layer Flatten() { return Layer("flatten"); }
 Layer Dropout(double p) { return with("dropout", {{"p", p}}); }
 Layer MaxPool2d(int64_t kernel, int64_t stride) {

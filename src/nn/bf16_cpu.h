@@ -24,7 +24,7 @@
 // On a CPU with AVX512-BF16 (cpu::bf16_native(); SAT_BF16=fallback turns it off) the layers
 // with native bf16 kernels are not wrapped (Layer::bf16_native_cpu, LayerSetup::bf16_native):
 // Linear and Conv2d through oneDNN's bf16 primitives (float32 accumulation), and BatchNorm2d,
-// LayerNorm, ReLU, GELU, Add, Flatten and MaxPool2d on bf16 storage with float32 arithmetic.
+// LayerNorm, ReLU, GELU, SiLU, Add, Flatten and MaxPool2d on bf16 storage with float32 arithmetic.
 // The others (attention, embeddings, the loss, ...) and the layers that read a data input
 // (float32 from the loader) keep this wrapper. Where the CPU has no AVX512-BF16 every layer
 // is wrapped, and bf16 trades time (the conversions) for memory.

@@ -45,6 +45,7 @@ const std::map<std::string, std::vector<std::string>>& layer_types() {
       {"batchnorm2d", {"channels", "eps", "momentum"}},
       {"relu", {}},
       {"gelu", {"approximate"}},
+      {"silu", {}},
       {"flatten", {}},
       {"add", {}},
       {"dropout", {"p"}},
@@ -331,7 +332,8 @@ class FileBuilder {
   // Layers that work on a column-parallel layer's split features as they are: elementwise
   // ones, attention (its heads), a row linear, and the loss (vocabulary-parallel logits).
   static bool may_read_split(const FileLayer& l, const Fields& fl) {
-    static const std::set<std::string> types{"cross_entropy", "attention", "relu", "gelu", "dropout", "rotary", "swiglu"};
+    static const std::set<std::string> types{"cross_entropy", "attention", "relu", "gelu", "silu", "dropout", "rotary",
+                                             "swiglu"};
     return types.count(l.type) || (l.type == "linear" && fl.text("tp", "none") == "row");
   }
 
@@ -359,6 +361,7 @@ class FileBuilder {
       if (a != "tanh" && a != "none") fl.fail(str_cat("field 'approximate' must be tanh or none (exact erf), got '", a, "'"), "approximate");
       return same_split(x, g_.add<GELU>(l.name, {x}, a == "none"));
     }
+    if (t == "silu") return same_split(x, g_.add<SiLU>(l.name, {x}));
     if (t == "dropout") {
       const float p = float(fl.number("p", -1, 0, 1));
       if (p < 0) fl.fail("missing field 'p' (the probability of dropping an activation, in [0, 1))");

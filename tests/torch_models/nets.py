@@ -35,8 +35,28 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x))
 
 
+class SiluMLP(nn.Module):
+    """SiLU both ways: the module and the function."""
+    def __init__(self, inputs=784, hidden=64, classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.act = nn.SiLU()
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        x = torch.flatten(x, 1)
+        x = self.act(self.fc1(x))
+        x = F.silu(self.fc2(x))
+        return self.fc3(x)
+
+
 def mlp():
     return MLP()
+
+
+def silu_mlp():
+    return SiluMLP()
 
 
 def cnn():

@@ -171,4 +171,58 @@ void GELU::backward(LayerCtx& c) {
   gelu_backward<cpu::StoreF32>(c);
 }
 
+// ---- SiLU ----
+// With e = exp(-x) and s = sigmoid(x) = 1 / (1 + e):
+//   y = x s = x / (1 + e)
+//   dy/dx = s + x s (1 - s) = s (1 + x e s), with 1 - s as e s (no cancellation near s = 1).
+// vexp clamps exp(-x) to exp(88) for x < -88 rather than overflowing: s stays finite there.
+
+void SiLU::setup(LayerSetup& s) { setup_unary(s, "SiLU", 5, 8); }
+
+namespace {
+
+template <class L>
+void silu_forward(const LayerCtx& c) {
+  using T = typename L::T;
+  const int64_t n = c.in[0].numel();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  T* y = static_cast<T*>(c.out.ptr);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = L::ld(x, i);
+    L::st(y, i, v / (1.0f + vexp(-v)));
+  }
+}
+
+template <class L>
+void silu_backward(const LayerCtx& c) {
+  using T = typename L::T;
+  const int64_t n = c.in[0].numel();
+  const T* x = static_cast<const T*>(c.in[0].ptr);
+  const T* dy = static_cast<const T*>(c.dout.ptr);
+  T* dx = static_cast<T*>(c.din[0].ptr);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = L::ld(x, i);
+    const float e = vexp(-v);
+    const float sg = 1.0f / (1.0f + e);
+    L::st(dx, i, L::ld(dy, i) * (sg * (1.0f + v * (e * sg))));
+  }
+}
+
+}  // namespace
+
+bool SiLU::bf16_native_cpu() const { return cpu::bf16_native(); }
+
+void SiLU::forward(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return silu_forward<cpu::StoreBf16>(c);
+  silu_forward<cpu::StoreF32>(c);
+}
+
+void SiLU::backward(LayerCtx& c) {
+  if (!c.din[0].defined()) return;
+  if (c.in[0].dtype == DType::bf16) return silu_backward<cpu::StoreBf16>(c);
+  silu_backward<cpu::StoreF32>(c);
+}
+
 }  // namespace sat

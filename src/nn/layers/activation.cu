@@ -1,6 +1,7 @@
-// GPU ReLU and GELU: the CPU formulas (activation.cpp) element by element, in float32,
+// GPU ReLU, GELU and SiLU: the CPU formulas (activation.cpp) element by element, in float32,
 // loading and storing the activation dtype. GELU uses expf where the CPU uses vexp (both
-// within a few ulp of exp).
+// within a few ulp of exp); so does SiLU, clamping exp's argument at 88 as vexp does (an
+// inf e would make the backward's e s inf * 0).
 #include <type_traits>
 
 #include "backend/cuda/context.h"
@@ -66,6 +67,24 @@ __global__ void gelu_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* _
     dx[i] = cuda::from_f<T>(cuda::to_f(dy[i]) * (sg + 2.0f * v * sg * (1.0f - sg) * du));
   }
 }
+
+// SiLU: x / (1 + e), e = exp(min(-x, 88)); backward s (1 + x e s), s = 1 / (1 + e).
+template <typename T>
+__global__ void silu_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = cuda::to_f(x[i]);
+    y[i] = cuda::from_f<T>(v / (1.0f + expf(fminf(-v, 88.0f))));
+  }
+}
+
+template <typename T>
+__global__ void silu_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = cuda::to_f(x[i]);
+    const float e = expf(fminf(-v, 88.0f)), sg = 1.0f / (1.0f + e);
+    dx[i] = cuda::from_f<T>(cuda::to_f(dy[i]) * (sg * (1.0f + v * (e * sg))));
+  }
+}
 }  // namespace
 
 void ReLU::forward_cuda(LayerCtx& c) {
@@ -111,6 +130,29 @@ void GELU::backward_cuda(LayerCtx& c) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto* k = exact_ ? gelu_erf_bwd<T> : gelu_bwd<T>;
     k<<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(
+        static_cast<const T*>(c.in[0].ptr), static_cast<const T*>(c.dout.ptr), static_cast<T*>(c.din[0].ptr), n);
+    SAT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void SiLU::forward_cuda(LayerCtx& c) {
+  const int64_t n = c.in[0].numel();
+  if (n == 0) return;
+  cuda::dispatch_float(c.out.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_fwd<T><<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(static_cast<const T*>(c.in[0].ptr),
+                                                                          static_cast<T*>(c.out.ptr), n);
+    SAT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void SiLU::backward_cuda(LayerCtx& c) {
+  if (!c.din[0].defined()) return;
+  const int64_t n = c.in[0].numel();
+  if (n == 0) return;
+  cuda::dispatch_float(c.out.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_bwd<T><<<cuda::grid_stride_blocks(n), 256, 0, c.cuda->stream>>>(
         static_cast<const T*>(c.in[0].ptr), static_cast<const T*>(c.dout.ptr), static_cast<T*>(c.din[0].ptr), n);
     SAT_CUDA_LAUNCH_CHECK();
   });

@@ -6,7 +6,9 @@
 //         computed as x * sigmoid(2u) (the same function; one exp instead of a tanh, and
 //         more accurate for negative x where 1 + tanh(u) cancels). Backward uses the input.
 //         GELU(true) is the exact gelu(approximate='none'): y = 0.5 x (1 + erf(x / sqrt 2)).
-// Also vexp(): a float exp that vectorises (used by GELU and CrossEntropy).
+//   SiLU: PyTorch's silu (nn.SiLU): y = x sigmoid(x), computed as x / (1 + exp(-x)) with
+//         vexp (which clamps instead of overflowing, so no inf / inf). Backward uses the input.
+// Also vexp(): a float exp that vectorises (used by GELU, SiLU and CrossEntropy).
 #pragma once
 #include <algorithm>
 #include <bit>
@@ -81,6 +83,18 @@ class GELU : public Layer {
 
  private:
   bool exact_ = false;
+};
+
+class SiLU : public Layer {
+ public:
+  SiLU() = default;
+  const char* kind() const override { return "SiLU"; }
+  bool backward_reads_output() const override { return false; }  // it reads its input
+  bool bf16_native_cpu() const override;  // bf16 activations read and written as they are
+  void setup(LayerSetup& s) override;
+  void forward(LayerCtx& c) override;
+  void backward(LayerCtx& c) override;
+  SAT_CUDA_LAYER
 };
 
 }  // namespace sat
