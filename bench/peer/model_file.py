@@ -159,7 +159,7 @@ class FileNet(nn.Module):
             return self._put(name, models.BasicBlock(x.shape[1], l["out_channels"], l.get("stride", 1)))
         simple = {
             "relu": F.relu,
-            "gelu": lambda a: F.gelu(a, approximate="tanh"),
+            "gelu": lambda a: F.gelu(a, approximate=l.get("approximate", "tanh")),
             "silu": F.silu,
             "flatten": lambda a: torch.flatten(a, 1),
             "add": lambda a, b: a + b,
