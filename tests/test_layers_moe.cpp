@@ -188,3 +188,122 @@ TEST(Moe, Errors) {
   s.inputs = {{{6, 8}}, {{6, 3}}};
   EXPECT_NE(msg([&] { m.setup(s); }).find("router logits [..., 4]"), std::string::npos);
 }
+
+// ---- the moe family (nn/models.h) ----
+
+#include "nn/models.h"
+
+TEST(MoeFamily, ParsesBuildsAndRoundTrips) {
+  const std::string spec = "moe:layers=2,heads=4,width=32,experts=4,top_k=2,context=16,vocab=64,shared=1,capacity=1.25";
+  const ModelConfig c = model_config(spec);
+  EXPECT_EQ(c.family, ModelFamily::llama);
+  EXPECT_EQ(c.experts, 4);
+  EXPECT_EQ(c.top_k, 2);
+  EXPECT_EQ(c.shared_experts, 1);
+  EXPECT_EQ(c.ffn, 128);      // 4 width unless given
+  EXPECT_EQ(c.n_kv_head, 4);  // heads unless given
+  EXPECT_FLOAT_EQ(c.capacity, 1.25f);
+  EXPECT_FLOAT_EQ(c.aux_coef, 0.01f);
+  const ModelConfig back = model_config(model_spec(c));
+  EXPECT_EQ(model_spec(back), model_spec(c));
+  EXPECT_NE(describe_model(c).find("4 experts"), std::string::npos);
+  BuiltModel m = build_model(c, 2, true);
+  const Graph& g = *m.graph;
+  int moe = 0, aux = 0;
+  for (const Node& n : g.nodes()) {
+    moe += std::string(n.layer->kind()) == "Moe";
+    aux += std::string(n.layer->kind()) == "MoeAux";
+  }
+  EXPECT_EQ(moe, 2);
+  EXPECT_EQ(aux, 2);
+  EXPECT_EQ(g.nodes()[size_t(g.values()[size_t(g.loss())].producer)].name, "loss.plus_aux.1");
+  bool router = false, expert = false, shared = false;
+  for (const auto& p : g.params()) {
+    router = router || p.name == "model.layers.1.mlp.gate.weight";
+    expert = expert || p.name == "model.layers.1.mlp.experts.3.down_proj.weight";
+    shared = shared || p.name == "model.layers.0.mlp.shared_expert.up_proj.weight";
+  }
+  EXPECT_TRUE(router && expert && shared);
+  // aux=0: no load-balancing nodes, the loss is the cross-entropy's.
+  BuiltModel m0 = build_model(model_config(spec + ",aux=0"), 2, true);
+  EXPECT_EQ(m0.aux_losses.size(), 0u);
+}
+
+TEST(MoeFamily, Errors) {
+  auto msg = [](const std::string& spec) {
+    try { (void)model_config(spec); } catch (const Error& e) { return std::string(e.what()); }
+    return std::string("no error");
+  };
+  const std::string base = "moe:layers=1,heads=2,width=16,context=8,vocab=32";
+  EXPECT_NE(msg(base + ",experts=4,top_k=5").find("top_k 5 is more than experts 4"), std::string::npos);
+  EXPECT_NE(msg(base + ",top_k=1").find("missing 'experts'"), std::string::npos);
+  EXPECT_NE(msg(base + ",experts=4,top_k=1,capacity=-1").find("'capacity' must be a number >= 0"), std::string::npos);
+  EXPECT_NE(msg(base + ",experts=4,top_k=1,aux=x").find("'aux' must be a number >= 0"), std::string::npos);
+  EXPECT_NE(msg(base + ",experts=4,top_k=1,bogus=1").find("unknown key 'bogus'"), std::string::npos);
+  try {
+    check_tensor_parallel(model_config(base + ",experts=4,top_k=1"), 2, false);
+    ADD_FAILURE() << "--tp 2 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tensor-parallel form"), std::string::npos) << e.what();
+  }
+}
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+// The model-file type: a mixture of experts between two linears of an image classifier.
+TEST(MoeFamily, ModelFileType) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("sat_moe_" + std::to_string(getpid()) + ".json");
+  auto net = [&](const std::string& moe_fields) {
+    std::ofstream(path) << R"({"name": "moenet",
+      "inputs": {"x": {"shape": [1, 28, 28]}, "y": {"shape": [], "dtype": "int32"}},
+      "layers": [{"name": "flat", "type": "flatten"}, {"name": "fc1", "type": "linear", "out": 16},
+                 {"name": "mix", "type": "moe", )" << moe_fields << R"(},
+                 {"name": "fc2", "type": "linear", "out": 10},
+                 {"name": "loss", "type": "cross_entropy", "inputs": ["fc2", "y"]}]})";
+    return model_config("file:" + path.string());
+  };
+  BuiltModel m = build_model(net(R"("experts": 4, "top_k": 2, "ffn": 8, "shared": 1, "capacity": 1.5)"), 6, true);
+  const Graph& g = *m.graph;
+  ASSERT_EQ(m.aux_losses.size(), 1u);
+  EXPECT_EQ(g.nodes()[size_t(g.values()[size_t(g.loss())].producer)].name, "loss.plus_aux.0");
+  bool expert = false;
+  for (const auto& p : g.params()) expert = expert || p.name == "mix.experts.2.up_proj.weight";
+  EXPECT_TRUE(expert);
+  try {
+    (void)build_model(net(R"("experts": 2, "top_k": 3, "ffn": 8)"), 2, true);
+    ADD_FAILURE() << "top_k 3 of 2 experts accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'top_k' 3 is more than 'experts' 2"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+#include <nlohmann/json.hpp>
+
+#include "run_command.h"
+
+// summary.json reports each layer's routing over the run: 3 steps of 4 x 16 tokens, 2 experts each.
+TEST(MoeFamily, SummaryReportsLoad) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::temp_directory_path() / ("sat_moe_run_" + std::to_string(getpid()));
+  fs::remove_all(out);
+  const auto r = sat::test::run_command(std::string(SAT_BINARY) +
+                                        " train --model moe:layers=2,heads=2,width=16,ffn=16,experts=4,top_k=2,"
+                                        "capacity=1,context=16,vocab=64 --data synthetic --batch 4 --steps 3 "
+                                        "--threads 1 --eval off --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto s = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+  ASSERT_TRUE(s.contains("moe_load")) << s.dump();
+  const auto& L = s["moe_load"]["model.layers.1.mlp"];
+  EXPECT_EQ(L["routed"].get<int64_t>(), 3 * 4 * 16 * 2);
+  int64_t kept = 0;
+  for (const auto& n : L["tokens_per_expert"]) {
+    EXPECT_LE(n.get<int64_t>(), 3 * 32);  // capacity ceil(64 * 2 / 4) per step
+    kept += n.get<int64_t>();
+  }
+  EXPECT_EQ(kept + L["dropped"].get<int64_t>(), L["routed"].get<int64_t>());
+  fs::remove_all(out);
+}

@@ -228,6 +228,10 @@ TEST(Parity, GptMiniAdamw) { run_parity("gpt-mini_adamw"); }
 // Llama (RMSNorm, rotary embeddings, grouped-query attention with 8 query and 2 key/value
 // heads, SwiGLU, untied head), the golden's model being its family string.
 TEST(Parity, LlamaTinyAdamw) { run_parity("llama-tiny_adamw"); }
+// Mixture of experts (2 layers of 4 SwiGLU experts, top 2, one shared expert) at capacity
+// factor 1.0, so that every step drops assignments, with the load-balancing loss in the loss,
+// against bench/peer/models.py's MoeMLP.
+TEST(Parity, MoeTinyAdamw) { run_parity("moe-tiny_adamw"); }
 // A network that exists only as a model file (models/examples/branchnet.json: a branch and
 // a 1x1 shortcut merged by add), against bench/peer/model_file.py's module of the file.
 TEST(Parity, ModelFileBranchnetAdamw) { run_parity("branchnet_adamw"); }

@@ -240,13 +240,55 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class MoeMLP(nn.Module):
+    """saturate's moe feed-forward layer (src/nn/layers/moe.h): router `gate` (no bias), softmax
+    over the E experts, top k, gates renormalised over the k; an expert takes at most
+    ceil(capacity * tokens * k / E) assignments of the batch, in token order (capacity 0: all),
+    the rest contribute zero; experts and the shared expert (width shared * ffn, ungated) are
+    SwiGLU MLPs. aux_loss: aux * E * sum_e f_e P_e, f_e the share of the tokens * k assignments
+    (before drops) choosing e, P_e the mean router probability."""
+
+    def __init__(self, C, ffn, E, k, shared=0, capacity=0.0, aux=0.01):
+        super().__init__()
+        self.E, self.k, self.capacity, self.aux = E, k, capacity, aux
+        self.gate = nn.Linear(C, E, bias=False)
+        self.experts = nn.ModuleList([LlamaMLP(C, ffn) for _ in range(E)])
+        if shared:
+            self.shared_expert = LlamaMLP(C, shared * ffn)
+        self.aux_loss = None
+
+    def forward(self, x):
+        shape, C = x.shape, x.shape[-1]
+        h = x.reshape(-1, C)
+        n, E, k = h.shape[0], self.E, self.k
+        p = F.softmax(self.gate(h), dim=-1)
+        topv, topi = torch.topk(p, k, dim=-1)
+        gates = topv / topv.sum(-1, keepdim=True)
+        cap = n * k if self.capacity <= 0 else min(n * k, math.ceil(self.capacity * n * k / E))
+        onehot = F.one_hot(topi.reshape(-1), E)  # [n k, E], token-major
+        rank = ((torch.cumsum(onehot, 0) - 1) * onehot).sum(-1)  # position in its expert's queue
+        keep = (rank < cap).reshape(n, k)
+        y = torch.zeros_like(h)
+        for e in range(E):
+            tok, j = ((topi == e) & keep).nonzero(as_tuple=True)
+            if tok.numel():
+                y = y.index_add(0, tok, gates[tok, j, None] * self.experts[e](h[tok]))
+        self.dropped = int((~keep).sum())
+        if self.aux > 0:
+            f = onehot.sum(0).to(p.dtype) / (n * k)
+            self.aux_loss = self.aux * E * (f * p.mean(0)).sum()
+        if hasattr(self, "shared_expert"):
+            y = y + self.shared_expert(h)
+        return y.view(shape)
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, C, n_head, n_kv_head, ffn, eps=1e-5, theta=10000.0):
+    def __init__(self, C, n_head, n_kv_head, ffn, eps=1e-5, theta=10000.0, moe=None):
         super().__init__()
         self.input_layernorm = RMSNorm(C, eps)
         self.self_attn = LlamaAttention(C, n_head, n_kv_head, theta)
         self.post_attention_layernorm = RMSNorm(C, eps)
-        self.mlp = LlamaMLP(C, ffn)
+        self.mlp = MoeMLP(C, ffn, *moe) if moe else LlamaMLP(C, ffn)
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
@@ -254,10 +296,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, V, eps=1e-5, theta=10000.0):
+    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, V, eps=1e-5, theta=10000.0, moe=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(V, C)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(C, n_head, n_kv_head, ffn, eps, theta)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(C, n_head, n_kv_head, ffn, eps, theta, moe)
                                      for _ in range(n_layer)])
         self.norm = RMSNorm(C, eps)
 
@@ -268,10 +310,10 @@ class Llama(nn.Module):
     theta as the spec's norm_eps and rope_theta (1e-5 and 10000 unless given). T: the context,
     for the spec only (rotary embeddings have no table)."""
 
-    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, T, V, eps=1e-5, theta=10000.0):
+    def __init__(self, n_layer, n_head, n_kv_head, C, ffn, T, V, eps=1e-5, theta=10000.0, moe=None):
         super().__init__()
         self.T, self.V = T, V
-        self.model = LlamaModel(n_layer, n_head, n_kv_head, C, ffn, V, eps, theta)
+        self.model = LlamaModel(n_layer, n_head, n_kv_head, C, ffn, V, eps, theta, moe)
         self.lm_head = nn.Linear(C, V, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -282,6 +324,11 @@ class Llama(nn.Module):
         for layer in self.model.layers:
             x = layer(x)
         return self.lm_head(self.model.norm(x))
+
+    def aux_losses(self):
+        """The moe layers' load-balancing losses of the last forward (added to the loss)."""
+        return [layer.mlp.aux_loss for layer in self.model.layers
+                if isinstance(layer.mlp, MoeMLP) and layer.mlp.aux_loss is not None]
 
 
 GPT_CONFIGS = {
@@ -328,6 +375,16 @@ def parse_family(name):
             if sorted(kv) != sorted(LLAMA_KEYS):
                 raise ValueError(f"expected the keys {', '.join(LLAMA_KEYS)}[, norm_eps, rope_theta]")
             return "llama", tuple(int(kv[k]) for k in LLAMA_KEYS) + tuple(floats)
+        if family == "moe":
+            kv = dict(item.split("=", 1) for item in body.split(","))
+            L, nh, C = int(kv.pop("layers")), int(kv.pop("heads")), int(kv.pop("width"))
+            T, V, E, k = int(kv.pop("context")), int(kv.pop("vocab")), int(kv.pop("experts")), int(kv.pop("top_k"))
+            nkv, ffn = int(kv.pop("kv_heads", nh)), int(kv.pop("ffn", 4 * C))
+            S, cf, aux = int(kv.pop("shared", 0)), float(kv.pop("capacity", 0.0)), float(kv.pop("aux", 0.01))
+            eps, theta = float(kv.pop("norm_eps", 1e-5)), float(kv.pop("rope_theta", 10000.0))
+            if kv or not 1 <= k <= E:
+                raise ValueError(f"unexpected keys {sorted(kv)} or top_k {k} not in [1, experts {E}]")
+            return "moe", (L, nh, nkv, C, ffn, T, V, eps, theta, (E, k, S, cf, aux))
         if family == "mlp":
             widths = [int(w) for w in body.split("-")]
             if len(widths) < 2 or min(widths) < 1:
@@ -379,6 +436,10 @@ def build(name, chw=None, classes=10, seq_len=None):
         L, nh, nkv, C, ffn, T, V, eps, theta = cfg
         T = seq_len or T
         return Llama(L, nh, nkv, C, ffn, T, V, eps, theta), {"kind": "tokens", "T": T, "V": V}
+    if family == "moe":
+        L, nh, nkv, C, ffn, T, V, eps, theta, moe = cfg
+        T = seq_len or T
+        return Llama(L, nh, nkv, C, ffn, T, V, eps, theta, moe), {"kind": "tokens", "T": T, "V": V}
     L, nh, C, T, V = cfg
     if seq_len:
         T = seq_len
@@ -386,7 +447,10 @@ def build(name, chw=None, classes=10, seq_len=None):
 
 
 def loss_fn(model, out, y):
-    return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+    loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+    for aux in model.aux_losses() if hasattr(model, "aux_losses") else []:
+        loss = loss + aux  # the moe family's load-balancing losses, layer by layer
+    return loss
 
 
 def parse_chw(s):

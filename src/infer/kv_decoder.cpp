@@ -296,8 +296,8 @@ class LlamaDecoder : public Decoder {
 }  // namespace
 
 std::unique_ptr<Decoder> make_cached_decoder(const ModelConfig& mc, const ParamStore& ps) {
-  SAT_CHECK(mc.family == ModelFamily::gpt || mc.family == ModelFamily::llama, "--model ", mc.name,
-            ": the KV cache decodes the gpt and llama families (--no-cache runs any language model's forward)");
+  SAT_CHECK((mc.family == ModelFamily::gpt || mc.family == ModelFamily::llama) && mc.experts == 0, "--model ", mc.name,
+            ": the KV cache decodes the gpt and llama families, not moe (--no-cache runs any language model's forward)");
   SAT_CHECK(mc.tp == 1 && mc.device == Device::cpu && mc.act == DType::f32,
             "internal error: the cached decoder runs a whole float32 model on the CPU");
   for (size_t i = 0; i < ps.num_params(); ++i)

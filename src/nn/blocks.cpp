@@ -10,6 +10,8 @@
 #include "nn/layers/embedding.h"
 #include "nn/layers/layernorm.h"
 #include "nn/layers/linear.h"
+#include "nn/layers/moe.h"
+#include "nn/layers/swiglu.h"
 #include "nn/layers/tensor_parallel.h"
 
 namespace sat {
@@ -88,6 +90,26 @@ int add_basic_block(Graph& g, const std::string& prefix, int x, int64_t cin, int
   x = g.add<ReLU>(p + "relu2", {x});
   g.end_recompute();
   return x;
+}
+
+int add_moe_block(Graph& g, const std::string& name, int x, const MoeBlock& b, std::vector<int>& aux_losses) {
+  const ParamInit w02 = ParamInit::normal(0.02f);
+  const int logits = g.add<Linear>(name + ".gate", {x}, b.width, b.experts, false, w02, std::nullopt);
+  if (b.aux_coef > 0) aux_losses.push_back(g.add<MoeAux>(name + ".aux", {logits}, b.experts, b.top_k, b.aux_coef));
+  const int y = g.add<Moe>(name, {x, logits}, b.experts, b.top_k, b.ffn, b.capacity);
+  if (b.shared == 0) return y;
+  const int64_t S = b.shared * b.ffn;
+  const std::string sp = name + ".shared_expert.";
+  const int gate = g.add<Linear>(sp + "gate_proj", {x}, b.width, S, false, w02, std::nullopt);
+  const int up = g.add<Linear>(sp + "up_proj", {x}, b.width, S, false, w02, std::nullopt);
+  const int a = g.add<SwiGLU>(sp + "act_fn", {gate, up});
+  const int d = g.add<Linear>(sp + "down_proj", {a}, S, b.width, false, w02, std::nullopt);
+  return g.add<Add>(name + ".add_shared", {y, d});
+}
+
+int add_aux_losses(Graph& g, int loss, const std::vector<int>& aux_losses) {
+  for (size_t i = 0; i < aux_losses.size(); ++i) loss = g.add<Add>(str_cat("loss.plus_aux.", i), {loss, aux_losses[i]});
+  return loss;
 }
 
 }  // namespace sat

@@ -3,6 +3,7 @@
 // (model_file.h), so a file that names them builds the very same nodes.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "nn/graph.h"
 #include "nn/models.h"
@@ -39,6 +40,21 @@ struct TransformerBlock {
   bool selective = false;  // --recompute selective: attention recomputes its probabilities
 };
 int add_transformer_block(Graph& g, TokenRegions& r, const std::string& prefix, int x, const TransformerBlock& b);
+
+// A mixture-of-experts feed-forward layer (Qwen-MoE's names): the router `name`.gate (a Linear
+// from width to the experts' logits, no bias), the experts (nn/layers/moe.h) under `name`,
+// their load-balancing loss `name`.aux appended to `aux_losses` (none at coefficient 0), and
+// the shared experts as one SwiGLU MLP of width shared * ffn, `name`.shared_expert.*, added
+// to the experts' output ungated (DeepSeek-MoE's shared experts). Returns the output.
+struct MoeBlock {
+  int64_t width = 0, experts = 0, top_k = 0, ffn = 0, shared = 0;
+  double capacity = 0;   // capacity factor (0: no drops)
+  float aux_coef = 0;    // load-balancing coefficient
+};
+int add_moe_block(Graph& g, const std::string& name, int x, const MoeBlock& b, std::vector<int>& aux_losses);
+// The objective: the loss plus each load-balancing loss (Add nodes loss.plus_aux.I); the loss when none.
+int add_aux_losses(Graph& g, int loss, const std::vector<int>& aux_losses);
+
 
 // torchvision's BasicBlock `prefix`.{conv1, bn1, relu1, conv2, bn2, [downsample.0, .1],
 // add, relu2} from cin to `width` channels, a recompute unit; the shortcut is a 1x1

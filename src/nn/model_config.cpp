@@ -20,6 +20,7 @@ constexpr int64_t kMaxCount = 100'000'000;
 const char* const kFamilies =
     "gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P], "
     "llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R], "
+    "moe:layers=L,heads=H,width=C,experts=E,top_k=K,context=T,vocab=V[,ffn=F,kv_heads=G,shared=S,capacity=CF,aux=A], "
     "mlp:IN-HIDDEN...-CLASSES, resnet:18|34, "
     "file:NET.json";
 
@@ -117,6 +118,17 @@ void take_float(const Spec& s, const char* key, float above, float& v) {
   v = float(x);
 }
 
+// A finite float >= 0 under `key` when given (kept as `v` otherwise).
+void take_nonnegative(const Spec& s, const char* key, float& v) {
+  if (!s.kv.count(key)) return;
+  const std::string& text = s.kv.at(key);
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  SAT_CHECK(!text.empty() && end && *end == 0 && std::isfinite(float(x)) && x >= 0, "--model ", s.spec, ": '", key,
+            "' must be a number >= 0, got '", text, "'");
+  v = float(x);
+}
+
 // llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R]
 void parse_llama(ModelConfig& c, const std::string& spec, const std::string& body) {
   const Spec s = parse_spec(
@@ -128,6 +140,35 @@ void parse_llama(ModelConfig& c, const std::string& spec, const std::string& bod
   c.ffn = s.take("ffn");
   take_float(s, "norm_eps", 0.0f, c.norm_eps);      // RMSNorm: x / sqrt(mean(x^2) + eps)
   take_float(s, "rope_theta", 1.0f, c.rope_theta);  // Rotary: angles t / theta^(2i / hs)
+  SAT_CHECK(c.n_head % c.n_kv_head == 0, "--model ", spec, ": heads ", c.n_head, " does not divide by kv_heads ",
+            c.n_kv_head, " (each key/value head serves a group of heads / kv_heads query heads)");
+  SAT_CHECK((c.n_embd / c.n_head) % 2 == 0, "--model ", spec, ": width / heads = ", c.n_embd / c.n_head,
+            " channels per head is odd (rotary embeddings rotate pairs of channels)");
+}
+
+// moe:layers=L,heads=H,width=C,experts=E,top_k=K,context=T,vocab=V[,ffn=F,kv_heads=G,shared=S,capacity=CF,aux=A]
+// The llama family with mixture-of-experts MLPs (ModelConfig::experts > 0).
+void parse_moe(ModelConfig& c, const std::string& spec, const std::string& body) {
+  static const char* const syntax =
+      "moe:layers=L,heads=H,width=C,experts=E,top_k=K,context=T,vocab=V[,ffn=F,kv_heads=G,shared=S,capacity=CF,aux=A]";
+  const Spec s = parse_spec(spec, body, {"layers", "heads", "kv_heads", "width", "ffn", "context", "vocab", "experts",
+                                         "top_k", "shared", "capacity", "aux", "norm_eps", "rope_theta"}, syntax);
+  c.family = ModelFamily::llama;
+  take_transformer(c, s);
+  c.n_kv_head = s.kv.count("kv_heads") ? s.take("kv_heads") : c.n_head;
+  c.ffn = s.kv.count("ffn") ? s.take("ffn") : 4 * c.n_embd;
+  c.experts = s.take("experts");
+  c.top_k = s.take("top_k");
+  if (s.kv.count("shared")) {
+    const std::string& v = s.kv.at("shared");
+    c.shared_experts = v == "0" ? 0 : positive(spec, "'shared'", v);
+  }
+  take_float(s, "norm_eps", 0.0f, c.norm_eps);
+  take_float(s, "rope_theta", 1.0f, c.rope_theta);
+  take_nonnegative(s, "capacity", c.capacity);  // 0: no capacity limit
+  take_nonnegative(s, "aux", c.aux_coef);
+  SAT_CHECK(c.top_k <= c.experts, "--model ", spec, ": top_k ", c.top_k, " is more than experts ", c.experts,
+            " (each token goes to top_k different experts)");
   SAT_CHECK(c.n_head % c.n_kv_head == 0, "--model ", spec, ": heads ", c.n_head, " does not divide by kv_heads ",
             c.n_kv_head, " (each key/value head serves a group of heads / kv_heads query heads)");
   SAT_CHECK((c.n_embd / c.n_head) % 2 == 0, "--model ", spec, ": width / heads = ", c.n_embd / c.n_head,
@@ -180,6 +221,7 @@ ModelConfig parse_family(const std::string& spec) {
   if (family == "file") return model_file_config(spec, body);
   if (family == "gpt") parse_gpt(c, spec, body);
   else if (family == "llama") parse_llama(c, spec, body);
+  else if (family == "moe") parse_moe(c, spec, body);
   else if (family == "mlp") parse_mlp(c, spec, body);
   else if (family == "resnet") parse_resnet(c, spec, body);
   else fail("--model ", spec, ": unknown model family '", family, "' (families: ", kFamilies, ")");
@@ -245,6 +287,13 @@ std::string llama_extras(const ModelConfig& c, const char* eps_label, const char
   }
   return s;
 }
+
+std::string moe_spec(const ModelConfig& c) {
+  return str_cat("moe:layers=", c.n_layer, ",heads=", c.n_head, ",kv_heads=", c.n_kv_head, ",width=", c.n_embd,
+                 ",ffn=", c.ffn, ",experts=", c.experts, ",top_k=", c.top_k, ",shared=", c.shared_experts,
+                 ",capacity=", float_text(c.capacity), ",aux=", float_text(c.aux_coef), ",context=", c.context,
+                 ",vocab=", c.vocab, llama_extras(c, ",norm_eps=", ",rope_theta="));
+}
 }  // namespace
 
 std::string model_spec(const ModelConfig& c) {
@@ -261,6 +310,7 @@ std::string model_spec(const ModelConfig& c) {
       return str_cat("gpt:layers=", c.n_layer, ",heads=", c.n_head, ",width=", c.n_embd, ",context=", c.context,
                      ",vocab=", c.vocab, c.dropout > 0 ? ",dropout=" + float_text(c.dropout) : std::string());
     case ModelFamily::llama:
+      if (c.experts > 0) return moe_spec(c);
       return str_cat("llama:layers=", c.n_layer, ",heads=", c.n_head, ",kv_heads=", c.n_kv_head, ",width=", c.n_embd,
                      ",ffn=", c.ffn, ",context=", c.context, ",vocab=", c.vocab,
                      llama_extras(c, ",norm_eps=", ",rope_theta="));
@@ -292,6 +342,13 @@ std::string describe_model(const ModelConfig& c) {
                      ", context ", c.context, ", vocabulary ", c.vocab,
                      c.dropout > 0 ? str_cat(", dropout ", c.dropout) : std::string());
     case ModelFamily::llama:
+      if (c.experts > 0)
+        return str_cat("Llama with mixture-of-experts MLPs: ", c.n_layer, " layers, ", c.n_head, " heads (",
+                       c.n_kv_head, " key/value heads), width ", c.n_embd, ", ", c.experts, " experts of SwiGLU width ",
+                       c.ffn, ", top ", c.top_k, c.shared_experts ? str_cat(", ", c.shared_experts, " shared") : "",
+                       c.capacity > 0 ? ", capacity factor " + float_text(c.capacity) : std::string(", no drops"),
+                       ", load-balancing coefficient ", float_text(c.aux_coef), ", context ", c.context,
+                       ", vocabulary ", c.vocab, llama_extras(c, ", RMSNorm eps ", ", rope theta "));
       return str_cat("Llama: ", c.n_layer, " layers, ", c.n_head, " heads of ", c.n_embd / c.n_head, " channels (",
                      c.n_kv_head, " key/value heads), width ", c.n_embd, ", SwiGLU width ", c.ffn, ", context ",
                      c.context, ", vocabulary ", c.vocab, llama_extras(c, ", RMSNorm eps ", ", rope theta "));

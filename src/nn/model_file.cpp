@@ -56,6 +56,7 @@ const std::map<std::string, std::vector<std::string>>& layer_types() {
       {"rmsnorm", {"eps"}},
       {"rotary", {"head_size", "theta"}},
       {"swiglu", {}},
+      {"moe", {"experts", "top_k", "ffn", "shared", "capacity", "aux"}},
       {"maxpool2d", {"kernel", "stride", "padding"}},
       {"avgpool2d", {"output"}},
       {"cross_entropy", {}},
@@ -387,6 +388,7 @@ class FileBuilder {
                                float(fl.number("dropout", 0, 0, 1)));
     }
     if (t == "attention") return attention(l, fl, x);
+    if (t == "moe") return moe(l, fl, x);
     if (t == "maxpool2d") {
       const int64_t k = fl.count("kernel");
       return g_.add<MaxPool2d>(l.name, {x}, k, fl.count("stride", k), fl.count("padding", 0, 0));
@@ -404,6 +406,17 @@ class FileBuilder {
       return add_basic_block(g_, l.name, x, shape(x)[1], fl.count("out_channels"), fl.count("stride", 1));
     }
     fl.fail("unknown type");
+  }
+
+  // A mixture-of-experts feed-forward layer (blocks.h add_moe_block); its load-balancing
+  // loss is added to the file's loss.
+  int moe(const FileLayer& l, const Fields& fl, int x) {
+    const MoeBlock b{shape(x)[-1], fl.count("experts"), fl.count("top_k"), fl.count("ffn"), fl.count("shared", 0, 0),
+                     fl.number("capacity", 0, 0, 1e6), float(fl.number("aux", 0.01, 0, 1e6))};
+    if (b.top_k > b.experts)
+      fl.fail(str_cat("'top_k' ", b.top_k, " is more than 'experts' ", b.experts, " (each token goes to top_k different "
+                      "experts)"), "top_k");
+    return add_moe_block(g_, l.name, x, b, m_.aux_losses);
   }
 
   int same_split(int from, int out) {

@@ -86,7 +86,7 @@ void check_llama_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
 
 bool has_tensor_parallel_form(const ModelConfig& c) {
   if (c.family == ModelFamily::file) return file_has_tensor_parallel(*c.file);
-  return c.family == ModelFamily::gpt || c.family == ModelFamily::llama ||
+  return c.family == ModelFamily::gpt || (c.family == ModelFamily::llama && c.experts == 0) ||
          (c.family == ModelFamily::mlp && c.mlp_widths.size() >= 4);
 }
 
@@ -96,8 +96,8 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             "LayerNorm and dropout regions along the sequence)");
   if (tp == 1) return;
   SAT_CHECK(has_tensor_parallel_form(c), "--tp ", tp, ": ", c.name, " has no tensor-parallel form (models with one: "
-            "mlp with two hidden layers or more, such as mlp, gpt, such as gpt-mini and gpt2-124m, and llama; use --tp 1, or "
-            "--pp / data parallelism)");
+            "mlp with two hidden layers or more, such as mlp, gpt, such as gpt-mini and gpt2-124m, and llama, not moe; use "
+            "--tp 1, or --pp / data parallelism)");
   if (c.family == ModelFamily::mlp) check_mlp_tensor_parallel(c, tp, sp);
   else if (c.family == ModelFamily::gpt) check_gpt_tensor_parallel(c, tp, sp);
   else if (c.family == ModelFamily::llama) check_llama_tensor_parallel(c, tp, sp);
@@ -291,10 +291,15 @@ void build_llama(BuiltModel& m, Graph& g) {
     x = g.add<Add>(p + "add1", {x, h});
     h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, c.norm_eps, sp);
     h = region.enter(p + "mlp", h);
-    const int gate = linear(p + "mlp.gate_proj", h, C, F, col);
-    const int up = linear(p + "mlp.up_proj", h, C, F, col);
-    h = g.add<SwiGLU>(p + "mlp.act_fn", {gate, up});
-    h = linear(p + "mlp.down_proj", h, F, C, row);
+    if (c.experts > 0) {
+      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef};
+      h = add_moe_block(g, p + "mlp", h, mb, m.aux_losses);
+    } else {
+      const int gate = linear(p + "mlp.gate_proj", h, C, F, col);
+      const int up = linear(p + "mlp.up_proj", h, C, F, col);
+      h = g.add<SwiGLU>(p + "mlp.act_fn", {gate, up});
+      h = linear(p + "mlp.down_proj", h, F, C, row);
+    }
     h = region.leave(p + "mlp", h);
     x = g.add<Add>(p + "add2", {x, h});
     g.end_recompute();
@@ -395,11 +400,13 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
     case ModelFamily::file: build_from_file(m, g); break;
   }
   if (file) {
+    m.loss = add_aux_losses(g, m.loss, m.aux_losses);
     g.set_logits(m.logits);
     g.set_loss(m.loss);
     return m;
   }
   m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y}, cfg.tokens ? TPRank{cfg.tp, cfg.tp_rank} : TPRank{});
+  m.loss = add_aux_losses(g, m.loss, m.aux_losses);  // moe: plus the load-balancing losses
   g.set_logits(m.logits);
   g.set_loss(m.loss);
   return m;

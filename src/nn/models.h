@@ -42,6 +42,12 @@ struct ModelConfig {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;  // GPT and Llama families
   int64_t n_kv_head = 0, ffn = 0;  // Llama: key/value heads (grouped-query attention), MLP width
   float norm_eps = 1e-5f, rope_theta = 10000.0f;  // Llama: RMSNorm eps, rotary embeddings' theta
+  // moe (a Llama whose feed-forward layers are mixtures of experts, nn/layers/moe.h):
+  // experts > 0; each token to top_k of them (each a SwiGLU of width ffn), shared_experts
+  // SwiGLUs of width ffn every token passes through, capacity factor (0: no drops) and the
+  // coefficient of the load-balancing loss added to the loss.
+  int64_t experts = 0, top_k = 0, shared_experts = 0;
+  float capacity = 0.0f, aux_coef = 0.01f;
   // GPT and Llama families: `context` is the model's (the position embedding's rows, part
   // of its parameters and of --model); `seq_len` is the window T the step's graph is built
   // for and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.
@@ -64,6 +70,9 @@ const std::vector<std::string>& model_names();
 //   gpt:layers=L,heads=H,width=C,context=T,vocab=V[,dropout=P]  (keys in any order)
 //   llama:layers=L,heads=H,kv_heads=K,width=C,ffn=F,context=T,vocab=V[,norm_eps=E][,rope_theta=R]
 //                                                               (keys in any order; E 1e-5, R 10000 unless given)
+//   moe:layers=L,heads=H,width=C,experts=E,top_k=K,context=T,vocab=V[,ffn=F,kv_heads=G,shared=S,capacity=CF,aux=A]
+//                                                               (a llama with mixture-of-experts MLPs; F 4C,
+//                                                               G H, S 0, CF 0 (no drops), A 0.01 unless given)
 //   mlp:IN-HIDDEN...-CLASSES                                    (any number of hidden layers)
 //   resnet:18 | resnet:34                                       (CIFAR stem: 3x3 conv, no max-pool)
 //   file:NET.json                                               (any network of saturate's layers: model_file.h)
@@ -95,6 +104,7 @@ struct BuiltModel {
   ModelConfig config;
   std::unique_ptr<Graph> graph;
   int x = -1, y = -1, logits = -1, loss = -1;  // value ids (logits, loss: of the whole model)
+  std::vector<int> aux_losses;                 // moe: the load-balancing losses added to the loss
   Shape x_shape, y_shape;                      // per micro-batch
   DType x_dtype = DType::f32;
 };

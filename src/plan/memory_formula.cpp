@@ -17,6 +17,7 @@ double TransformerShape::embedding_params() const { return vocab * hidden; }
 
 std::optional<TransformerShape> transformer_shape(const ModelConfig& c) {
   if (c.family != ModelFamily::gpt && c.family != ModelFamily::llama) return std::nullopt;
+  if (c.experts > 0) return std::nullopt;  // moe: the planner's own accounting (per-layer buffers) only
   TransformerShape m;
   m.layers = double(c.n_layer), m.hidden = double(c.n_embd), m.heads = double(c.n_head);
   m.vocab = double(c.vocab), m.seq = double(c.seq_len > 0 ? c.seq_len : c.context);

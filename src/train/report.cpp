@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "core/error.h"
 #include "core/io.h"
+#include "nn/layers/moe.h"
 
 namespace sat {
 
@@ -307,6 +308,9 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["predicted_memory_bytes"] = r.predicted_memory_bytes;
   s["peak_memory_bytes"] = r.peak_memory_bytes;
   s["memory_plan"] = memory_plan_json(plan);
+  const auto moe = moe_load();  // mixture-of-experts layers: this rank's routing over the run
+  for (const auto& [layer, L] : moe)
+    s["moe_load"][layer] = {{"tokens_per_expert", L.tokens}, {"dropped", L.dropped}, {"routed", L.routed}};
   if (!r.device_name.empty()) {  // a GPU (the host reports no device name)
     s["device_memory_used_bytes"] = r.device_memory_used_bytes;
     s["graph_replay"] = r.graph_replay;

@@ -63,6 +63,11 @@ int64_t moe_capacity(double cf, int64_t tokens, int64_t E, int64_t k) {
   return std::min(tokens * k, int64_t(std::ceil(cf * double(tokens) * double(k) / double(E))));
 }
 
+std::map<std::string, MoeLoad> moe_load() {
+  std::lock_guard<std::mutex> lock(load_mutex());
+  return load_table();
+}
+
 std::map<std::string, MoeLoad> take_moe_load() {
   std::lock_guard<std::mutex> lock(load_mutex());
   std::map<std::string, MoeLoad> r;
@@ -140,7 +145,7 @@ void Moe::dispatch(LayerCtx& c, int64_t n) {
       ++dropped;
     }
   }
-  if (c.recomputing) return;
+  if (c.recomputing || !c.training) return;
   std::lock_guard<std::mutex> lock(load_mutex());
   MoeLoad& L = load_table()[name_];
   L.tokens.resize(size_t(E_), 0);

@@ -21,8 +21,8 @@
 //         DeepSeek's normalisation), f_e = (assignments of expert e before any drop) / (tokens * k)
 //         (no gradient), P_e = mean over tokens of p_t,e. 1 * coef when perfectly balanced.
 //         Added to the model's loss by the model builder.
-// CPU only. Every forward that is not a recompute adds each expert's kept assignments and
-// the dropped ones to a per-layer counter (take_moe_load).
+// CPU only. Every training forward that is not a recompute adds each expert's kept
+// assignments and the dropped ones to a per-layer counter (take_moe_load).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -43,8 +43,10 @@ struct MoeLoad {
   int64_t dropped = 0;          // assignments dropped for capacity
   int64_t routed = 0;           // assignments made (tokens * k)
 };
-// The per-layer counts (by layer name) of the forwards since the last call, and resets them.
+// The per-layer counts (by layer name) of this process's training forwards since the last
+// take (or the start), and resets them; moe_load() reads them without a reset (summary.json).
 std::map<std::string, MoeLoad> take_moe_load();
+std::map<std::string, MoeLoad> moe_load();
 
 class Moe : public Layer {
  public:
