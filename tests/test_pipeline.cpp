@@ -165,6 +165,10 @@ TEST(StageGraphs, BadLayoutsAreClearErrors) {
             std::string::npos)
       << error_of([&] { sat::check_pipeline(layout(4, PipeSchedule::interleaved, 2, 2)); });
   EXPECT_EQ(split(layout(2, PipeSchedule::interleaved, 4, 2)), "(accepted)");
+  // zb-h1 is a schedule `saturate schedule` draws; training refuses it until the engine splits the backward.
+  EXPECT_NE(split(layout(2, PipeSchedule::zb_h1, 4)).find("--pp-schedule zb-h1: the engine does not split"),
+            std::string::npos)
+      << split(layout(2, PipeSchedule::zb_h1, 4));
 }
 
 // Each stage's plan holds the micro-batches its schedule keeps in flight: GPipe all of

@@ -18,7 +18,7 @@ using sat::PipeSchedule;
 using sat::ScheduleSpec;
 
 constexpr PipeSchedule kKinds[] = {PipeSchedule::none, PipeSchedule::gpipe, PipeSchedule::one_f_one_b,
-                                   PipeSchedule::interleaved};
+                                   PipeSchedule::interleaved, PipeSchedule::zb_h1};
 
 std::string describe(const ScheduleSpec& s) {
   return sat::str_cat(sat::pipe_schedule_name(s.kind), " P=", s.stages, " M=", s.micro, " V=", s.virtual_stages);
@@ -82,20 +82,25 @@ std::string check_computes(const ScheduleSpec& s, const std::vector<Action>& lis
   const int n = static_cast<int>(list.size());
   if (n < 2 || list[n - 2].kind != ActionKind::reduce_grads || list[n - 1].kind != ActionKind::optimizer)
     return "does not end with REDUCE OPT";
-  std::vector<int> next_f(s.virtual_stages, 0), next_b(s.virtual_stages, 0);
+  std::vector<int> next_f(s.virtual_stages, 0), next_b(s.virtual_stages, 0), next_w(s.virtual_stages, 0);
+  const bool split = s.kind == PipeSchedule::zb_h1;
   for (int i = 0; i < n - 2; ++i) {
     const Action& a = list[i];
     if (a.kind == ActionKind::reduce_grads || a.kind == ActionKind::optimizer) return a.str() + " before the end";
     if (!a.is_compute()) continue;
     if (a.chunk < 0 || a.chunk >= s.virtual_stages) return sat::str_cat(a.str(), " has chunk ", a.chunk);
-    auto& next = a.kind == ActionKind::forward ? next_f : next_b;
+    const bool part = a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight;
+    if (split ? a.kind == ActionKind::backward : part) return a.str() + (split ? " unsplit" : " split");
+    auto& next = a.kind == ActionKind::forward ? next_f : a.kind == ActionKind::backward_weight ? next_w : next_b;
     if (a.micro != next[a.chunk]) return sat::str_cat(a.str(), " chunk ", a.chunk, " out of micro order");
     ++next[a.chunk];
-    if (a.kind == ActionKind::backward && next_f[a.chunk] <= a.micro) return a.str() + " before its forward";
+    if (a.kind != ActionKind::forward && next_f[a.chunk] <= a.micro) return a.str() + " before its forward";
+    if (a.kind == ActionKind::backward_weight && next_b[a.chunk] <= a.micro) return a.str() + " before its I";
   }
   for (int c = 0; c < s.virtual_stages; ++c)
-    if (next_f[c] != s.micro || next_b[c] != s.micro)
-      return sat::str_cat("chunk ", c, " has ", next_f[c], " forwards and ", next_b[c], " backwards");
+    if (next_f[c] != s.micro || next_b[c] != s.micro || next_w[c] != (split ? s.micro : 0))
+      return sat::str_cat("chunk ", c, " has ", next_f[c], " forwards, ", next_b[c], " backwards (or I) and ",
+                          next_w[c], " W");
   return "";
 }
 
@@ -106,7 +111,7 @@ Action expected_comm(const ScheduleSpec& s, int stage, const Action& c, bool bef
   const bool fwd = c.kind == ActionKind::forward;
   const bool toward_next = fwd != before;  // a forward sends on, a backward receives from the next piece
   const int other = toward_next ? vs + 1 : vs - 1;
-  if (other < 0 || other > last) return Action{};
+  if (other < 0 || other > last || c.kind == ActionKind::backward_weight) return Action{};
   ActionKind k = fwd ? (before ? ActionKind::recv_act : ActionKind::send_act)
                      : (before ? ActionKind::recv_grad : ActionKind::send_grad);
   return Action{k, c.micro, c.chunk, other % P};
@@ -186,7 +191,7 @@ TEST(Schedule, CheckAcceptsExactlyTheValidSpecsAndNamesTheFlag) {
       EXPECT_NE(msg.find(flag), std::string::npos) << msg;
     }
   }
-  EXPECT_EQ(accepted, 3 * 8 * 16 + 3 * (7 * 16 - (1 + 2 + 3 + 4 + 5 + 6 + 7)));  // 384 + 3 * 84
+  EXPECT_EQ(accepted, 4 * 8 * 16 + 3 * (7 * 16 - (1 + 2 + 3 + 4 + 5 + 6 + 7)));  // 512 + 3 * 84
 }
 
 TEST(Schedule, BadInputNamesTheFlag) {
@@ -243,8 +248,9 @@ TEST(Schedule, SendsMatchReceivesPairByPairAndNothingDeadlocks) {
     ASSERT_FALSE(sim.deadlock);
     ASSERT_EQ(sim.spans.size(), size_t(s.stages));
     for (int r = 0; r < s.stages; ++r) {
-      EXPECT_EQ(sim.spans[r].size(), size_t(2 * s.micro * s.virtual_stages));
-      EXPECT_NEAR(sim.busy[r], 3.0 * s.micro, 1e-9);  // F = 1, B = 2 for the whole stage
+      const int per_micro = s.kind == PipeSchedule::zb_h1 ? 3 : 2;  // F I W, or F B
+      EXPECT_EQ(sim.spans[r].size(), size_t(per_micro * s.micro * s.virtual_stages));
+      EXPECT_NEAR(sim.busy[r], 3.0 * s.micro, 1e-9);  // F = 1, B = 2 (I = W = 1) for the whole stage
     }
   }
 }
@@ -321,6 +327,16 @@ TEST(Schedule, InFlightIsWhatEachKindPromises) {
           EXPECT_LE(total_in_flight(list), 2 * (s.stages - r - 1) + (s.virtual_stages - 1) * s.stages + 1);
           for (int c = 0; c < s.virtual_stages; ++c) EXPECT_LE(sat::max_in_flight(list, c), s.micro);
           break;
+        case PipeSchedule::zb_h1:
+          // The paper's ZB-H1 promise: 1F1B's activations (forward to I); the weight gradients'
+          // inputs are held longer, for at most 2P - 1 micro-batches.
+          EXPECT_EQ(most, std::min(s.stages - r, s.micro));
+          EXPECT_LE(sat::max_held_for_weights(list, 0), std::min(2 * s.stages - 1, s.micro));
+          EXPECT_GE(sat::max_held_for_weights(list, 0), most);
+          break;
+      }
+      if (s.kind != PipeSchedule::zb_h1) {
+        EXPECT_EQ(sat::max_held_for_weights(list, 0), most);
       }
     }
   }
@@ -357,8 +373,22 @@ TEST(Schedule, BubbleMatchesTheTextbook) {
         }
         break;
       }
+      case PipeSchedule::zb_h1: {
+        // At F = I = W = 1 (the paper's cost model) each stage idles (P-1)(F+I-W) = P-1 against 3M
+        // busy: the paper's bubble, where there are enough micro-batches to fill 1F1B's cool-down
+        // (M >= P) and, for this greedy order, not so many that its steady state leaves holes
+        // (M <= 2P). Everywhere below 1F1B's (P-1)/(M+P-1) when P > 1.
+        if (s.micro >= s.stages && s.micro <= 2 * s.stages) {
+          EXPECT_NEAR(sim, (P - 1) / (3 * M + P - 1), 1e-9);
+          EXPECT_NEAR(sim, sat::theoretical_bubble(s), 1e-9);
+        }
+        if (s.stages > 1) {
+          EXPECT_LT(sim, (P - 1) / (M + P - 1) - 1e-9);
+        }
+        break;
+      }
     }
-    if (s.kind != PipeSchedule::interleaved) {
+    if (s.kind != PipeSchedule::interleaved && s.kind != PipeSchedule::zb_h1) {
       EXPECT_NEAR(sat::theoretical_bubble(s), sim, 1e-9);
     }
   }
@@ -417,6 +447,28 @@ TEST(Schedule, InterleavedAgainstMegatronsTable) {
             "[RECV_B3a<1] B3a REDUCE OPT");
 }
 
+// ZB-H1 spelled out: two stages, three micro-batches. Stage 1 runs I right after each F and
+// puts its Ws off to the end, where stage 0 runs its last I; stage 0 fills its wait for the
+// last gradient with W0. Each I's gradient goes back at once; W sends nothing.
+TEST(Schedule, ZeroBubbleTwoStages) {
+  const ScheduleSpec s{PipeSchedule::zb_h1, 2, 3, 1};
+  EXPECT_EQ(spell(sat::make_schedule(s, 0), 1),
+            "F0 [SEND_F0>1] F1 [SEND_F1>1 RECV_B0<1] I0 F2 [SEND_F2>1 RECV_B1<1] I1 W0 [RECV_B2<1] I2 W1 W2 "
+            "REDUCE OPT");
+  EXPECT_EQ(spell(sat::make_schedule(s, 1), 1),
+            "[RECV_F0<0] F0 I0 [SEND_B0>0 RECV_F1<0] F1 I1 [SEND_B1>0 RECV_F2<0] F2 I2 [SEND_B2>0] W0 W1 W2 "
+            "REDUCE OPT");
+  const auto sim = sat::simulate_schedule(s);
+  EXPECT_DOUBLE_EQ(sim.makespan, 10);  // 9 units of work per stage, 1 idle: (P-1)/(3M+P-1) = 10%
+  // The split backward's I and W share the backward's cost as SimCosts::weight_share says.
+  sat::SimCosts c;
+  c.fwd = c.bwd = {{1.0}, {1.0}};
+  c.weight_share = 0.25;
+  std::vector<std::vector<Action>> lists{sat::make_schedule(s, 0), sat::make_schedule(s, 1)};
+  const auto cheap_w = sat::simulate_actions(lists, c);
+  EXPECT_DOUBLE_EQ(cheap_w.busy[0], 3 * (1 + 0.75 + 0.25));
+}
+
 TEST(Schedule, NoPipelineIsGradientAccumulation) {
   const ScheduleSpec none{PipeSchedule::none, 1, 3, 1}, ofob{PipeSchedule::one_f_one_b, 1, 3, 1};
   EXPECT_EQ(spell(sat::make_schedule(none, 0), 1), "F0 B0 F1 B1 F2 B2 REDUCE OPT");
@@ -445,7 +497,12 @@ TEST(Schedule, ActionNames) {
     EXPECT_TRUE((Action{k, 0, 0, 1}).is_comm());
     EXPECT_FALSE((Action{k, 0, 0, 1}).is_compute());
   }
-  for (K k : {K::forward, K::backward}) EXPECT_TRUE((Action{k, 0, 0, -1}).is_compute());
+  EXPECT_EQ((Action{K::backward_input, 3, 0, -1}).str(), "I3");
+  EXPECT_EQ((Action{K::backward_weight, 3, 0, -1}).str(), "W3");
+  EXPECT_EQ(sat::pytorch_name(Action{K::backward_input, 2, 0, -1}, 4, 1), "1I2");  // PyTorch's BACKWARD_INPUT
+  EXPECT_EQ(sat::pytorch_name(Action{K::backward_weight, 2, 0, -1}, 4, 1), "1W2");
+  for (K k : {K::forward, K::backward, K::backward_input, K::backward_weight})
+    EXPECT_TRUE((Action{k, 0, 0, -1}).is_compute());
   for (K k : {K::reduce_grads, K::optimizer}) {
     EXPECT_FALSE((Action{k, -1, 0, -1}).is_comm());
     EXPECT_FALSE((Action{k, -1, 0, -1}).is_compute());
@@ -485,6 +542,17 @@ TEST(ScheduleFormat, InterleavedShowsChunks) {
   EXPECT_EQ(rows_starting(lines_of(text), "stage "), 2) << text;
   EXPECT_NE(text.find("stage 0  F0a F1a F0b F1b "), std::string::npos) << text;
   EXPECT_NE(text.find("textbook (P-1)/(V*M+P-1) = 11.1%"), std::string::npos) << text;
+}
+
+TEST(ScheduleFormat, ZeroBubbleShowsTheSplitBackwardAndItsMemory) {
+  const std::string text = sat::format_schedule({PipeSchedule::zb_h1, 4, 8, 1});
+  EXPECT_EQ(rows_starting(lines_of(text), "stage "), 4) << text;
+  EXPECT_NE(text.find("stage 3  .........F0 I0 F1 I1 "), std::string::npos) << text;
+  EXPECT_NE(text.find("Fm / Im / Wm"), std::string::npos) << text;
+  EXPECT_NE(text.find("bubble: simulated 11.1%, textbook (P-1)/(3M+P-1) = 11.1%"), std::string::npos) << text;
+  EXPECT_NE(text.find("peak micro-batches in flight: stage 0: 4, stage 1: 3, stage 2: 2, stage 3: 1"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("held for weight gradients (forward to W): stage 0: 7,"), std::string::npos) << text;
 }
 
 TEST(ScheduleFormat, OneMicroBatchIsModelParallelism) {

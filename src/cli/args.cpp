@@ -202,7 +202,7 @@ void add_layout_options(CLI::App* c, RunArgs& a, bool info) {
               "(all-gather / reduce-scatter instead of all-reduce)");
   c->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")
       ->capture_default_str();
-  c->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved (see saturate schedule)")
+  c->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved | zb-h1 (see saturate schedule)")
       ->capture_default_str();
   c->add_option("--virtual-stages", a.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
   c->add_option("--pp-split", a.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced by "

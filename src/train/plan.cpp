@@ -119,6 +119,8 @@ void check_pipeline(const TrainConfig& cfg) {
   SAT_CHECK(cfg.pp >= 1, "--pp: expected a positive number of pipeline stages, got ", cfg.pp);
   SAT_CHECK(cfg.pp > 1 || cfg.pp_split.empty(), "--pp-split needs --pp 2 or more (it names the cuts between stages)");
   check_schedule({cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages});
+  SAT_CHECK(cfg.pp_schedule != PipeSchedule::zb_h1, "--pp-schedule zb-h1: the engine does not split the backward into "
+            "its input and weight parts yet; `saturate schedule --pp-schedule zb-h1` shows the schedule");
 }
 
 StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name) {

@@ -22,7 +22,10 @@ bool Action::is_comm() const {
          kind == ActionKind::recv_grad;
 }
 
-bool Action::is_compute() const { return kind == ActionKind::forward || kind == ActionKind::backward; }
+bool Action::is_compute() const {
+  return kind == ActionKind::forward || kind == ActionKind::backward || kind == ActionKind::backward_input ||
+         kind == ActionKind::backward_weight;
+}
 
 namespace {
 
@@ -38,6 +41,8 @@ const char* type_name(ActionKind k) {
     case ActionKind::recv_grad: return "RECV_B";
     case ActionKind::reduce_grads: return "REDUCE_GRAD";
     case ActionKind::optimizer: return "OPTIMIZER";
+    case ActionKind::backward_input: return "I";
+    case ActionKind::backward_weight: return "W";
   }
   return "?";
 }
@@ -59,7 +64,8 @@ namespace {
 constexpr Named<PipeSchedule> kPipeSchedules[] = {{"none", PipeSchedule::none},
                                                   {"gpipe", PipeSchedule::gpipe},
                                                   {"1f1b", PipeSchedule::one_f_one_b},
-                                                  {"interleaved", PipeSchedule::interleaved}};
+                                                  {"interleaved", PipeSchedule::interleaved},
+                                                  {"zb-h1", PipeSchedule::zb_h1}};
 }  // namespace
 
 const char* pipe_schedule_name(PipeSchedule k) { return name_of(k, kPipeSchedules); }
@@ -89,18 +95,65 @@ namespace {
 // `joined` steps run right after the step before them with no communication between: the
 // receives of both are posted before the first, the sends of both after the second.
 struct Step {
-  bool forward;
+  ActionKind kind;  // forward, backward, backward_input or backward_weight
   int micro;
   int chunk;
   bool joined = false;
 };
 
+constexpr ActionKind kF = ActionKind::forward, kB = ActionKind::backward, kI = ActionKind::backward_input,
+                     kW = ActionKind::backward_weight;
+
+// Whether a step sends its input's gradient back (and so waits for its output's): a whole
+// backward or its input part.
+bool sends_grad(ActionKind k) { return k == kB || k == kI; }
+
+// ZB-H1, built by running all P stages together at unit costs (F = I = W = 1, communication
+// free) and letting each stage, whenever it is free, start the first of: its next I once the
+// next stage has sent that gradient (on the last stage, once the forward is done); its next F
+// once the previous stage has sent the activation, while it holds fewer than P - s micro-batches
+// between F and I (1F1B's limit, so the activations kept are 1F1B's) and fewer than 2P - 1
+// between F and W (the inputs the weight gradients need, held longer); its oldest W waiting. Ws
+// so fill the time a stage would wait, and the last stages put theirs off to the end, where
+// 1F1B's cool-down leaves its bubble. Every kind runs in micro order, so gradients accumulate as
+// in one process. The simulated bubble is the paper's (P-1)/(3M+P-1) for P <= M <= 2P; above,
+// this greedy order settles into a steady state with some idle time (still below 1F1B's), and
+// with M < P the paper's formula does not apply (too few micro-batches to fill the cool-down).
+std::vector<std::vector<Step>> order_zb_h1(int P, int M) {
+  struct Next { int f = 0, i = 0, w = 0; };
+  constexpr int never = std::numeric_limits<int>::max();
+  std::vector<Next> next(static_cast<size_t>(P), Next{});
+  std::vector<std::vector<int>> f_end(static_cast<size_t>(P), std::vector<int>(size_t(M), never)), i_end = f_end;
+  std::vector<std::vector<Step>> out(static_cast<size_t>(P));
+  for (int t = 0, left = 3 * P * M; left > 0; ++t) {
+    for (int s = 0; s < P; ++s) {
+      Next& x = next[size_t(s)];
+      auto& fe = f_end[size_t(s)];
+      const bool grad_in = x.i < x.f && fe[size_t(x.i)] <= t && (s == P - 1 || i_end[size_t(s) + 1][size_t(x.i)] <= t);
+      const bool act_in = x.f < M && (s == 0 || f_end[size_t(s) - 1][size_t(x.f)] <= t);
+      if (grad_in) {
+        out[size_t(s)].push_back({kI, x.i, 0});
+        i_end[size_t(s)][size_t(x.i++)] = t + 1;
+      } else if (act_in && x.f - x.i < P - s && x.f - x.w < 2 * P - 1) {
+        out[size_t(s)].push_back({kF, x.f, 0});
+        fe[size_t(x.f++)] = t + 1;
+      } else if (x.w < x.i) {
+        out[size_t(s)].push_back({kW, x.w++, 0});
+      } else {
+        continue;
+      }
+      --left;
+    }
+  }
+  return out;
+}
+
 // none: each micro-batch all the way forward and back before the next starts.
 std::vector<Step> order_none(int M) {
   std::vector<Step> out;
   for (int m = 0; m < M; ++m) {
-    out.push_back({true, m, 0});
-    out.push_back({false, m, 0});
+    out.push_back({kF, m, 0});
+    out.push_back({kB, m, 0});
   }
   return out;
 }
@@ -108,8 +161,8 @@ std::vector<Step> order_none(int M) {
 // GPipe: every forward, then every backward.
 std::vector<Step> order_gpipe(int M) {
   std::vector<Step> out;
-  for (int m = 0; m < M; ++m) out.push_back({true, m, 0});
-  for (int m = 0; m < M; ++m) out.push_back({false, m, 0});
+  for (int m = 0; m < M; ++m) out.push_back({kF, m, 0});
+  for (int m = 0; m < M; ++m) out.push_back({kB, m, 0});
   return out;
 }
 
@@ -119,12 +172,12 @@ std::vector<Step> order_gpipe(int M) {
 std::vector<Step> order_1f1b(int P, int s, int M) {
   const int warmup = std::min(P - s - 1, M);
   std::vector<Step> out;
-  for (int m = 0; m < warmup; ++m) out.push_back({true, m, 0});
+  for (int m = 0; m < warmup; ++m) out.push_back({kF, m, 0});
   for (int m = 0; m + warmup < M; ++m) {
-    out.push_back({true, m + warmup, 0});
-    out.push_back({false, m, 0});
+    out.push_back({kF, m + warmup, 0});
+    out.push_back({kB, m, 0});
   }
-  for (int m = std::max(M - warmup, 0); m < M; ++m) out.push_back({false, m, 0});
+  for (int m = std::max(M - warmup, 0); m < M; ++m) out.push_back({kB, m, 0});
   return out;
 }
 
@@ -159,8 +212,8 @@ std::vector<Step> order_interleaved(int P, int s, int M, int V) {
   const auto table = schedule_table(padded, V, P);
   const int total = padded * V;
   const int warmup = std::min(2 * (P - s - 1) + (V - 1) * P, total);
-  auto fwd = [&](int k) { return Step{true, table[k].first, table[k].second}; };
-  auto bwd = [&](int k) { return Step{false, table[k].first, V - 1 - table[k].second}; };
+  auto fwd = [&](int k) { return Step{kF, table[k].first, table[k].second}; };
+  auto bwd = [&](int k) { return Step{kB, table[k].first, V - 1 - table[k].second}; };
   std::vector<Step> out;
   auto add = [&](Step step, bool joined) {
     step.joined = joined;
@@ -181,6 +234,7 @@ std::vector<Step> compute_order(const ScheduleSpec& s, int stage) {
     case PipeSchedule::gpipe: return order_gpipe(s.micro);
     case PipeSchedule::one_f_one_b: return order_1f1b(s.stages, stage, s.micro);
     case PipeSchedule::interleaved: return order_interleaved(s.stages, stage, s.micro, s.virtual_stages);
+    case PipeSchedule::zb_h1: return order_zb_h1(s.stages, s.micro)[size_t(stage)];
   }
   return {};
 }
@@ -217,8 +271,8 @@ struct Layout {
 // the previous one; none past either end of the model.
 std::optional<Action> send_after(const Layout& L, int stage, const Step& c) {
   const int vs = L.vs(stage, c.chunk);
-  if (c.forward && vs < L.last()) return Action{ActionKind::send_act, c.micro, c.chunk, L.owner(vs + 1)};
-  if (!c.forward && vs > 0) return Action{ActionKind::send_grad, c.micro, c.chunk, L.owner(vs - 1)};
+  if (c.kind == kF && vs < L.last()) return Action{ActionKind::send_act, c.micro, c.chunk, L.owner(vs + 1)};
+  if (sends_grad(c.kind) && vs > 0) return Action{ActionKind::send_grad, c.micro, c.chunk, L.owner(vs - 1)};
   return std::nullopt;
 }
 
@@ -226,8 +280,8 @@ std::optional<Action> send_after(const Layout& L, int stage, const Step& c) {
 // output's gradient from the next one.
 std::optional<Action> recv_before(const Layout& L, int stage, const Step& c) {
   const int vs = L.vs(stage, c.chunk);
-  if (c.forward && vs > 0) return Action{ActionKind::recv_act, c.micro, c.chunk, L.owner(vs - 1)};
-  if (!c.forward && vs < L.last()) return Action{ActionKind::recv_grad, c.micro, c.chunk, L.owner(vs + 1)};
+  if (c.kind == kF && vs > 0) return Action{ActionKind::recv_act, c.micro, c.chunk, L.owner(vs - 1)};
+  if (sends_grad(c.kind) && vs < L.last()) return Action{ActionKind::recv_grad, c.micro, c.chunk, L.owner(vs + 1)};
   return std::nullopt;
 }
 
@@ -259,7 +313,7 @@ std::vector<Action> with_comms(const Layout& L, int stage, const std::vector<Ste
     group.clear();
     for (size_t j = i; j < end; ++j) {
       const Step& c = order[j];
-      out.push_back(Action{c.forward ? ActionKind::forward : ActionKind::backward, c.micro, c.chunk, -1});
+      out.push_back(Action{c.kind, c.micro, c.chunk, -1});
       if (auto a = send_after(L, stage, c)) group.push_back(*a);
     }
     i = end;
@@ -298,7 +352,17 @@ int max_in_flight(const std::vector<Action>& actions, int chunk) {
   for (const Action& a : actions) {
     if (a.chunk != chunk) continue;
     if (a.kind == ActionKind::forward) most = std::max(most, ++now);
-    if (a.kind == ActionKind::backward) --now;
+    if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input) --now;
+  }
+  return most;
+}
+
+int max_held_for_weights(const std::vector<Action>& actions, int chunk) {
+  int now = 0, most = 0;
+  for (const Action& a : actions) {
+    if (a.chunk != chunk) continue;
+    if (a.kind == ActionKind::forward) most = std::max(most, ++now);
+    if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_weight) --now;
   }
   return most;
 }
@@ -311,6 +375,7 @@ double theoretical_bubble(const ScheduleSpec& s) {
     case PipeSchedule::gpipe:
     case PipeSchedule::one_f_one_b: return (P - 1) / (M + P - 1);
     case PipeSchedule::interleaved: return (P - 1) / (V * M + P - 1);
+    case PipeSchedule::zb_h1: return (P - 1) / (3 * M + P - 1);
   }
   return 0;
 }
@@ -430,7 +495,10 @@ class Simulator {
 
   void compute(int r, const Action& a) {
     const auto& c = a.kind == ActionKind::forward ? costs_.fwd : costs_.bwd;
-    const double d = c[size_t(r)][size_t(a.chunk)];
+    const double share = a.kind == ActionKind::backward_input    ? 1 - costs_.weight_share
+                         : a.kind == ActionKind::backward_weight ? costs_.weight_share
+                                                                 : 1;
+    const double d = c[size_t(r)][size_t(a.chunk)] * share;
     sim_.spans[r].push_back({t_[r], t_[r] + d, a});
     sim_.busy[r] += d;
     t_[r] += d;
@@ -552,6 +620,9 @@ std::string grid(const ScheduleSpec& s, const ScheduleSim& sim) {
 }
 
 std::string legend(const ScheduleSpec& s) {
+  if (s.kind == PipeSchedule::zb_h1)
+    return "Fm / Im / Wm: forward / input-gradient / weight-gradient backward of micro-batch m; one cell each; "
+           "'.' = idle\n";
   if (s.virtual_stages == 1)
     return "Fm / Bm: forward / backward of micro-batch m; one cell = one forward, a backward takes two; '.' = idle\n";
   return str_cat("Fmc / Bmc: forward / backward of micro-batch m on this rank's model chunk c (a = first of ",
@@ -565,6 +636,7 @@ const char* textbook_formula(const ScheduleSpec& s) {
     case PipeSchedule::gpipe:
     case PipeSchedule::one_f_one_b: return "(P-1)/(M+P-1)";
     case PipeSchedule::interleaved: return "(P-1)/(V*M+P-1)";
+    case PipeSchedule::zb_h1: return "(P-1)/(3M+P-1)";
   }
   return "";
 }
@@ -577,6 +649,11 @@ std::string in_flight_line(const ScheduleSpec& s) {
     out += str_cat(r ? ", " : " ", "stage ", r, ":");
     for (int c = 0; c < s.virtual_stages; ++c)
       out += str_cat(" ", max_in_flight(actions, c), chunk_mark(c, s.virtual_stages));
+  }
+  if (s.kind == PipeSchedule::zb_h1) {
+    out += "\nheld for weight gradients (forward to W):";
+    for (int r = 0; r < s.stages; ++r)
+      out += str_cat(r ? ", " : " ", "stage ", r, ": ", max_held_for_weights(make_schedule(s, r), 0));
   }
   return out + "\n";
 }
@@ -596,6 +673,9 @@ std::string format_schedule(const ScheduleSpec& s) {
   if (s.kind == PipeSchedule::interleaved && s.micro % s.stages != 0)
     out += str_cat("--accum ", s.micro, " is not a multiple of --pp ", s.stages, ": the last group of micro-batches is ",
                    "short and each missing one leaves holes, so the bubble is above the textbook's\n");
+  if (s.kind == PipeSchedule::zb_h1 && s.stages > 1 && (s.micro < s.stages || s.micro > 2 * s.stages))
+    out += str_cat("the textbook figure holds for --pp ", s.stages, " <= --accum <= ", 2 * s.stages, ": with fewer ",
+                   "micro-batches the cool-down cannot be filled, with more this order's steady state idles\n");
   out += in_flight_line(s);
   if (s.micro == 1 && s.stages > 1)
     out += str_cat("--accum 1: this is model parallelism (layers on different devices, one micro-batch in flight),",

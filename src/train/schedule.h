@@ -6,9 +6,11 @@
 // The contract the executor relies on (tests/test_schedule.cpp checks every item on every kind,
 // P 1..8, M 1..16, V 1..4):
 // 1. each rank's list holds exactly one forward F(m,c) and one backward B(m,c) for every chunk c
-//    and micro-batch m, and ends with reduce_grads then optimizer (nothing after);
-// 2. per chunk, forwards and backwards run in micro order 0..M-1 (gradients accumulate in the
-//    same order as one process), and F(m,c) precedes B(m,c);
+//    and micro-batch m (split schedules: one I(m,c) and one W(m,c) instead of the B), and ends with
+//    reduce_grads then optimizer (nothing after);
+// 2. per chunk, forwards and backwards (and I, and W) run in micro order 0..M-1 (gradients
+//    accumulate in the same order as one process), and F(m,c) precedes B(m,c) (I(m,c) precedes
+//    W(m,c)). Below, what is said of B's communication holds for I; W communicates nothing;
 // 3. (stage s, chunk c) is virtual stage vs = c*P + s; F with vs > 0 is preceded by recv_act from
 //    the owner of vs-1, F with vs < P*V-1 followed by send_act to the owner of vs+1, B with
 //    vs < P*V-1 preceded by recv_grad from the owner of vs+1, B with vs > 0 followed by send_grad
@@ -33,13 +35,21 @@ namespace sat {
 
 // no pipelining ("none": each micro-batch's forward and backward through all stages before the next
 // starts; with one stage this is plain gradient accumulation), GPipe, 1F1B (PipeDream-flush),
-// Megatron's interleaved 1F1B over V model chunks per rank.
-enum class PipeSchedule { none, gpipe, one_f_one_b, interleaved };
-const char* pipe_schedule_name(PipeSchedule k);          // "none", "gpipe", "1f1b", "interleaved"
+// Megatron's interleaved 1F1B over V model chunks per rank, and zero-bubble ZB-H1 (Qi et al., "Zero
+// Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each backward split into its input-gradient
+// part I (the paper's B: what the previous stage waits for) and its weight-gradient part W, the W
+// parts moved into what would be 1F1B's bubbles.
+enum class PipeSchedule { none, gpipe, one_f_one_b, interleaved, zb_h1 };
+const char* pipe_schedule_name(PipeSchedule k);          // "none", "gpipe", "1f1b", "interleaved", "zb-h1"
 // sat::Error naming `setting` (the flag, or a file's key) and the choices.
 PipeSchedule parse_pipe_schedule(const std::string& s, std::string_view setting = "--pp-schedule");
 
-enum class ActionKind : uint8_t { forward, backward, send_act, recv_act, send_grad, recv_grad, reduce_grads, optimizer };
+// backward is the whole backward of a micro-batch; split schedules (zb-h1) run it as two actions
+// instead: backward_input ("I", the gradients of the chunk's inputs, which the previous stage
+// waits for) and later backward_weight ("W", the gradients of its parameters).
+enum class ActionKind : uint8_t {
+  forward, backward, send_act, recv_act, send_grad, recv_grad, reduce_grads, optimizer, backward_input, backward_weight
+};
 
 struct Action {
   ActionKind kind = ActionKind::forward;
@@ -47,8 +57,8 @@ struct Action {
   int chunk = 0;   // this rank's model chunk 0..V-1; its virtual stage is chunk * P + stage
   int peer = -1;   // send/recv: the pipeline stage (rank in the pipeline group) on the other side
   bool is_comm() const;     // send_act, recv_act, send_grad, recv_grad
-  bool is_compute() const;  // forward, backward
-  std::string str() const;  // short form for grids: "F3", "B3", "SEND_F3", "RECV_B3", "REDUCE", "OPT" (chunk appended as a letter "F3b" only when the caller asks: see format)
+  bool is_compute() const;  // forward, backward, backward_input, backward_weight
+  std::string str() const;  // short form for grids: "F3", "B3", "I3", "W3", "SEND_F3", "RECV_B3", "REDUCE", "OPT" (chunk appended as a letter "F3b" only when the caller asks: see format)
   bool operator==(const Action&) const = default;
 };
 
@@ -76,10 +86,16 @@ std::string pytorch_name(const Action& a, int stages, int stage);
 
 // The most micro-batches of `chunk` that are in flight at once in `actions` (forward started,
 // backward not finished): what the memory plan must hold.
+// A split backward frees the activations at I; the weight gradient's inputs stay until W.
 int max_in_flight(const std::vector<Action>& actions, int chunk);
+// The most micro-batches of `chunk` held for their weight gradients at once: forward started,
+// W (or the whole backward) not finished. Equal to max_in_flight without split backwards.
+int max_held_for_weights(const std::vector<Action>& actions, int chunk);
 
 // All P ranks' schedules run against each other with unit costs: a forward of one chunk takes
-// fwd_cost / V, a backward bwd_cost / V; communication is free but blocks (see the contract).
+// fwd_cost / V, a backward bwd_cost / V, and of a split backward I and W half of that each (the
+// paper's cost model T_F = T_B = T_W at the defaults); communication is free but blocks (see the
+// contract).
 struct ScheduleSim {
   struct Span { double start, end; Action action; };
   bool deadlock = false;
@@ -101,9 +117,12 @@ ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, int 
 struct SimCosts {
   std::vector<std::vector<double>> fwd, bwd;
   double transfer = 0;
+  double weight_share = 0.5;  // of a split backward's bwd, the part W takes (I takes the rest)
 };
 ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, const SimCosts& costs);
-// The textbook bubble: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(V*M+P-1) interleaved, (P-1)/P for none, 0 when P == 1.
+// The textbook bubble: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(V*M+P-1) interleaved, (P-1)/P for none, 0 when P == 1;
+// zb-h1 at T_F = T_I = T_W (the paper's (P-1)(T_F+T_I-T_W) idle per stage against M(T_F+T_I+T_W) work):
+// (P-1)/(3M+P-1), when M >= P.
 double theoretical_bubble(const ScheduleSpec& s);
 // The text `saturate schedule` prints: the per-rank grid with time running left to right (so the bubble shows),
 // then the simulated and textbook bubble, the peak micro-batches in flight per stage, and, when M == 1 and P > 1,
