@@ -3,7 +3,8 @@
 // put back in sequence order, equal full causal attention's (a naive double-precision
 // reference), with grouped-query attention; backward agrees with finite differences.
 // Under mpirun (RingAttentionRanks) each process is one rank of the ring over the world
-// communicator and checks its own rows against the reference.
+// communicator and checks its own rows against the reference; so does the layer
+// RingSelfAttention (fused qkv and grouped q, k, v), alone and under mpirun.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "mpi_world.h"
+#include "nn/layers/ring_self_attention.h"
 #include "nn/ring_attention.h"
 
 using namespace sat;
@@ -213,6 +215,95 @@ TEST(RingAttentionGrad, FiniteDifferences) {
   EXPECT_LT(std::sqrt(diff2 / num2), 1e-3);
 }
 
+// This rank's rows of a full-sequence tensor [B, T, width], in its local order.
+std::vector<double> rows_of(const std::vector<double>& full, int64_t B, int64_t T, int64_t width, const cp::Chunks& c) {
+  std::vector<double> r(size_t(B * 2 * c.len * width));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < 2 * c.len; ++i)
+      std::copy_n(full.begin() + (b * T + c.pos(i)) * width, width, r.begin() + (b * 2 * c.len + i) * width);
+  return r;
+}
+
+// The layer RingSelfAttention on this rank's rows of the problem, forward and backward, with
+// the fused input (GPT's qkv) or three inputs; its out, dq, dk, dv against the reference.
+void check_layer(const Problem& p, int cp, int rank, dist::Comm* group, bool fused) {
+  const cp::Chunks c = cp::chunks_of(p.T, cp, rank);
+  const int64_t rows = 2 * c.len, lq = p.nh * p.hs, lk = p.nkv * p.hs, n = p.B * rows;
+  std::vector<float> q(size_t(n * lq)), k(size_t(n * lk)), v(k.size()), dout(q.size());
+  cp::gather_rows(p.q.data(), q.data(), p.B, p.T, lq, c);
+  cp::gather_rows(p.k.data(), k.data(), p.B, p.T, lk, c);
+  cp::gather_rows(p.v.data(), v.data(), p.B, p.T, lk, c);
+  cp::gather_rows(p.dout.data(), dout.data(), p.B, p.T, lq, c);
+  std::vector<std::vector<float>> in;
+  const int64_t W = lq + 2 * lk;
+  if (fused) {
+    in.emplace_back(size_t(n * W));
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy_n(q.begin() + r * lq, lq, in[0].begin() + r * W);
+      std::copy_n(k.begin() + r * lk, lk, in[0].begin() + r * W + lq);
+      std::copy_n(v.begin() + r * lk, lk, in[0].begin() + r * W + lq + lk);
+    }
+  } else {
+    in = {q, k, v};
+  }
+  RingSelfAttention layer(p.nh, p.nkv, cp, rank);
+  LayerSetup s;
+  s.name = "attn";
+  for (const auto& x : in) s.inputs.push_back({Shape{p.B, rows, int64_t(x.size()) / n}, DType::f32});
+  layer.setup(s);
+  std::vector<std::vector<float>> store;
+  auto tensors = [&](const std::vector<TensorSpec>& specs) {
+    std::vector<Tensor> t;
+    for (const TensorSpec& sp : specs) {
+      store.emplace_back(size_t(sp.shape.numel()), -7.0f);
+      t.emplace_back(store.back().data(), sp.shape);
+    }
+    return t;
+  };
+  store.reserve(32);
+  LayerCtx ctx;
+  for (size_t i = 0; i < in.size(); ++i) ctx.in.emplace_back(in[i].data(), s.inputs[i].shape);
+  std::vector<float> out(size_t(n * lq));
+  ctx.out = Tensor(out.data(), s.output.shape);
+  ctx.saved = tensors(s.saved);
+  ctx.scratch = tensors(s.scratch_fwd);
+  ctx.cp_group = group;
+  layer.forward(ctx);
+  ctx.scratch = tensors(s.scratch_bwd);
+  ctx.dout = Tensor(dout.data(), s.output.shape);
+  std::vector<std::vector<float>> din;
+  for (const auto& x : in) din.emplace_back(x.size(), -7.0f);
+  for (size_t i = 0; i < in.size(); ++i) ctx.din.emplace_back(din[i].data(), s.inputs[i].shape);
+  layer.backward(ctx);
+  std::vector<float> dq(q.size()), dk(k.size()), dv(k.size());
+  if (fused) {
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy_n(din[0].begin() + r * W, lq, dq.begin() + r * lq);
+      std::copy_n(din[0].begin() + r * W + lq, lk, dk.begin() + r * lk);
+      std::copy_n(din[0].begin() + r * W + lq + lk, lk, dv.begin() + r * lk);
+    }
+  } else {
+    dq = din[0], dk = din[1], dv = din[2];
+  }
+  const Grads ref = reference(p);
+  EXPECT_LT(worst(out, rows_of(ref.out, p.B, p.T, lq, c)), 1e-5) << "out, rank " << rank;
+  EXPECT_LT(worst(dq, rows_of(ref.dq, p.B, p.T, lq, c)), 1e-5) << "dq, rank " << rank;
+  EXPECT_LT(worst(dk, rows_of(ref.dk, p.B, p.T, lk, c)), 1e-5) << "dk, rank " << rank;
+  EXPECT_LT(worst(dv, rows_of(ref.dv, p.B, p.T, lk, c)), 1e-5) << "dv, rank " << rank;
+}
+
+TEST(RingSelfAttention, OneRankIsCausalAttention) {
+  check_layer(make_problem(2, 12, 4, 4, 8, 5), 1, 0, nullptr, true);
+  check_layer(make_problem(2, 12, 4, 2, 8, 6), 1, 0, nullptr, false);
+}
+
+TEST(RingSelfAttentionRanks, EqualsCausalAttentionOverTheWorld) {
+  if (!test::distributed()) GTEST_SKIP() << "runs under mpirun";
+  dist::Comm& w = test::world();
+  check_layer(make_problem(2, 4 * w.size(), 4, 4, 8, 21), w.size(), w.rank(), &w, true);
+  check_layer(make_problem(2, 4 * w.size(), 6, 2, 8, 22), w.size(), w.rank(), &w, false);
+}
+
 // Each process of the job is one cp rank: its rows of out, dq, dk, dv against the reference.
 TEST(RingAttentionRanks, EqualsFullCausalAttentionOverTheWorld) {
   if (!test::distributed()) GTEST_SKIP() << "runs under mpirun";
@@ -234,14 +325,7 @@ TEST(RingAttentionRanks, EqualsFullCausalAttentionOverTheWorld) {
     cp::ring_forward(d, cp, rank, c, q.data(), k.data(), v.data(), out.data(), lse.data(), shift);
     cp::ring_backward(d, cp, rank, c, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), dq.data(),
                       dk.data(), dv.data(), shift);
-    // This rank's rows of the reference, in its local order.
-    auto mine = [&](const std::vector<double>& full, int64_t width) {
-      std::vector<double> r(size_t(p.B * 2 * c.len * width));
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t i = 0; i < 2 * c.len; ++i)
-          std::copy_n(full.begin() + (b * p.T + c.pos(i)) * width, width, r.begin() + (b * 2 * c.len + i) * width);
-      return r;
-    };
+    auto mine = [&](const std::vector<double>& full, int64_t width) { return rows_of(full, p.B, p.T, width, c); };
     EXPECT_LT(worst(out, mine(ref.out, lq)), 1e-5) << "out, rank " << rank;
     EXPECT_LT(worst(dq, mine(ref.dq, lq)), 1e-5) << "dq, rank " << rank;
     EXPECT_LT(worst(dk, mine(ref.dk, lk)), 1e-5) << "dk, rank " << rank;
