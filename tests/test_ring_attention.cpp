@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "mpi_world.h"
 #include "nn/layers/ring_self_attention.h"
+#include "nn/layers/rotary.h"
 #include "nn/ring_attention.h"
 
 using namespace sat;
@@ -331,6 +332,59 @@ TEST(RingAttentionRanks, EqualsFullCausalAttentionOverTheWorld) {
     EXPECT_LT(worst(dk, mine(ref.dk, lk)), 1e-5) << "dk, rank " << rank;
     EXPECT_LT(worst(dv, mine(ref.dv, lk)), 1e-5) << "dv, rank " << rank;
   }
+}
+
+// One input, one output: forward, then backward of dout; returns out and din.
+std::pair<std::vector<float>, std::vector<float>> run_one(Layer& layer, std::vector<float> x, const Shape& shape,
+                                                          std::vector<float> dout) {
+  LayerSetup s;
+  s.name = "layer";
+  s.inputs.push_back({shape, DType::f32});
+  layer.setup(s);
+  std::vector<std::vector<float>> store;
+  auto tensors = [&](const std::vector<TensorSpec>& specs) {
+    std::vector<Tensor> t;
+    for (const TensorSpec& sp : specs) {
+      store.emplace_back(size_t(sp.shape.numel()));
+      t.emplace_back(store.back().data(), sp.shape);
+    }
+    return t;
+  };
+  std::vector<float> out(size_t(s.output.shape.numel())), din(x.size());
+  LayerCtx c;
+  c.in = {Tensor(x.data(), shape)};
+  c.out = Tensor(out.data(), s.output.shape);
+  c.saved = tensors(s.saved);
+  c.scratch = tensors(s.scratch_fwd);
+  layer.forward(c);
+  c.scratch = tensors(s.scratch_bwd);
+  c.dout = Tensor(dout.data(), s.output.shape);
+  c.din = {Tensor(din.data(), shape)};
+  layer.backward(c);
+  return {out, din};
+}
+
+// Under context parallelism each rank rotates its two chunks by their true positions:
+// bitwise the rows of the whole sequence's rotation, forward and backward.
+TEST(RingAttentionChunks, RotaryTakesTheChunksPositions) {
+  const int64_t B = 2, T = 32, W = 3 * 8, hs = 8;
+  const Problem p = make_problem(B, T, 3, 3, hs, 9);  // q and dout as x and dy [B, T, W]
+  Rotary whole(hs, 500.0f);
+  const auto [y, dx] = run_one(whole, p.q, Shape{B, T, W}, p.dout);
+  for (int cp : {2, 4})
+    for (int rank = 0; rank < cp; ++rank) {
+      const cp::Chunks c = cp::chunks_of(T, cp, rank);
+      const int64_t rows = 2 * c.len;
+      std::vector<float> x(size_t(B * rows * W)), dy(x.size()), want_y(x.size()), want_dx(x.size());
+      cp::gather_rows(p.q.data(), x.data(), B, T, W, c);
+      cp::gather_rows(p.dout.data(), dy.data(), B, T, W, c);
+      cp::gather_rows(y.data(), want_y.data(), B, T, W, c);
+      cp::gather_rows(dx.data(), want_dx.data(), B, T, W, c);
+      Rotary part(hs, 500.0f, cp, rank);
+      const auto [py, pdx] = run_one(part, x, Shape{B, rows, W}, dy);
+      EXPECT_EQ(py, want_y) << "cp " << cp << " rank " << rank;
+      EXPECT_EQ(pdx, want_dx) << "cp " << cp << " rank " << rank;
+    }
 }
 
 TEST(RingAttentionChunks, LoadBalancedOffsets) {
