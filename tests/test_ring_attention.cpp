@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "mpi_world.h"
+#include "nn/layers/embedding.h"
 #include "nn/layers/ring_self_attention.h"
 #include "nn/layers/rotary.h"
 #include "nn/ring_attention.h"
@@ -385,6 +386,64 @@ TEST(RingAttentionChunks, RotaryTakesTheChunksPositions) {
       EXPECT_EQ(py, want_y) << "cp " << cp << " rank " << rank;
       EXPECT_EQ(pdx, want_dx) << "cp " << cp << " rank " << rank;
     }
+}
+
+// GPTEmbedding on tokens [B, T] with parameters wte, wpe: out, dwte, dwpe for dy.
+struct EmbeddingRun {
+  std::vector<float> out, dwte, dwpe;
+};
+EmbeddingRun run_embedding(GPTEmbedding& layer, std::vector<int32_t> tok, int64_t B, int64_t T,
+                           std::vector<float> wte, std::vector<float> wpe, std::vector<float> dy) {
+  LayerSetup s;
+  s.name = "transformer";
+  s.inputs.push_back({Shape{B, T}, DType::i32});
+  layer.setup(s);
+  EmbeddingRun r{std::vector<float>(size_t(s.output.shape.numel())), std::vector<float>(wte.size()),
+                 std::vector<float>(wpe.size())};
+  LayerCtx c;
+  c.in = {Tensor(tok.data(), Shape{B, T}, DType::i32)};
+  c.out = Tensor(r.out.data(), s.output.shape);
+  c.params = {Tensor(wte.data(), s.params[0].spec.shape), Tensor(wpe.data(), s.params[1].spec.shape)};
+  c.grads = {Tensor(r.dwte.data(), s.params[0].spec.shape), Tensor(r.dwpe.data(), s.params[1].spec.shape)};
+  c.accumulate = {false, false};
+  layer.forward(c);
+  c.dout = Tensor(dy.data(), s.output.shape);
+  layer.backward(c);
+  return r;
+}
+
+// Under context parallelism each rank adds the position embeddings of its chunks' true
+// positions (bitwise the whole sequence's rows), and the ranks' gradients sum to the whole's.
+TEST(RingAttentionChunks, GPTEmbeddingTakesTheChunksPositions) {
+  const int64_t B = 2, T = 16, V = 11, D = 8, max_t = 20;
+  Rng rng(4);
+  std::vector<float> wte(size_t(V * D)), wpe(size_t(max_t * D)), dy(size_t(B * T * D));
+  for (auto* v : {&wte, &wpe, &dy})
+    for (float& e : *v) e = rng.normal();
+  std::vector<int32_t> tok(size_t(B * T));
+  for (int32_t& t : tok) t = int32_t(rng.next_u64() % uint64_t(V));
+  GPTEmbedding whole(V, max_t, D);
+  const EmbeddingRun ref = run_embedding(whole, tok, B, T, wte, wpe, dy);
+  for (int cp : {2, 4}) {
+    std::vector<float> dwte(wte.size()), dwpe(wpe.size());
+    for (int rank = 0; rank < cp; ++rank) {
+      const cp::Chunks c = cp::chunks_of(T, cp, rank);
+      const int64_t rows = 2 * c.len;
+      std::vector<int32_t> t(size_t(B * rows));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < rows; ++i) t[size_t(b * rows + i)] = tok[size_t(b * T + c.pos(i))];
+      std::vector<float> d(size_t(B * rows * D)), want(d.size());
+      cp::gather_rows(dy.data(), d.data(), B, T, D, c);
+      cp::gather_rows(ref.out.data(), want.data(), B, T, D, c);
+      GPTEmbedding part(V, max_t, D, 0.02f, {}, cp, rank);
+      const EmbeddingRun r = run_embedding(part, t, B, rows, wte, wpe, d);
+      EXPECT_EQ(r.out, want) << "cp " << cp << " rank " << rank;
+      for (size_t i = 0; i < dwte.size(); ++i) dwte[i] += r.dwte[i];
+      for (size_t i = 0; i < dwpe.size(); ++i) dwpe[i] += r.dwpe[i];
+    }
+    EXPECT_EQ(dwpe, ref.dwpe) << "cp " << cp;  // each position's rows lie on one rank
+    for (size_t i = 0; i < dwte.size(); ++i) EXPECT_NEAR(dwte[i], ref.dwte[i], 1e-5) << i;
+  }
 }
 
 TEST(RingAttentionChunks, LoadBalancedOffsets) {
