@@ -457,6 +457,25 @@ TEST(DistMesh, CheckNamesTheFlagsAndTheWorld) {
     EXPECT_EQ(error_of([&] { Mesh::check(w, tp, pp); }), "") << w << " " << tp << " " << pp;
 }
 
+// Context parallelism's place in the order: tp fastest, then cp, then dp, then pp; cp 1 is
+// the mesh without it.
+TEST(DistMesh, ContextParallelRankArithmetic) {
+  EXPECT_EQ(error_of([] { Mesh::check(8, 2, 1, 3); }),
+            "--tp 2 x --cp 3 x --pp 1 = 6 does not divide the 8 processes of this job (expected a divisor of 8)");
+  EXPECT_NE(error_of([] { Mesh::check(4, 1, 1, 0); }).find("--cp 0"), std::string::npos);
+  EXPECT_EQ(error_of([] { Mesh::check(16, 2, 2, 2); }), "");
+  const int tp = 2, cp = 2, dp = 3, pp = 2;
+  for (int r = 0; r < tp * cp * dp * pp; ++r) {
+    const MeshCoords c = mesh_coords(r, tp, dp, cp);
+    EXPECT_EQ(c.tp, r % tp);
+    EXPECT_EQ(c.cp, r / tp % cp);
+    EXPECT_EQ(c.dp, r / (tp * cp) % dp);
+    EXPECT_EQ(c.pp, r / (tp * cp * dp));
+    EXPECT_EQ(mesh_rank(c, tp, dp, cp), r);
+    EXPECT_EQ(mesh_coords(r, tp, dp * cp), (MeshCoords{c.tp, c.cp + cp * c.dp, c.pp, 0})) << "cp 1: as before";
+  }
+}
+
 TEST(DistSelf, BenchRowsAreOk) {
   auto c = make_self_comm();
   BenchCommOptions o;
@@ -1116,6 +1135,55 @@ TEST(Dist, CountingCommSplitsCountOnTheirOwn) {
   sub->barrier();
   EXPECT_EQ(sub->traffic()->barrier_calls, 1u);
   EXPECT_EQ(sub->traffic()->total(), 0.0);
+}
+
+// Every mesh with context parallelism the job's size allows: coordinates, the cp group (the
+// ring) and the dp x cp group (gradient averaging), each checked by the sum of its world ranks.
+TEST(Dist, MeshWithContextParallelism) {
+  Comm& c = world();
+  const int n = c.size(), r = c.rank();
+  for (int cp = 2; cp <= n; ++cp)
+    for (int tp = 1; tp * cp <= n; ++tp) {
+      if (n % (tp * cp)) continue;
+      const int pp = (n / (tp * cp)) % 2 == 0 ? 2 : 1, dp = n / (tp * cp * pp);
+      Mesh m(c, tp, pp, cp);
+      SCOPED_TRACE(m.describe());
+      EXPECT_EQ(m.cp(), cp);
+      EXPECT_EQ(m.dp(), dp);
+      const MeshCoords at = mesh_coords(r, tp, dp, cp);
+      EXPECT_EQ(m.cp_rank(), at.cp);
+      EXPECT_EQ(m.tp_rank(), at.tp);
+      EXPECT_EQ(m.dp_rank(), at.dp);
+      EXPECT_EQ(m.pp_rank(), at.pp);
+      EXPECT_EQ(m.global_rank(at.tp, at.dp, at.pp, at.cp), r);
+      EXPECT_THROW(m.global_rank(0, 0, 0, cp), Error);
+      EXPECT_EQ(m.describe(), str_cat(n, " ranks = dp ", dp, " x tp ", tp, " x pp ", pp, " x cp ", cp,
+                                      "; this rank: dp ", at.dp, ", tp ", at.tp, ", pp ", at.pp, ", cp ", at.cp));
+      ASSERT_TRUE(m.cp_group());
+      EXPECT_EQ(m.cp_group()->size(), cp);
+      EXPECT_EQ(m.cp_group()->rank(), at.cp);
+      EXPECT_EQ(m.dp_cp_group().size(), dp * cp);
+      EXPECT_EQ(m.dp_cp_group().rank(), at.cp + cp * at.dp);
+      EXPECT_EQ(m.tp_group().size(), tp);
+      EXPECT_EQ(m.dp_group().size(), dp);
+      EXPECT_EQ(m.pp_group().size(), pp);
+      int64_t cp_sum = 0, dp_cp_sum = 0, tp_sum = 0, dp_sum = 0;
+      for (int k = 0; k < cp; ++k) cp_sum += m.global_rank(at.tp, at.dp, at.pp, k);
+      for (int d = 0; d < dp; ++d)
+        for (int k = 0; k < cp; ++k) dp_cp_sum += m.global_rank(at.tp, d, at.pp, k);
+      for (int t = 0; t < tp; ++t) tp_sum += m.global_rank(t, at.dp, at.pp, at.cp);
+      for (int d = 0; d < dp; ++d) dp_sum += m.global_rank(at.tp, d, at.pp, at.cp);
+      EXPECT_EQ(sum_over(*m.cp_group(), r), cp_sum);
+      EXPECT_EQ(sum_over(m.dp_cp_group(), r), dp_cp_sum);
+      EXPECT_EQ(sum_over(m.tp_group(), r), tp_sum);
+      EXPECT_EQ(sum_over(m.dp_group(), r), dp_sum);
+      EXPECT_EQ(m.traffic_of("cp").all_reduce.bytes, 8u);
+      EXPECT_EQ(m.traffic_of("dp_cp").all_reduce.bytes, 8u);
+    }
+  Mesh plain(c, 1, 1);
+  EXPECT_EQ(plain.cp_group(), nullptr);
+  EXPECT_EQ(&plain.dp_cp_group(), &plain.dp_group());
+  EXPECT_EQ(plain.traffic_of("cp"), Traffic{});
 }
 
 TEST(Dist, MeshGroupsCountTheirOwnTraffic) {

@@ -1,5 +1,5 @@
-// The process mesh: the ranks of a job arranged in tensor-parallel (tp), data-parallel (dp)
-// and pipeline (pp) dimensions, with one communicator per group this rank belongs to.
+// The process mesh: the ranks of a job arranged in tensor-parallel (tp), context-parallel
+// (cp), data-parallel (dp) and pipeline (pp) dimensions, with one communicator per group this rank belongs to.
 #pragma once
 #include <memory>
 #include <string>
@@ -11,16 +11,19 @@ namespace sat::dist {
 // A rank's place in the mesh: its coordinate in each dimension (and its rank in that group).
 struct MeshCoords {
   int tp = 0, dp = 0, pp = 0;
+  int cp = 0;  // context-parallel: which part of the sequence (between tp and dp in the order)
   bool operator==(const MeshCoords&) const = default;
 };
-// The rank arithmetic of a mesh of tp x dp x pp ranks, pure and the same everywhere (the
-// mesh, the planner, the CLI's per-stage plans): global rank = tp + tp_size * (dp + dp_size * pp).
-MeshCoords mesh_coords(int rank, int tp, int dp);
-int mesh_rank(const MeshCoords& c, int tp, int dp);
+// The rank arithmetic of a mesh of tp x cp x dp x pp ranks, pure and the same everywhere (the
+// mesh, the planner, the CLI's per-stage plans): global rank =
+// tp + tp_size * (cp + cp_size * (dp + dp_size * pp)) (with cp_size 1: tp + tp_size * (dp + dp_size * pp)).
+MeshCoords mesh_coords(int rank, int tp, int dp, int cp = 1);
+int mesh_rank(const MeshCoords& c, int tp, int dp, int cp = 1);
 
 // World ranks arranged as Megatron orders them: tensor-parallel rank fastest, then
-// data-parallel, then pipeline: global rank = tp_rank + tp * (dp_rank + dp * pp_rank). Tensor-
-// parallel ranks, which communicate the most, are adjacent (on one node where it has tp GPUs).
+// context-parallel, then data-parallel, then pipeline: global rank = tp_rank + tp * (cp_rank +
+// cp * (dp_rank + dp * pp_rank)). Tensor-parallel ranks, which communicate the most, are
+// adjacent (on one node where it has tp GPUs), the ring of a cp group next.
 // Groups are made once (Comm::split) and passed explicitly: every collective of the trainer
 // names its group. Each group counts the bytes it moves: tp_group(), dp_group(), pp_group() and
 // embedding_group() are CountingComms (comm.h), so their traffic() is never nullptr (world(),
@@ -31,25 +34,29 @@ class Mesh {
   // Validation without communication (all ranks call it with the same numbers, so all fail
   // alike): tp >= 1 (--tp), pp >= 1 (--pp), world % (tp * pp) == 0, else sat::Error such as
   // "--tp 1 x --pp 3 = 3 does not divide the 4 processes of this job (expected a divisor of 4)".
-  static void check(int world, int tp, int pp);
+  // With cp > 1 (--cp): cp >= 1 and world % (tp * cp * pp) == 0, the message naming --cp too.
+  static void check(int world, int tp, int pp, int cp = 1);
 
   // Collective over `world` (which must outlive the mesh): builds the tp, dp and pp groups and
   // the embedding group (the first and the last pipeline stage of this (tp, dp) coordinate;
   // nullptr on the stages in between; with pp == 1 it is a group of one). A group of one is a
   // self communicator when world works on host memory (a split of world otherwise).
-  Mesh(Comm& world, int tp, int pp);
+  // cp > 1 adds the context-parallel group and the dp x cp group (see cp_group()).
+  Mesh(Comm& world, int tp, int pp, int cp = 1);
 
   int size() const { return world_->size(); }
   int rank() const { return world_->rank(); }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
   int dp() const { return dp_; }
+  int cp() const { return cp_; }
   // This rank's coordinates; each is also its rank within the group of that dimension.
   int tp_rank() const { return tp_rank_; }
   int dp_rank() const { return dp_rank_; }
   int pp_rank() const { return pp_rank_; }
+  int cp_rank() const { return cp_rank_; }
   // The world rank at a coordinate (throws sat::Error when one is out of range).
-  int global_rank(int tp_rank, int dp_rank, int pp_rank) const;
+  int global_rank(int tp_rank, int dp_rank, int pp_rank, int cp_rank = 0) const;
 
   Comm& world() const { return *world_; }
   // The ranks that differ from this one only in their tp (dp, pp) coordinate.
@@ -59,20 +66,27 @@ class Mesh {
   // First and last stage of this rank's pipeline (tied input and output embeddings reduce
   // their gradients over it); nullptr on the stages in between.
   Comm* embedding_group() const { return embedding_group_.get(); }
+  // Context parallelism: the ranks that hold the other parts of this rank's sequence (the
+  // ring of its attention), ranked by cp coordinate; nullptr with cp 1 (no group is made).
+  Comm* cp_group() const { return cp_group_.get(); }
+  // The ranks that share this rank's parameters and average their gradients: dp x cp
+  // (ranked cp fastest); the dp group itself with cp 1.
+  Comm& dp_cp_group() const { return cp_ > 1 ? *dp_cp_group_ : *dp_group_; }
 
-  // The traffic of a group so far: "tp", "dp", "pp" or "embedding" (all zero on a stage that
-  // has no embedding group); sat::Error for another name. For the bytes of one step subtract
+  // The traffic of a group so far: "tp", "dp", "pp", "embedding" (all zero on a stage that
+  // has no embedding group), "cp" or "dp_cp" (all zero with cp 1); sat::Error for another name. For the bytes of one step subtract
   // the traffic before it.
   Traffic traffic_of(const std::string& group) const;
 
-  // "4 ranks = dp 2 x tp 1 x pp 2; this rank: dp 1, tp 0, pp 0"
+  // "4 ranks = dp 2 x tp 1 x pp 2; this rank: dp 1, tp 0, pp 0"; with cp > 1
+  // "8 ranks = dp 2 x tp 1 x pp 2 x cp 2; this rank: dp 1, tp 0, pp 0, cp 1".
   std::string describe() const;
 
  private:
   Comm* world_;
-  int tp_, pp_, dp_;
-  int tp_rank_, dp_rank_, pp_rank_;
-  std::unique_ptr<Comm> tp_group_, dp_group_, pp_group_, embedding_group_;
+  int tp_, pp_, dp_, cp_;
+  int tp_rank_, dp_rank_, pp_rank_, cp_rank_;
+  std::unique_ptr<Comm> tp_group_, dp_group_, pp_group_, embedding_group_, cp_group_, dp_cp_group_;
 };
 
 }  // namespace sat::dist

@@ -164,6 +164,9 @@ struct LayerCtx {
   // vocabulary-parallel cross-entropy). Its buffers live where the step runs: host memory
   // for the CPU engine, device memory (NCCL, on the step's stream) on the GPU.
   dist::Comm* group = nullptr;
+  // The context-parallel group (RingSelfAttention's ring, nn/layers/ring_self_attention.h);
+  // null without context parallelism.
+  dist::Comm* cp_group = nullptr;
   // GPU only. Under a CUDA graph, seed is frozen at capture: kernels that need a
   // per-step seed read it from *seed_dev (a u64 in device memory) instead.
   CudaCtx* cuda = nullptr;

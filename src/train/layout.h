@@ -19,7 +19,7 @@
 namespace sat {
 
 struct Layout {
-  // Data-parallel ranks; 0: what the job's ranks leave (world / (tp * pp)), see with_world.
+  // Data-parallel ranks; 0: what the job's ranks leave (world / (tp * cp * pp)), see with_world.
   int dp = 0;
   int tp = 1;                  // tensor-parallel ranks per layer (--tp)
   int pp = 1;                  // pipeline stages (--pp)
@@ -31,9 +31,10 @@ struct Layout {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
   int zero = 0;                // ZeRO stage 0..3 over the data-parallel ranks
+  int cp = 1;                  // context-parallel ranks: the sequence split over a ring (--cp)
 
   // The data-parallel ranks of a job of `world` ranks (dp when set).
-  int dp_of(int world) const { return dp > 0 ? dp : world / (tp * pp); }
+  int dp_of(int world) const { return dp > 0 ? dp : world / (tp * pp * cp); }
   // This layout on a job of `world` ranks, dp filled in; sat::Error naming the flag when the
   // ranks do not divide (Mesh::check) or a set dp disagrees with the job's size.
   Layout with_world(int world) const;
@@ -46,12 +47,12 @@ struct Layout {
   int64_t global_batch(int world) const;
   // The pipeline's schedule (make_schedule's input).
   ScheduleSpec schedule_spec() const;
-  // Where a global rank sits in the mesh, and back (tp fastest, then dp, then pp: Megatron's
-  // order); dp must be set (with_world).
-  dist::MeshCoords coords(int rank) const { return dist::mesh_coords(rank, tp, dp); }
-  int rank_of(const dist::MeshCoords& c) const { return dist::mesh_rank(c, tp, dp); }
+  // Where a global rank sits in the mesh, and back (tp fastest, then cp, then dp, then pp:
+  // Megatron's order); dp must be set (with_world).
+  dist::MeshCoords coords(int rank) const { return dist::mesh_coords(rank, tp, dp, cp); }
+  int rank_of(const dist::MeshCoords& c) const { return dist::mesh_rank(c, tp, dp, cp); }
   // "dp=2,tp=4,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1":
-  // --layout's form (the schedule is "none" with one stage).
+  // --layout's form (the schedule is "none" with one stage; ",cp=C" follows when cp > 1).
   std::string str() const;
 };
 

@@ -101,8 +101,9 @@ void Embedding::backward(LayerCtx& c) {
 
 // ---- GPTEmbedding ----
 
-GPTEmbedding::GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std, TPRank tp)
-    : vocab_(vocab), max_t_(max_t), dim_(dim), std_(std), tp_(tp) {
+GPTEmbedding::GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std, TPRank tp, int cp, int cp_rank)
+    : vocab_(vocab), max_t_(max_t), dim_(dim), std_(std), tp_(tp), cp_(cp), cp_rank_(cp_rank) {
+  SAT_CHECK(cp >= 1 && cp_rank >= 0 && cp_rank < cp, "GPTEmbedding: rank ", cp_rank, " is not in a ring of ", cp);
   SAT_CHECK(vocab > 0 && max_t > 0 && dim > 0, "GPTEmbedding: vocab, max_t and dim must be positive, got ", vocab,
             ", ", max_t, ", ", dim);
   SAT_CHECK(vocab % tp.parts == 0, "GPTEmbedding: a vocabulary of ", vocab, " does not split into ", tp.parts,
@@ -117,8 +118,10 @@ void GPTEmbedding::setup(LayerSetup& s) {
   const TensorSpec& x = s.inputs[0];
   SAT_CHECK(x.dtype == DType::i32 && x.shape.nd == 2, "GPTEmbedding ", s.name,
             ": expected i32 tokens [B, T], got ", dtype_name(x.dtype), " ", x.shape.str());
-  SAT_CHECK(x.shape[1] <= max_t_, "GPTEmbedding ", s.name, ": sequence length ", x.shape[1],
+  SAT_CHECK(x.shape[1] * cp_ <= max_t_, "GPTEmbedding ", s.name, ": sequence length ", x.shape[1] * cp_,
             " exceeds the model's block size ", max_t_);
+  SAT_CHECK(cp_ == 1 || (s.device == Device::cpu && x.shape[1] % 2 == 0), "GPTEmbedding ", s.name, ": under --cp ",
+            cp_, " the input holds two equal chunks of the sequence (CPU only yet), got ", x.shape[1], " rows");
   s.set_output({x.shape[0], x.shape[1], dim_}, s.act);
   const ParamShard rows = tp_.on() ? ParamShard{0, tp_.parts, tp_.index} : ParamShard{};
   s.param("wte.weight", {rows_, dim_}, ParamInit::normal(std_), rows);  // slot 0
@@ -126,6 +129,12 @@ void GPTEmbedding::setup(LayerSetup& s) {
   const double n = double(x.shape.numel() * dim_);
   s.flops_fwd = n;
   s.flops_bwd = 2.0 * n;
+}
+
+int64_t GPTEmbedding::position(int64_t t, int64_t T) const {
+  if (cp_ == 1) return t;
+  const int64_t len = T / 2;  // chunks cp_rank_ and 2 cp - 1 - cp_rank_ of 2 cp
+  return t < len ? cp_rank_ * len + t : (2 * int64_t(cp_) - 1 - cp_rank_) * len + t - len;
 }
 
 void GPTEmbedding::forward(LayerCtx& c) {
@@ -139,7 +148,7 @@ void GPTEmbedding::forward(LayerCtx& c) {
 #pragma omp parallel for schedule(static) if (B * T * D > kParallelMin)
   for (int64_t i = 0; i < B * T; ++i) {
     const int64_t row = int64_t(tok[i]) - lo_;
-    const float* p = wpe + (i % T) * D;
+    const float* p = wpe + position(i % T, T) * D;
     float* yr = y + i * D;
     if (row >= 0 && row < rows_) {
       const float* e = wte + row * D;
@@ -164,14 +173,13 @@ void GPTEmbedding::backward(LayerCtx& c) {
   float* dwte = c.grads[0].f32();  // [vocab, D]
   if (!c.accumulate[0]) parallel_zero(dwte, c.grads[0].numel());
   scatter_add_rows(c.in[0].i32(), dy, B * T, D, dwte, lo_, rows_);
-  // wpe: position t gets sum_b dy[b, t]; rows t >= T get nothing (zero unless accumulating).
+  // wpe: the position of local row t gets sum_b dy[b, t]; the others get nothing (zero unless
+  // accumulating).
   float* dwpe = c.grads[1].f32();  // [max_t, D]
-  const bool acc = c.accumulate[1];
+  if (!c.accumulate[1]) parallel_zero(dwpe, c.grads[1].numel());
 #pragma omp parallel for schedule(static) if (B * T * D > kParallelMin)
-  for (int64_t t = 0; t < max_t_; ++t) {
-    float* g = dwpe + t * D;
-    if (!acc) std::memset(g, 0, size_t(D) * sizeof(float));
-    if (t >= T) continue;
+  for (int64_t t = 0; t < T; ++t) {
+    float* g = dwpe + position(t, T) * D;
     for (int64_t b = 0; b < B; ++b) {
       const float* src = dy + (b * T + t) * D;
 #pragma omp simd

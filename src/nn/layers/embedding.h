@@ -19,6 +19,9 @@
 // embeddings of the tokens in its range (zero rows for the others) plus, on part 0 only,
 // the positions: a partial sum that a TPAllReduce (or TPReduceScatter) node completes.
 // Its gradient is that node's whole output gradient; wpe is whole on every rank.
+// Context parallelism (GPTEmbedding with cp > 1, CPU only): the input is rank cp_rank's two
+// chunks of a sequence of T * cp tokens (nn/ring_attention.h), and row t adds the position
+// embedding of its true position in that sequence (whose gradient it receives).
 // Outputs have the activation dtype (f32 on the CPU); parameters and gradients are f32.
 #pragma once
 #include "nn/layer.h"
@@ -45,7 +48,8 @@ class Embedding : public Layer {
 
 class GPTEmbedding : public Layer {
  public:
-  GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std = 0.02f, TPRank tp = {});
+  GPTEmbedding(int64_t vocab, int64_t max_t, int64_t dim, float std = 0.02f, TPRank tp = {}, int cp = 1,
+               int cp_rank = 0);
   const char* kind() const override { return "GPTEmbedding"; }
   bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
@@ -58,6 +62,8 @@ class GPTEmbedding : public Layer {
   float std_;
   TPRank tp_;
   int64_t lo_ = 0, rows_ = 0;  // this rank's wte rows [lo_, lo_ + rows_)
+  int cp_ = 1, cp_rank_ = 0;
+  int64_t position(int64_t t, int64_t T) const;  // of local row t of T
   std::string name_;
 };
 

@@ -2,21 +2,26 @@
 
 #include <cmath>
 
+#include "nn/ring_attention.h"
+
 namespace sat {
 
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 14;  // elements
 
-// table [T, hs]: row t holds cos a_i in [0, H) and sin a_i in [H, hs), a_i = t * inv_freq_i.
+// table [T, hs]: row t holds cos a_i in [0, H) and sin a_i in [H, hs), a_i = p(t) * inv_freq_i
+// where p(t) is row t's position: t, or under context parallelism its place in the whole
+// sequence (rank `rank` of `cp` holds two chunks of it).
 // In float32 step by step, as PyTorch's LlamaRotaryEmbedding: inv_freq = 1 / theta^(2i/hs),
-// then the product t * inv_freq rounded to float before its cos and sin.
-void fill_table(float* table, int64_t T, int64_t hs, float theta) {
+// then the product p(t) * inv_freq rounded to float before its cos and sin.
+void fill_table(float* table, int64_t T, int64_t hs, float theta, int cp, int rank) {
   const int64_t H = hs / 2;
+  const cp::Chunks chunks = cp > 1 ? cp::chunks_of(T * cp, cp, rank) : cp::Chunks{};
   for (int64_t i = 0; i < H; ++i) {
     const float inv = 1.0f / std::pow(theta, float(2 * i) / float(hs));
     for (int64_t t = 0; t < T; ++t) {
-      const float a = float(t) * inv;
+      const float a = float(cp > 1 ? chunks.pos(t) : t) * inv;
       table[t * hs + i] = float(std::cos(double(a)));
       table[t * hs + H + i] = float(std::sin(double(a)));
     }
@@ -46,7 +51,9 @@ void rotate(const float* x, float* y, const float* table, int64_t rows, int64_t 
 
 }  // namespace
 
-Rotary::Rotary(int64_t head_size, float theta) : hs_(head_size), theta_(theta) {
+Rotary::Rotary(int64_t head_size, float theta, int cp, int cp_rank)
+    : hs_(head_size), theta_(theta), cp_(cp), cp_rank_(cp_rank) {
+  SAT_CHECK(cp >= 1 && cp_rank >= 0 && cp_rank < cp, "Rotary: rank ", cp_rank, " is not in a ring of ", cp);
   SAT_CHECK(head_size > 0 && head_size % 2 == 0, "Rotary: the head size must be positive and even (pairs of "
             "channels rotate together), got ", head_size);
   SAT_CHECK(theta > 1.0f, "Rotary: theta must be > 1, got ", theta);
@@ -58,6 +65,8 @@ void Rotary::setup(LayerSetup& s) {
   SAT_CHECK(x.dtype == s.act && x.shape.nd == 3 && x.shape[1] > 0 && x.shape[2] % hs_ == 0 && x.shape[2] > 0,
             "Rotary ", s.name, ": expected an ", dtype_name(s.act), " input [B, T, heads x ", hs_, "], got ",
             dtype_name(x.dtype), " ", x.shape.str());
+  SAT_CHECK(cp_ == 1 || x.shape[1] % 2 == 0, "Rotary ", s.name, ": under --cp ", cp_,
+            " the input holds two equal chunks of the sequence, got ", x.shape[1], " rows");
   s.set_output(x.shape, s.act);
   const Shape table{x.shape[1], hs_};
   s.scratch_forward(table);  // 0: cos | sin per position
@@ -67,14 +76,14 @@ void Rotary::setup(LayerSetup& s) {
 
 void Rotary::forward(LayerCtx& c) {
   const Shape& x = c.in[0].shape;
-  fill_table(c.scratch[0].f32(), x[1], hs_, theta_);
+  fill_table(c.scratch[0].f32(), x[1], hs_, theta_, cp_, cp_rank_);
   rotate(c.in[0].f32(), c.out.f32(), c.scratch[0].f32(), x[0] * x[1], x[1], x[2], hs_, 1.0f);
 }
 
 void Rotary::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
   const Shape& x = c.in[0].shape;
-  fill_table(c.scratch[0].f32(), x[1], hs_, theta_);
+  fill_table(c.scratch[0].f32(), x[1], hs_, theta_, cp_, cp_rank_);
   rotate(c.dout.f32(), c.din[0].f32(), c.scratch[0].f32(), x[0] * x[1], x[1], x[2], hs_, -1.0f);
 }
 

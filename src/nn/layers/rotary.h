@@ -13,6 +13,8 @@
 // scratch, computed in each call in float32 as PyTorch computes it (inv_freq, then t *
 // inv_freq, then cos and sin). Under tensor parallelism a rank's q and k hold whole heads,
 // and the sequence is whole inside the tensor-parallel region: nothing to split.
+// Context parallelism (cp > 1): the input is rank cp_rank's two chunks of a sequence of
+// T * cp tokens (nn/ring_attention.h), and row t is rotated by its true position in it.
 // CPU only: forward_cuda/backward_cuda are the base class's, which refuse by name.
 #pragma once
 #include <cstdint>
@@ -23,7 +25,7 @@ namespace sat {
 
 class Rotary : public Layer {
  public:
-  explicit Rotary(int64_t head_size, float theta = 10000.0f);
+  explicit Rotary(int64_t head_size, float theta = 10000.0f, int cp = 1, int cp_rank = 0);
   const char* kind() const override { return "Rotary"; }
   bool backward_reads_output() const override { return false; }
   void setup(LayerSetup& s) override;
@@ -33,6 +35,7 @@ class Rotary : public Layer {
  private:
   int64_t hs_;
   float theta_;
+  int cp_, cp_rank_;
 };
 
 }  // namespace sat
