@@ -225,6 +225,13 @@ static nlohmann::ordered_json cpu_summary(const TrainResult& r) {
   return j;
 }
 
+// Mixture-of-experts layers: this rank's routing over the run (tokens each expert kept,
+// dropped at capacity, routed), under summary.json's moe_load.
+static void add_moe_load(nlohmann::ordered_json& s) {
+  for (const auto& [layer, L] : moe_load())
+    s["moe_load"][layer] = {{"tokens_per_expert", L.tokens}, {"dropped", L.dropped}, {"routed", L.routed}};
+}
+
 nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
                                    const MemoryPlan& plan) {
   using nlohmann::ordered_json;
@@ -308,9 +315,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["predicted_memory_bytes"] = r.predicted_memory_bytes;
   s["peak_memory_bytes"] = r.peak_memory_bytes;
   s["memory_plan"] = memory_plan_json(plan);
-  const auto moe = moe_load();  // mixture-of-experts layers: this rank's routing over the run
-  for (const auto& [layer, L] : moe)
-    s["moe_load"][layer] = {{"tokens_per_expert", L.tokens}, {"dropped", L.dropped}, {"routed", L.routed}};
+  add_moe_load(s);
   if (!r.device_name.empty()) {  // a GPU (the host reports no device name)
     s["device_memory_used_bytes"] = r.device_memory_used_bytes;
     s["graph_replay"] = r.graph_replay;
