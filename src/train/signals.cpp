@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <csignal>
 
 namespace sat {
