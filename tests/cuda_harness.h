@@ -251,7 +251,8 @@ inline CudaErrors check_layer_cuda(const std::function<std::unique_ptr<Layer>()>
   g.seed = c.seed;
   g.cuda = cx;
   CudaBuffer seed_dev(8);
-  SAT_CUDA_CHECK(cudaMemcpy(seed_dev.get(), &g.seed, 8, cudaMemcpyHostToDevice));
+  SAT_CUDA_CHECK(cudaMemcpyAsync(seed_dev.get(), &g.seed, 8, cudaMemcpyHostToDevice, cx->stream));
+  SAT_CUDA_CHECK(cudaStreamSynchronize(cx->stream));
   g.seed_dev = seed_dev.as<uint64_t>();
   for (size_t i = 0; i < sg.inputs.size(); ++i) {
     Tensor t = dev(sg.inputs[i]);

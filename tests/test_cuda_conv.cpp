@@ -145,7 +145,9 @@ TEST(CudaConv, Conv2dInference) {
 
 TEST(CudaConv, BatchNorm2dTrainingMatchesCpu) {
   SAT_REQUIRE_GPU();
-  const std::vector<Shape> shapes = {Shape{4, 16, 8, 8}, Shape{2, 64, 7, 7}, Shape{3, 5, 1, 1}, Shape{1, 3, 2, 1},
+  // Three values a channel at the least: with two, the normalized values are +-1 and the
+  // input gradient vanishes but for eps, so both sides would compare rounding noise.
+  const std::vector<Shape> shapes = {Shape{4, 16, 8, 8}, Shape{2, 64, 7, 7}, Shape{3, 5, 1, 1}, Shape{1, 3, 3, 1},
                                      Shape{2, 3, 17, 19}, Shape{5, 2, 30, 30}};
   for (const auto& sh : shapes) {
     SCOPED_TRACE(sh.str());

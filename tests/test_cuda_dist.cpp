@@ -91,6 +91,7 @@ TEST(DistNccl, WorldOfOneOnTheGpu) {
     float* d = nullptr;
     ASSERT_EQ(cudaMalloc(&d, 2 * n * sizeof(float)), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(d, h.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the DMA from pageable memory has landed
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min})
       c->all_reduce(d, n, DType::f32, op)->wait();  // one rank: unchanged
     c->broadcast(d, n, DType::f32, 0)->wait();

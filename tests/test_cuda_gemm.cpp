@@ -32,7 +32,9 @@ CudaBuffer to_dev(const std::vector<float>& h, DType t, cudaStream_t st) {
   CudaBuffer out(h.size() * dtype_size(t));
   if (h.empty()) return out;
   CudaBuffer tmp(h.size() * 4);
-  SAT_CUDA_CHECK(cudaMemcpy(tmp.get(), h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  // On st, not the legacy stream: a pageable cudaMemcpy may return before its DMA lands,
+  // and st (non-blocking) would not wait for it.
+  SAT_CUDA_CHECK(cudaMemcpyAsync(tmp.get(), h.data(), h.size() * 4, cudaMemcpyHostToDevice, st));
   cuda::convert(tmp.get(), DType::f32, out.get(), t, int64_t(h.size()), st);
   SAT_CUDA_CHECK(cudaStreamSynchronize(st));
   return out;

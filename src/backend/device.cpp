@@ -154,6 +154,9 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
 #if SAT_HAVE_CUDA
   SAT_CUDA_CHECK(cudaDeviceSynchronize());
   SAT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  // From pageable memory cudaMemcpy may return before its DMA lands, and kernels on the
+  // non-blocking compute streams are not ordered after it: wait for the device.
+  SAT_CUDA_CHECK(cudaDeviceSynchronize());
 #else
   fail("internal error: GPU copy without the CUDA backend");
 #endif

@@ -10,6 +10,9 @@ namespace sat {
 
 // cuBLASLt/cuDNN workspace per CUDA context: 32 MiB (cuBLASLt's advice for Hopper).
 constexpr size_t kCudaWorkspaceBytes = size_t(32) << 20;
+// The fused optimizer's scalars on the device (sizeof(OptimScalars): step, learning rate,
+// loss scale...), one block per CUDA optimizer; planned with the workspace.
+constexpr size_t kCudaStepScalarsBytes = 56;
 
 bool cuda_built();            // the binary contains the CUDA backend
 int cuda_device_count();      // 0 without the backend, a driver or a GPU

@@ -42,6 +42,10 @@ class StreamOrder {
   virtual void join(std::vector<std::unique_ptr<dist::Work>>& works) = 0;
   // Whether join waits on the host (so that its time can be measured there).
   virtual bool host_waits() const = 0;
+  // The end of a region that may be captured as a CUDA graph: collectives forked from the
+  // compute stream inside the capture join it here, since a capture cannot end with work
+  // on another stream unjoined (join() then finds them done). Nothing to do elsewhere.
+  virtual void seal() {}
 };
 
 // Squared norms of gradient ranges (the gradient noise scale's inputs): add() computes (or,

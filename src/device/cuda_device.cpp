@@ -74,8 +74,17 @@ class GpuStreamOrder final : public StreamOrder {
     if (reduced_) cudaEventDestroy(reduced_);
   }
   void before(size_t i) override {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    SAT_CUDA_CHECK(cudaStreamIsCapturing(compute_, &cs));
+    forked_in_capture_ |= cs == cudaStreamCaptureStatusActive;
     SAT_CUDA_CHECK(cudaEventRecord(ready_.at(i), compute_));
     SAT_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_[i], 0));
+  }
+  void seal() override {
+    if (!forked_in_capture_) return;
+    forked_in_capture_ = false;
+    SAT_CUDA_CHECK(cudaEventRecord(reduced_, comm_));
+    SAT_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_, 0));
   }
   void join(std::vector<std::unique_ptr<dist::Work>>&) override {
     SAT_CUDA_CHECK(cudaEventRecord(reduced_, comm_));
@@ -87,6 +96,7 @@ class GpuStreamOrder final : public StreamOrder {
   cudaStream_t compute_, comm_;
   std::vector<cudaEvent_t> ready_;
   cudaEvent_t reduced_ = nullptr;
+  bool forked_in_capture_ = false;  // before() forked comm_ from a capturing compute_
 };
 
 // One device double per add(), summed per slot on the host by take().

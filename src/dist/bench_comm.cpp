@@ -43,7 +43,10 @@ class BenchBuffer {
   // host -> data (a no-op on the CPU)
   void upload(size_t bytes) {
 #if SAT_HAVE_CUDA
-    if (dev_ == Device::cuda && bytes) SAT_CUDA_CHECK(cudaMemcpy(dev_ptr_, host_.data(), bytes, cudaMemcpyHostToDevice));
+    if (dev_ == Device::cuda && bytes) {
+      SAT_CUDA_CHECK(cudaMemcpy(dev_ptr_, host_.data(), bytes, cudaMemcpyHostToDevice));
+      SAT_CUDA_CHECK(cudaDeviceSynchronize());  // from pageable memory the DMA may still be under way
+    }
 #else
     (void)bytes;
 #endif

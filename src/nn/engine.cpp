@@ -49,8 +49,8 @@ MemoryPlan plan_memory(const Graph& g, const StepPlan& step, int optimizer_slots
       if (val.spec.dtype == DType::bf16 || val.spec.dtype == DType::f16) slot += size_t(val.spec.shape.numel()) * 4;
     }
     const size_t slots = slot * size_t(step.contexts + 1) + g.nodes().size() * 8 * size_t(step.contexts);  // + seeds
-    m.by_kind[size_t(MemKind::workspace)] = kCudaWorkspaceBytes;
-    m.persistent += kCudaWorkspaceBytes;
+    m.by_kind[size_t(MemKind::workspace)] = kCudaWorkspaceBytes + kCudaStepScalarsBytes;
+    m.persistent += kCudaWorkspaceBytes + kCudaStepScalarsBytes;
     m.inputs += slots;
     m.device = m.persistent + m.transient + slots;
   }
@@ -451,6 +451,7 @@ bool Engine::backward_gpu(int ctx, int chunk, bool first_micro, GradReady* hook)
               if (dloss_scale_) cuda::scale_scalar(dl, dloss_scale_, st);
             }
             run_backward_nodes(c, ch, first_micro, hook);
+            if (hook) hook->backward_queued();
           });
   if (si >= 0) SAT_CUDA_CHECK(cudaEventRecord(G.slots[size_t(si)].done, st));  // its inputs are free after this
   return replayed;

@@ -52,6 +52,8 @@ class GradReady {
  public:
   virtual ~GradReady() = default;
   virtual void grads_ready(int node) = 0;
+  // The backward's work is all queued (on a GPU with graphs on, inside the graph's capture).
+  virtual void backward_queued() {}
 };
 
 // Told how long every node's call took on the CPU: the seam per-layer profiles and traces

@@ -225,6 +225,7 @@ CudaOptimizer::CudaOptimizer(const OptimConfig& c, int64_t flat_size, DType lp, 
   SAT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   max_blocks_ = std::max(1, sms * (2048 / kBlock));  // enough to fill every SM, then grid-stride
   try {
+    static_assert(sizeof(OptimScalars) == kCudaStepScalarsBytes, "the memory plan counts the scalars");
     d_ = static_cast<OptimScalars*>(cuda_alloc(sizeof(OptimScalars)));
     SAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_lr_), 2 * sizeof(float), cudaHostAllocDefault));
     SAT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_io_), sizeof(OptimScalars), cudaHostAllocDefault));

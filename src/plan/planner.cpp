@@ -474,7 +474,7 @@ struct Search {
     b.grads = 4 * params / (l.zero >= 2 ? d : 1);
     b.optimizer = 4.0 * slots * params / (l.zero >= 1 ? d : 1);
     b.lp = lp_size * params / (l.zero >= 3 ? d : 1);
-    b.workspace = gpu ? double(kCudaWorkspaceBytes) : 0;
+    b.workspace = gpu ? double(kCudaWorkspaceBytes + kCudaStepScalarsBytes) : 0;
     b.gathered = l.zero >= 3 ? (2 * unit + x.spanning) * (lp_size > 0 ? lp_size : 4) : 0;
     b.buckets = l.zero >= 2 ? (2 * unit + x.spanning) * 4 : 0;
     return b;

@@ -94,6 +94,7 @@ class GradReducer : public GradSync, private GradReady {
   void launch(size_t b);
   void sum_tied();
   void grads_ready(int node) override;
+  void backward_queued() override { order_->seal(); }
 
   ParamStore& ps_;
   dist::Comm& dp_;
