@@ -254,3 +254,12 @@ TEST(Import, RefusesWithoutTheImporterScript) {
       },
       sat::Error);
 }
+
+// SATURATE_PYTHON names the Python that runs the importer; a wrong one is one line, exit 2.
+TEST(Import, SaturatePythonNamesThePython) {
+  const auto r = sat::test::run_command("SATURATE_PYTHON=/nonexistent/python3 " + std::string(SAT_BINARY) +
+                                        " import nets:mlp --input 8");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("import: SATURATE_PYTHON=/nonexistent/python3 is not an executable file"), std::string::npos)
+      << r.out;
+}

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -39,8 +40,13 @@ std::string find_importer(const std::string& exe) {
 }
 
 int run_import(const ImportArgs& a) {
-  const std::string python = "/usr/bin/python3";
-  SAT_CHECK(access(python.c_str(), X_OK) == 0, "import: ", python, " is missing (apt-get install python3-torch)");
+  // Debian's python3 by default (a python3 earlier on PATH may lack torch); SATURATE_PYTHON
+  // names another, such as a virtual environment's.
+  const char* env = std::getenv("SATURATE_PYTHON");
+  const bool chosen = env != nullptr && *env != '\0';
+  const std::string python = chosen ? env : "/usr/bin/python3";
+  SAT_CHECK(access(python.c_str(), X_OK) == 0, "import: ", chosen ? "SATURATE_PYTHON=" : "", python,
+            chosen ? " is not an executable file (a python3 with torch expected)" : " is missing (apt-get install python3-torch, or set SATURATE_PYTHON)");
   const std::string script = find_importer(dist::self_executable());
   std::vector<std::string> args{python, script, a.factory, "--input", a.input};
   if (!a.out.empty()) args.insert(args.end(), {"--out", a.out});

@@ -1,7 +1,7 @@
 // `saturate import MODULE:FACTORY --input SHAPE [--out NET.json] [--weights W.safetensors]`:
 // a PyTorch module as a saturate model file and its weights, by python/saturate_torch.py
 // (found beside the executable, else in EXE/../lib/python3/dist-packages) run with
-// /usr/bin/python3; the script's exit status is the command's.
+// /usr/bin/python3, or $SATURATE_PYTHON when set; the script's exit status is the command's.
 #pragma once
 #include <string>
 
