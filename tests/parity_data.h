@@ -8,11 +8,32 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "nn/models.h"
+#include "optim/optimizer.h"
 
 namespace sat::test {
+
+// A golden's "optimizer" object (scripts/make-goldens, make-import-goldens) as saturate's.
+inline OptimConfig optim_from_golden(const nlohmann::json& o) {
+  OptimConfig c;
+  c.name = o["name"];
+  c.lr = o["lr"].get<float>();
+  c.weight_decay = o["weight_decay"].get<float>();
+  if (c.name == "sgd") {
+    c.momentum = o["momentum"].get<float>();
+    c.nesterov = o["nesterov"].get<bool>();
+  } else {
+    c.beta1 = o["betas"][0].get<float>();
+    c.beta2 = o["betas"][1].get<float>();
+    c.eps = o["eps"].get<float>();
+  }
+  c.clip_grad_norm = o.value("clip_grad_norm", 0.0f);
+  return c;
+}
 
 // Samples first .. first + n - 1 of the model's parity data.
 inline std::unique_ptr<Dataset> parity_data(const ModelConfig& mc, int64_t first, int64_t n) {

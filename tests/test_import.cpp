@@ -115,13 +115,7 @@ void run_import_parity(const std::string& name, int64_t steps = 0) {
   cfg.shuffle = false;
   cfg.evaluate = true;
   cfg.progress = 0;
-  const json& o = g["optimizer"];
-  cfg.optim.name = o["name"];
-  cfg.optim.lr = o["lr"].get<float>();
-  cfg.optim.weight_decay = o["weight_decay"].get<float>();
-  cfg.optim.beta1 = o["betas"][0].get<float>();
-  cfg.optim.beta2 = o["betas"][1].get<float>();
-  cfg.optim.eps = o["eps"].get<float>();
+  cfg.optim = sat::test::optim_from_golden(g["optimizer"]);
   sat::Trainer t(mc, cfg, *data, test.get());
   t.load_weights(base.string() + ".safetensors");
   check_init(t.params(), g["init_checksums"], name);

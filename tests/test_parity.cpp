@@ -105,19 +105,7 @@ void run_parity(const std::string& golden_name, const Checks& checks = {}) {
   cfg.shuffle = false;
   cfg.evaluate = false;
   cfg.progress = 0;
-  const json& o = g["optimizer"];
-  cfg.optim.name = o["name"];
-  cfg.optim.lr = o["lr"].get<float>();
-  cfg.optim.weight_decay = o["weight_decay"].get<float>();
-  if (cfg.optim.name == "sgd") {
-    cfg.optim.momentum = o["momentum"].get<float>();
-    cfg.optim.nesterov = o["nesterov"].get<bool>();
-  } else {
-    cfg.optim.beta1 = o["betas"][0].get<float>();
-    cfg.optim.beta2 = o["betas"][1].get<float>();
-    cfg.optim.eps = o["eps"].get<float>();
-  }
-  cfg.optim.clip_grad_norm = o.value("clip_grad_norm", 0.0f);
+  cfg.optim = sat::test::optim_from_golden(g["optimizer"]);
   sat::Trainer t(mc, cfg, *data, nullptr);
 
   // Parity weights -> safetensors -> the trainer's store (re-initialised in between).
@@ -194,7 +182,7 @@ void run_parity(const std::string& golden_name, const Checks& checks = {}) {
   for (int64_t i = 0; i < stable; ++i) {
     const double want = want_norms[size_t(i)].get<double>();
     worst_norm = std::max(worst_norm, std::fabs(norms[size_t(i)] - want) / want);
-    clipped += want > o["clip_grad_norm"].get<double>();
+    clipped += want > double(cfg.optim.clip_grad_norm);
   }
   std::printf("[ parity   ] %-18s gradient norms of %lld steps (%d clipped by PyTorch, %lld by saturate), worst "
               "relative difference %.2e\n", golden_name.c_str(), (long long)stable, clipped, (long long)r.clipped_steps,
