@@ -87,68 +87,71 @@ void GELU::setup(LayerSetup& s) { setup_unary(s, "GELU", 12, 20); }
 
 namespace {
 
-template <class L>
-void gelu_forward(const LayerCtx& c) {
+// y = f(x) and dx = dy g(x), elementwise over the layer's input in L's storage (float32, or
+// bf16 computed in float32 and rounded once). Simd: an `omp simd` loop (off for std::erf).
+template <class L, bool Simd = true, class F>
+void unary_map(const LayerCtx& c, F f) {
   using T = typename L::T;
   const int64_t n = c.in[0].numel();
   const T* x = static_cast<const T*>(c.in[0].ptr);
   T* y = static_cast<T*>(c.out.ptr);
+  if constexpr (Simd) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = L::ld(x, i);
-    const float u = kBeta * (v + kKappa * v * v * v);
-    L::st(y, i, v / (1.0f + vexp(-2.0f * u)));
+    for (int64_t i = 0; i < n; ++i) L::st(y, i, f(L::ld(x, i)));
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) L::st(y, i, f(L::ld(x, i)));
   }
 }
 
-template <class L>
-void gelu_backward(const LayerCtx& c) {
+template <class L, bool Simd = true, class G>
+void unary_grad(const LayerCtx& c, G g) {
   using T = typename L::T;
   const int64_t n = c.in[0].numel();
   const T* x = static_cast<const T*>(c.in[0].ptr);
   const T* dy = static_cast<const T*>(c.dout.ptr);
   T* dx = static_cast<T*>(c.din[0].ptr);
+  if constexpr (Simd) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = L::ld(x, i);
-    const float v2 = v * v;
-    const float u = kBeta * (v + kKappa * v2 * v);
-    const float du = kBeta * (1.0f + 3.0f * kKappa * v2);
-    const float sg = 1.0f / (1.0f + vexp(-2.0f * u));
-    L::st(dx, i, L::ld(dy, i) * (sg + 2.0f * v * sg * (1.0f - sg) * du));
+    for (int64_t i = 0; i < n; ++i) L::st(dx, i, L::ld(dy, i) * g(L::ld(x, i)));
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) L::st(dx, i, L::ld(dy, i) * g(L::ld(x, i)));
   }
+}
+
+// The tanh GELU: y = x sigmoid(2u), u = beta (x + kappa x^3).
+inline float gelu_tanh(float v) {
+  const float u = kBeta * (v + kKappa * v * v * v);
+  return v / (1.0f + vexp(-2.0f * u));
+}
+inline float gelu_tanh_grad(float v) {
+  const float v2 = v * v;
+  const float u = kBeta * (v + kKappa * v2 * v);
+  const float du = kBeta * (1.0f + 3.0f * kKappa * v2);
+  const float sg = 1.0f / (1.0f + vexp(-2.0f * u));
+  return sg + 2.0f * v * sg * (1.0f - sg) * du;
 }
 
 // The exact GELU: y = x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2; dy/dx = Phi(x) + x phi(x),
 // phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
 constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
-
-template <class L>
-void gelu_erf_forward(const LayerCtx& c) {
-  using T = typename L::T;
-  const int64_t n = c.in[0].numel();
-  const T* x = static_cast<const T*>(c.in[0].ptr);
-  T* y = static_cast<T*>(c.out.ptr);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = L::ld(x, i);
-    L::st(y, i, 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)));
-  }
+inline float gelu_erf(float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); }
+inline float gelu_erf_grad(float v) {
+  const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2)), pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+  return cdf + v * pdf;
 }
 
 template <class L>
-void gelu_erf_backward(const LayerCtx& c) {
-  using T = typename L::T;
-  const int64_t n = c.in[0].numel();
-  const T* x = static_cast<const T*>(c.in[0].ptr);
-  const T* dy = static_cast<const T*>(c.dout.ptr);
-  T* dx = static_cast<T*>(c.din[0].ptr);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = L::ld(x, i);
-    const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2)), pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-    L::st(dx, i, L::ld(dy, i) * (cdf + v * pdf));
-  }
+void gelu_forward(const LayerCtx& c, bool exact) {
+  if (exact) return unary_map<L, false>(c, gelu_erf);
+  unary_map<L>(c, gelu_tanh);
+}
+
+template <class L>
+void gelu_backward(const LayerCtx& c, bool exact) {
+  if (exact) return unary_grad<L, false>(c, gelu_erf_grad);
+  unary_grad<L>(c, gelu_tanh_grad);
 }
 
 }  // namespace
@@ -157,18 +160,14 @@ void gelu_erf_backward(const LayerCtx& c) {
 bool GELU::bf16_native_cpu() const { return cpu::bf16_native(); }
 
 void GELU::forward(LayerCtx& c) {
-  if (exact_ && c.in[0].dtype == DType::bf16) return gelu_erf_forward<cpu::StoreBf16>(c);
-  if (exact_) return gelu_erf_forward<cpu::StoreF32>(c);
-  if (c.in[0].dtype == DType::bf16) return gelu_forward<cpu::StoreBf16>(c);
-  gelu_forward<cpu::StoreF32>(c);
+  if (c.in[0].dtype == DType::bf16) return gelu_forward<cpu::StoreBf16>(c, exact_);
+  gelu_forward<cpu::StoreF32>(c, exact_);
 }
 
 void GELU::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
-  if (exact_ && c.in[0].dtype == DType::bf16) return gelu_erf_backward<cpu::StoreBf16>(c);
-  if (exact_) return gelu_erf_backward<cpu::StoreF32>(c);
-  if (c.in[0].dtype == DType::bf16) return gelu_backward<cpu::StoreBf16>(c);
-  gelu_backward<cpu::StoreF32>(c);
+  if (c.in[0].dtype == DType::bf16) return gelu_backward<cpu::StoreBf16>(c, exact_);
+  gelu_backward<cpu::StoreF32>(c, exact_);
 }
 
 // ---- SiLU ----
@@ -180,49 +179,25 @@ void GELU::backward(LayerCtx& c) {
 void SiLU::setup(LayerSetup& s) { setup_unary(s, "SiLU", 5, 8); }
 
 namespace {
-
-template <class L>
-void silu_forward(const LayerCtx& c) {
-  using T = typename L::T;
-  const int64_t n = c.in[0].numel();
-  const T* x = static_cast<const T*>(c.in[0].ptr);
-  T* y = static_cast<T*>(c.out.ptr);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = L::ld(x, i);
-    L::st(y, i, v / (1.0f + vexp(-v)));
-  }
+inline float silu(float v) { return v / (1.0f + vexp(-v)); }
+inline float silu_grad(float v) {
+  const float e = vexp(-v);
+  const float sg = 1.0f / (1.0f + e);
+  return sg * (1.0f + v * (e * sg));
 }
-
-template <class L>
-void silu_backward(const LayerCtx& c) {
-  using T = typename L::T;
-  const int64_t n = c.in[0].numel();
-  const T* x = static_cast<const T*>(c.in[0].ptr);
-  const T* dy = static_cast<const T*>(c.dout.ptr);
-  T* dx = static_cast<T*>(c.din[0].ptr);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = L::ld(x, i);
-    const float e = vexp(-v);
-    const float sg = 1.0f / (1.0f + e);
-    L::st(dx, i, L::ld(dy, i) * (sg * (1.0f + v * (e * sg))));
-  }
-}
-
 }  // namespace
 
 bool SiLU::bf16_native_cpu() const { return cpu::bf16_native(); }
 
 void SiLU::forward(LayerCtx& c) {
-  if (c.in[0].dtype == DType::bf16) return silu_forward<cpu::StoreBf16>(c);
-  silu_forward<cpu::StoreF32>(c);
+  if (c.in[0].dtype == DType::bf16) return unary_map<cpu::StoreBf16>(c, silu);
+  unary_map<cpu::StoreF32>(c, silu);
 }
 
 void SiLU::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
-  if (c.in[0].dtype == DType::bf16) return silu_backward<cpu::StoreBf16>(c);
-  silu_backward<cpu::StoreF32>(c);
+  if (c.in[0].dtype == DType::bf16) return unary_grad<cpu::StoreBf16>(c, silu_grad);
+  unary_grad<cpu::StoreF32>(c, silu_grad);
 }
 
 }  // namespace sat
