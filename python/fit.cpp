@@ -110,7 +110,8 @@ class CtrlC {
 
 py::object fit(py::handle model_h, py::handle x, py::handle y, py::handle batch_size, int64_t epochs, int64_t steps,
                py::handle validation, bool shuffle, double lr, const std::string& optimizer, py::handle weight_decay,
-               double momentum, const std::string& schedule, double warmup, uint64_t seed, int threads,
+               double momentum, bool nesterov, py::handle betas, double eps, double clip_grad_norm,
+               const std::string& schedule, double warmup, uint64_t seed, int threads,
                const std::string& precision, bool progress, py::object on_epoch, py::object on_step,
                py::handle out_dir) {
   if (!py::isinstance<Model>(model_h)) bad_argument("model", "expected a saturate.Model");
@@ -120,6 +121,12 @@ py::object fit(py::handle model_h, py::handle x, py::handle y, py::handle batch_
   o.epochs = epochs, o.steps = steps, o.shuffle = shuffle, o.seed = seed, o.threads = threads;
   o.precision = precision, o.progress = progress;
   o.optimizer.name = optimizer, o.optimizer.lr = lr, o.optimizer.momentum = momentum;
+  o.optimizer.nesterov = nesterov, o.optimizer.eps = eps, o.optimizer.clip_grad_norm = clip_grad_norm;
+  auto number = [](py::handle v) { return py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v); };
+  if (!py::isinstance<py::sequence>(betas) || py::isinstance<py::str>(betas) || py::len(betas) != 2 ||
+      !number(betas[py::int_(0)]) || !number(betas[py::int_(1)]))
+    bad_argument("betas", "expected a pair of numbers (beta1, beta2), got " + std::string(py::repr(betas)));
+  o.optimizer.beta1 = betas[py::int_(0)].cast<double>(), o.optimizer.beta2 = betas[py::int_(1)].cast<double>();
   o.optimizer.schedule = schedule, o.optimizer.warmup_fraction = warmup;
   if (!weight_decay.is_none()) o.optimizer.weight_decay = weight_decay.cast<double>();
   if (!out_dir.is_none()) o.out_dir = py::str(py::module_::import("os").attr("fspath")(out_dir));
@@ -182,7 +189,8 @@ void bind_fit(py::module_& m) {
   m.def("fit", &fit, py::arg("model"), py::arg("x"), py::arg("y"), py::kw_only(), py::arg("batch_size") = 64,
         py::arg("epochs") = 1, py::arg("steps") = 0, py::arg("validation") = py::none(), py::arg("shuffle") = true,
         py::arg("lr") = 1e-3, py::arg("optimizer") = "adamw", py::arg("weight_decay") = py::none(),
-        py::arg("momentum") = 0.0, py::arg("schedule") = "cosine", py::arg("warmup") = 0.05, py::arg("seed") = 0,
+        py::arg("momentum") = 0.0, py::arg("nesterov") = false, py::arg("betas") = py::make_tuple(0.9, 0.999),
+        py::arg("eps") = 1e-8, py::arg("clip_grad_norm") = 0.0, py::arg("schedule") = "cosine", py::arg("warmup") = 0.05, py::arg("seed") = 0,
         py::arg("threads") = 0, py::arg("precision") = "fp32", py::arg("progress") = true,
         py::arg("on_epoch") = py::none(), py::arg("on_step") = py::none(), py::arg("out_dir") = py::none(),
         "Trains model on x, y (saturate train's trainer; data-parallel under mpirun); returns the history");

@@ -120,18 +120,20 @@ TEST(Library, SequentialIsTheModelFileItWrites) {
 
 // mlp on synthetic data, batch 16, seed 5: fit's losses against saturate train's with the
 // same flags, digit for digit (the CLI keeps this process's BLAS kernels).
-History expect_fit_is_the_cli(Model& model, int64_t steps, const std::string& precision) {
+History expect_fit_is_the_cli(Model& model, int64_t steps, const std::string& precision,
+                              const OptimizerOptions* optimizer = nullptr, const std::string& flags = "") {
   const Data data = load_data("synthetic", model, 5);
   FitOptions o = quiet(16, steps);
   o.seed = 5;
   o.precision = precision;
+  if (optimizer) o.optimizer = *optimizer;
   const History h = fit(model, data.train, o);
   EXPECT_EQ(h.loss.size(), size_t(steps));
   const fs::path out = tmpdir("cli_" + precision);
   const auto r = sat::test::run_command("SAT_BLAS_KERNELS=keep " + std::string(SAT_BINARY) +
                                         " train --model mlp --data synthetic --batch 16 --steps " +
                                         std::to_string(steps) + " --seed 5 --precision " + precision +
-                                        " --threads 1 --eval off --out " + out.string());
+                                        " --threads 1 --eval off " + flags + " --out " + out.string());
   EXPECT_EQ(r.status, 0) << r.out;
   std::ifstream f(out / "metrics.jsonl");
   std::vector<std::string> cli;
@@ -162,6 +164,27 @@ TEST(Library, FitInBf16FollowsTheCommandLine) {
   FitOptions o = quiet(16, 8);
   o.precision = "fp16";
   EXPECT_NE(error_of([&] { fit(model, load_data("synthetic", model, 5).train, o); }).find("FitOptions::precision"),
+            std::string::npos);
+}
+
+// The optimizer's settings are saturate train's flags: AdamW's betas and eps with clipping,
+// and SGD with Nesterov momentum.
+TEST(Library, FitOptimizerSettingsFollowTheCommandLine) {
+  OptimizerOptions adamw;
+  adamw.beta1 = 0.8, adamw.beta2 = 0.99, adamw.eps = 1e-6, adamw.clip_grad_norm = 0.5;
+  Model a = Model::load("mlp");
+  expect_fit_is_the_cli(a, 6, "fp32", &adamw, "--betas 0.8,0.99 --eps 1e-6 --clip-grad-norm 0.5");
+  OptimizerOptions sgd;
+  sgd.name = "sgd", sgd.lr = 0.05, sgd.momentum = 0.9, sgd.nesterov = true;
+  Model s = Model::load("mlp");
+  expect_fit_is_the_cli(s, 6, "fp32", &sgd, "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov");
+  FitOptions o = quiet(16, 2);
+  o.optimizer.nesterov = true;
+  EXPECT_NE(error_of([&] { fit(s, load_data("synthetic", s, 5).train, o); }).find("FitOptions::optimizer.nesterov"),
+            std::string::npos);
+  o.optimizer = {};
+  o.optimizer.beta2 = 1.0;
+  EXPECT_NE(error_of([&] { fit(s, load_data("synthetic", s, 5).train, o); }).find("FitOptions::optimizer.beta1/beta2"),
             std::string::npos);
 }
 

@@ -22,6 +22,11 @@ struct OptimizerOptions {
   double lr = 1e-3;
   double weight_decay = -1;    // < 0: PyTorch's default (adamw 0.01, sgd 0)
   double momentum = 0;         // sgd
+  bool nesterov = false;       // sgd, with momentum > 0
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  // > 0: the gradients are scaled so that their total 2-norm over the whole model is at
+  // most this (torch.nn.utils.clip_grad_norm_, saturate train --clip-grad-norm); 0: none.
+  double clip_grad_norm = 0;
   std::string schedule = "cosine";  // cosine | constant
   double warmup_fraction = 0.05;    // of the steps
 };

@@ -191,6 +191,11 @@ def test_errors_are_saturate_errors_naming_what_is_wrong():
         (lambda: saturate.fit(m, x, y, **quiet(batch_size="big")), "batch_size: expected a positive int or 'auto'"),
         (lambda: saturate.fit(m, x, y, **quiet(validation=x)), "validation: expected a tuple"),
         (lambda: saturate.fit(m, x, y, **quiet(optimizer="adam")), "FitOptions::optimizer.name"),
+        (lambda: saturate.fit(m, x, y, **quiet(betas=0.9)), "betas: expected a pair of numbers"),
+        (lambda: saturate.fit(m, x, y, **quiet(betas=(0.9, "a"))), "betas: expected a pair of numbers"),
+        (lambda: saturate.fit(m, x, y, **quiet(betas=(0.9, 1.5))), "FitOptions::optimizer.beta1/beta2"),
+        (lambda: saturate.fit(m, x, y, **quiet(nesterov=True)), "FitOptions::optimizer.nesterov"),
+        (lambda: saturate.fit(m, x, y, **quiet(clip_grad_norm=-1.0)), "FitOptions::optimizer.clip_grad_norm"),
         (lambda: saturate.fit(m, x[:4], y[:4], **quiet(batch_size=8)), "fewer than one step"),
         (lambda: saturate.evaluate(m, x, y), "has no weights yet"),
         (lambda: m.set_weights({"fc1.weight": np.zeros((4, 16))}), "'fc1.weight' has shape (16, 4), got (4, 16)"),
@@ -277,3 +282,15 @@ def test_data_parallel_fit_under_mpirun_follows_one_process(tmp_path):
     one = saturate.fit(tiny(), x, y, **quiet(batch_size=16, steps=12, shuffle=False)).loss
     assert len(two) == len(one) == 12
     assert two == pytest.approx(one, rel=1e-5)
+
+
+def test_optimizer_settings_reach_the_trainer():
+    x, y = blobs(256, 3)
+    runs = {}
+    for name, kw in {"default": {}, "clipped": {"clip_grad_norm": 0.01}, "betas": {"betas": (0.5, 0.9), "eps": 1e-3},
+                     "sgd": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9},
+                     "nesterov": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True}}.items():
+        runs[name] = saturate.fit(tiny(), x, y, **quiet(batch_size=32, steps=6, seed=4, **kw)).loss
+    assert runs["default"][0] == runs["clipped"][0] == runs["betas"][0]  # the same first batch and weights
+    for a, b in (("default", "clipped"), ("default", "betas"), ("sgd", "nesterov")):
+        assert runs[a][1:] != runs[b][1:], (a, b)

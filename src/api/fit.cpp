@@ -36,6 +36,14 @@ void check_options(const FitOptions& o) {
             "FitOptions::optimizer.schedule: expected cosine or constant, got '", o.optimizer.schedule, "'");
   SAT_CHECK(o.optimizer.lr > 0 && std::isfinite(o.optimizer.lr), "FitOptions::optimizer.lr: expected a rate > 0, got ",
             o.optimizer.lr);
+  const OptimizerOptions& p = o.optimizer;
+  SAT_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, "FitOptions::optimizer.beta1/beta2: expected "
+            "decay rates in [0, 1), got ", p.beta1, ", ", p.beta2);
+  SAT_CHECK(p.eps > 0 && std::isfinite(p.eps), "FitOptions::optimizer.eps: expected a term > 0, got ", p.eps);
+  SAT_CHECK(p.clip_grad_norm >= 0 && std::isfinite(p.clip_grad_norm), "FitOptions::optimizer.clip_grad_norm: expected "
+            "a norm > 0, or 0 for no clipping, got ", p.clip_grad_norm);
+  SAT_CHECK(!p.nesterov || (p.name == "sgd" && p.momentum > 0), "FitOptions::optimizer.nesterov: needs sgd with a "
+            "momentum > 0");
   SAT_CHECK(o.optimizer.warmup_fraction >= 0 && o.optimizer.warmup_fraction < 1,
             "FitOptions::optimizer.warmup_fraction: expected a share of the steps in [0, 1), got ",
             o.optimizer.warmup_fraction);
@@ -69,6 +77,11 @@ sat::TrainConfig train_config(const FitOptions& o, bool validate) {
   c.optim.lr = float(o.optimizer.lr);
   c.optim.weight_decay = float(o.optimizer.weight_decay);
   c.optim.momentum = float(o.optimizer.momentum);
+  c.optim.nesterov = o.optimizer.nesterov;
+  c.optim.beta1 = float(o.optimizer.beta1);
+  c.optim.beta2 = float(o.optimizer.beta2);
+  c.optim.eps = float(o.optimizer.eps);
+  c.optim.clip_grad_norm = float(o.optimizer.clip_grad_norm);
   c.schedule.name = o.optimizer.schedule;
   c.schedule.warmup_fraction = o.optimizer.warmup_fraction;
   c.seed = o.seed;
