@@ -167,7 +167,9 @@ void add_data_options(CLI::App* c, RunArgs& a) {
                 "epoch and the image")->capture_default_str();
   c->add_flag("--skip-bad-images", a.skip_bad_images, "images:DIR: leave out the files that are not whole PNG or JPEG "
               "images (default: the first one stops the run, naming it)");
-  c->add_option("--seed", a.seed, "seed for initialisation, shuffling, dropout and synthetic data")->capture_default_str();
+  c->add_option("--seed", a.seed,
+                "seed for initialisation, shuffling, dropout, synthetic data, --val-fraction's split and --augment")
+      ->capture_default_str();
   c->add_option("--shuffle", a.shuffle, "on | off (off: batches in file order)")->capture_default_str();
   c->add_option("--normalize", a.normalize, "MEAN,STD (or per-channel means then stds) applied after pixel/255; csv: "
                 "per-feature instead of the training rows' own");
