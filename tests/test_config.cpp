@@ -142,6 +142,27 @@ TEST(ConfigFile, BatchAutoIsWrittenAsItsChoice) {
   EXPECT_EQ(again["optimizer"]["lr"], summary["optimizer"]["lr"]);
 }
 
+// saturate tune --out writes its choice as train's config.toml: --config of it trains with
+// the micro-batch, accumulation and learning rate tune.json records, without tuning again.
+TEST(ConfigFile, TuneWritesItsChoiceForTrain) {
+  const fs::path a = tmpdir("tuned"), b = tmpdir("tuned_train"), cache = tmpdir("tuned_cache");
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  CmdResult r = saturate("tune --model mlp:784-16-10 --data synthetic --threads 1 --eval off --memory-budget 1MiB "
+                         "--global-batch 64 --lr-batch 32 --out " + a.string(), env);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto choice = nlohmann::json::parse(std::ifstream(a / "tune.json"))["choice"];
+  const std::string toml = read(a / "config.toml");
+  EXPECT_EQ(entry(toml, "batch"), std::to_string(choice["micro_batch"].get<int>()) + "  # chosen by --batch auto")
+      << toml;
+  r = saturate("train --config " + (a / "config.toml").string() + " --steps 2 --out " + b.string(), env);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("tune:"), std::string::npos) << r.out;
+  const auto s = nlohmann::json::parse(std::ifstream(b / "summary.json"));
+  EXPECT_EQ(s["batch"], choice["micro_batch"]);
+  EXPECT_EQ(s["accum"], choice["accum"]);
+  EXPECT_FLOAT_EQ(s["optimizer"]["lr"].get<float>(), choice["lr"].get<float>());
+}
+
 // --layout auto: config.toml holds the layout it chose as the layout's flags (--layout and
 // --global-batch commented out), and --config of it trains that layout to the same losses.
 TEST(ConfigFile, LayoutAutoIsWrittenAsItsFlags) {

@@ -105,7 +105,7 @@ void check_train_outputs(const RunArgs& a, bool tune_only) {
   if (!a.trace.empty()) check_output_dir("--trace", a.trace);
   if (a.out.empty()) return;
   check_output_dir("--out", a.out);
-  const std::vector<std::string> files = tune_only ? std::vector<std::string>{"tune.json", "tune.html"}
+  const std::vector<std::string> files = tune_only ? std::vector<std::string>{"tune.json", "tune.html", "config.toml"}
                                                    : std::vector<std::string>{"metrics.jsonl", "summary.json",
                                                                               "config.toml", "tune.json", "tune.html"};
   for (const std::string& f : files) check_output_file("--out", a.out + "/" + f);
@@ -408,7 +408,11 @@ int run_train(const RunArgs& a, bool tune_only) {
   });
   if (lead) print_start(mc, data, a, tune_only);
   const Dataset* test = cfg.evaluate ? data.test.get() : nullptr;
-  if (run.auto_batch && !apply_tuning(run.policy, mc, *data.train, test, *comm, cfg)) return 0;
+  if (run.auto_batch && !apply_tuning(run.policy, mc, *data.train, test, *comm, cfg)) {
+    // saturate tune --out: the choice as train's config (saturate train --config DIR/config.toml).
+    if (lead && !a.out.empty()) write_run_config(a, run);
+    return 0;
+  }
   if (run.auto_layout && !apply_layout_tuning(run.policy, mc, *data.train, test, run.layout, *comm, cfg)) return 0;
   if (!job) job = plan_job(mc, cfg, data, comm->size(), comm->rank());
   const int stage = cfg.with_world(comm->size()).coords(comm->rank()).pp;

@@ -206,9 +206,8 @@ bool apply_tuning(const TunePolicy& p, const ModelConfig& mc, const Dataset& tra
   }
   if (!cached) ch = tune_batch(p, mc, train, test, comm, cfg, cache);
   if (lead && p.print) print_choice(p, ch, comm.size(), cfg);
-  if (p.tune_only) return false;
-  adopt_choice(p, ch, train.size(), lead, cfg);
-  return true;
+  adopt_choice(p, ch, train.size(), lead && !p.tune_only, cfg);  // tune: for the config.toml it writes
+  return !p.tune_only;
 }
 
 bool apply_layout_tuning(const TunePolicy& p, const ModelConfig& mc, const Dataset& train, const Dataset* test,

@@ -46,8 +46,8 @@ void write_tune_files(const std::string& dir, const std::string& json, const std
 
 // --batch auto, saturate tune, fit's batch_size 0 (collective over comm): the cached choice
 // or a new tuning; its micro-batch, accumulation, learning rate, warm-up and memory lever go
-// into cfg (unless tune_only). test: the evaluation split whose loader counts in the budget
-// (null: none). Returns false when tune_only.
+// into cfg (also when tune_only: saturate tune writes them as config.toml). test: the
+// evaluation split whose loader counts in the budget (null: none). Returns false when tune_only.
 bool apply_tuning(const TunePolicy& p, const ModelConfig& mc, const Dataset& train, const Dataset* test,
                   dist::Comm& comm, TrainConfig& cfg);
 
