@@ -144,14 +144,14 @@ inline float gelu_erf_grad(float v) {
 
 template <class L>
 void gelu_forward(const LayerCtx& c, bool exact) {
-  if (exact) return unary_map<L, false>(c, gelu_erf);
-  unary_map<L>(c, gelu_tanh);
+  if (exact) return unary_map<L, false>(c, [](float v) { return gelu_erf(v); });
+  unary_map<L>(c, [](float v) { return gelu_tanh(v); });
 }
 
 template <class L>
 void gelu_backward(const LayerCtx& c, bool exact) {
-  if (exact) return unary_grad<L, false>(c, gelu_erf_grad);
-  unary_grad<L>(c, gelu_tanh_grad);
+  if (exact) return unary_grad<L, false>(c, [](float v) { return gelu_erf_grad(v); });
+  unary_grad<L>(c, [](float v) { return gelu_tanh_grad(v); });
 }
 
 }  // namespace
@@ -190,14 +190,14 @@ inline float silu_grad(float v) {
 bool SiLU::bf16_native_cpu() const { return cpu::bf16_native(); }
 
 void SiLU::forward(LayerCtx& c) {
-  if (c.in[0].dtype == DType::bf16) return unary_map<cpu::StoreBf16>(c, silu);
-  unary_map<cpu::StoreF32>(c, silu);
+  if (c.in[0].dtype == DType::bf16) return unary_map<cpu::StoreBf16>(c, [](float v) { return silu(v); });
+  unary_map<cpu::StoreF32>(c, [](float v) { return silu(v); });
 }
 
 void SiLU::backward(LayerCtx& c) {
   if (!c.din[0].defined()) return;
-  if (c.in[0].dtype == DType::bf16) return unary_grad<cpu::StoreBf16>(c, silu_grad);
-  unary_grad<cpu::StoreF32>(c, silu_grad);
+  if (c.in[0].dtype == DType::bf16) return unary_grad<cpu::StoreBf16>(c, [](float v) { return silu_grad(v); });
+  unary_grad<cpu::StoreF32>(c, [](float v) { return silu_grad(v); });
 }
 
 }  // namespace sat
