@@ -104,6 +104,16 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   else check_file_tensor_parallel(c, tp, sp);
 }
 
+void check_expert_parallel(const ModelConfig& c, int ep) {
+  SAT_CHECK(ep >= 1, "--ep: expected a positive expert-parallel size, got ", ep);
+  if (ep == 1) return;
+  SAT_CHECK(c.family == ModelFamily::llama && c.experts > 0, "--ep ", ep, ": ", c.name, " has no experts (expert "
+            "parallelism splits the experts of a moe: model's layers, e.g. moe:layers=2,heads=4,width=64,experts=8,"
+            "top_k=2,context=32,vocab=256); leave --ep out");
+  SAT_CHECK(c.experts % ep == 0, "--ep ", ep, ": the ", c.experts, " experts of ", c.name, " do not split evenly "
+            "over ", ep, " ranks (expected a divisor of ", c.experts, ")");
+}
+
 namespace {
 constexpr Named<Recompute> kRecompute[] = {
     {"none", Recompute::none}, {"selective", Recompute::selective}, {"full", Recompute::full}};
@@ -292,7 +302,7 @@ void build_llama(BuiltModel& m, Graph& g) {
     h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, c.norm_eps, sp);
     h = region.enter(p + "mlp", h);
     if (c.experts > 0) {
-      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef};
+      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef, c.ep};
       h = add_moe_block(g, p + "mlp", h, mb, m.aux_losses);
     } else {
       const int gate = linear(p + "mlp.gate_proj", h, C, F, col);

@@ -22,6 +22,7 @@ ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp
   m.tp_rank = tp_rank;
   m.sequence_parallel = cfg.sequence_parallel;
   m.recompute = cfg.recompute;
+  m.ep = cfg.ep;
   return m;
 }
 
@@ -93,6 +94,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_validation(mc, cfg);  // --eval-every, --eval-batches, --keep-best
   // The model's own limits first: no number of processes can fix them.
   check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  check_expert_parallel(mc, cfg.ep);
   ModelConfig rc = mc;
   rc.recompute = cfg.recompute;
   check_recompute(rc);

@@ -1,0 +1,167 @@
+// Expert parallelism is exact: under mpirun (CMake runs this binary as expert_parallel_np2
+// and expert_parallel_np4), a moe: model trained with --ep E over groups of E data-parallel
+// ranks follows the loss trajectory of one process, and routes and drops the same tokens.
+//
+// Which one process: every rank routes its own micro-batch and applies the capacity to it
+// (moe.h), as one process does to each of its micro-batches. So the reference trains on one
+// process with the same micro-batch and dp times the accumulation: the same tokens grouped
+// the same way, the same capacity per group, the same drops. (With capacity 0, no drops, the
+// routing is per token, but the load-balancing loss is still per micro-batch, hence the same
+// reference.) Rank 0 trains the reference with a communicator of its own while the others
+// wait at a barrier.
+//
+// Outside mpirun: the bad input of --ep (the model, the ranks) in one process.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/blas.h"
+#include "data/dataset.h"
+#include "dist/comm.h"
+#include "error_of.h"
+#include "mpi_world.h"
+#include "nn/layers/moe.h"
+#include "nn/models.h"
+#include "train/trainer.h"
+#include "trajectory.h"
+#ifdef SAT_MPIEXEC
+#include "mpi_job.h"
+#endif
+
+namespace {
+
+using sat::dist::Comm;
+using sat::test::distributed;
+using sat::test::world;
+
+// 8 experts, top-2, two moe layers; capacity factor 1.0 drops tokens from the first step.
+const std::string kModel = "moe:layers=2,heads=2,width=32,experts=8,top_k=2,context=16,vocab=64,ffn=32,capacity=1.0";
+
+struct Case {
+  std::string model = kModel;
+  int ep = 1;
+  int64_t batch = 4;  // micro-batch of every rank
+  int64_t accum = 1;
+  int steps = 20;
+};
+
+struct Run {
+  std::vector<double> losses;
+  std::map<std::string, sat::MoeLoad> load;  // this rank's routing over the run
+  size_t predicted = 0, peak = 0;
+};
+
+Run train(const Case& c, Comm* comm, int ep, int64_t accum) {
+  sat::cpu::set_num_threads(1);
+  const sat::ModelConfig mc = sat::model_config(c.model);
+  auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 7));
+  sat::TrainConfig cfg;
+  cfg.batch = c.batch;
+  cfg.accum = accum;
+  cfg.ep = ep;
+  cfg.steps = c.steps;
+  cfg.seed = 3;
+  cfg.optim.name = "adamw";
+  cfg.optim.lr = 3e-3f;
+  cfg.progress = 0;
+  cfg.comm = comm;
+  (void)sat::take_moe_load();
+  sat::Trainer t(mc, cfg, *data.train, nullptr);
+  sat::TrainResult r = t.run();
+  Run out;
+  out.losses = r.losses;
+  out.load = sat::take_moe_load();
+  out.predicted = r.predicted_memory_bytes;
+  out.peak = r.peak_memory_bytes;
+  return out;
+}
+
+// The kept tokens per expert and the dropped ones, summed over the ranks of comm.
+std::vector<int64_t> load_over(Comm& comm, const std::map<std::string, sat::MoeLoad>& load) {
+  std::vector<int64_t> v;
+  for (const auto& [layer, L] : load) {
+    v.insert(v.end(), L.tokens.begin(), L.tokens.end());
+    v.push_back(L.dropped);
+    v.push_back(L.routed);
+  }
+  comm.all_reduce_sync(v.data(), v.size(), sat::DType::i64, sat::dist::ReduceOp::sum);
+  return v;
+}
+
+void expect_matches_one_process(const Case& c, int ranks) {
+  if (!sat::test::world_is(ranks)) GTEST_SKIP() << "runs under mpirun with " << ranks << " ranks";
+  Comm& w = world();
+  const Run ep = train(c, &w, c.ep, c.accum);
+  std::vector<int64_t> ep_load = load_over(w, ep.load);  // each rank holds its ep group's sum
+  for (int64_t& v : ep_load) v /= c.ep;
+  EXPECT_GE(ep.peak, 1u);
+  EXPECT_EQ(ep.peak, ep.predicted) << "rank " << w.rank() << ": the plan is not the measured peak";
+  if (w.rank() == 0) {
+    auto self = sat::dist::make_self_comm();
+    const Run ref = train(c, self.get(), 1, c.accum * w.size());
+    const std::vector<int64_t> ref_load = load_over(*self, ref.load);
+    const double d = sat::test::max_rel(ep.losses, ref.losses);
+    std::printf("%s: --ep %d, %d ranks x batch %lld x accum %lld vs 1 x batch %lld x accum %lld, %d steps: max "
+                "relative loss difference %.3g (first %.6f, last %.6f); dropped %lld of %lld\n",
+                c.model.c_str(), c.ep, w.size(), (long long)c.batch, (long long)c.accum, (long long)c.batch,
+                (long long)(c.accum * w.size()), c.steps, d, ref.losses.front(), ref.losses.back(),
+                (long long)ref_load[8], (long long)ref_load[9]);
+    std::printf("  memory per rank: plan %zu bytes, measured peak %zu (one process at the same micro-batch: plan %zu)\n",
+                ep.predicted, ep.peak, ref.predicted);
+    EXPECT_LT(d, 1e-5);
+    EXPECT_LT(ref.losses.back(), 0.95 * ref.losses.front()) << "did not learn";
+    EXPECT_EQ(ep_load, ref_load) << "tokens per expert, dropped and routed of each layer";
+    if (c.model == kModel) {
+      EXPECT_GT(ref_load[8], 0) << "capacity 1.0 should drop tokens";
+    }
+  }
+  w.barrier();
+}
+
+}  // namespace
+
+TEST(ExpertParallelRanks, Ep2MatchesOneProcess) { expect_matches_one_process({.ep = 2}, 2); }
+TEST(ExpertParallelRanks, Ep2NoDropsMatchesOneProcess) {
+  expect_matches_one_process({.model = kModel.substr(0, kModel.rfind(',')), .ep = 2}, 2);
+}
+TEST(ExpertParallelRanks, Ep4MatchesOneProcess) { expect_matches_one_process({.ep = 4}, 4); }
+TEST(ExpertParallelRanks, Ep2TimesDp2MatchesOneProcess) { expect_matches_one_process({.ep = 2, .accum = 2}, 4); }
+
+// ---- bad input, in one process ----
+
+TEST(ExpertParallel, BadInputNamesTheFlag) {
+  using sat::test::error_of;
+  const sat::ModelConfig moe = sat::model_config(kModel);
+  EXPECT_NE(error_of([&] { sat::check_expert_parallel(sat::model_config("gpt-mini"), 2); }).find("--ep 2: gpt-mini has no experts"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { sat::check_expert_parallel(moe, 3); }).find("--ep 3: the 8 experts"), std::string::npos);
+  EXPECT_NO_THROW(sat::check_expert_parallel(moe, 4));
+  EXPECT_NE(error_of([] { sat::dist::Mesh::check(4, 1, 1, 1, 3); }).find("--ep 3 does not divide the 4 data-parallel"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { sat::dist::Mesh::check(4, 2, 1, 1, 4); }).find("--ep 4 does not divide the 2 data-parallel"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { (void)sat::model_config("moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32"); })
+                .find("top_k 3 is more than experts 2"),
+            std::string::npos);
+}
+
+#ifdef SAT_MPIEXEC
+// Every rank of a job refuses bad --ep at once, naming the flag, exit 2.
+TEST(ExpertParallel, EveryRankRefusesBadEp) {
+  if (distributed()) GTEST_SKIP() << "starts mpirun jobs of its own";
+  const std::string moe = "--model " + kModel + " --batch 2 ";
+  sat::test::expect_every_rank_refuses(2, moe + "--ep 4", "--ep 4 does not divide the 2 data-parallel ranks");
+  sat::test::expect_every_rank_refuses(2, moe + "--ep 3", "--ep 3: the 8 experts");
+  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 2 --ep 2", "--ep 2: gpt-mini has no experts");
+  sat::test::expect_every_rank_refuses(
+      2, "--model moe:layers=1,heads=2,width=16,experts=3,top_k=1,context=8,vocab=32 --batch 2 --ep 2",
+      "--ep 2: the 3 experts");
+  sat::test::expect_every_rank_refuses(
+      2, "--model moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32 --batch 2 --ep 2",
+      "--model moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32: top_k 3 is more than experts 2");
+}
+#endif
