@@ -44,6 +44,7 @@ const std::string kModel = "moe:layers=2,heads=2,width=32,experts=8,top_k=2,cont
 struct Case {
   std::string model = kModel;
   int ep = 1;
+  int tp = 1;
   int64_t batch = 4;  // micro-batch of every rank
   int64_t accum = 1;
   int steps = 20;
@@ -55,7 +56,7 @@ struct Run {
   size_t predicted = 0, peak = 0;
 };
 
-Run train(const Case& c, Comm* comm, int ep, int64_t accum) {
+Run train(const Case& c, Comm* comm, int ep, int tp, int64_t accum) {
   sat::cpu::set_num_threads(1);
   const sat::ModelConfig mc = sat::model_config(c.model);
   auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 7));
@@ -63,6 +64,7 @@ Run train(const Case& c, Comm* comm, int ep, int64_t accum) {
   cfg.batch = c.batch;
   cfg.accum = accum;
   cfg.ep = ep;
+  cfg.tp = tp;
   cfg.steps = c.steps;
   cfg.seed = 3;
   cfg.optim.name = "adamw";
@@ -95,20 +97,21 @@ std::vector<int64_t> load_over(Comm& comm, const std::map<std::string, sat::MoeL
 void expect_matches_one_process(const Case& c, int ranks) {
   if (!sat::test::world_is(ranks)) GTEST_SKIP() << "runs under mpirun with " << ranks << " ranks";
   Comm& w = world();
-  const Run ep = train(c, &w, c.ep, c.accum);
-  std::vector<int64_t> ep_load = load_over(w, ep.load);  // each rank holds its ep group's sum
-  for (int64_t& v : ep_load) v /= c.ep;
+  const Run ep = train(c, &w, c.ep, c.tp, c.accum);
+  // Each rank holds its ep group's sum, and the tp ranks of a group route the same tokens.
+  std::vector<int64_t> ep_load = load_over(w, ep.load);
+  for (int64_t& v : ep_load) v /= c.ep * c.tp;
   EXPECT_GE(ep.peak, 1u);
   EXPECT_EQ(ep.peak, ep.predicted) << "rank " << w.rank() << ": the plan is not the measured peak";
   if (w.rank() == 0) {
     auto self = sat::dist::make_self_comm();
-    const Run ref = train(c, self.get(), 1, c.accum * w.size());
+    const Run ref = train(c, self.get(), 1, 1, c.accum * w.size() / c.tp);
     const std::vector<int64_t> ref_load = load_over(*self, ref.load);
     const double d = sat::test::max_rel(ep.losses, ref.losses);
-    std::printf("%s: --ep %d, %d ranks x batch %lld x accum %lld vs 1 x batch %lld x accum %lld, %d steps: max "
+    std::printf("%s: --ep %d --tp %d, %d ranks x batch %lld x accum %lld vs 1 x batch %lld x accum %lld, %d steps: max "
                 "relative loss difference %.3g (first %.6f, last %.6f); dropped %lld of %lld\n",
-                c.model.c_str(), c.ep, w.size(), (long long)c.batch, (long long)c.accum, (long long)c.batch,
-                (long long)(c.accum * w.size()), c.steps, d, ref.losses.front(), ref.losses.back(),
+                c.model.c_str(), c.ep, c.tp, w.size(), (long long)c.batch, (long long)c.accum, (long long)c.batch,
+                (long long)(c.accum * w.size() / c.tp), c.steps, d, ref.losses.front(), ref.losses.back(),
                 (long long)ref_load[8], (long long)ref_load[9]);
     std::printf("  memory per rank: plan %zu bytes, measured peak %zu (one process at the same micro-batch: plan %zu)\n",
                 ep.predicted, ep.peak, ref.predicted);
@@ -130,6 +133,8 @@ TEST(ExpertParallelRanks, Ep2NoDropsMatchesOneProcess) {
 }
 TEST(ExpertParallelRanks, Ep4MatchesOneProcess) { expect_matches_one_process({.ep = 4}, 4); }
 TEST(ExpertParallelRanks, Ep2TimesDp2MatchesOneProcess) { expect_matches_one_process({.ep = 2, .accum = 2}, 4); }
+// The attention split over 2 tensor-parallel ranks, the moe layers whole on each.
+TEST(ExpertParallelRanks, Ep2TimesTp2MatchesOneProcess) { expect_matches_one_process({.ep = 2, .tp = 2}, 4); }
 
 // ---- bad input, in one process ----
 
