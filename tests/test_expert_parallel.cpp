@@ -44,7 +44,8 @@ const std::string kModel = "moe:layers=2,heads=2,width=32,experts=8,top_k=2,cont
 struct Case {
   std::string model = kModel;
   int ep = 1;
-  int tp = 1;
+  int tp = 1, pp = 1;
+  bool recompute = false;  // full
   int64_t batch = 4;  // micro-batch of every rank
   int64_t accum = 1;
   int steps = 20;
@@ -56,7 +57,7 @@ struct Run {
   size_t predicted = 0, peak = 0;
 };
 
-Run train(const Case& c, Comm* comm, int ep, int tp, int64_t accum) {
+Run train(const Case& c, Comm* comm, int ep, int tp, int pp, int64_t accum) {
   sat::cpu::set_num_threads(1);
   const sat::ModelConfig mc = sat::model_config(c.model);
   auto data = sat::open_dataset("synthetic", sat::data_options_for(mc, 7));
@@ -65,6 +66,8 @@ Run train(const Case& c, Comm* comm, int ep, int tp, int64_t accum) {
   cfg.accum = accum;
   cfg.ep = ep;
   cfg.tp = tp;
+  cfg.pp = pp;
+  if (c.recompute) cfg.recompute = sat::Recompute::full;
   cfg.steps = c.steps;
   cfg.seed = 3;
   cfg.optim.name = "adamw";
@@ -82,13 +85,18 @@ Run train(const Case& c, Comm* comm, int ep, int tp, int64_t accum) {
   return out;
 }
 
-// The kept tokens per expert and the dropped ones, summed over the ranks of comm.
+// Per moe layer of the model (2 layers of 8 experts), the kept tokens per expert, the dropped
+// and the routed ones, summed over the ranks of comm (a pipeline stage has only its layers).
 std::vector<int64_t> load_over(Comm& comm, const std::map<std::string, sat::MoeLoad>& load) {
-  std::vector<int64_t> v;
+  const size_t per = 8 + 2;
+  std::vector<int64_t> v(2 * per, 0);
   for (const auto& [layer, L] : load) {
-    v.insert(v.end(), L.tokens.begin(), L.tokens.end());
-    v.push_back(L.dropped);
-    v.push_back(L.routed);
+    const size_t at = layer == "model.layers.0.mlp" ? 0 : per;
+    EXPECT_TRUE(layer == "model.layers.0.mlp" || layer == "model.layers.1.mlp") << layer;
+    EXPECT_EQ(L.tokens.size(), 8u);
+    for (size_t e = 0; e < L.tokens.size() && e < 8; ++e) v[at + e] = L.tokens[e];
+    v[at + 8] = L.dropped;
+    v[at + 9] = L.routed;
   }
   comm.all_reduce_sync(v.data(), v.size(), sat::DType::i64, sat::dist::ReduceOp::sum);
   return v;
@@ -97,21 +105,23 @@ std::vector<int64_t> load_over(Comm& comm, const std::map<std::string, sat::MoeL
 void expect_matches_one_process(const Case& c, int ranks) {
   if (!sat::test::world_is(ranks)) GTEST_SKIP() << "runs under mpirun with " << ranks << " ranks";
   Comm& w = world();
-  const Run ep = train(c, &w, c.ep, c.tp, c.accum);
-  // Each rank holds its ep group's sum, and the tp ranks of a group route the same tokens.
+  const Run ep = train(c, &w, c.ep, c.tp, c.pp, c.accum);
+  // Each rank holds its ep group's sum, and the tp ranks of a group route the same tokens;
+  // a pipeline stage counts its own layers.
   std::vector<int64_t> ep_load = load_over(w, ep.load);
   for (int64_t& v : ep_load) v /= c.ep * c.tp;
+  const int dp = w.size() / (c.tp * c.pp);
   EXPECT_GE(ep.peak, 1u);
   EXPECT_EQ(ep.peak, ep.predicted) << "rank " << w.rank() << ": the plan is not the measured peak";
   if (w.rank() == 0) {
     auto self = sat::dist::make_self_comm();
-    const Run ref = train(c, self.get(), 1, 1, c.accum * w.size() / c.tp);
+    const Run ref = train(c, self.get(), 1, 1, 1, c.accum * dp);
     const std::vector<int64_t> ref_load = load_over(*self, ref.load);
     const double d = sat::test::max_rel(ep.losses, ref.losses);
-    std::printf("%s: --ep %d --tp %d, %d ranks x batch %lld x accum %lld vs 1 x batch %lld x accum %lld, %d steps: max "
+    std::printf("%s: --ep %d --tp %d --pp %d%s, %d ranks x batch %lld x accum %lld vs 1 x batch %lld x accum %lld, %d steps: max "
                 "relative loss difference %.3g (first %.6f, last %.6f); dropped %lld of %lld\n",
-                c.model.c_str(), c.ep, c.tp, w.size(), (long long)c.batch, (long long)c.accum, (long long)c.batch,
-                (long long)(c.accum * w.size() / c.tp), c.steps, d, ref.losses.front(), ref.losses.back(),
+                c.model.c_str(), c.ep, c.tp, c.pp, c.recompute ? " --recompute full" : "", w.size(), (long long)c.batch, (long long)c.accum, (long long)c.batch,
+                (long long)(c.accum * dp), c.steps, d, ref.losses.front(), ref.losses.back(),
                 (long long)ref_load[8], (long long)ref_load[9]);
     std::printf("  memory per rank: plan %zu bytes, measured peak %zu (one process at the same micro-batch: plan %zu)\n",
                 ep.predicted, ep.peak, ref.predicted);
@@ -135,6 +145,11 @@ TEST(ExpertParallelRanks, Ep4MatchesOneProcess) { expect_matches_one_process({.e
 TEST(ExpertParallelRanks, Ep2TimesDp2MatchesOneProcess) { expect_matches_one_process({.ep = 2, .accum = 2}, 4); }
 // The attention split over 2 tensor-parallel ranks, the moe layers whole on each.
 TEST(ExpertParallelRanks, Ep2TimesTp2MatchesOneProcess) { expect_matches_one_process({.ep = 2, .tp = 2}, 4); }
+// The exchanges run again when backward recomputes a block, and within each pipeline stage.
+TEST(ExpertParallelRanks, Ep2WithFullRecomputationMatchesOneProcess) {
+  expect_matches_one_process({.ep = 2, .recompute = true}, 2);
+}
+TEST(ExpertParallelRanks, Ep2TimesPp2MatchesOneProcess) { expect_matches_one_process({.ep = 2, .pp = 2, .accum = 2}, 4); }
 
 // ---- bad input, in one process ----
 
