@@ -160,6 +160,11 @@ TEST(ExpertParallel, BadInputNamesTheFlag) {
             std::string::npos);
   EXPECT_NE(error_of([&] { sat::check_expert_parallel(moe, 3); }).find("--ep 3: the 8 experts"), std::string::npos);
   EXPECT_NO_THROW(sat::check_expert_parallel(moe, 4));
+  sat::ModelConfig file;
+  file.family = sat::ModelFamily::file;
+  file.name = "file:net.json";
+  EXPECT_NE(error_of([&] { sat::check_expert_parallel(file, 2); }).find("--ep 2: file:net.json is a model file"),
+            std::string::npos);
   EXPECT_NE(error_of([] { sat::dist::Mesh::check(4, 1, 1, 1, 3); }).find("--ep 3 does not divide the 4 data-parallel"),
             std::string::npos);
   EXPECT_NE(error_of([] { sat::dist::Mesh::check(4, 2, 1, 1, 4); }).find("--ep 4 does not divide the 2 data-parallel"),

@@ -110,6 +110,8 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
 void check_expert_parallel(const ModelConfig& c, int ep) {
   SAT_CHECK(ep >= 1, "--ep: expected a positive expert-parallel size, got ", ep);
   if (ep == 1) return;
+  SAT_CHECK(c.family != ModelFamily::file, "--ep ", ep, ": ", c.name, " is a model file, whose moe layers have no "
+            "expert-parallel form yet (the moe: family has one); leave --ep out");
   SAT_CHECK(c.family == ModelFamily::llama && c.experts > 0, "--ep ", ep, ": ", c.name, " has no experts (expert "
             "parallelism splits the experts of a moe: model's layers, e.g. moe:layers=2,heads=4,width=64,experts=8,"
             "top_k=2,context=32,vocab=256); leave --ep out");
