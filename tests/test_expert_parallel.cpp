@@ -30,6 +30,7 @@
 #include "trajectory.h"
 #ifdef SAT_MPIEXEC
 #include "mpi_job.h"
+#include "run_command.h"
 #endif
 
 namespace {
@@ -182,6 +183,15 @@ TEST(ExpertParallel, EveryRankRefusesBadEp) {
   sat::test::expect_every_rank_refuses(2, moe + "--ep 4", "--ep 4 does not divide the 2 data-parallel ranks");
   sat::test::expect_every_rank_refuses(2, moe + "--ep 3", "--ep 3: the 8 experts");
   sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 2 --ep 2", "--ep 2: gpt-mini has no experts");
+  sat::test::expect_every_rank_refuses(2, "--model " + kModel + " --batch 1 --accum 2 --ep 2 --noise-scale", "--noise-scale with --ep 2");
+  // What chooses the layout does not place experts yet (refused before MPI starts).
+  for (const char* auto_flag : {"--batch auto", "--layout auto --global-batch 16"}) {
+    const sat::test::CmdResult r = sat::test::run_command(std::string(SAT_BINARY) + " train --data synthetic --steps 2 "
+                                                          "--eval off --model " + kModel + " --ep 2 " + auto_flag);
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_NE(r.out.find("--ep 2: --batch auto, --layout and saturate tune do not place experts"), std::string::npos)
+        << r.out;
+  }
   sat::test::expect_every_rank_refuses(
       2, "--model moe:layers=1,heads=2,width=16,experts=3,top_k=1,context=8,vocab=32 --batch 2 --ep 2",
       "--ep 2: the 3 experts");
