@@ -942,6 +942,95 @@ TEST(Dist, P2PPipelineForwardAndBackward) {
   }
 }
 
+// all_to_all_v: rank r sends count(r, p) = (r + 2 p) % 3 + (p == 1 ? 0 : 1) elements to rank
+// p (some zero), each naming its sender, receiver and index; on the world (MPI_Alltoallv),
+// on the counted world split by parity, on the same split seen through the base class's p2p
+// batch, as f32 and as bf16 (bytes).
+namespace {
+size_t a2a_count(int from, int to) { return size_t((from + 2 * to) % 3 + (to == 1 ? 0 : 1)); }
+float a2a_value(int from, int to, size_t i) { return float(1000 * from + 10 * to) + float(i); }
+
+// The default (one p2p batch) of any communicator, reached past a backend's own all_to_all_v.
+class P2PAllToAll final : public Comm {
+ public:
+  explicit P2PAllToAll(Comm& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  const char* backend_name() const override { return c_.backend_name(); }
+  WorkPtr all_reduce(void* d, size_t n, DType t, ReduceOp op) override { return c_.all_reduce(d, n, t, op); }
+  WorkPtr reduce_scatter(const void* s, void* r, size_t n, DType t, ReduceOp op) override { return c_.reduce_scatter(s, r, n, t, op); }
+  WorkPtr all_gather(const void* s, void* r, size_t n, DType t) override { return c_.all_gather(s, r, n, t); }
+  WorkPtr broadcast(void* d, size_t n, DType t, int root) override { return c_.broadcast(d, n, t, root); }
+  WorkPtr send(const void* d, size_t n, DType t, int p, int tag) override { return c_.send(d, n, t, p, tag); }
+  WorkPtr recv(void* d, size_t n, DType t, int p, int tag) override { return c_.recv(d, n, t, p, tag); }
+  WorkPtr send_recv(const void* s, size_t sn, int dst, void* r, size_t rn, int src, DType t, int tag) override {
+    return c_.send_recv(s, sn, dst, r, rn, src, t, tag);
+  }
+  WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override { return c_.p2p(ops, t); }
+  void barrier() override { c_.barrier(); }
+  std::unique_ptr<Comm> split(int color, int key) override { return c_.split(color, key); }
+
+ private:
+  Comm& c_;
+};
+
+void check_all_to_all_v(Comm& c, DType t) {
+  const int n = c.size(), r = c.rank();
+  std::vector<size_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
+  std::vector<float> send, want;
+  for (int p = 0; p < n; ++p) {
+    sc[size_t(p)] = a2a_count(r, p), rc[size_t(p)] = a2a_count(p, r);
+    for (size_t i = 0; i < sc[size_t(p)]; ++i) send.push_back(a2a_value(r, p, i));
+    for (size_t i = 0; i < rc[size_t(p)]; ++i) want.push_back(a2a_value(p, r, i));
+  }
+  std::vector<float> got(want.size() + 1, -1.f);
+  if (t == DType::f32) {
+    c.all_to_all_v(send.data(), sc, got.data(), rc, t)->wait();
+  } else {  // bf16: the values above are exact in bf16 only when small, so compare bytes
+    std::vector<uint16_t> s16(send.size()), g16(want.size() + 1, 0xFFFF);
+    for (size_t i = 0; i < send.size(); ++i) s16[i] = uint16_t(i * 7 + size_t(r));
+    // receive what each peer's formula gives: recompute the peer's block values
+    c.all_to_all_v(s16.data(), sc, g16.data(), rc, t)->wait();
+    size_t at = 0;
+    for (int p = 0; p < n; ++p) {
+      size_t off = 0;  // where rank p's block for r starts in p's send buffer
+      for (int q = 0; q < r; ++q) off += a2a_count(p, q);
+      for (size_t i = 0; i < rc[size_t(p)]; ++i, ++at) EXPECT_EQ(g16[at], uint16_t((off + i) * 7 + size_t(p)));
+    }
+    EXPECT_EQ(g16.back(), 0xFFFF) << "wrote past the received elements";
+    return;
+  }
+  EXPECT_EQ(got.back(), -1.f) << "wrote past the received elements";
+  got.pop_back();
+  EXPECT_EQ(got, want) << c.backend_name() << " rank " << r << " of " << n;
+}
+}  // namespace
+
+TEST(Dist, AllToAllVWithCountsPerPeer) {
+  Comm& c = world();
+  check_all_to_all_v(c, DType::f32);
+  check_all_to_all_v(c, DType::bf16);
+  auto half = counted(c.split(c.rank() % 2, c.rank()));
+  ASSERT_TRUE(half);
+  check_all_to_all_v(*half, DType::f32);
+  // Counted: the f32 call's bytes to and from the others (not the rank's own block).
+  const Traffic t = *half->traffic();
+  P2PAllToAll batch(*half);  // (counted as the p2p batches it posts)
+  check_all_to_all_v(batch, DType::f32);
+  check_all_to_all_v(batch, DType::bf16);
+  size_t sent = 0, received = 0;
+  for (int p = 0; p < half->size(); ++p)
+    if (p != half->rank()) sent += a2a_count(half->rank(), p) * 4, received += a2a_count(p, half->rank()) * 4;
+  EXPECT_EQ(t.all_to_all.calls, 1u);
+  EXPECT_EQ(t.all_to_all.bytes, sent);
+  EXPECT_EQ(t.all_to_all_recv_bytes, received);
+  EXPECT_EQ(t.total(), double(sent));
+  // The wrong number of counts is refused before anything is posted (every rank alike).
+  std::vector<size_t> few(size_t(c.size()) + 1, 0);
+  std::vector<float> x(1);
+  EXPECT_THROW(c.all_to_all_v(x.data(), few, x.data(), few, DType::f32), Error);
+}
+
 TEST(Dist, P2PValidation) {
   Comm& c = world();
   const int n = c.size();

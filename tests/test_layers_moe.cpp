@@ -240,11 +240,13 @@ TEST(MoeFamily, Errors) {
   EXPECT_NE(msg(base + ",experts=4,top_k=1,capacity=-1").find("'capacity' must be a number >= 0"), std::string::npos);
   EXPECT_NE(msg(base + ",experts=4,top_k=1,aux=x").find("'aux' must be a number >= 0"), std::string::npos);
   EXPECT_NE(msg(base + ",experts=4,top_k=1,bogus=1").find("unknown key 'bogus'"), std::string::npos);
+  // --tp splits the attention and leaves the moe layers whole; not with sequence parallelism.
+  EXPECT_NO_THROW(check_tensor_parallel(model_config(base + ",experts=4,top_k=1"), 2, false));
   try {
-    check_tensor_parallel(model_config(base + ",experts=4,top_k=1"), 2, false);
-    ADD_FAILURE() << "--tp 2 accepted";
+    check_tensor_parallel(model_config(base + ",experts=4,top_k=1"), 2, true);
+    ADD_FAILURE() << "--tp 2 --sequence-parallel accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no tensor-parallel form"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--sequence-parallel: "), std::string::npos) << e.what();
   }
 }
 

@@ -43,6 +43,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--threads", {0, 1024}},          {"--zero", {0, 3}},
       {"--prefetch", {0, 64}},
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
+      {"--ep", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
       {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
       {"--min-steps-per-epoch", {0, 1LL << 40}},
@@ -212,6 +213,8 @@ void add_layout_options(CLI::App* c, RunArgs& a, bool info) {
   c->add_option("--recompute", a.recompute, "none | selective | full: recompute activations in backward instead of "
                 "keeping them (selective: attention's probabilities; full: each transformer layer / residual block)")
       ->capture_default_str();
+  c->add_option("--ep", a.ep, "expert parallelism (moe models): groups of this many data-parallel ranks split the "
+                "experts of every moe layer and exchange tokens all-to-all")->capture_default_str();
   c->add_option("--zero", a.zero, "data parallel: shard over the ranks 1 = optimizer state (ZeRO-1), 2 = + gradients, "
                 "3 = + parameters (fully sharded), 0 = off")->capture_default_str();
   if (info) c->add_option("--ranks", a.ranks, "data-parallel ranks (the plan is per rank)")->capture_default_str();
@@ -390,6 +393,7 @@ Layout layout_of(const RunArgs& a, int64_t batch) {
   l.pp_split = parse_int_list("--pp-split", a.pp_split);
   l.recompute = parse_recompute(a.recompute);
   l.zero = a.zero;
+  l.ep = a.ep;
   return l;
 }
 

@@ -155,6 +155,8 @@ Run run_of(const RunArgs& a, bool tune_only, const DataSplit& data) {
   r.cfg.measure_noise = a.noise_scale;
   SAT_CHECK(!r.auto_batch || (r.cfg.pp == 1 && r.cfg.tp == 1), "--batch auto and saturate tune choose the batch of a "
             "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself, or use --layout auto");
+  SAT_CHECK((!r.auto_batch && !r.auto_layout) || a.ep == 1, "--ep ", a.ep, ": --batch auto, --layout and saturate tune "
+            "do not place experts yet; give --batch (and --accum) yourself with --ep");
   r.policy = tune_policy(a, data.description, tune_only);
   if (r.auto_batch)
     SAT_CHECK(r.cfg.accum == 1, "--accum: with --batch auto the tuner chooses the accumulation (use --global-batch)");

@@ -287,6 +287,35 @@ void check_p2p_ops(const char* op, const std::vector<P2POp>& ops, int size) {
   }
 }
 
+void check_all_to_all(const void* send, const std::vector<size_t>& send_counts, const void* recv,
+                      const std::vector<size_t>& recv_counts, int size) {
+  SAT_CHECK(send_counts.size() == size_t(size) && recv_counts.size() == size_t(size), "all_to_all_v: ",
+            send_counts.size(), " send and ", recv_counts.size(), " receive counts for ", size,
+            " ranks (expected one per rank)");
+  size_t out = 0, in = 0;
+  for (int p = 0; p < size; ++p) out += send_counts[size_t(p)], in += recv_counts[size_t(p)];
+  SAT_CHECK((send || out == 0) && (recv || in == 0), "all_to_all_v: null buffer for ", send ? in : out, " elements");
+}
+
+WorkPtr Comm::all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                           const std::vector<size_t>& recv_counts, DType t) {
+  check_all_to_all(send, send_counts, recv, recv_counts, size());
+  const size_t esize = dtype_size(t);
+  std::vector<P2POp> ops;
+  size_t at = 0;
+  for (int p = 0; p < size(); ++p) {  // receives first: a world of one matches its send at once
+    if (recv_counts[size_t(p)]) ops.push_back({false, static_cast<char*>(recv) + at * esize, recv_counts[size_t(p)], p});
+    at += recv_counts[size_t(p)];
+  }
+  at = 0;
+  for (int p = 0; p < size(); ++p) {
+    if (send_counts[size_t(p)])
+      ops.push_back({true, const_cast<char*>(static_cast<const char*>(send)) + at * esize, send_counts[size_t(p)], p});
+    at += send_counts[size_t(p)];
+  }
+  return p2p(ops, t);
+}
+
 std::string describe_p2p_ops(const std::vector<P2POp>& ops) {
   const size_t shown = 4;
   std::string s;
@@ -302,17 +331,18 @@ WorkPtr completed_work() { return std::make_unique<DoneWork>(); }
 
 double Traffic::total() const {
   return double(all_reduce.bytes) + double(reduce_scatter.bytes) + double(all_gather.bytes) + double(broadcast.bytes) +
-         double(p2p.bytes);
+         double(p2p.bytes) + double(all_to_all.bytes);
 }
 
 Traffic& Traffic::operator+=(const Traffic& o) {
   for (auto [a, b] : {std::pair{&all_reduce, &o.all_reduce}, std::pair{&reduce_scatter, &o.reduce_scatter},
                       std::pair{&all_gather, &o.all_gather}, std::pair{&broadcast, &o.broadcast},
-                      std::pair{&p2p, &o.p2p}}) {
+                      std::pair{&p2p, &o.p2p}, std::pair{&all_to_all, &o.all_to_all}}) {
     a->bytes += b->bytes;
     a->calls += b->calls;
   }
   p2p_recv_bytes += o.p2p_recv_bytes;
+  all_to_all_recv_bytes += o.all_to_all_recv_bytes;
   barrier_calls += o.barrier_calls;
   return *this;
 }
@@ -321,11 +351,12 @@ Traffic Traffic::operator-(const Traffic& o) const {
   Traffic d = *this;
   for (auto [a, b] : {std::pair{&d.all_reduce, &o.all_reduce}, std::pair{&d.reduce_scatter, &o.reduce_scatter},
                       std::pair{&d.all_gather, &o.all_gather}, std::pair{&d.broadcast, &o.broadcast},
-                      std::pair{&d.p2p, &o.p2p}}) {
+                      std::pair{&d.p2p, &o.p2p}, std::pair{&d.all_to_all, &o.all_to_all}}) {
     a->bytes -= b->bytes;
     a->calls -= b->calls;
   }
   d.p2p_recv_bytes -= o.p2p_recv_bytes;
+  d.all_to_all_recv_bytes -= o.all_to_all_recv_bytes;
   d.barrier_calls -= o.barrier_calls;
   return d;
 }
@@ -445,6 +476,17 @@ WorkPtr CountingComm::p2p(const std::vector<P2POp>& ops, DType t) {
   add(traffic_.p2p, sent);
   traffic_.p2p_recv_bytes += received;
   return watched(std::move(w), "p2p", sent, received);
+}
+
+WorkPtr CountingComm::all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                   const std::vector<size_t>& recv_counts, DType t) {
+  WorkPtr w = inner_->all_to_all_v(send, send_counts, recv, recv_counts, t);
+  size_t sent = 0, received = 0;
+  for (int p = 0; p < size(); ++p)
+    if (p != rank()) sent += send_counts[size_t(p)] * dtype_size(t), received += recv_counts[size_t(p)] * dtype_size(t);
+  add(traffic_.all_to_all, sent);
+  traffic_.all_to_all_recv_bytes += received;
+  return watched(std::move(w), "all_to_all_v", sent, received);
 }
 
 void CountingComm::barrier() {

@@ -87,6 +87,8 @@ struct P2POp {
 //                   batch); p2p_recv_bytes: the bytes of the receives it posted (their
 //                   counts). p2p.calls counts the calls of send, recv, send_recv and p2p (a
 //                   batch is one call, the empty batch too).
+//   all_to_all      bytes this rank SENT to the others by all_to_all_v (its own block, which
+//                   stays on the rank, excluded); all_to_all_recv_bytes: received from others.
 // A group of one counts its payload like any other (though nothing leaves the process). The
 // textbook traffic per rank of the ring algorithms over n ranks follows from the payload S:
 // all_reduce 2 (n-1)/n S, reduce_scatter and all_gather (n-1)/n S each. Only ops that were
@@ -100,9 +102,11 @@ struct Traffic {
   Counter all_reduce, reduce_scatter, all_gather, broadcast;
   Counter p2p;                  // bytes sent by this rank
   uint64_t p2p_recv_bytes = 0;  // bytes received by this rank (not part of total())
+  Counter all_to_all;           // bytes sent to other ranks by all_to_all_v
+  uint64_t all_to_all_recv_bytes = 0;  // received from other ranks (not part of total())
   uint64_t barrier_calls = 0;
 
-  // Payload of every collective plus the p2p bytes sent.
+  // Payload of every collective plus the p2p and all-to-all bytes sent.
   double total() const;
   Traffic& operator+=(const Traffic& o);
   // Field by field (a per-step delta: traffic after the step - traffic before it).
@@ -165,6 +169,17 @@ class Comm {
   // completes when all of them have: no order of the ops within a batch can deadlock. An
   // empty batch is complete at once.
   virtual WorkPtr p2p(const std::vector<P2POp>& ops, DType t) = 0;
+  // All-to-all with a count per peer (MPI_Alltoallv; the token dispatch and combine of expert
+  // parallelism): this rank sends send_counts[p] elements to rank p, read from send at offset
+  // send_counts[0] + ... + send_counts[p-1], and receives recv_counts[p] elements from rank p
+  // into recv at the same prefix sum of recv_counts. Both lists have size() entries and
+  // recv_counts[p] must be what rank p sends here (exchange the counts first, e.g. with an
+  // all_to_all_v of one count per peer). A collective: every rank of the communicator calls
+  // it, in order with the others. send and recv must not overlap. The default posts one p2p
+  // batch (a receive and a send per peer with a non-zero count, itself included: NCCL runs
+  // it as one group of send/recv); the MPI backend runs MPI_Alltoallv.
+  virtual WorkPtr all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                               const std::vector<size_t>& recv_counts, DType t);
   // Blocks until every rank has entered the barrier (with the watchdog of wait()).
   virtual void barrier() = 0;
 
@@ -189,7 +204,7 @@ class Comm {
 // payload (as Traffic counts it), and when it ran (the backend's times where it measures
 // them, else from its posting to when its completion was seen).
 struct CommEvent {
-  const char* op;  // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "send_recv", "p2p", "barrier"
+  const char* op;  // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "send_recv", "p2p", "all_to_all_v", "barrier"
   size_t bytes = 0;     // the payload as Traffic counts it (point-to-point: the bytes sent)
   size_t received = 0;  // point-to-point: the bytes received
   double t0 = 0, t1 = 0;
@@ -225,6 +240,8 @@ class CountingComm final : public Comm {
   WorkPtr send_recv(const void* send_data, size_t send_count, int dst, void* recv_data, size_t recv_count, int src,
                     DType t, int tag = 0) override;
   WorkPtr p2p(const std::vector<P2POp>& ops, DType t) override;
+  WorkPtr all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                       const std::vector<size_t>& recv_counts, DType t) override;
   void barrier() override;
   std::unique_ptr<Comm> split(int color, int key) override;
 
@@ -294,6 +311,9 @@ void check_dtype(const char* op, DType t, bool reduction);
 void check_rank(const char* op, const char* what, int r, int size);
 // Every op of a p2p batch: peer in [0, size), a buffer unless count is 0.
 void check_p2p_ops(const char* op, const std::vector<P2POp>& ops, int size);
+// Both count lists of all_to_all_v have size entries, a buffer where a count is not 0.
+void check_all_to_all(const void* send, const std::vector<size_t>& send_counts, const void* recv,
+                      const std::vector<size_t>& recv_counts, int size);
 // "send to rank 1, recv from rank 3" (the first few ops), for watchdog and error messages.
 std::string describe_p2p_ops(const std::vector<P2POp>& ops);
 

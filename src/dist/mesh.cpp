@@ -39,8 +39,18 @@ void Mesh::check(int world, int tp, int pp, int cp) {
             " of this job (expected a divisor of ", world, ")");
 }
 
-Mesh::Mesh(Comm& world, int tp, int pp, int cp) : world_(&world), tp_(tp), pp_(pp), cp_(cp) {
-  check(world.size(), tp, pp, cp);
+void Mesh::check(int world, int tp, int pp, int cp, int ep) {
+  check(world, tp, pp, cp);
+  SAT_CHECK(ep >= 1, "--ep ", ep, ": the expert-parallel size must be at least 1");
+  const int dp = world / (tp * pp * cp);
+  SAT_CHECK(dp % ep == 0, "--ep ", ep, " does not divide the ", dp, " data-parallel ", plural(dp, "rank", "ranks"),
+            " of this job (", world, plural(world, " process", " processes"), " / (--tp ", tp,
+            cp > 1 ? str_cat(" x --cp ", cp) : std::string(), " x --pp ", pp,
+            ")): expert parallelism is carved from data parallelism, expected a divisor of ", dp);
+}
+
+Mesh::Mesh(Comm& world, int tp, int pp, int cp, int ep) : world_(&world), tp_(tp), pp_(pp), cp_(cp), ep_(ep) {
+  check(world.size(), tp, pp, cp, ep);
   dp_ = world.size() / (tp * pp * cp);
   const MeshCoords at = mesh_coords(world.rank(), tp_, dp_, cp_);
   tp_rank_ = at.tp, dp_rank_ = at.dp, pp_rank_ = at.pp, cp_rank_ = at.cp;
@@ -56,6 +66,11 @@ Mesh::Mesh(Comm& world, int tp, int pp, int cp) : world_(&world), tp_(tp), pp_(p
     cp_group_ = group(world, cp_, tp_rank_ + tp_ * (dp_rank_ + dp_ * pp_rank_), cp_rank_);
     dp_cp_group_ = group(world, dp_ * cp_, tp_rank_ + tp_ * pp_rank_, cp_rank_ + cp_ * dp_rank_);
     SAT_ASSERT(cp_group_->rank() == cp_rank_ && dp_cp_group_->rank() == cp_rank_ + cp_ * dp_rank_);
+  }
+  if (ep_ > 1) {  // made only with expert parallelism: consecutive dp ranks
+    const int block = dp_rank_ / ep_, blocks = dp_ / ep_;
+    ep_group_ = group(world, ep_, tp_rank_ + tp_ * (cp_rank_ + cp_ * (block + blocks * pp_rank_)), dp_rank_ % ep_);
+    SAT_ASSERT(ep_group_->rank() == dp_rank_ % ep_);
   }
   SAT_ASSERT(tp_group_->rank() == tp_rank_ && dp_group_->rank() == dp_rank_ && pp_group_->rank() == pp_rank_);
 }
@@ -75,17 +90,19 @@ Traffic Mesh::traffic_of(const std::string& group) const {
                   : group == "embedding" ? embedding_group_.get()
                   : group == "cp"        ? cp_group_.get()
                   : group == "dp_cp"     ? dp_cp_group_.get()
+                  : group == "ep"        ? ep_group_.get()
                                          : nullptr;
-  SAT_CHECK(c || group == "embedding" || group == "cp" || group == "dp_cp", "Mesh::traffic_of: no group '", group,
-            "' (expected tp, dp, pp, embedding, cp or dp_cp)");
+  SAT_CHECK(c || group == "embedding" || group == "cp" || group == "dp_cp" || group == "ep",
+            "Mesh::traffic_of: no group '", group, "' (expected tp, dp, pp, embedding, cp, dp_cp or ep)");
   const Traffic* t = c ? c->traffic() : nullptr;
   return t ? *t : Traffic{};
 }
 
 std::string Mesh::describe() const {
   return str_cat(size(), plural(size(), " rank", " ranks"), " = dp ", dp_, " x tp ", tp_, " x pp ", pp_,
-                 cp_ > 1 ? str_cat(" x cp ", cp_) : std::string(), "; this rank: dp ", dp_rank_, ", tp ", tp_rank_,
-                 ", pp ", pp_rank_, cp_ > 1 ? str_cat(", cp ", cp_rank_) : std::string());
+                 cp_ > 1 ? str_cat(" x cp ", cp_) : std::string(), ep_ > 1 ? str_cat(" (ep ", ep_, ")") : std::string(),
+                 "; this rank: dp ", dp_rank_, ", tp ", tp_rank_, ", pp ", pp_rank_,
+                 cp_ > 1 ? str_cat(", cp ", cp_rank_) : std::string(), ep_ > 1 ? str_cat(", ep ", ep_rank()) : std::string());
 }
 
 }  // namespace sat::dist

@@ -36,13 +36,17 @@ class Mesh {
   // "--tp 1 x --pp 3 = 3 does not divide the 4 processes of this job (expected a divisor of 4)".
   // With cp > 1 (--cp): cp >= 1 and world % (tp * cp * pp) == 0, the message naming --cp too.
   static void check(int world, int tp, int pp, int cp = 1);
+  // Expert parallelism (--ep): ep >= 1 and ep divides the data-parallel ranks
+  // (world / (tp * cp * pp)), else sat::Error naming --ep. Checks the rest as above.
+  static void check(int world, int tp, int pp, int cp, int ep);
 
   // Collective over `world` (which must outlive the mesh): builds the tp, dp and pp groups and
   // the embedding group (the first and the last pipeline stage of this (tp, dp) coordinate;
   // nullptr on the stages in between; with pp == 1 it is a group of one). A group of one is a
   // self communicator when world works on host memory (a split of world otherwise).
   // cp > 1 adds the context-parallel group and the dp x cp group (see cp_group()).
-  Mesh(Comm& world, int tp, int pp, int cp = 1);
+  // ep > 1 adds the expert-parallel group (see ep_group()).
+  Mesh(Comm& world, int tp, int pp, int cp = 1, int ep = 1);
 
   int size() const { return world_->size(); }
   int rank() const { return world_->rank(); }
@@ -50,11 +54,14 @@ class Mesh {
   int pp() const { return pp_; }
   int dp() const { return dp_; }
   int cp() const { return cp_; }
+  int ep() const { return ep_; }
   // This rank's coordinates; each is also its rank within the group of that dimension.
   int tp_rank() const { return tp_rank_; }
   int dp_rank() const { return dp_rank_; }
   int pp_rank() const { return pp_rank_; }
   int cp_rank() const { return cp_rank_; }
+  // This rank's place in its expert-parallel group: dp_rank() % ep().
+  int ep_rank() const { return dp_rank_ % ep_; }
   // The world rank at a coordinate (throws sat::Error when one is out of range).
   int global_rank(int tp_rank, int dp_rank, int pp_rank, int cp_rank = 0) const;
 
@@ -72,9 +79,14 @@ class Mesh {
   // The ranks that share this rank's parameters and average their gradients: dp x cp
   // (ranked cp fastest); the dp group itself with cp 1.
   Comm& dp_cp_group() const { return cp_ > 1 ? *dp_cp_group_ : *dp_group_; }
+  // Expert parallelism, carved from the data-parallel ranks as Megatron-Core does: ep
+  // consecutive dp ranks (dp coordinates ep*j .. ep*j + ep - 1, the other coordinates this
+  // rank's) exchange their tokens with all-to-all and each computes 1/ep of the experts of
+  // every moe layer; ranked by dp coordinate. nullptr with ep 1 (no group is made).
+  Comm* ep_group() const { return ep_group_.get(); }
 
   // The traffic of a group so far: "tp", "dp", "pp", "embedding" (all zero on a stage that
-  // has no embedding group), "cp" or "dp_cp" (all zero with cp 1); sat::Error for another name. For the bytes of one step subtract
+  // has no embedding group), "cp" or "dp_cp" (all zero with cp 1), "ep" (all zero with ep 1); sat::Error for another name. For the bytes of one step subtract
   // the traffic before it.
   Traffic traffic_of(const std::string& group) const;
 
@@ -84,9 +96,9 @@ class Mesh {
 
  private:
   Comm* world_;
-  int tp_, pp_, dp_, cp_;
+  int tp_, pp_, dp_, cp_, ep_ = 1;
   int tp_rank_, dp_rank_, pp_rank_, cp_rank_;
-  std::unique_ptr<Comm> tp_group_, dp_group_, pp_group_, embedding_group_, cp_group_, dp_cp_group_;
+  std::unique_ptr<Comm> tp_group_, dp_group_, pp_group_, embedding_group_, cp_group_, dp_cp_group_, ep_group_;
 };
 
 }  // namespace sat::dist

@@ -603,6 +603,24 @@ class MpiComm final : public Comm {
     return post("p2p", str_cat("p2p (", describe_p2p_ops(ops), ")"), ops, t, 0);
   }
 
+  WorkPtr all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                       const std::vector<size_t>& recv_counts, DType t) override {
+    check_all_to_all(send, send_counts, recv, recv_counts, size_);
+    const size_t n = size_t(size_);
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    size_t so = 0, ro = 0;  // offsets in MPI elements (bytes for the dtypes MPI has no type for)
+    for (size_t p = 0; p < n; ++p) {
+      sc[p] = to_int("all_to_all_v", mpi_count(t, send_counts[p]));
+      rc[p] = to_int("all_to_all_v", mpi_count(t, recv_counts[p]));
+      sd[p] = to_int("all_to_all_v", so), rd[p] = to_int("all_to_all_v", ro);
+      so += size_t(sc[p]), ro += size_t(rc[p]);
+    }
+    const size_t esize = mpi_type(t) == MPI_BYTE ? 1 : dtype_size(t);
+    return submit("all_to_all_v", so * esize, [=, this](const std::shared_ptr<OpState>&) {
+      MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t), comm_);
+    });
+  }
+
   void barrier() override {
     auto st = rt_.submit("barrier", 0, [this](const std::shared_ptr<OpState>&) { MPI_Barrier(comm_); });
     wait_state(*st);

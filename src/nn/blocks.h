@@ -50,6 +50,7 @@ struct MoeBlock {
   int64_t width = 0, experts = 0, top_k = 0, ffn = 0, shared = 0;
   double capacity = 0;   // capacity factor (0: no drops)
   float aux_coef = 0;    // load-balancing coefficient
+  int ep = 1;            // expert-parallel ranks (Moe)
 };
 int add_moe_block(Graph& g, const std::string& name, int x, const MoeBlock& b, std::vector<int>& aux_losses);
 // The objective: the loss plus each load-balancing loss (Add nodes loss.plus_aux.I); the loss when none.

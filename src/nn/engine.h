@@ -137,6 +137,8 @@ class Engine {
   // (LayerCtx::group); it must outlive its use and work on the step's memory (host memory on
   // the CPU; device memory on the step's stream on the GPU).
   void set_group(dist::Comm* group);
+  // The expert-parallel group of every layer (LayerCtx::ep_group; CPU, host memory).
+  void set_ep_group(dist::Comm* group);
   // Hooks around every node (null: none; on the GPU no segment is captured while set). h
   // must outlive its use.
   void set_node_hooks(NodeHooks* h);

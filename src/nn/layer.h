@@ -167,6 +167,9 @@ struct LayerCtx {
   // The context-parallel group (RingSelfAttention's ring, nn/layers/ring_self_attention.h);
   // null without context parallelism.
   dist::Comm* cp_group = nullptr;
+  // The expert-parallel group (Moe's token dispatch and combine, nn/layers/moe.h); null
+  // without expert parallelism.
+  dist::Comm* ep_group = nullptr;
   // GPU only. Under a CUDA graph, seed is frozen at capture: kernels that need a
   // per-step seed read it from *seed_dev (a u64 in device memory) instead.
   CudaCtx* cuda = nullptr;

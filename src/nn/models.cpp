@@ -76,9 +76,12 @@ void check_file_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
 // GPT's conditions, and the key/value heads and the SwiGLU width also split over the ranks.
 void check_llama_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
   check_gpt_tensor_parallel(c, tp, sp);
+  SAT_CHECK(!sp || c.experts == 0, "--sequence-parallel: ", c.name, "'s moe layers route every token of the "
+            "sequence on each tensor-parallel rank (their experts are not split by --tp); leave "
+            "--sequence-parallel out");
   SAT_CHECK(c.n_kv_head % tp == 0, "--tp ", tp, ": ", c.name, " has ", c.n_kv_head, " key/value heads, which do not "
             "divide by ", tp, " (each rank computes n_kv_head / tp of them with their query heads)");
-  SAT_CHECK(c.ffn % tp == 0, "--tp ", tp, ": ", c.name, "'s MLP width ffn=", c.ffn, " (gate_proj's and up_proj's "
+  SAT_CHECK(c.experts > 0 || c.ffn % tp == 0, "--tp ", tp, ": ", c.name, "'s MLP width ffn=", c.ffn, " (gate_proj's and up_proj's "
             "output, split by columns) does not divide by ", tp);
 }
 
@@ -86,7 +89,7 @@ void check_llama_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
 
 bool has_tensor_parallel_form(const ModelConfig& c) {
   if (c.family == ModelFamily::file) return file_has_tensor_parallel(*c.file);
-  return c.family == ModelFamily::gpt || (c.family == ModelFamily::llama && c.experts == 0) ||
+  return c.family == ModelFamily::gpt || c.family == ModelFamily::llama ||
          (c.family == ModelFamily::mlp && c.mlp_widths.size() >= 4);
 }
 
@@ -96,12 +99,24 @@ void check_tensor_parallel(const ModelConfig& c, int tp, bool sp) {
             "LayerNorm and dropout regions along the sequence)");
   if (tp == 1) return;
   SAT_CHECK(has_tensor_parallel_form(c), "--tp ", tp, ": ", c.name, " has no tensor-parallel form (models with one: "
-            "mlp with two hidden layers or more, such as mlp, gpt, such as gpt-mini and gpt2-124m, and llama, not moe; use "
+            "mlp with two hidden layers or more, such as mlp, gpt, such as gpt-mini and gpt2-124m, llama and moe; use "
             "--tp 1, or --pp / data parallelism)");
   if (c.family == ModelFamily::mlp) check_mlp_tensor_parallel(c, tp, sp);
   else if (c.family == ModelFamily::gpt) check_gpt_tensor_parallel(c, tp, sp);
   else if (c.family == ModelFamily::llama) check_llama_tensor_parallel(c, tp, sp);
   else check_file_tensor_parallel(c, tp, sp);
+}
+
+void check_expert_parallel(const ModelConfig& c, int ep) {
+  SAT_CHECK(ep >= 1, "--ep: expected a positive expert-parallel size, got ", ep);
+  if (ep == 1) return;
+  SAT_CHECK(c.family != ModelFamily::file, "--ep ", ep, ": ", c.name, " is a model file, whose moe layers have no "
+            "expert-parallel form yet (the moe: family has one); leave --ep out");
+  SAT_CHECK(c.family == ModelFamily::llama && c.experts > 0, "--ep ", ep, ": ", c.name, " has no experts (expert "
+            "parallelism splits the experts of a moe: model's layers, e.g. moe:layers=2,heads=4,width=64,experts=8,"
+            "top_k=2,context=32,vocab=256); leave --ep out");
+  SAT_CHECK(c.experts % ep == 0, "--ep ", ep, ": the ", c.experts, " experts of ", c.name, " do not split evenly "
+            "over ", ep, " ranks (expected a divisor of ", c.experts, ")");
 }
 
 namespace {
@@ -258,7 +273,9 @@ void build_gpt(BuiltModel& m, Graph& g) {
 // Llama 2's). Blocks, recompute units
 // and tensor-parallel regions as build_gpt's: embed_tokens vocabulary-parallel, q/k/v,
 // gate and up column-parallel (each rank: n_head / tp query heads, n_kv_head / tp kv heads,
-// ffn / tp features), o_proj and down_proj row-parallel, lm_head vocabulary-parallel.
+// ffn / tp features), o_proj and down_proj row-parallel, lm_head vocabulary-parallel. The
+// moe family's mixture-of-experts layers (router, experts, shared experts) are not split:
+// every tensor-parallel rank computes them whole on the same tokens (no sequence parallelism).
 void build_llama(BuiltModel& m, Graph& g) {
   const auto& c = m.config;
   const int64_t C = c.n_embd, hs = C / c.n_head, F = c.ffn;
@@ -290,17 +307,17 @@ void build_llama(BuiltModel& m, Graph& g) {
     h = region.leave(p + "self_attn", h);
     x = g.add<Add>(p + "add1", {x, h});
     h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, c.norm_eps, sp);
-    h = region.enter(p + "mlp", h);
-    if (c.experts > 0) {
-      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef};
+    if (c.experts > 0) {  // replicated over the tensor-parallel ranks: every rank routes every token
+      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef, c.ep};
       h = add_moe_block(g, p + "mlp", h, mb, m.aux_losses);
     } else {
+      h = region.enter(p + "mlp", h);
       const int gate = linear(p + "mlp.gate_proj", h, C, F, col);
       const int up = linear(p + "mlp.up_proj", h, C, F, col);
       h = g.add<SwiGLU>(p + "mlp.act_fn", {gate, up});
       h = linear(p + "mlp.down_proj", h, F, C, row);
+      h = region.leave(p + "mlp", h);
     }
-    h = region.leave(p + "mlp", h);
     x = g.add<Add>(p + "add2", {x, h});
     g.end_recompute();
   }

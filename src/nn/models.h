@@ -48,6 +48,9 @@ struct ModelConfig {
   // coefficient of the load-balancing loss added to the loss.
   int64_t experts = 0, top_k = 0, shared_experts = 0;
   float capacity = 0.0f, aux_coef = 0.01f;
+  // Expert parallelism: the moe layers exchange their tokens over a group of ep ranks
+  // (LayerCtx::ep_group), each computing experts/ep of the experts (train/layout.h: --ep).
+  int ep = 1;
   // GPT and Llama families: `context` is the model's (the position embedding's rows, part
   // of its parameters and of --model); `seq_len` is the window T the step's graph is built
   // for and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.
@@ -92,6 +95,9 @@ bool has_tensor_parallel_form(const ModelConfig& cfg);
 // model has no tensor-parallel form, its heads, split hidden widths or vocabulary do not
 // divide by tp, or sequence parallelism has nothing to split.
 void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_parallel);
+// --ep against the model: sat::Error naming --ep when ep > 1 and the model has no experts
+// (the moe family) or its experts do not divide by ep.
+void check_expert_parallel(const ModelConfig& cfg, int ep);
 // --recompute against the model: sat::Error naming the flag and the families that support
 // the mode (full: gpt, llama and resnet; selective: gpt and llama). The model alone: whether the device
 // recomputes is the trainer's check.

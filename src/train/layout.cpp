@@ -6,7 +6,7 @@
 namespace sat {
 
 Layout Layout::with_world(int world) const {
-  dist::Mesh::check(world, tp, pp, cp);
+  dist::Mesh::check(world, tp, pp, cp, ep);
   Layout l = *this;
   l.dp = world / (tp * pp * cp);
   SAT_CHECK(dp == 0 || dp == l.dp, "dp=", dp, " x --tp ", tp, cp > 1 ? str_cat(" x --cp ", cp) : std::string(),
@@ -20,6 +20,7 @@ void Layout::check(int world) const {
   SAT_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
   SAT_CHECK(pp >= 1, "--pp: expected a positive number of pipeline stages, got ", pp);
   SAT_CHECK(cp >= 1, "--cp: expected a positive context-parallel size, got ", cp);
+  SAT_CHECK(ep >= 1, "--ep: expected a positive expert-parallel size, got ", ep);
   SAT_CHECK(zero >= 0 && zero <= 3, "--zero: expected a ZeRO stage 0, 1, 2 or 3, got ", zero);
   const Layout l = with_world(world);
   SAT_CHECK(pp > 1 || pp_split.empty(), "--pp-split needs --pp 2 or more (it names the cuts between stages)");
@@ -45,7 +46,8 @@ std::string Layout::str() const {
                           pp == 1 ? "none" : pipe_schedule_name(pp_schedule));
   if (pp_schedule == PipeSchedule::interleaved) s += str_cat(",v=", virtual_stages);
   return s + str_cat(",recompute=", recompute_name(recompute), ",sp=", sequence_parallel ? "on" : "off",
-                     ",zero=", zero, cp > 1 ? str_cat(",cp=", cp) : std::string());
+                     ",zero=", zero, cp > 1 ? str_cat(",cp=", cp) : std::string(),
+                     ep > 1 ? str_cat(",ep=", ep) : std::string());
 }
 
 }  // namespace sat

@@ -32,6 +32,7 @@ struct Layout {
   bool sequence_parallel = false;
   int zero = 0;                // ZeRO stage 0..3 over the data-parallel ranks
   int cp = 1;                  // context-parallel ranks: the sequence split over a ring (--cp)
+  int ep = 1;                  // expert-parallel ranks, carved from dp: the experts of moe layers split (--ep)
 
   // The data-parallel ranks of a job of `world` ranks (dp when set).
   int dp_of(int world) const { return dp > 0 ? dp : world / (tp * pp * cp); }
@@ -52,7 +53,8 @@ struct Layout {
   dist::MeshCoords coords(int rank) const { return dist::mesh_coords(rank, tp, dp, cp); }
   int rank_of(const dist::MeshCoords& c) const { return dist::mesh_rank(c, tp, dp, cp); }
   // "dp=2,tp=4,pp=8,micro=1,schedule=interleaved,v=2,recompute=full,sp=on,zero=1":
-  // --layout's form (the schedule is "none" with one stage; ",cp=C" follows when cp > 1).
+  // --layout's form (the schedule is "none" with one stage; ",cp=C" follows when cp > 1,
+  // ",ep=E" when ep > 1).
   std::string str() const;
 };
 

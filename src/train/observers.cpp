@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/timer.h"
+#include "nn/layers/moe.h"
 #include "train/runtime.h"
 
 namespace sat {
@@ -152,6 +153,20 @@ std::unique_ptr<RunObserver> callback_observer(std::function<void(const StepMetr
   return std::make_unique<Callback>(std::move(f));
 }
 std::unique_ptr<RunObserver> stop_observer(RankRuntime& rt) { return std::make_unique<StopVote>(rt); }
+namespace {
+class MoeLoadSum final : public RunObserver {
+ public:
+  explicit MoeLoadSum(dist::Comm& g) : g_(g) {}
+  void run_ends(RunState&) override { sum_moe_load(g_); }
+
+ private:
+  dist::Comm& g_;
+};
+}  // namespace
+std::unique_ptr<RunObserver> moe_load_observer(RankRuntime& rt) {
+  dist::Comm* g = rt.mesh->ep_group();
+  return g ? std::make_unique<MoeLoadSum>(*g) : nullptr;
+}
 std::unique_ptr<RunObserver> progress_observer(RankRuntime& rt, int64_t resumed_at) {
   return std::make_unique<Progress>(rt, resumed_at);
 }

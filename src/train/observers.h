@@ -68,6 +68,9 @@ std::unique_ptr<RunObserver> clip_observer(RankRuntime& rt);
 std::unique_ptr<RunObserver> callback_observer(std::function<void(const StepMetrics&)> f);
 // --time-limit and stop_early: every rank stops at the step rank 0 decides (collective).
 std::unique_ptr<RunObserver> stop_observer(RankRuntime& rt);
+// --ep: at the run's end the moe layers' routing counts (summary.json's moe_load) become
+// their sum over the expert-parallel group, collective (null without expert parallelism).
+std::unique_ptr<RunObserver> moe_load_observer(RankRuntime& rt);
 // Progress on stderr and DIR/metrics.jsonl.
 std::unique_ptr<RunObserver> progress_observer(RankRuntime& rt, int64_t resumed_at);
 // The device's utilisation while training (null where the device reports none).

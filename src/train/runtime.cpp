@@ -76,7 +76,7 @@ void RankRuntime::connect(JobPlan* given, const ModelConfig& model, int world_si
   fingerprint = config_fingerprint(model, cfg, train, test);
   agree_on_config(*world, fingerprint);
   validate_run(model, cfg, world_size);
-  mesh = std::make_unique<dist::Mesh>(*world, cfg.tp, cfg.pp);
+  mesh = std::make_unique<dist::Mesh>(*world, cfg.tp, cfg.pp, 1, cfg.ep);
   mc = resolved_model(model, cfg, mesh->tp_rank());
   DeviceOptions o;
   o.act = mc.act;
@@ -122,6 +122,7 @@ void RankRuntime::build_state() {
   engine = std::make_unique<Engine>(*plan->model.graph, *params, plan->step, device->cuda());
   if (sharded) engine->set_node_hooks(sharded);
   if (m.tp() > 1) engine->set_group(groups.tp);
+  if (m.ep_group()) engine->set_ep_group(m.ep_group());
   if (cfg.sync_bn && m.dp() > 1) {
     replica_sum_ = std::make_unique<ReplicaSumOverComm>(m.dp_group());
     engine->set_replica_sum(replica_sum_.get());

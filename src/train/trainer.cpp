@@ -64,7 +64,7 @@ void fit_to_data(ModelConfig& mc, const Dataset& train) {
 MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test,
                          int world, int stage) {
   if (world <= 0) world = cfg.comm ? cfg.comm->size() : 1;
-  dist::Mesh::check(world, cfg.tp, cfg.pp);
+  dist::Mesh::check(world, cfg.tp, cfg.pp, 1, cfg.ep);
   return plan_rank(resolved_model(mc, cfg), cfg, train, test, stage, cfg.dp_of(world)).memory;
 }
 
@@ -161,6 +161,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   if (cfg.measure_noise) own.push_back(noise_observer(rt));
   if (on_step) own.push_back(callback_observer(on_step));
   own.push_back(stop_observer(rt));
+  own.push_back(moe_load_observer(rt));
   if (cfg.eval_every > 0) own.push_back(validation_observer(rt, *checkpointer_, run));  // before progress writes it
   own.push_back(progress_observer(rt, resume_ ? resume_->step : 0));
   own.push_back(utilization_observer(rt));

@@ -22,6 +22,7 @@ ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp
   m.tp_rank = tp_rank;
   m.sequence_parallel = cfg.sequence_parallel;
   m.recompute = cfg.recompute;
+  m.ep = cfg.ep;
   return m;
 }
 
@@ -93,6 +94,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_validation(mc, cfg);  // --eval-every, --eval-batches, --keep-best
   // The model's own limits first: no number of processes can fix them.
   check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
+  check_expert_parallel(mc, cfg.ep);
   ModelConfig rc = mc;
   rc.recompute = cfg.recompute;
   check_recompute(rc);
@@ -100,6 +102,9 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_device(mc, cfg, dev, world);
   cfg.check(world);  // the layout's ranges and its fit to the job's ranks
   check_zero(cfg, dev != Device::cpu, cfg.dp_of(world));
+  SAT_CHECK(!cfg.measure_noise || cfg.ep == 1, "--noise-scale with --ep ", cfg.ep, ": a rank's gradient before the "
+            "reduction holds its own experts' part of the group's tokens, not one micro-batch's gradient; measure it "
+            "without --ep");
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
             "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
             "measure it without --sequence-parallel");

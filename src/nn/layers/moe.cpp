@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "backend/cpu/blas.h"
+#include "dist/comm.h"
 #include "nn/layers/activation.h"
 
 namespace sat {
@@ -75,14 +76,36 @@ std::map<std::string, MoeLoad> take_moe_load() {
   return r;
 }
 
+void sum_moe_load(dist::Comm& group) {
+  std::lock_guard<std::mutex> lock(load_mutex());
+  std::vector<int64_t> v;
+  for (const auto& [layer, L] : load_table()) {
+    v.insert(v.end(), L.tokens.begin(), L.tokens.end());
+    v.push_back(L.dropped), v.push_back(L.routed);
+  }
+  group.all_reduce_sync(v.data(), v.size(), DType::i64, dist::ReduceOp::sum);
+  size_t at = 0;
+  for (auto& [layer, L] : load_table()) {
+    for (int64_t& t : L.tokens) t = v[at++];
+    L.dropped = v[at++], L.routed = v[at++];
+  }
+}
+
 // ---- Moe ----
 
-Moe::Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor)
-    : E_(experts), K_(top_k), F_(ffn), cf_(capacity_factor) {
+Moe::Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor, int ep)
+    : E_(experts), K_(top_k), F_(ffn), cf_(capacity_factor), ep_(ep) {
   SAT_CHECK(experts >= 1, "Moe: experts must be at least 1, got ", experts);
   SAT_CHECK(top_k >= 1 && top_k <= experts, "Moe: top_k must be in [1, experts = ", experts, "], got ", top_k);
   SAT_CHECK(ffn >= 1, "Moe: ffn must be positive, got ", ffn);
   SAT_CHECK(std::isfinite(capacity_factor), "Moe: capacity factor must be finite, got ", capacity_factor);
+  SAT_CHECK(ep >= 1 && experts % ep == 0, "--ep ", ep, ": the ", experts, " experts do not split evenly over ", ep,
+            " ranks (expected a divisor of ", experts, ")");
+}
+
+int64_t Moe::ep_rows() const {
+  const int64_t a = n_ * K_, local = E_ / ep_;
+  return int64_t(ep_) * std::min(a, local * moe_capacity(cf_, n_, E_, K_));
 }
 
 void Moe::setup(LayerSetup& s) {
@@ -104,18 +127,28 @@ void Moe::setup(LayerSetup& s) {
     s.param(p + "up_proj.weight", {F_, C_}, w);
     s.param(p + "down_proj.weight", {C_, F_}, w);
   }
-  const int64_t n = rows_of(s, 0, C_), a = n * K_;
+  n_ = rows_of(s, 0, C_);
+  const int64_t n = n_, a = n * K_, R = ep_ > 1 ? ep_rows() : a;  // R: the rows this rank's experts run
   s.save({n, E_});
   s.save({n, K_}, DType::i32);
   s.save({n, K_});
   s.save({n, K_}, DType::i32);
   s.save({E_ + 1}, DType::i32);
   s.save({a}, DType::i32);
-  s.save({a, F_});
-  s.save({a, F_});
-  for (Shape sh : {Shape{a, C_}, Shape{a, F_}, Shape{a, C_}}) s.scratch_forward(sh);
-  for (Shape sh : {Shape{a, C_}, Shape{a, F_}, Shape{a, C_}, Shape{a, C_}, Shape{a, F_}, Shape{a, F_}, Shape{n, K_}})
-    s.scratch_backward(sh);
+  s.save({R, F_});
+  s.save({R, F_});
+  if (ep_ > 1) {
+    s.save({R, C_});                        // kXl: the inputs received, by local expert
+    s.save({a, C_});                        // kYb: the outputs returned, as sent
+    s.save({E_}, DType::i32);               // kCounts: rows from each rank for each local expert
+    for (Shape sh : {Shape{a, C_}, Shape{R, F_}, Shape{R, C_}, Shape{R, C_}}) s.scratch_forward(sh);
+    for (Shape sh : {Shape{a, C_}, Shape{R, C_}, Shape{R, C_}, Shape{R, F_}, Shape{R, F_}, Shape{R, F_}, Shape{n, K_}})
+      s.scratch_backward(sh);
+  } else {
+    for (Shape sh : {Shape{a, C_}, Shape{a, F_}, Shape{a, C_}}) s.scratch_forward(sh);
+    for (Shape sh : {Shape{a, C_}, Shape{a, F_}, Shape{a, C_}, Shape{a, C_}, Shape{a, F_}, Shape{a, F_}, Shape{n, K_}})
+      s.scratch_backward(sh);
+  }
   // At most every assignment kept: 3 products of 2 C F per assignment forward, twice that backward.
   s.flops_fwd = 6.0 * double(a) * double(C_) * double(F_) + 6.0 * double(n) * double(E_);
   s.flops_bwd = 2.0 * s.flops_fwd;
@@ -154,24 +187,23 @@ void Moe::dispatch(LayerCtx& c, int64_t n) {
   L.routed += n * K_;
 }
 
-// Rows [offs[e], offs[e+1]) of xe through expert e: the hidden pre-activations into the saved
-// buffers (save) or read from them, act = silu(hg) * up, ye = act down^T.
-void Moe::expert_forward(LayerCtx& c, int64_t e, float* xe, float* act, float* ye, bool save) {
-  const int32_t* offs = c.saved[kOffs].i32();
-  const int64_t r0 = offs[e], m = offs[e + 1] - offs[e];
+// Rows [r0, r0 + m) of b.x through expert e: the hidden pre-activations into b.hg, b.hu (save)
+// or read from them, act = silu(hg) * up, and with `output` y = act down^T.
+void Moe::expert_forward(LayerCtx& c, int64_t e, int64_t r0, int64_t m, const Rows& b, bool save, bool output) {
   if (m == 0) return;
-  float* hg = c.saved[kHg].f32() + r0 * F_;
-  float* hu = c.saved[kHu].f32() + r0 * F_;
-  const float* const x = xe + r0 * C_;
+  float* hg = b.hg + r0 * F_;
+  float* hu = b.hu + r0 * F_;
+  const float* const x = b.x + r0 * C_;
   if (save) {
     cpu::gemm(false, true, m, F_, C_, 1.0f, x, C_, c.params[size_t(3 * e)].f32(), C_, 0.0f, hg, F_);
     cpu::gemm(false, true, m, F_, C_, 1.0f, x, C_, c.params[size_t(3 * e + 1)].f32(), C_, 0.0f, hu, F_);
   }
-  float* a = act + r0 * F_;
+  float* a = b.act + r0 * F_;
   const int64_t cnt = m * F_;
 #pragma omp parallel for simd schedule(static) if (cnt > kParallelMin)
   for (int64_t i = 0; i < cnt; ++i) a[i] = hg[i] * sigmoid(hg[i]) * hu[i];
-  cpu::gemm(false, true, m, C_, F_, 1.0f, a, F_, c.params[size_t(3 * e + 2)].f32(), F_, 0.0f, ye + r0 * C_, C_);
+  if (output)
+    cpu::gemm(false, true, m, C_, F_, 1.0f, a, F_, c.params[size_t(3 * e + 2)].f32(), F_, 0.0f, b.y + r0 * C_, C_);
 }
 
 namespace {
@@ -181,14 +213,7 @@ void gather_rows(const float* x, const int32_t* perm, int64_t rows, int64_t C, f
 }
 }  // namespace
 
-void Moe::forward(LayerCtx& c) {
-  const int64_t n = c.in[0].numel() / C_;
-  dispatch(c, n);
-  const int32_t* offs = c.saved[kOffs].i32();
-  float* xe = c.scratch[kXe].f32();
-  float* ye = c.scratch[kYe].f32();
-  gather_rows(c.in[0].f32(), c.saved[kPerm].i32(), offs[E_], C_, xe);
-  for (int64_t e = 0; e < E_; ++e) expert_forward(c, e, xe, c.scratch[kAct].f32(), ye, true);
+void Moe::combine(LayerCtx& c, int64_t n, const float* ye) {
   const int32_t* slot = c.saved[kSlot].i32();
   const float* gates = c.saved[kGates].f32();
   float* y = c.out.f32();
@@ -207,23 +232,37 @@ void Moe::forward(LayerCtx& c) {
   }
 }
 
-// Expert e's rows of dy (the gated output gradient): its weight gradients and dxe.
-void Moe::expert_backward(LayerCtx& c, int64_t e, const float* dy, float* dxe) {
+void Moe::forward(LayerCtx& c) {
+  const int64_t n = c.in[0].numel() / C_;
+  if (ep_ > 1) return ep_forward(c, n);
+  dispatch(c, n);
   const int32_t* offs = c.saved[kOffs].i32();
-  const int64_t r0 = offs[e], m = offs[e + 1] - offs[e];
+  Rows b;
+  float* xe = c.scratch[kXe].f32();
+  b.x = xe, b.act = c.scratch[kAct].f32(), b.y = c.scratch[kYe].f32();
+  b.hg = c.saved[kHg].f32(), b.hu = c.saved[kHu].f32();
+  gather_rows(c.in[0].f32(), c.saved[kPerm].i32(), offs[E_], C_, xe);
+  for (int64_t e = 0; e < E_; ++e) expert_forward(c, e, offs[e], offs[e + 1] - offs[e], b, true);
+  combine(c, n, b.y);
+}
+
+void Moe::zero_grads(LayerCtx& c, int64_t e) {
+  for (int k = 0; k < 3; ++k)
+    if (!c.accumulate[size_t(3 * e + k)]) std::memset(c.grads[size_t(3 * e + k)].f32(), 0, size_t(C_ * F_) * sizeof(float));
+}
+
+// Rows [r0, r0 + m) of dy (the gated output gradient) through expert e: its weight gradients
+// and b.dx (the rows' input gradients).
+void Moe::expert_backward(LayerCtx& c, int64_t e, int64_t r0, int64_t m, const Rows& b, const float* dy) {
   float* dw[3] = {c.grads[size_t(3 * e)].f32(), c.grads[size_t(3 * e + 1)].f32(), c.grads[size_t(3 * e + 2)].f32()};
-  if (m == 0) {
-    for (int k = 0; k < 3; ++k)
-      if (!c.accumulate[size_t(3 * e + k)]) std::memset(dw[k], 0, size_t(C_ * F_) * sizeof(float));
-    return;
-  }
+  if (m == 0) return zero_grads(c, e);
   auto beta = [&](int k) { return c.accumulate[size_t(3 * e + k)] ? 1.0f : 0.0f; };
-  const float* x = c.scratch[kXe].f32() + r0 * C_;
-  const float* a = c.scratch[kAct].f32() + r0 * F_;
-  const float* hg = c.saved[kHg].f32() + r0 * F_;
-  const float* hu = c.saved[kHu].f32() + r0 * F_;
-  float* dhg = c.scratch[kDhg].f32() + r0 * F_;
-  float* dhu = c.scratch[kDhu].f32() + r0 * F_;
+  const float* x = b.x + r0 * C_;
+  const float* a = b.act + r0 * F_;
+  const float* hg = b.hg + r0 * F_;
+  const float* hu = b.hu + r0 * F_;
+  float* dhg = b.dhg + r0 * F_;
+  float* dhu = b.dhu + r0 * F_;
   const float* dye = dy + r0 * C_;
   const float* wd = c.params[size_t(3 * e + 2)].f32();
   cpu::gemm(true, false, C_, F_, m, 1.0f, dye, C_, a, F_, beta(2), dw[2], F_);
@@ -237,7 +276,7 @@ void Moe::expert_backward(LayerCtx& c, int64_t e, const float* dy, float* dxe) {
   }
   cpu::gemm(true, false, F_, C_, m, 1.0f, dhg, F_, x, C_, beta(0), dw[0], C_);
   cpu::gemm(true, false, F_, C_, m, 1.0f, dhu, F_, x, C_, beta(1), dw[1], C_);
-  float* dx = dxe + r0 * C_;
+  float* dx = b.dx + r0 * C_;
   cpu::gemm(false, false, m, C_, F_, 1.0f, dhg, F_, c.params[size_t(3 * e)].f32(), C_, 0.0f, dx, C_);
   cpu::gemm(false, false, m, C_, F_, 1.0f, dhu, F_, c.params[size_t(3 * e + 1)].f32(), C_, 1.0f, dx, C_);
 }
@@ -271,18 +310,13 @@ void Moe::router_backward(LayerCtx& c, int64_t n, const float* dgate) {
   }
 }
 
-void Moe::backward(LayerCtx& c) {
-  const int64_t n = c.in[0].numel() / C_, C = C_, K = K_;
-  const int32_t* offs = c.saved[kOffs].i32();
+// d gate (the output gradient against each kept expert output ye) and the gated output
+// gradient dy of each row.
+void Moe::gate_grads(LayerCtx& c, int64_t n, const float* ye, float* dy, float* dgate) {
   const int32_t* slot = c.saved[kSlot].i32();
   const float* gates = c.saved[kGates].f32();
-  float* xe = c.scratch[kXe].f32();
-  float* ye = c.scratch[kYe].f32();
-  float* dy = c.scratch[kDy].f32();
-  float* dgate = c.scratch[kDgate].f32();
-  gather_rows(c.in[0].f32(), c.saved[kPerm].i32(), offs[E_], C_, xe);
-  for (int64_t e = 0; e < E_; ++e) expert_forward(c, e, xe, c.scratch[kAct].f32(), ye, false);
   const float* g = c.dout.f32();
+  const int64_t C = C_, K = K_;
 #pragma omp parallel for schedule(static) if (n * C > kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < K; ++j) {
@@ -295,21 +329,165 @@ void Moe::backward(LayerCtx& c) {
       dgate[t * K + j] = s;
     }
   }
-  float* dxe = ye;  // ye is read no more
-  for (int64_t e = 0; e < E_; ++e) expert_backward(c, e, dy, dxe);
-  if (c.din[0].defined()) {
-    float* dx = c.din[0].f32();
+}
+
+void Moe::input_grad(LayerCtx& c, int64_t n, const float* dxe) {
+  if (!c.din[0].defined()) return;
+  const int32_t* slot = c.saved[kSlot].i32();
+  float* dx = c.din[0].f32();
+  const int64_t C = C_, K = K_;
 #pragma omp parallel for schedule(static) if (n * C > kParallelMin)
-    for (int64_t t = 0; t < n; ++t) {
-      float* d = dx + t * C;
-      std::fill(d, d + C, 0.0f);
-      for (int64_t j = 0; j < K; ++j) {
-        const int32_t r = slot[t * K + j];
-        if (r >= 0)
-          for (int64_t i = 0; i < C; ++i) d[i] += dxe[int64_t(r) * C + i];
-      }
+  for (int64_t t = 0; t < n; ++t) {
+    float* d = dx + t * C;
+    std::fill(d, d + C, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t r = slot[t * K + j];
+      if (r >= 0)
+        for (int64_t i = 0; i < C; ++i) d[i] += dxe[int64_t(r) * C + i];
     }
   }
+}
+
+void Moe::backward(LayerCtx& c) {
+  const int64_t n = c.in[0].numel() / C_;
+  if (ep_ > 1) return ep_backward(c, n);
+  const int32_t* offs = c.saved[kOffs].i32();
+  Rows b;
+  float* xe = c.scratch[kXe].f32();
+  b.x = xe, b.act = c.scratch[kAct].f32(), b.y = c.scratch[kYe].f32();
+  b.hg = c.saved[kHg].f32(), b.hu = c.saved[kHu].f32();
+  b.dhg = c.scratch[kDhg].f32(), b.dhu = c.scratch[kDhu].f32();
+  float* dy = c.scratch[kDy].f32();
+  float* dgate = c.scratch[kDgate].f32();
+  gather_rows(c.in[0].f32(), c.saved[kPerm].i32(), offs[E_], C_, xe);
+  for (int64_t e = 0; e < E_; ++e) expert_forward(c, e, offs[e], offs[e + 1] - offs[e], b, false);
+  gate_grads(c, n, b.y, dy, dgate);
+  b.dx = b.y;  // ye is read no more
+  for (int64_t e = 0; e < E_; ++e) expert_backward(c, e, offs[e], offs[e + 1] - offs[e], b, dy);
+  input_grad(c, n, b.dx);
+  if (c.din[1].defined()) router_backward(c, n, dgate);
+}
+
+// ---- Moe under expert parallelism ----
+
+namespace {
+enum SavedEp { kXl = kHu + 1, kYb, kCounts };
+enum ScratchFwdEp { kSend, kActEp, kYl, kStage };
+enum ScratchBwdEp { kDys, kB1, kB2, kActB, kDhgB, kDhuB, kDgateB };
+
+// Where the rows of one layer's exchange go: to each rank (the kept assignments of its
+// experts, in expert order), from each rank, and the first row of each local expert once
+// the received rows are grouped by expert.
+struct EpRows {
+  std::vector<size_t> send, recv;  // rows, per rank of the group
+  std::vector<int64_t> local;      // El + 1 offsets
+};
+
+// offs: this rank's expert offsets (E + 1); counts[s El + l]: the rows rank s sends for local expert l.
+EpRows ep_rows_of(const int32_t* offs, const int32_t* counts, int P, int64_t El) {
+  EpRows r{std::vector<size_t>(size_t(P), 0), std::vector<size_t>(size_t(P), 0), std::vector<int64_t>(size_t(El) + 1, 0)};
+  for (int q = 0; q < P; ++q) r.send[size_t(q)] = size_t(offs[(q + 1) * El] - offs[q * El]);
+  for (int s = 0; s < P; ++s)
+    for (int64_t l = 0; l < El; ++l) {
+      r.recv[size_t(s)] += size_t(counts[s * El + l]);
+      r.local[size_t(l) + 1] += counts[s * El + l];
+    }
+  for (int64_t l = 0; l < El; ++l) r.local[size_t(l) + 1] += r.local[size_t(l)];
+  return r;
+}
+
+std::vector<size_t> times(const std::vector<size_t>& rows, int64_t width) {
+  std::vector<size_t> v(rows);
+  for (size_t& x : v) x *= size_t(width);
+  return v;
+}
+
+// Rows as received (by rank, then local expert) to rows by local expert, then rank
+// (to_experts), or back.
+void regroup(const int32_t* counts, int P, int64_t El, int64_t width, const float* src, float* dst, bool to_experts) {
+  std::vector<int64_t> by_rank(size_t(P * El)), by_expert(size_t(P * El));
+  int64_t at = 0;
+  for (int64_t b = 0; b < P * El; ++b) by_rank[size_t(b)] = at, at += counts[b];
+  at = 0;
+  for (int64_t l = 0; l < El; ++l)
+    for (int s = 0; s < P; ++s) by_expert[size_t(s * El + l)] = at, at += counts[s * El + l];
+  for (int64_t b = 0; b < P * El; ++b) {
+    const int64_t from = to_experts ? by_rank[size_t(b)] : by_expert[size_t(b)];
+    const int64_t to = to_experts ? by_expert[size_t(b)] : by_rank[size_t(b)];
+    if (counts[b]) std::memcpy(dst + to * width, src + from * width, size_t(counts[b] * width) * sizeof(float));
+  }
+}
+
+dist::Comm& ep_group_of(const LayerCtx& c, int ep, const std::string& name) {
+  SAT_CHECK(c.ep_group && c.ep_group->size() == ep, "Moe ", name, ": expert parallelism over ", ep,
+            " ranks needs the expert-parallel group of ", ep, " ranks (LayerCtx::ep_group)");
+  return *c.ep_group;
+}
+}  // namespace
+
+// Route and cap this rank's tokens, send each kept row to its expert's rank, run the local
+// experts on every rank's rows, send the outputs back, combine.
+void Moe::ep_forward(LayerCtx& c, int64_t n) {
+  dist::Comm& g = ep_group_of(c, ep_, name_);
+  const int P = ep_, me = g.rank();
+  const int64_t El = E_ / P;
+  dispatch(c, n);
+  const int32_t* offs = c.saved[kOffs].i32();
+  int32_t* counts = c.saved[kCounts].i32();
+  std::vector<int32_t> mine(static_cast<size_t>(E_));
+  for (int64_t e = 0; e < E_; ++e) mine[size_t(e)] = offs[e + 1] - offs[e];
+  const std::vector<size_t> per_rank(static_cast<size_t>(P), static_cast<size_t>(El));
+  g.all_to_all_v(mine.data(), per_rank, counts, per_rank, DType::i32)->wait();
+  const EpRows r = ep_rows_of(offs, counts, P, El);
+  SAT_ASSERT(r.local.back() <= ep_rows());
+  float* xe = c.scratch[kSend].f32();
+  float* stage = c.scratch[kStage].f32();
+  gather_rows(c.in[0].f32(), c.saved[kPerm].i32(), offs[E_], C_, xe);
+  g.all_to_all_v(xe, times(r.send, C_), stage, times(r.recv, C_), DType::f32)->wait();
+  Rows b;
+  float* xl = c.saved[kXl].f32();
+  b.x = xl, b.act = c.scratch[kActEp].f32(), b.y = c.scratch[kYl].f32();
+  b.hg = c.saved[kHg].f32(), b.hu = c.saved[kHu].f32();
+  regroup(counts, P, El, C_, stage, xl, true);
+  for (int64_t l = 0; l < El; ++l)
+    expert_forward(c, me * El + l, r.local[size_t(l)], r.local[size_t(l) + 1] - r.local[size_t(l)], b, true);
+  regroup(counts, P, El, C_, b.y, stage, false);
+  float* yb = c.saved[kYb].f32();
+  g.all_to_all_v(stage, times(r.recv, C_), yb, times(r.send, C_), DType::f32)->wait();
+  combine(c, n, yb);
+}
+
+// The gated output gradients to the experts' ranks, the local experts' backward (gradients
+// for them only, zero for the others), the input gradients back, the router's backward.
+void Moe::ep_backward(LayerCtx& c, int64_t n) {
+  dist::Comm& g = ep_group_of(c, ep_, name_);
+  const int P = ep_, me = g.rank();
+  const int64_t El = E_ / P;
+  const int32_t* counts = c.saved[kCounts].i32();
+  const EpRows r = ep_rows_of(c.saved[kOffs].i32(), counts, P, El);
+  float* dys = c.scratch[kDys].f32();
+  float* b1 = c.scratch[kB1].f32();
+  float* b2 = c.scratch[kB2].f32();
+  float* dgate = c.scratch[kDgateB].f32();
+  gate_grads(c, n, c.saved[kYb].f32(), dys, dgate);
+  g.all_to_all_v(dys, times(r.send, C_), b1, times(r.recv, C_), DType::f32)->wait();
+  regroup(counts, P, El, C_, b1, b2, true);  // d y by local expert
+  Rows b;
+  b.x = c.saved[kXl].f32(), b.act = c.scratch[kActB].f32();
+  b.hg = c.saved[kHg].f32(), b.hu = c.saved[kHu].f32();
+  b.dhg = c.scratch[kDhgB].f32(), b.dhu = c.scratch[kDhuB].f32(), b.dx = b1;
+  for (int64_t e = 0; e < E_; ++e) {
+    if (e / El != me) {
+      zero_grads(c, e);
+      continue;
+    }
+    const int64_t l = e - me * El, r0 = r.local[size_t(l)], m = r.local[size_t(l) + 1] - r0;
+    expert_forward(c, e, r0, m, b, false, false);
+    expert_backward(c, e, r0, m, b, b2);
+  }
+  regroup(counts, P, El, C_, b1, b2, false);
+  g.all_to_all_v(b2, times(r.recv, C_), dys, times(r.send, C_), DType::f32)->wait();
+  input_grad(c, n, dys);
   if (c.din[1].defined()) router_backward(c, n, dgate);
 }
 

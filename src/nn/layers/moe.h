@@ -21,6 +21,18 @@
 //         DeepSeek's normalisation), f_e = (assignments of expert e before any drop) / (tokens * k)
 //         (no gradient), P_e = mean over tokens of p_t,e. 1 * coef when perfectly balanced.
 //         Added to the model's loss by the model builder.
+// Expert parallelism (ep > 1, LayerCtx::ep_group of ep ranks): every rank routes its own
+// tokens and applies the capacity to them (C above with this rank's tokens, as one process
+// does for each micro-batch: dp ranks with --ep train as one process whose micro-batches are
+// theirs), then sends each kept assignment's input to the rank of its expert (rank q computes
+// experts q E/ep .. (q+1) E/ep - 1) with an all-to-all-v, runs its experts on what it
+// received from every rank, and sends the outputs back with a second all-to-all-v (combine);
+// backward sends the gated output gradients the same way and the input gradients back. The
+// expert weights stay replicated: a rank writes gradients only for its own experts (zero for
+// the others), so the data-parallel reduction (a sum over the dp ranks, which contain the ep
+// group) gives each expert the gradient of every token routed to it. Forward also saves what
+// its experts received and the outputs they returned (backward recomputes nothing across
+// ranks).
 // CPU only. Every training forward that is not a recompute adds each expert's kept
 // assignments and the dropped ones to a per-layer counter (take_moe_load).
 #pragma once
@@ -47,10 +59,13 @@ struct MoeLoad {
 // take (or the start), and resets them; moe_load() reads them without a reset (summary.json).
 std::map<std::string, MoeLoad> take_moe_load();
 std::map<std::string, MoeLoad> moe_load();
+// Collective over group (whose ranks ran the same moe layers): every rank's counts become
+// their sum over the group (expert parallelism: the load of the group's experts).
+void sum_moe_load(dist::Comm& group);
 
 class Moe : public Layer {
  public:
-  Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor = 0);
+  Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor = 0, int ep = 1);
   const char* kind() const override { return "Moe"; }
   bool backward_reads_output() const override { return false; }
   bool product_param(int) const override { return true; }
@@ -61,12 +76,28 @@ class Moe : public Layer {
   int64_t top_k() const { return K_; }
 
  private:
+  // The rows of one expert's work: its inputs, hidden pre-activations (hg, hu), activation,
+  // output or output gradient, hidden gradients and input gradient, each from row r0 on.
+  struct Rows {
+    const float* x = nullptr;
+    float *act = nullptr, *hg = nullptr, *hu = nullptr, *y = nullptr;
+    float *dhg = nullptr, *dhu = nullptr, *dx = nullptr;
+  };
   void dispatch(LayerCtx& c, int64_t n);  // routing, capacity, the gather of inputs
-  void expert_forward(LayerCtx& c, int64_t e, float* xe, float* act, float* ye, bool save);
-  void expert_backward(LayerCtx& c, int64_t e, const float* dy, float* dxe);
+  void expert_forward(LayerCtx& c, int64_t e, int64_t r0, int64_t m, const Rows& b, bool save, bool output = true);
+  void expert_backward(LayerCtx& c, int64_t e, int64_t r0, int64_t m, const Rows& b, const float* dy);
   void router_backward(LayerCtx& c, int64_t n, const float* dgate);
-  int64_t E_, K_, F_, C_ = 0;
+  void combine(LayerCtx& c, int64_t n, const float* ye);             // y from the experts' rows
+  void gate_grads(LayerCtx& c, int64_t n, const float* ye, float* dy, float* dgate);
+  void input_grad(LayerCtx& c, int64_t n, const float* dxe);          // dx from the rows' dx
+  void zero_grads(LayerCtx& c, int64_t e);                          // an expert with no rows here
+  // Expert parallelism.
+  void ep_forward(LayerCtx& c, int64_t n);
+  void ep_backward(LayerCtx& c, int64_t n);
+  int64_t ep_rows() const;  // the most rows the local experts can receive
+  int64_t E_, K_, F_, C_ = 0, n_ = 0;
   double cf_;
+  int ep_;
   std::string name_;
 };
 
