@@ -210,6 +210,11 @@ void Engine::set_group(dist::Comm* group) {
     for (NodeRun& run : c.runs) run.ctx.group = group;
 }
 
+void Engine::set_cp_group(dist::Comm* group) {
+  for (Context& c : ctxs_)
+    for (NodeRun& run : c.runs) run.ctx.cp_group = group;
+}
+
 // On the GPU the hooks decide on the host between nodes (ZeRO's gathers and reductions on
 // the collectives' stream): the segments run eagerly, never replayed as CUDA graphs.
 void Engine::set_node_hooks(NodeHooks* h) { node_hooks_ = h; }

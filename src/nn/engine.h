@@ -137,6 +137,8 @@ class Engine {
   // (LayerCtx::group); it must outlive its use and work on the step's memory (host memory on
   // the CPU; device memory on the step's stream on the GPU).
   void set_group(dist::Comm* group);
+  // The context-parallel group of RingSelfAttention layers (LayerCtx::cp_group; --cp).
+  void set_cp_group(dist::Comm* group);
   // Hooks around every node (null: none; on the GPU no segment is captured while set). h
   // must outlive its use.
   void set_node_hooks(NodeHooks* h);

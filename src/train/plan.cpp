@@ -1,5 +1,7 @@
 #include "train/plan.h"
 
+#include "train/step_parts.h"
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -293,7 +295,13 @@ namespace {
 MemoryPlan stage_memory(const RankPlan& r, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp,
                         ShardPlan& shards) {
   const Graph& g = *r.model.graph;
-  const size_t inputs = r.reads_data ? plan_loaders(cfg, train, test, r.loader_keep).ring_bytes : 0;
+  size_t inputs = r.reads_data ? plan_loaders(cfg, train, test, r.loader_keep).ring_bytes : 0;
+  if (r.reads_data && r.model.config.cp > 1) {  // --cp: the rank's chunks cut from each micro-batch (and test batch)
+    size_t reads = 0;
+    for (const auto& ch : g.chunks()) reads = std::max(reads, ch.data.size());
+    const int slots = int(cfg.accum) + (test && cfg.evaluate ? 1 : 0);
+    inputs += ContextCut::bytes(cfg.batch, r.model.x_shape[1], int(reads), slots);
+  }
   const int slots = optimizer_slots(resolve_optim(cfg.optim));
   MemoryPlan m = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
   shards = {};

@@ -140,7 +140,8 @@ RunState Trainer::begin_run() const {
 double Trainer::step_loss(const StepStats& st, double& wait) const {
   const dist::Mesh& m = *rt_->mesh;
   double loss = st.losses > 0 ? st.loss_sum / double(rt_->cfg.accum) : 0;
-  if (st.losses > 0 && m.dp() > 1) m.dp_group().all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
+  // (--cp: over dp x cp, each context-parallel rank's loss being its tokens' of the same samples)
+  if (st.losses > 0 && m.dp() * m.cp() > 1) m.dp_cp_group().all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
   if (m.pp() > 1) {
     const double t0 = now_seconds();
     m.pp_group().broadcast_sync(&loss, 1, DType::f64, m.pp() - 1);
