@@ -45,6 +45,7 @@ struct RunArgs {
   std::string batch = "64", pp_schedule = "1f1b", pp_split, recompute = "none";
   int64_t accum = 1;
   int tp = 1, pp = 1, virtual_stages = 1, zero = 0;
+  int cp = 1;  // --cp: context-parallel ranks
   bool sequence_parallel = false;
   int ranks = 1;  // info: the data-parallel ranks planned for
   // Optimizer and schedule. NaN: not given (the optimizer's default applies).
