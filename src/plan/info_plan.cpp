@@ -51,7 +51,7 @@ ojson rank_json(const RankPlan& rp, const TrainConfig& cfg, int dp, DType lp) {
 }  // namespace
 
 InfoPlan::InfoPlan(const ModelConfig& model, const TrainConfig& cfg, int ranks_, bool gpu_) : gpu(gpu_), ranks(ranks_) {
-  validate_run(model, cfg, ranks * cfg.pp * cfg.tp);
+  validate_run(model, cfg, ranks * cfg.pp * cfg.tp * cfg.cp);
   (void)resolve_optim(cfg.optim);  // (the optimizer's name, before anything is printed)
   // The plan of `saturate train` on data of the model's default shape (its shapes only:
   // planning generates and allocates no data): loader rings included.
