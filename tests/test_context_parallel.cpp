@@ -2,7 +2,7 @@
 // rank (ring attention, a rank's share of the sequence), the memory plan per rank, and bad
 // input refused by every rank of a real job. Under mpirun (CMake runs this binary as
 // context_parallel_np2 and _np4): gpt and llama with cp 2 and cp 4, cp 2 x tp 2 and cp 2 x
-// dp 2 follow the one-process loss trajectory, and each rank's memory plan holds its
+// dp 2, gpt with cp 2 x pp 2 and under full recomputation follow the one-process loss trajectory, and each rank's memory plan holds its
 // measured peak. Rank 0 trains the one-process reference itself while the others wait.
 #include <gtest/gtest.h>
 
@@ -109,7 +109,8 @@ TEST(ContextParallelGraph, ActivationMemoryPerRankFallsAsOneOverCp) {
 
 struct Case {
   std::string model;
-  int cp = 2, tp = 1;
+  int cp = 2, tp = 1, pp = 1;
+  bool recompute = false;  // --recompute full: the ring runs again in backward
   int64_t batch = 2, accum = 2;
   int steps = 10;
   std::string optimizer = "adamw";
@@ -130,6 +131,8 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   sat::TrainConfig cfg;
   cfg.cp = parallel ? c.cp : 1;
   cfg.tp = parallel ? c.tp : 1;
+  cfg.pp = parallel ? c.pp : 1;
+  if (parallel && c.recompute) cfg.recompute = sat::Recompute::full;
   cfg.accum = c.accum;
   cfg.batch = c.batch;
   cfg.steps = c.steps;
@@ -150,7 +153,7 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
 // global batch (dp * accum micro-batches).
 void expect_exact(const Case& c) {
   Comm& w = world();
-  const int dp = w.size() / (c.cp * c.tp);
+  const int dp = w.size() / (c.cp * c.tp * c.pp);
   RunOut run = train(c, w, true);
   EXPECT_LE(run.peak, run.predicted) << "rank " << w.rank();
   if (w.rank() == 0) {
@@ -159,9 +162,9 @@ void expect_exact(const Case& c) {
     one.accum = c.accum * dp;
     RunOut ref = train(one, *self, false);
     const double d = sat::test::max_rel(run.losses, ref.losses);
-    std::printf("%s cp %d x tp %d x dp %d, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
+    std::printf("%s cp %d x tp %d x dp %d x pp %d%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
                 "(%.5f -> %.5f); memory per rank predicted %zu, peak %zu (one process: %zu, %zu)\n",
-                c.model.c_str(), c.cp, c.tp, dp, (long long)c.batch, (long long)c.accum, d, c.steps,
+                c.model.c_str(), c.cp, c.tp, dp, c.pp, c.recompute ? " (recompute full)" : "", (long long)c.batch, (long long)c.accum, d, c.steps,
                 ref.losses.front(), ref.losses.back(), run.predicted, run.peak, ref.predicted, ref.peak);
     EXPECT_LT(d, 1e-5) << c.model;
     EXPECT_LT(ref.losses.back(), 0.97 * ref.losses.front()) << c.model << " did not learn";
@@ -174,6 +177,7 @@ TEST(ContextParallelRanks, TwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R context_parallel_np2)";
   expect_exact({.model = kGpt, .evaluate = true});
   expect_exact({.model = kLlama, .evaluate = true});
+  expect_exact({.model = kGpt, .recompute = true});
 }
 
 TEST(ContextParallelRanks, FourRanks) {
@@ -184,6 +188,7 @@ TEST(ContextParallelRanks, FourRanks) {
   expect_exact({.model = kLlama, .cp = 2, .tp = 2});                  // cp 2 x tp 2
   expect_exact({.model = kGpt, .cp = 2, .batch = 1, .evaluate = true});  // cp 2 x dp 2
   expect_exact({.model = kLlama, .cp = 2, .batch = 1});               // cp 2 x dp 2
+  expect_exact({.model = kGpt, .cp = 2, .pp = 2});                    // cp 2 x pp 2
 }
 
 #ifdef SAT_MPIEXEC
