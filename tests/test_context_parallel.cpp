@@ -122,6 +122,7 @@ struct RunOut {
   std::vector<double> losses;
   sat::EvalResult test;
   size_t predicted = 0, peak = 0;
+  sat::GroupBytes measured, predicted_bytes;  // per step
 };
 
 RunOut train(const Case& c, Comm& comm, bool parallel) {
@@ -146,7 +147,8 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   cfg.bucket_mb = 0.25;
   sat::Trainer t(mc, cfg, *data.train, c.evaluate ? data.test.get() : nullptr);
   sat::TrainResult r = t.run();
-  return {r.losses, r.test.value_or(sat::EvalResult{}), r.predicted_memory_bytes, r.peak_memory_bytes};
+  return {r.losses, r.test.value_or(sat::EvalResult{}), r.predicted_memory_bytes, r.peak_memory_bytes,
+          r.comm_bytes_per_step, sat::predict_comm(t.rank_plan(), cfg, t.mesh().dp())};
 }
 
 // The layout on every rank (dp = world / (cp * tp)), one process on rank 0 with the same
@@ -156,6 +158,13 @@ void expect_exact(const Case& c) {
   const int dp = w.size() / (c.cp * c.tp * c.pp);
   RunOut run = train(c, w, true);
   EXPECT_LE(run.peak, run.predicted) << "rank " << w.rank();
+  // What every group moved per step is what the plan predicts (the ring's over cp, the
+  // gradients' over dp x cp).
+  EXPECT_DOUBLE_EQ(run.measured.cp, run.predicted_bytes.cp) << "rank " << w.rank();
+  EXPECT_GT(run.measured.cp, 0) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.dp, run.predicted_bytes.dp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.tp, run.predicted_bytes.tp) << "rank " << w.rank();
+  EXPECT_DOUBLE_EQ(run.measured.pp, run.predicted_bytes.pp) << "rank " << w.rank();
   if (w.rank() == 0) {
     auto self = sat::dist::make_self_comm();
     Case one = c;
@@ -163,9 +172,11 @@ void expect_exact(const Case& c) {
     RunOut ref = train(one, *self, false);
     const double d = sat::test::max_rel(run.losses, ref.losses);
     std::printf("%s cp %d x tp %d x dp %d x pp %d%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
-                "(%.5f -> %.5f); memory per rank predicted %zu, peak %zu (one process: %zu, %zu)\n",
+                "(%.5f -> %.5f); memory per rank predicted %zu, peak %zu (one process: %zu, %zu); per step cp %.0f B, "
+                "dp x cp %.0f B\n",
                 c.model.c_str(), c.cp, c.tp, dp, c.pp, c.recompute ? " (recompute full)" : "", (long long)c.batch, (long long)c.accum, d, c.steps,
-                ref.losses.front(), ref.losses.back(), run.predicted, run.peak, ref.predicted, ref.peak);
+                ref.losses.front(), ref.losses.back(), run.predicted, run.peak, ref.predicted, ref.peak,
+                run.measured.cp, run.measured.dp);
     EXPECT_LT(d, 1e-5) << c.model;
     EXPECT_LT(ref.losses.back(), 0.97 * ref.losses.front()) << c.model << " did not learn";
     if (c.evaluate) sat::test::expect_same_evaluation(run.test, ref.test);

@@ -44,6 +44,7 @@ ojson rank_json(const RankPlan& rp, const TrainConfig& cfg, int dp, DType lp) {
           {"step_arena_bytes", p.transient},
           {"memory_by_kind", kinds},
           {"communicated_per_step", {{"tp", b.tp}, {"dp", b.dp}, {"pp", b.pp}, {"embedding", b.embedding}}}};
+  if (b.cp > 0) j["communicated_per_step"]["cp"] = b.cp;  // --cp: the ring's
   if (rp.reads_data) j["loader"] = rp.loader.describe();
   return j;
 }

@@ -355,8 +355,11 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
   const double micro = double(cfg.accum);
   GroupBytes b;
   // A recompute unit's forward runs twice (full recomputation): its collectives too.
-  for (const Node& n : g.nodes())
-    b.tp += micro * (n.setup.comm_fwd * (n.rc_first >= 0 ? 2 : 1) + (n.needs_backward ? n.setup.comm_bwd : 0));
+  for (const Node& n : g.nodes()) {
+    const bool ring = std::string_view(n.layer->kind()) == "RingSelfAttention";  // --cp: over the cp group
+    (ring ? b.cp : b.tp) +=
+        micro * (n.setup.comm_fwd * (n.rc_first >= 0 ? 2 : 1) + (n.needs_backward ? n.setup.comm_bwd : 0));
+  }
   for (const ParamDecl& p : g.params())
     if (p.shard.partial_grad) b.tp += double(p.spec.bytes());
   if (dp > 1 && cfg.zero >= 2) {
@@ -367,7 +370,7 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
     for (auto [lo, hi] : plan.shards.range) units += double(hi - lo) * 4;
     const double gathered = units / 4 * double(dtype_size(plan.shards.gathered_dtype));
     b.dp = micro * (units + (cfg.zero >= 3 ? 2 * gathered : 0)) + (cfg.zero == 2 ? units : 0) + (g.loss() >= 0 ? 8 : 0);
-  } else if (dp > 1) {
+  } else if (dp * cfg.cp > 1) {  // --cp: the reduction runs over dp x cp
     const double flat = double(ParamStore::predict(g.params(), g.states(), 0, cfg.zero >= 1 ? dp : 1).params);
     b.dp = (cfg.zero >= 1 ? 2 : 1) * flat + (g.loss() >= 0 ? 8 : 0);
   }

@@ -216,9 +216,10 @@ GroupBytes RankRuntime::traffic() const {
     return dev && host && dev != host && dev->traffic() ? dev->traffic()->total() : 0.0;
   };
   return {m.traffic_of("tp").total() + twin(groups.tp, &m.tp_group()),
-          m.traffic_of("dp").total() + twin(groups.dp, &m.dp_group()),
+          m.traffic_of(m.cp() > 1 ? "dp_cp" : "dp").total() + twin(groups.dp, &m.dp_cp_group()),
           m.traffic_of("pp").total() + twin(groups.pp, &m.pp_group()),
-          m.traffic_of("embedding").total() + twin(groups.tie, m.embedding_group())};
+          m.traffic_of("embedding").total() + twin(groups.tie, m.embedding_group()),
+          m.traffic_of("cp").total()};
 }
 
 }  // namespace sat
