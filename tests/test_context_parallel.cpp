@@ -111,6 +111,7 @@ struct Case {
   std::string model;
   int cp = 2, tp = 1, pp = 1;
   bool recompute = false;  // --recompute full: the ring runs again in backward
+  bool sp = false;         // --sequence-parallel (with tp)
   int64_t batch = 2, accum = 2;
   int steps = 10;
   std::string optimizer = "adamw";
@@ -133,6 +134,7 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   cfg.cp = parallel ? c.cp : 1;
   cfg.tp = parallel ? c.tp : 1;
   cfg.pp = parallel ? c.pp : 1;
+  cfg.sequence_parallel = parallel && c.sp;
   if (parallel && c.recompute) cfg.recompute = sat::Recompute::full;
   cfg.accum = c.accum;
   cfg.batch = c.batch;
@@ -171,10 +173,10 @@ void expect_exact(const Case& c) {
     one.accum = c.accum * dp;
     RunOut ref = train(one, *self, false);
     const double d = sat::test::max_rel(run.losses, ref.losses);
-    std::printf("%s cp %d x tp %d x dp %d x pp %d%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
+    std::printf("%s cp %d x tp %d%s x dp %d x pp %d%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
                 "(%.5f -> %.5f); memory per rank predicted %zu, peak %zu (one process: %zu, %zu); per step cp %.0f B, "
                 "dp x cp %.0f B\n",
-                c.model.c_str(), c.cp, c.tp, dp, c.pp, c.recompute ? " (recompute full)" : "", (long long)c.batch, (long long)c.accum, d, c.steps,
+                c.model.c_str(), c.cp, c.tp, c.sp ? " (sequence parallel)" : "", dp, c.pp, c.recompute ? " (recompute full)" : "", (long long)c.batch, (long long)c.accum, d, c.steps,
                 ref.losses.front(), ref.losses.back(), run.predicted, run.peak, ref.predicted, ref.peak,
                 run.measured.cp, run.measured.dp);
     EXPECT_LT(d, 1e-5) << c.model;
@@ -197,6 +199,7 @@ TEST(ContextParallelRanks, FourRanks) {
   expect_exact({.model = kLlama, .cp = 4});
   expect_exact({.model = kGpt, .cp = 2, .tp = 2});                    // cp 2 x tp 2
   expect_exact({.model = kLlama, .cp = 2, .tp = 2});                  // cp 2 x tp 2
+  expect_exact({.model = kGpt, .cp = 2, .tp = 2, .sp = true});        // + sequence parallel
   expect_exact({.model = kGpt, .cp = 2, .batch = 1, .evaluate = true});  // cp 2 x dp 2
   expect_exact({.model = kLlama, .cp = 2, .batch = 1});               // cp 2 x dp 2
   expect_exact({.model = kGpt, .cp = 2, .pp = 2});                    // cp 2 x pp 2
