@@ -32,6 +32,8 @@ using sat::test::world_is;
 // Tiny members of the two families with a context divisible by 2 x 4.
 const char* const kGpt = "gpt:layers=2,heads=4,width=64,context=32,vocab=256";
 const char* const kLlama = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256";
+// With dropout: each rank's mask is its chunks' part of the one-process mask.
+const char* const kGptDropout = "gpt:layers=2,heads=4,width=64,context=32,vocab=256,dropout=0.1";
 
 int count_kind(const sat::Graph& g, const std::string& kind) {
   int n = 0;
@@ -191,6 +193,7 @@ TEST(ContextParallelRanks, TwoRanks) {
   expect_exact({.model = kGpt, .evaluate = true});
   expect_exact({.model = kLlama, .evaluate = true});
   expect_exact({.model = kGpt, .recompute = true});
+  expect_exact({.model = kGptDropout});
 }
 
 TEST(ContextParallelRanks, FourRanks) {
@@ -200,6 +203,8 @@ TEST(ContextParallelRanks, FourRanks) {
   expect_exact({.model = kGpt, .cp = 2, .tp = 2});                    // cp 2 x tp 2
   expect_exact({.model = kLlama, .cp = 2, .tp = 2});                  // cp 2 x tp 2
   expect_exact({.model = kGpt, .cp = 2, .tp = 2, .sp = true});        // + sequence parallel
+  expect_exact({.model = kGptDropout, .cp = 2, .tp = 2, .sp = true});  // + dropout over the rows
+  expect_exact({.model = kGptDropout, .cp = 4});
   expect_exact({.model = kGpt, .cp = 2, .batch = 1, .evaluate = true});  // cp 2 x dp 2
   expect_exact({.model = kLlama, .cp = 2, .batch = 1});               // cp 2 x dp 2
   expect_exact({.model = kGpt, .cp = 2, .pp = 2});                    // cp 2 x pp 2

@@ -38,7 +38,7 @@ int add_gpt_embedding(Graph& g, TokenRegions& r, const std::string& name, int x,
                       int64_t width, float dropout) {
   x = g.add<GPTEmbedding>(name, {x}, vocab, context, width, 0.02f, r.tp, r.cp, r.cp_rank);
   x = r.leave(name, x);
-  if (dropout > 0) x = g.add<Dropout>(name + ".drop", {x}, dropout, r.rows());
+  if (dropout > 0) x = g.add<Dropout>(name + ".drop", {x}, dropout, r.rows(), r.cp_rows());
   return x;
 }
 
@@ -60,7 +60,7 @@ int add_transformer_block(Graph& g, TokenRegions& r, const std::string& prefix, 
     h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, b.heads / r.tp.parts, b.selective);
   h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero, "", row);
   h = r.leave(p + "attn", h);
-  if (b.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, b.dropout, r.rows());
+  if (b.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, b.dropout, r.rows(), r.cp_rows());
   x = g.add<Add>(p + "add1", {x, h});
   h = g.add<LayerNorm>(p + "ln_2", {x}, C, 1e-5f, r.sp);
   h = r.enter(p + "mlp", h);
@@ -68,7 +68,7 @@ int add_transformer_block(Graph& g, TokenRegions& r, const std::string& prefix, 
   h = g.add<GELU>(p + "mlp.gelu", {h});
   h = g.add<Linear>(p + "mlp.c_proj", {h}, 4 * C, C, true, wproj, zero, "", row);
   h = r.leave(p + "mlp", h);
-  if (b.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, b.dropout, r.rows());
+  if (b.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, b.dropout, r.rows(), r.cp_rows());
   x = g.add<Add>(p + "add2", {x, h});
   g.end_recompute();
   return x;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "nn/graph.h"
+#include "nn/layers/elementwise.h"
 #include "nn/models.h"
 
 namespace sat {
@@ -25,6 +26,7 @@ struct TokenRegions {
   int enter(const std::string& name, int x);
   int leave(const std::string& name, int x);
   TPRank rows() const { return sp ? tp : TPRank{}; }  // dropout over this rank's rows
+  CpRows cp_rows() const { return {cp, cp_rank, tokens[1]}; }  // --cp: and of its chunks
 };
 TokenRegions token_regions(Graph& g, const ModelConfig& c, const Shape& x_shape);
 
