@@ -162,6 +162,15 @@ TEST(Checkpoint, ResumeIsBitExactForDataAndPipelineParallel) {
   EXPECT_TRUE(p.same_weights);
 }
 
+// Context parallelism: the first cp rank of the first replica writes (the parameters are
+// whole on every cp rank), the manifest's layout names cp, and the resumed run follows.
+TEST(Checkpoint, ResumeIsBitExactUnderContextParallelism) {
+  const Pair p = straight_and_resumed("cp2", kGptPlain + " --batch 2 --cp 2", 2, 8, 4);
+  ASSERT_EQ(p.straight.size(), 4u);
+  EXPECT_EQ(p.resumed, p.straight);
+  EXPECT_TRUE(p.same_weights);
+}
+
 // Under ZeRO each rank holds a shard of the optimizer state (stage 3: of the parameters
 // too): the writer gathers them, and the resumed run shards them again, bit for bit.
 TEST(Checkpoint, ResumeIsBitExactUnderZero) {

@@ -44,6 +44,7 @@ const std::map<std::string, IntRange>& int_ranges() {
       {"--prefetch", {0, 64}},
       {"--tp", {1, 4096}},               {"--pp", {1, 4096}},
       {"--ep", {1, 4096}},
+      {"--cp", {1, 4096}},
       {"--virtual-stages", {1, 1024}},   {"--global-batch", {0, 1LL << 40}},
       {"--layout-candidates", {1, 64}},  {"--lr-batch", {1, 1LL << 40}},
       {"--min-steps-per-epoch", {0, 1LL << 40}},
@@ -129,6 +130,8 @@ LayoutFilter layout_filter(const RunArgs& a) {
   for (const char* flag : {"--accum", "--pp-split", "--noise-scale"})
     SAT_CHECK(!given(flag), flag, ": not with --layout, which chooses the accumulation (--global-batch / (micro-batch x "
               "dp)) and the pipeline's cut; fix the micro-batch with --batch N or --layout micro=N");
+  SAT_CHECK(!given("--cp"), "--cp: not with --layout yet (the planner does not search context parallelism); give "
+            "the layout with --tp, --pp and --batch instead");
   fix_field(f.tp, given("--tp"), a.tp, "--tp " + std::to_string(a.tp), "tp=" + std::to_string(f.tp.value_or(0)));
   fix_field(f.pp, given("--pp"), a.pp, "--pp " + std::to_string(a.pp), "pp=" + std::to_string(f.pp.value_or(0)));
   fix_field(f.zero, given("--zero"), a.zero, "--zero " + std::to_string(a.zero), "zero=" + std::to_string(f.zero.value_or(0)));
@@ -201,6 +204,8 @@ void add_layout_options(CLI::App* c, RunArgs& a, bool info) {
   c->add_option("--accum", a.accum, "micro-batches per optimizer step (gradient accumulation; in flight in a pipeline)")
       ->capture_default_str();
   c->add_option("--tp", a.tp, "tensor-parallel ranks per layer (Megatron-LM's splits; mlp and gpt)")->capture_default_str();
+  c->add_option("--cp", a.cp, "context-parallel ranks: each sequence split over a ring of this many ranks (gpt and "
+                "llama; the context divisible by 2 x cp)")->capture_default_str();
   c->add_flag("--sequence-parallel", a.sequence_parallel, "with --tp: LayerNorm and dropout on 1/tp of the sequence "
               "(all-gather / reduce-scatter instead of all-reduce)");
   c->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")
@@ -355,7 +360,7 @@ void read_config_and_flags(CLI::App* c, RunArgs& a) {
 }
 
 void note_layout_flags(const CLI::App* c, RunArgs& a) {
-  for (const char* f : {"--tp", "--pp", "--zero", "--recompute", "--sequence-parallel", "--pp-schedule",
+  for (const char* f : {"--tp", "--cp", "--pp", "--zero", "--recompute", "--sequence-parallel", "--pp-schedule",
                         "--virtual-stages", "--pp-split", "--batch", "--accum", "--noise-scale"})
     if (c->get_option_no_throw(f) && c->count(f)) a.given.push_back(f);
 }
@@ -386,6 +391,7 @@ Layout layout_of(const RunArgs& a, int64_t batch) {
   l.batch = batch;
   l.accum = a.accum;
   l.tp = a.tp;
+  l.cp = a.cp;
   l.sequence_parallel = a.sequence_parallel;
   l.pp = a.pp;
   l.pp_schedule = parse_pipe_schedule(a.pp_schedule);

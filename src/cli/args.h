@@ -46,6 +46,7 @@ struct RunArgs {
   int64_t accum = 1;
   int tp = 1, pp = 1, virtual_stages = 1, zero = 0;
   int ep = 1;  // expert parallelism (moe models): ranks of dp that split the experts
+  int cp = 1;  // --cp: context-parallel ranks
   bool sequence_parallel = false;
   int ranks = 1;  // info: the data-parallel ranks planned for
   // Optimizer and schedule. NaN: not given (the optimizer's default applies).

@@ -50,9 +50,10 @@ void print_plan(const RankPlan& rp, int zero, DType lp) {
 // The bytes a rank moves over each group per optimizer step (predict_comm).
 void print_comm(const RankPlan& rp, const TrainConfig& cfg, int dp) {
   const GroupBytes b = predict_comm(rp, cfg, dp);
-  if (b.tp + b.dp + b.pp + b.embedding == 0) return;
-  std::printf("  %-30s tp %s, dp %s, pp %s, embedding %s\n", "communicated per step", format_bytes(b.tp).c_str(),
-              format_bytes(b.dp).c_str(), format_bytes(b.pp).c_str(), format_bytes(b.embedding).c_str());
+  if (b.tp + b.dp + b.pp + b.embedding + b.cp == 0) return;
+  std::printf("  %-30s tp %s, dp %s, pp %s, embedding %s%s\n", "communicated per step", format_bytes(b.tp).c_str(),
+              format_bytes(b.dp).c_str(), format_bytes(b.pp).c_str(), format_bytes(b.embedding).c_str(),
+              b.cp > 0 ? (", cp " + format_bytes(b.cp) + " (dp: over dp x cp)").c_str() : "");
 }
 
 // The whole model: its configuration, input, size and work.

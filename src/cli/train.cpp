@@ -153,8 +153,8 @@ Run run_of(const RunArgs& a, bool tune_only, const DataSplit& data) {
   if (!a.checkpoint_dir.empty()) install_stop_signals();
   static_cast<Layout&>(r.cfg) = layout_of(a, batch);
   r.cfg.measure_noise = a.noise_scale;
-  SAT_CHECK(!r.auto_batch || (r.cfg.pp == 1 && r.cfg.tp == 1), "--batch auto and saturate tune choose the batch of a "
-            "data-parallel layout: with --pp or --tp give --batch (and --accum) yourself, or use --layout auto");
+  SAT_CHECK(!r.auto_batch || (r.cfg.pp == 1 && r.cfg.tp == 1 && r.cfg.cp == 1), "--batch auto and saturate tune "
+            "choose the batch of a data-parallel layout: with --pp, --tp or --cp give --batch (and --accum) yourself, or use --layout auto");
   SAT_CHECK((!r.auto_batch && !r.auto_layout) || a.ep == 1, "--ep ", a.ep, ": --batch auto, --layout and saturate tune "
             "do not place experts yet; give --batch (and --accum) yourself with --ep");
   r.policy = tune_policy(a, data.description, tune_only);
@@ -193,7 +193,8 @@ std::unique_ptr<JobPlan> plan_job(const ModelConfig& mc, const TrainConfig& cfg,
                                   int rank) {
   validate_run(mc, cfg, world);
   const Layout l = cfg.with_world(world);
-  return std::make_unique<JobPlan>(resolved_model(mc, cfg, l.coords(rank).tp), cfg, *data.train, data.test.get(), l.dp);
+  const dist::MeshCoords at = l.coords(rank);
+  return std::make_unique<JobPlan>(resolved_model(mc, cfg, at.tp, nullptr, at.cp), cfg, *data.train, data.test.get(), l.dp);
 }
 
 // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.

@@ -11,6 +11,7 @@
 #include "nn/layers/layernorm.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/moe.h"
+#include "nn/layers/ring_self_attention.h"
 #include "nn/layers/swiglu.h"
 #include "nn/layers/tensor_parallel.h"
 
@@ -30,14 +31,14 @@ int TokenRegions::leave(const std::string& name, int x) {
 
 TokenRegions token_regions(Graph& g, const ModelConfig& c, const Shape& x_shape) {
   const TPRank tp{c.tp, c.tp_rank};
-  return TokenRegions{g, tp, tp.on() && c.sequence_parallel, x_shape};
+  return TokenRegions{g, tp, tp.on() && c.sequence_parallel, x_shape, c.cp, c.cp_rank};
 }
 
 int add_gpt_embedding(Graph& g, TokenRegions& r, const std::string& name, int x, int64_t vocab, int64_t context,
                       int64_t width, float dropout) {
-  x = g.add<GPTEmbedding>(name, {x}, vocab, context, width, 0.02f, r.tp);
+  x = g.add<GPTEmbedding>(name, {x}, vocab, context, width, 0.02f, r.tp, r.cp, r.cp_rank);
   x = r.leave(name, x);
-  if (dropout > 0) x = g.add<Dropout>(name + ".drop", {x}, dropout, r.rows());
+  if (dropout > 0) x = g.add<Dropout>(name + ".drop", {x}, dropout, r.rows(), r.cp_rows());
   return x;
 }
 
@@ -53,10 +54,13 @@ int add_transformer_block(Graph& g, TokenRegions& r, const std::string& prefix, 
   int h = g.add<LayerNorm>(p + "ln_1", {x}, C, 1e-5f, r.sp);
   h = r.enter(p + "attn", h);
   h = g.add<Linear>(p + "attn.c_attn", {h}, C, 3 * C, true, w02, zero, "", qkv);
-  h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, b.heads / r.tp.parts, b.selective);
+  if (r.cp > 1)  // the whole sequence's attention through the ring (nothing T x T to recompute)
+    h = g.add<RingSelfAttention>(p + "attn.attn", {h}, b.heads / r.tp.parts, 0, r.cp, r.cp_rank);
+  else
+    h = g.add<CausalSelfAttention>(p + "attn.attn", {h}, b.heads / r.tp.parts, b.selective);
   h = g.add<Linear>(p + "attn.c_proj", {h}, C, C, true, wproj, zero, "", row);
   h = r.leave(p + "attn", h);
-  if (b.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, b.dropout, r.rows());
+  if (b.dropout > 0) h = g.add<Dropout>(p + "attn.resid_dropout", {h}, b.dropout, r.rows(), r.cp_rows());
   x = g.add<Add>(p + "add1", {x, h});
   h = g.add<LayerNorm>(p + "ln_2", {x}, C, 1e-5f, r.sp);
   h = r.enter(p + "mlp", h);
@@ -64,7 +68,7 @@ int add_transformer_block(Graph& g, TokenRegions& r, const std::string& prefix, 
   h = g.add<GELU>(p + "mlp.gelu", {h});
   h = g.add<Linear>(p + "mlp.c_proj", {h}, 4 * C, C, true, wproj, zero, "", row);
   h = r.leave(p + "mlp", h);
-  if (b.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, b.dropout, r.rows());
+  if (b.dropout > 0) h = g.add<Dropout>(p + "mlp.dropout", {h}, b.dropout, r.rows(), r.cp_rows());
   x = g.add<Add>(p + "add2", {x, h});
   g.end_recompute();
   return x;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "nn/graph.h"
+#include "nn/layers/elementwise.h"
 #include "nn/models.h"
 
 namespace sat {
@@ -19,9 +20,13 @@ struct TokenRegions {
   TPRank tp;
   bool sp;
   Shape tokens;  // the model's token input [B, T]
+  // Context parallelism (--cp): the input holds this rank's two chunks of each sequence
+  // (nn/ring_attention.h); attention runs as a ring over the cp group.
+  int cp = 1, cp_rank = 0;
   int enter(const std::string& name, int x);
   int leave(const std::string& name, int x);
   TPRank rows() const { return sp ? tp : TPRank{}; }  // dropout over this rank's rows
+  CpRows cp_rows() const { return {cp, cp_rank, tokens[1]}; }  // --cp: and of its chunks
 };
 TokenRegions token_regions(Graph& g, const ModelConfig& c, const Shape& x_shape);
 

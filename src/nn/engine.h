@@ -139,6 +139,8 @@ class Engine {
   void set_group(dist::Comm* group);
   // The expert-parallel group of every layer (LayerCtx::ep_group; CPU, host memory).
   void set_ep_group(dist::Comm* group);
+  // The context-parallel group of RingSelfAttention layers (LayerCtx::cp_group; --cp).
+  void set_cp_group(dist::Comm* group);
   // Hooks around every node (null: none; on the GPU no segment is captured while set). h
   // must outlive its use.
   void set_node_hooks(NodeHooks* h);

@@ -19,6 +19,7 @@
 #include "nn/layers/layernorm.h"
 #include "nn/layers/linear.h"
 #include "nn/layers/pool.h"
+#include "nn/layers/ring_self_attention.h"
 #include "nn/layers/rmsnorm.h"
 #include "nn/layers/rotary.h"
 #include "nn/layers/swiglu.h"
@@ -117,6 +118,19 @@ void check_expert_parallel(const ModelConfig& c, int ep) {
             "top_k=2,context=32,vocab=256); leave --ep out");
   SAT_CHECK(c.experts % ep == 0, "--ep ", ep, ": the ", c.experts, " experts of ", c.name, " do not split evenly "
             "over ", ep, " ranks (expected a divisor of ", c.experts, ")");
+void check_context_parallel(const ModelConfig& c, int cp, int tp, bool sp) {
+  SAT_CHECK(cp >= 1, "--cp: expected a positive context-parallel size, got ", cp);
+  if (cp == 1) return;
+  const bool dense = c.family == ModelFamily::gpt || (c.family == ModelFamily::llama && c.experts == 0);
+  SAT_CHECK(c.family != ModelFamily::llama || dense, "--cp ", cp, ": ", c.name, " is a mixture of experts, whose "
+            "routing is not split by context parallelism yet (--cp supports the gpt and llama families; use --cp 1)");
+  SAT_CHECK(dense, "--cp ", cp, ": ", c.name, " (", family_name(c.family), ") has no attention to split over its "
+            "sequence (context parallelism splits the gpt and llama families' sequences; use --cp 1)");
+  SAT_CHECK(c.seq_len % (2 * int64_t(cp)) == 0, "--cp ", cp, ": ", c.name, "'s sequence length ", c.seq_len,
+            c.seq_len < c.context ? " (--seq-len)" : "", " does not divide by 2 x --cp = ", 2 * cp,
+            " (each rank holds two equal chunks of every sequence)");
+  SAT_CHECK(!sp || (c.seq_len / cp) % tp == 0, "--sequence-parallel with --cp ", cp, ": a rank's ", c.seq_len / cp,
+            " tokens of each sequence do not divide by --tp ", tp);
 }
 
 namespace {
@@ -299,10 +313,14 @@ void build_llama(BuiltModel& m, Graph& g) {
     int q = linear(p + "self_attn.q_proj", h, C, c.n_head * hs, col);
     int k = linear(p + "self_attn.k_proj", h, C, c.n_kv_head * hs, col);
     const int v = linear(p + "self_attn.v_proj", h, C, c.n_kv_head * hs, col);
-    q = g.add<Rotary>(p + "self_attn.rotary_q", {q}, hs, c.rope_theta);
-    k = g.add<Rotary>(p + "self_attn.rotary_k", {k}, hs, c.rope_theta);
-    h = g.add<CausalSelfAttention>(p + "self_attn.attn", {q, k, v}, c.n_head / tp.parts,
-                                   c.recompute == Recompute::selective, c.n_kv_head / tp.parts);
+    q = g.add<Rotary>(p + "self_attn.rotary_q", {q}, hs, c.rope_theta, c.cp, c.cp_rank);
+    k = g.add<Rotary>(p + "self_attn.rotary_k", {k}, hs, c.rope_theta, c.cp, c.cp_rank);
+    if (c.cp > 1)
+      h = g.add<RingSelfAttention>(p + "self_attn.attn", {q, k, v}, c.n_head / tp.parts, c.n_kv_head / tp.parts, c.cp,
+                                   c.cp_rank);
+    else
+      h = g.add<CausalSelfAttention>(p + "self_attn.attn", {q, k, v}, c.n_head / tp.parts,
+                                     c.recompute == Recompute::selective, c.n_kv_head / tp.parts);
     h = linear(p + "self_attn.o_proj", h, c.n_head * hs, C, row);
     h = region.leave(p + "self_attn", h);
     x = g.add<Add>(p + "add1", {x, h});
@@ -347,7 +365,8 @@ void count_build(const ModelConfig& cfg, int64_t B, bool training, const std::ve
   (void)report;
   std::string key = str_cat(cfg.name, " batch ", B, training ? " training" : " inference", " ",
                             cfg.device == Device::cuda ? "cuda" : "cpu", " ", dtype_name(cfg.act), " tp ", cfg.tp,
-                            "/", cfg.tp_rank, cfg.sequence_parallel ? " sp" : "", " recompute ",
+                            "/", cfg.tp_rank, cfg.sequence_parallel ? " sp" : "",
+                            cfg.cp > 1 ? str_cat(" cp ", cfg.cp, "/", cfg.cp_rank) : std::string(), " recompute ",
                             recompute_name(cfg.recompute), " nodes");
   for (auto [a, b] : stage) key += str_cat(" ", a, "-", b);
   if (stage.empty()) key += " all";
@@ -383,6 +402,7 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
   count_build(cfg, B, training, stage);
   const bool file = cfg.family == ModelFamily::file;
   if (!file) check_tensor_parallel(cfg, cfg.tp, cfg.sequence_parallel);  // a file's layers check it as they are built
+  check_context_parallel(cfg, cfg.cp, cfg.tp, cfg.sequence_parallel);
   check_recompute(cfg);
   check_graph_fits_host(cfg);
   BuiltModel m;
@@ -399,8 +419,8 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
     m.y_shape = cfg.tokens ? Shape{B, cfg.seq_len} : Shape{B};
     m.x_dtype = cfg.file->inputs[0].dtype;
   } else if (cfg.tokens) {
-    m.x_shape = Shape{B, cfg.seq_len};
-    m.y_shape = Shape{B, cfg.seq_len};
+    m.x_shape = Shape{B, cfg.seq_len / cfg.cp};  // --cp: this rank's two chunks of each sequence
+    m.y_shape = m.x_shape;
     m.x_dtype = DType::i32;
   } else {
     m.x_shape = Shape{B, cfg.image[0], cfg.image[1], cfg.image[2]};

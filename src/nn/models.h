@@ -62,6 +62,9 @@ struct ModelConfig {
   // split as Megatron-LM splits them), and sequence parallelism within it.
   int tp = 1, tp_rank = 0;
   bool sequence_parallel = false;
+  // Context parallelism (--cp): this rank's part cp_rank of a group of cp holding two chunks
+  // of each sequence (nn/ring_attention.h); the graph's tokens are [B, seq_len / cp].
+  int cp = 1, cp_rank = 0;
   Recompute recompute = Recompute::none;
   std::shared_ptr<const ModelFile> file;  // ModelFamily::file: the checked file
 };
@@ -98,6 +101,11 @@ void check_tensor_parallel(const ModelConfig& cfg, int tp, bool sequence_paralle
 // --ep against the model: sat::Error naming --ep when ep > 1 and the model has no experts
 // (the moe family) or its experts do not divide by ep.
 void check_expert_parallel(const ModelConfig& cfg, int ep);
+// --cp against the model: sat::Error naming --cp when the model has no attention to split
+// (only the GPT and dense Llama families have a context-parallel form) or its sequence
+// (seq_len) does not divide into 2 cp chunks (each rank holds two), or under sequence
+// parallelism a rank's part of it does not divide by tp.
+void check_context_parallel(const ModelConfig& cfg, int cp, int tp = 1, bool sequence_parallel = false);
 // --recompute against the model: sat::Error naming the flag and the families that support
 // the mode (full: gpt, llama and resnet; selective: gpt and llama). The model alone: whether the device
 // recomputes is the trainer's check.

@@ -186,18 +186,24 @@ Shift comm_shift(dist::Comm& group) {
   };
 }
 
+int64_t forward_work(const Dims& d) { return 4 * d.kv_size(); }
+int64_t backward_work(const Dims& d) { return 8 * d.kv_size() + d.lse_size(); }
+
 void ring_forward(const Dims& d, int cp, int rank, const Chunks& mine, const float* q, const float* k,
-                  const float* v, float* out, float* lse, const Shift& shift) {
+                  const float* v, float* out, float* lse, const Shift& shift, float* work) {
   const int64_t T = 2 * mine.len * cp, n = d.kv_size();
-  std::vector<float> cur(size_t(2 * n)), next(cp > 1 ? size_t(2 * n) : 0);
-  std::copy(k, k + n, cur.begin());
-  std::copy(v, v + n, cur.begin() + n);
+  std::vector<float> own(work ? 0 : size_t(forward_work(d)));
+  if (!work) work = own.data();
+  float* cur = work;          // the block held: k, v
+  float* next = work + 2 * n;  // the block arriving
+  std::copy(k, k + n, cur);
+  std::copy(v, v + n, cur + n);
   forward_begin(d, out, lse);
   for (int s = 0; s < cp; ++s) {  // step s holds the block of rank - s
     const Chunks kc = chunks_of(T, cp, (rank - s + cp) % cp);
-    forward_step(d, q, mine, cur.data(), cur.data() + n, kc, out, lse);
+    forward_step(d, q, mine, cur, cur + n, kc, out, lse);
     if (s + 1 < cp) {
-      shift(cur.data(), next.data(), size_t(2 * n), +1);
+      shift(cur, next, size_t(2 * n), +1);
       std::swap(cur, next);
     }
   }
@@ -205,29 +211,32 @@ void ring_forward(const Dims& d, int cp, int rank, const Chunks& mine, const flo
 
 void ring_backward(const Dims& d, int cp, int rank, const Chunks& mine, const float* q, const float* k,
                    const float* v, const float* out, const float* dout, const float* lse, float* dq, float* dk,
-                   float* dv, const Shift& shift) {
+                   float* dv, const Shift& shift, float* work) {
   const int64_t T = 2 * mine.len * cp, n = d.kv_size();
+  std::vector<float> own(work ? 0 : size_t(backward_work(d)));
+  if (!work) work = own.data();
   // The travelling block: k, v, then the dk, dv accumulated for it.
-  std::vector<float> cur(size_t(4 * n), 0.0f), next(cp > 1 ? size_t(4 * n) : 0);
-  std::copy(k, k + n, cur.begin());
-  std::copy(v, v + n, cur.begin() + n);
-  std::vector<float> delta(size_t(d.lse_size()));
-  backward_begin(d, out, dout, delta.data(), dq);
+  float* cur = work;
+  float* next = work + 4 * n;
+  float* delta = work + 8 * n;
+  std::copy(k, k + n, cur);
+  std::copy(v, v + n, cur + n);
+  std::fill(cur + 2 * n, cur + 4 * n, 0.0f);
+  backward_begin(d, out, dout, delta, dq);
   for (int s = 0; s < cp; ++s) {  // step s holds the block of rank + s
     const Chunks kc = chunks_of(T, cp, (rank + s) % cp);
-    float* b = cur.data();
-    backward_step(d, q, mine, b, b + n, kc, dout, lse, delta.data(), dq, b + 2 * n, b + 3 * n);
+    backward_step(d, q, mine, cur, cur + n, kc, dout, lse, delta, dq, cur + 2 * n, cur + 3 * n);
     if (s + 1 < cp) {
-      shift(b, next.data(), size_t(4 * n), -1);
+      shift(cur, next, size_t(4 * n), -1);
       std::swap(cur, next);
     }
   }
   if (cp > 1) {  // the last block held is rank + cp - 1's: one more shift brings ours home
-    shift(cur.data() + 2 * n, next.data() + 2 * n, size_t(2 * n), -1);
+    shift(cur + 2 * n, next + 2 * n, size_t(2 * n), -1);
     std::swap(cur, next);
   }
-  std::copy(cur.begin() + 2 * n, cur.begin() + 3 * n, dk);
-  std::copy(cur.begin() + 3 * n, cur.begin() + 4 * n, dv);
+  std::copy(cur + 2 * n, cur + 3 * n, dk);
+  std::copy(cur + 3 * n, cur + 4 * n, dv);
 }
 
 }  // namespace sat::cp

@@ -78,11 +78,15 @@ using Shift = std::function<void(const float* send, float* recv, size_t n, int d
 Shift comm_shift(dist::Comm& group);
 
 // The whole ring on rank `rank` of `cp`: out and lse (forward), dq, dk, dv (backward; dk,
-// dv of this rank's own key/value block). Each allocates its ring buffers itself.
+// dv of this rank's own key/value block). The ring's buffers are `work` (forward_work and
+// backward_work floats: the travelling block and the one arriving, and backward's delta),
+// allocated by the call when work is null.
+int64_t forward_work(const Dims& d);
+int64_t backward_work(const Dims& d);
 void ring_forward(const Dims& d, int cp, int rank, const Chunks& mine, const float* q, const float* k,
-                  const float* v, float* out, float* lse, const Shift& shift);
+                  const float* v, float* out, float* lse, const Shift& shift, float* work = nullptr);
 void ring_backward(const Dims& d, int cp, int rank, const Chunks& mine, const float* q, const float* k,
                    const float* v, const float* out, const float* dout, const float* lse, float* dq, float* dk,
-                   float* dv, const Shift& shift);
+                   float* dv, const Shift& shift, float* work = nullptr);
 
 }  // namespace sat::cp

@@ -44,6 +44,7 @@ ojson rank_json(const RankPlan& rp, const TrainConfig& cfg, int dp, DType lp) {
           {"step_arena_bytes", p.transient},
           {"memory_by_kind", kinds},
           {"communicated_per_step", {{"tp", b.tp}, {"dp", b.dp}, {"pp", b.pp}, {"embedding", b.embedding}}}};
+  if (b.cp > 0) j["communicated_per_step"]["cp"] = b.cp;  // --cp: the ring's
   if (rp.reads_data) j["loader"] = rp.loader.describe();
   return j;
 }
@@ -51,7 +52,7 @@ ojson rank_json(const RankPlan& rp, const TrainConfig& cfg, int dp, DType lp) {
 }  // namespace
 
 InfoPlan::InfoPlan(const ModelConfig& model, const TrainConfig& cfg, int ranks_, bool gpu_) : gpu(gpu_), ranks(ranks_) {
-  validate_run(model, cfg, ranks * cfg.pp * cfg.tp);
+  validate_run(model, cfg, ranks * cfg.pp * cfg.tp * cfg.cp);
   (void)resolve_optim(cfg.optim);  // (the optimizer's name, before anything is printed)
   // The plan of `saturate train` on data of the model's default shape (its shapes only:
   // planning generates and allocates no data): loader rings included.

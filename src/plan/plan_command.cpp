@@ -63,6 +63,7 @@ std::vector<std::string> train_command_argv(const Layout& l, const PlanRequest& 
   add("--batch", std::to_string(l.batch));
   if (l.accum != 1) add("--accum", std::to_string(l.accum));
   if (l.tp != 1) add("--tp", std::to_string(l.tp));
+  if (l.cp != 1) add("--cp", std::to_string(l.cp));
   if (l.sequence_parallel) add("--sequence-parallel", "");
   if (l.pp != 1) {
     add("--pp", std::to_string(l.pp));

@@ -55,6 +55,7 @@ struct CkptLayout {
   int world = 1, dp = 1, tp = 1, pp = 1, zero = 0, virtual_stages = 1;
   bool sequence_parallel = false;
   std::string schedule = "1f1b";
+  int cp = 1;  // context-parallel ranks (--cp; in the manifest only when more than 1)
 };
 
 struct Manifest {

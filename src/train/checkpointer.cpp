@@ -208,7 +208,8 @@ Manifest Checkpointer::header(int64_t step, int64_t total, const std::vector<dou
                 cfg.zero,
                 cfg.virtual_stages,
                 cfg.sequence_parallel,
-                pipe_schedule_name(cfg.pp_schedule)};
+                pipe_schedule_name(cfg.pp_schedule),
+                m.cp()};
   man.losses = losses;
   man.settings = settings_of(rt_.fingerprint);
   man.settings["global_batch"] = std::to_string(man.global_batch);
@@ -224,7 +225,7 @@ void Checkpointer::snapshot(CheckpointWrite& p) {
   const ParamStore& ps = rt_.unsharded(keep);  // ZeRO-3: collective over dp
   const int slots = rt_.params->optimizer_slots();
   for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*rt_.params, s, m.dp_group()));  // collective; a copy
-  if (m.dp_rank() != 0) return;  // the first replica writes
+  if (m.dp_rank() != 0 || m.cp_rank() != 0) return;  // the first replica writes (its first cp rank)
   auto add = [&](CkptEntry e) {
     const size_t bytes = size_t(Shape(e.shape).numel()) * dtype_size(e.dtype);
     const auto* from = static_cast<const uint8_t*>(e.data);

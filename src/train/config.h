@@ -152,8 +152,11 @@ struct StepMetrics {
 // Bytes a rank moved over each group of the mesh per optimizer step (the payload its
 // communicators counted, dist::Traffic: collectives plus point-to-point sends), averaged
 // over the run's steps; evaluation not included.
+// Under --cp, dp is the gradient reduction's group (dp x cp) and cp the ring attention's
+// key/value blocks.
 struct GroupBytes {
   double tp = 0, dp = 0, pp = 0, embedding = 0;
+  double cp = 0;
 };
 
 // Where the step's time went on one rank, mean seconds per measured step.

@@ -42,13 +42,14 @@ void count_batch(RankRuntime& rt, const Batch& b, double loss, int64_t first, co
 
 EvalResult evaluate_split(RankRuntime& rt, const Dataset& data, BatchLoader* loader, const EvalSink& sink) {
   const dist::Mesh& m = *rt.mesh;
-  SAT_CHECK(!sink || m.dp() == 1, "internal error: predictions of a data-parallel rank's shard");
+  SAT_CHECK(!sink || m.dp() * m.cp() == 1, "internal error: predictions of a data-parallel rank's shard");
   const Graph& g = *rt.plan->model.graph;
   ScheduleSpec one = rt.cfg.schedule_spec();
   one.micro = 1;
   const std::vector<std::vector<int>> ctx0(g.chunks().size(), std::vector<int>{0});
   Executor exec(*rt.engine, make_forward_schedule(one, m.pp_rank()), ctx0, rt.groups.pp, false);
   OneBatchFeed feed(g, rt.plan->model.x);
+  if (m.cp() > 1) feed.set_cut(std::make_unique<ContextCut>(m.cp(), m.cp_rank(), 1));
   StepParts parts;
   parts.data = &feed;
   EvalSums s;
@@ -61,6 +62,8 @@ EvalResult evaluate_split(RankRuntime& rt, const Dataset& data, BatchLoader* loa
     const StepStats st = exec.run_step([](int) { return uint64_t(0); }, parts);
     if (st.losses > 0) count_batch(rt, b, double(float(st.loss_sum)), i * rt.cfg.batch, sink, s);
   }
+  // --cp: each cp rank's sums are its tokens' of the same samples (the same count on each).
+  if (g.loss() >= 0 && m.cp() > 1) m.cp_group()->all_reduce_sync(s.v, 5, DType::f64, dist::ReduceOp::avg);
   if (g.loss() >= 0 && m.dp() > 1) m.dp_group().all_reduce_sync(s.v, 5, DType::f64, dist::ReduceOp::sum);
   if (m.pp() > 1) m.pp_group().broadcast_sync(s.v, 5, DType::f64, m.pp() - 1);
   EvalResult e;

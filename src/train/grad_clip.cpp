@@ -12,7 +12,8 @@ namespace sat {
 std::vector<std::pair<int64_t, int64_t>> norm_ranges(const Graph& g, const ParamStore& ps, const dist::Mesh& m,
                                                     bool zero) {
   std::vector<std::pair<int64_t, int64_t>> counted, other;  // other: held here, counted on another rank
-  if (!zero && m.dp_rank() > 0) return {};  // a replica of the first data-parallel rank's gradients
+  // A replica of the first data-parallel (and context-parallel) rank's gradients.
+  if (!zero && (m.dp_rank() > 0 || m.cp_rank() > 0)) return {};
   const std::set<std::string> copies(g.tied_copies().begin(), g.tied_copies().end());
   for (size_t i = 0; i < g.params().size(); ++i) {
     const ParamDecl& d = g.params()[i];

@@ -1,5 +1,7 @@
 #include "train/plan.h"
 
+#include "train/step_parts.h"
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -293,7 +295,13 @@ namespace {
 MemoryPlan stage_memory(const RankPlan& r, const TrainConfig& cfg, const Dataset& train, const Dataset* test, int dp,
                         ShardPlan& shards) {
   const Graph& g = *r.model.graph;
-  const size_t inputs = r.reads_data ? plan_loaders(cfg, train, test, r.loader_keep).ring_bytes : 0;
+  size_t inputs = r.reads_data ? plan_loaders(cfg, train, test, r.loader_keep).ring_bytes : 0;
+  if (r.reads_data && r.model.config.cp > 1) {  // --cp: the rank's chunks cut from each micro-batch (and test batch)
+    size_t reads = 0;
+    for (const auto& ch : g.chunks()) reads = std::max(reads, ch.data.size());
+    const int slots = int(cfg.accum) + (test && cfg.evaluate ? 1 : 0);
+    inputs += ContextCut::bytes(cfg.batch, r.model.x_shape[1], int(reads), slots);
+  }
   const int slots = optimizer_slots(resolve_optim(cfg.optim));
   MemoryPlan m = plan_memory(g, r.step, slots, inputs, cfg.zero >= 1 ? dp : 1);
   shards = {};
@@ -347,8 +355,11 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
   const double micro = double(cfg.accum);
   GroupBytes b;
   // A recompute unit's forward runs twice (full recomputation): its collectives too.
-  for (const Node& n : g.nodes())
-    b.tp += micro * (n.setup.comm_fwd * (n.rc_first >= 0 ? 2 : 1) + (n.needs_backward ? n.setup.comm_bwd : 0));
+  for (const Node& n : g.nodes()) {
+    const bool ring = std::string_view(n.layer->kind()) == "RingSelfAttention";  // --cp: over the cp group
+    (ring ? b.cp : b.tp) +=
+        micro * (n.setup.comm_fwd * (n.rc_first >= 0 ? 2 : 1) + (n.needs_backward ? n.setup.comm_bwd : 0));
+  }
   for (const ParamDecl& p : g.params())
     if (p.shard.partial_grad) b.tp += double(p.spec.bytes());
   if (dp > 1 && cfg.zero >= 2) {
@@ -359,7 +370,7 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
     for (auto [lo, hi] : plan.shards.range) units += double(hi - lo) * 4;
     const double gathered = units / 4 * double(dtype_size(plan.shards.gathered_dtype));
     b.dp = micro * (units + (cfg.zero >= 3 ? 2 * gathered : 0)) + (cfg.zero == 2 ? units : 0) + (g.loss() >= 0 ? 8 : 0);
-  } else if (dp > 1) {
+  } else if (dp * cfg.cp > 1) {  // --cp: the reduction runs over dp x cp
     const double flat = double(ParamStore::predict(g.params(), g.states(), 0, cfg.zero >= 1 ? dp : 1).params);
     b.dp = (cfg.zero >= 1 ? 2 : 1) * flat + (g.loss() >= 0 ? 8 : 0);
   }

@@ -278,6 +278,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
                      {"comm_bytes_per_step", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}, {"embedding", c.embedding}}},
                      {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds},
                      {"step_breakdown", breakdown_json(k.breakdown)}});
+    if (c.cp > 0) ranks.back()["comm_bytes_per_step"]["cp"] = c.cp;  // --cp: the ring's
   }
   s["ranks"] = ranks;
   s["sequence_parallel"] = cfg.sequence_parallel;

@@ -10,6 +10,7 @@ namespace {
 
 void check_data(const ModelConfig& mc, const BuiltModel& m, const Dataset& ds) {
   Shape want = m.x_shape;
+  if (m.config.cp > 1) want.d[1] *= m.config.cp;  // --cp: the samples are whole sequences, cut per rank
   Shape sample = ds.sample_shape();
   Shape got{};
   got.nd = sample.nd + 1;
@@ -76,8 +77,8 @@ void RankRuntime::connect(JobPlan* given, const ModelConfig& model, int world_si
   fingerprint = config_fingerprint(model, cfg, train, test);
   agree_on_config(*world, fingerprint);
   validate_run(model, cfg, world_size);
-  mesh = std::make_unique<dist::Mesh>(*world, cfg.tp, cfg.pp, 1, cfg.ep);
-  mc = resolved_model(model, cfg, mesh->tp_rank());
+  mesh = std::make_unique<dist::Mesh>(*world, cfg.tp, cfg.pp, cfg.cp, cfg.ep);
+  mc = resolved_model(model, cfg, mesh->tp_rank(), nullptr, mesh->cp_rank());
   DeviceOptions o;
   o.act = mc.act;
   o.tf32 = cfg.precision == Precision::tf32;
@@ -86,7 +87,7 @@ void RankRuntime::connect(JobPlan* given, const ModelConfig& model, int world_si
   device = make_device_backend(cfg.device, o);
   if (!given) own_job_ = std::make_unique<JobPlan>(mc, cfg, train, test, mesh->dp());
   job = given ? given : own_job_.get();
-  SAT_CHECK(job->model().tp_rank == mesh->tp_rank() && job->dp() == mesh->dp() && job->config().batch == cfg.batch,
+  SAT_CHECK(job->model().tp_rank == mesh->tp_rank() && job->model().cp_rank == mesh->cp_rank() && job->dp() == mesh->dp() && job->config().batch == cfg.batch,
             "internal error: the job's plan is not this rank's");
   plan = &job->stage(mesh->pp_rank());
   check_data(model, plan->model, train);
@@ -108,8 +109,10 @@ void RankRuntime::build_state() {
   init_params();
   device->adopt(*params, mc.act);
   // The NCCL twins are made in this order on every rank (each is a collective).
-  groups.reduces = m.dp() > 1 || cfg.dist_backend == DistBackend::nccl;
-  groups.dp = groups.reduces ? &device->group(m.dp_group(), true, true) : &m.dp_group();
+  // Under context parallelism the cp ranks of a replica share its parameters: the gradients
+  // are averaged over dp x cp (each cp rank's covers its tokens of the same sequences).
+  groups.reduces = m.dp() * m.cp() > 1 || cfg.dist_backend == DistBackend::nccl;
+  groups.dp = groups.reduces ? &device->group(m.dp_cp_group(), true, true) : &m.dp_cp_group();
   groups.pp = m.pp() > 1 ? &device->group(m.pp_group()) : nullptr;
   groups.tp = &device->group(m.tp_group());
   const bool tied = !g.tied_copies().empty() || !g.tied_remote().empty();
@@ -123,6 +126,7 @@ void RankRuntime::build_state() {
   if (sharded) engine->set_node_hooks(sharded);
   if (m.tp() > 1) engine->set_group(groups.tp);
   if (m.ep_group()) engine->set_ep_group(m.ep_group());
+  if (m.cp() > 1) engine->set_cp_group(m.cp_group());
   if (cfg.sync_bn && m.dp() > 1) {
     replica_sum_ = std::make_unique<ReplicaSumOverComm>(m.dp_group());
     engine->set_replica_sum(replica_sum_.get());
@@ -165,6 +169,7 @@ void RankRuntime::build_step() {
       test_loader = std::make_unique<BatchLoader>(*test, cfg.batch, false, cfg.seed, false,
                                                   Sharding{m.dp_rank(), m.dp()}, loader_options(cfg));
     feed = std::make_unique<BatchFeed>(*train_loader, g, plan->model.x, cfg.accum);
+    if (m.cp() > 1) feed->set_cut(std::make_unique<ContextCut>(m.cp(), m.cp_rank(), int(cfg.accum)));
   }
   if (!sync) {
     const BucketOptions bo{cfg.bucket_mb, std::min(cfg.bucket_first_mb, cfg.bucket_mb)};
@@ -212,9 +217,10 @@ GroupBytes RankRuntime::traffic() const {
     return dev && host && dev != host && dev->traffic() ? dev->traffic()->total() : 0.0;
   };
   return {m.traffic_of("tp").total() + twin(groups.tp, &m.tp_group()),
-          m.traffic_of("dp").total() + twin(groups.dp, &m.dp_group()),
+          m.traffic_of(m.cp() > 1 ? "dp_cp" : "dp").total() + twin(groups.dp, &m.dp_cp_group()),
           m.traffic_of("pp").total() + twin(groups.pp, &m.pp_group()),
-          m.traffic_of("embedding").total() + twin(groups.tie, m.embedding_group())};
+          m.traffic_of("embedding").total() + twin(groups.tie, m.embedding_group()),
+          m.traffic_of("cp").total()};
 }
 
 }  // namespace sat

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dist/comm.h"
+#include "nn/ring_attention.h"
 
 namespace sat {
 
@@ -16,6 +17,26 @@ std::vector<Tensor> inputs_of(const Graph& g, int x, int chunk, const Batch& b) 
 }
 }  // namespace
 
+std::vector<Tensor> ContextCut::cut(const std::vector<Tensor>& whole, int slot) {
+  std::vector<Buffer>& bufs = bufs_.at(size_t(slot));
+  bufs.resize(std::max(bufs.size(), whole.size()));
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < whole.size(); ++k) {
+    const Tensor& t = whole[k];
+    SAT_CHECK(t.dtype == DType::i32 && t.shape.nd == 2, "internal error: --cp cuts token sequences [B, T], got ",
+              t.shape.str());
+    const int64_t B = t.shape[0], T = t.shape[1];
+    const cp::Chunks c = cp::chunks_of(T, cp_, rank_);
+    const size_t bytes = size_t(B * 2 * c.len) * sizeof(int32_t);
+    if (bufs[k].bytes() != bytes) bufs[k] = Buffer(bytes, "--cp: this rank's chunks of the batch");
+    int32_t* dst = bufs[k].as<int32_t>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < 2 * c.len; ++i) dst[b * 2 * c.len + i] = t.i32()[b * T + c.pos(i)];
+    out.emplace_back(dst, Shape{B, 2 * c.len}, DType::i32);
+  }
+  return out;
+}
+
 BatchFeed::BatchFeed(BatchLoader& loader, const Graph& g, int x, int64_t accum)
     : loader_(loader), g_(g), x_(x), batches_(size_t(accum)) {}
 
@@ -26,13 +47,15 @@ std::vector<Tensor> BatchFeed::data(int chunk, int micro) {
     while (!loader_.next(b)) loader_.start_epoch(++epoch_);
     ++fetched_;
   }
-  return inputs_of(g_, x_, chunk, batches_[size_t(micro)]);
+  std::vector<Tensor> d = inputs_of(g_, x_, chunk, batches_[size_t(micro)]);
+  return cut_ ? cut_->cut(d, micro) : d;
 }
 
 std::vector<Tensor> OneBatchFeed::data(int chunk, int) {
   if (g_.chunks()[size_t(chunk)].data.empty()) return {};
   SAT_CHECK(b_, "internal error: no batch to feed");
-  return inputs_of(g_, x_, chunk, *b_);
+  std::vector<Tensor> d = inputs_of(g_, x_, chunk, *b_);
+  return cut_ ? cut_->cut(d, 0) : d;
 }
 
 // ---- sequence parallelism's partial gradients ----------------------------------------------

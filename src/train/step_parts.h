@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/device_backend.h"
+#include "core/alloc.h"
 #include "data/loader.h"
 #include "dist/mesh.h"
 #include "nn/params.h"
@@ -17,6 +18,25 @@
 #include "train/executor.h"
 
 namespace sat {
+
+// Context parallelism (--cp): each rank of a cp group feeds its two chunks (r and 2C-1-r of
+// 2C, nn/ring_attention.h) of every sequence of its replica's batch, tokens and targets,
+// cut into buffers of its own (counted: sat::Buffer), one set per micro-batch slot (the
+// embedding's backward reads the tokens after later micro-batches were fed).
+class ContextCut {
+ public:
+  ContextCut(int cp, int cp_rank, int slots) : cp_(cp), rank_(cp_rank), bufs_(size_t(slots)) {}
+  // whole: i32 [B, T] tensors (T divisible by 2 cp); returns them as [B, T / cp].
+  std::vector<Tensor> cut(const std::vector<Tensor>& whole, int slot);
+  // The bytes cut() holds: `inputs` i32 tensors [B, rows] (a rank's rows) per slot.
+  static size_t bytes(int64_t B, int64_t rows, int inputs, int slots) {
+    return size_t(slots) * size_t(inputs) * size_t(B * rows) * sizeof(int32_t);
+  }
+
+ private:
+  int cp_, rank_;
+  std::vector<std::vector<Buffer>> bufs_;  // [slot][input]
+};
 
 // The training split's micro-batches: fetched from the loader by the chunk that reads them
 // (the loader keeps that many valid), epoch after epoch.
@@ -27,11 +47,13 @@ class BatchFeed final : public DataFeed {
   void set_epoch(int64_t e) { epoch_ = e; }
   void begin_step() override { fetched_ = 0; }
   std::vector<Tensor> data(int chunk, int micro) override;
+  void set_cut(std::unique_ptr<ContextCut> c) { cut_ = std::move(c); }  // --cp
 
  private:
   BatchLoader& loader_;
   const Graph& g_;
   int x_;
+  std::unique_ptr<ContextCut> cut_;
   std::vector<Batch> batches_;  // this step's micro-batches (the loader keeps them valid)
   int fetched_ = 0;
   int64_t epoch_ = 0;
@@ -43,10 +65,12 @@ class OneBatchFeed final : public DataFeed {
   OneBatchFeed(const Graph& g, int x) : g_(g), x_(x) {}
   void set(const Batch* b) { b_ = b; }
   std::vector<Tensor> data(int chunk, int micro) override;
+  void set_cut(std::unique_ptr<ContextCut> c) { cut_ = std::move(c); }  // --cp
 
  private:
   const Graph& g_;
   int x_;
+  std::unique_ptr<ContextCut> cut_;
   const Batch* b_ = nullptr;
 };
 

@@ -140,7 +140,8 @@ RunState Trainer::begin_run() const {
 double Trainer::step_loss(const StepStats& st, double& wait) const {
   const dist::Mesh& m = *rt_->mesh;
   double loss = st.losses > 0 ? st.loss_sum / double(rt_->cfg.accum) : 0;
-  if (st.losses > 0 && m.dp() > 1) m.dp_group().all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
+  // (--cp: over dp x cp, each context-parallel rank's loss being its tokens' of the same samples)
+  if (st.losses > 0 && m.dp() * m.cp() > 1) m.dp_cp_group().all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
   if (m.pp() > 1) {
     const double t0 = now_seconds();
     m.pp_group().broadcast_sync(&loss, 1, DType::f64, m.pp() - 1);
@@ -193,7 +194,7 @@ TrainResult Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   const double ran = double(std::max<int64_t>(1, run.total - run.start));  // steps this process ran
   run.result.comm_bytes_per_step = {(moved.tp - traffic_before.tp) / ran, (moved.dp - traffic_before.dp) / ran,
                                     (moved.pp - traffic_before.pp) / ran,
-                                    (moved.embedding - traffic_before.embedding) / ran};
+                                    (moved.embedding - traffic_before.embedding) / ran, (moved.cp - traffic_before.cp) / ran};
   for (RunObserver* o : watch) o->run_ends(run);
   return finish(run, *health);
 }
@@ -266,8 +267,8 @@ void Trainer::gather_ranks(TrainResult& r, const StepBreakdown& t) const {
   std::vector<double> mine{double(m.rank()), double(m.pp_rank()), double(m.dp_rank()), double(m.tp_rank()),
                            double(r.predicted_memory_bytes), double(r.peak_memory_bytes), t.total(), t.pipeline_wait,
                            c.tp, c.dp, c.pp, c.embedding, t.compute, t.tp_comm, t.grad_sync, t.pipeline_wait, t.data,
-                           t.optimizer, t.other};
-  constexpr size_t kFixed = 19;
+                           t.optimizer, t.other, c.cp};
+  constexpr size_t kFixed = 20;
   for (size_t b : rt_->plan->memory.by_kind) mine.push_back(double(b));
   const size_t n = mine.size();
   std::vector<double> all(n * size_t(m.size()));
@@ -279,7 +280,7 @@ void Trainer::gather_ranks(TrainResult& r, const StepBreakdown& t) const {
     rr.rank = int(a[0]), rr.stage = int(a[1]), rr.dp_rank = int(a[2]), rr.tp_rank = int(a[3]);
     rr.predicted_memory_bytes = size_t(a[4]), rr.peak_memory_bytes = size_t(a[5]);
     rr.step_seconds = a[6], rr.wait_seconds = a[7];
-    rr.comm_bytes_per_step = {a[8], a[9], a[10], a[11]};
+    rr.comm_bytes_per_step = {a[8], a[9], a[10], a[11], a[19]};
     rr.breakdown = {a[12], a[13], a[14], a[15], a[16], a[17], a[18]};
     for (size_t i = kFixed; i < n; ++i) rr.memory_by_kind.push_back(size_t(a[i]));
     r.ranks.push_back(rr);

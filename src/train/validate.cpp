@@ -14,13 +14,15 @@ DType activation_dtype(Precision p, Device dev) {
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
 
-ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank, int* dev_index) {
+ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank, int* dev_index, int cp_rank) {
   ModelConfig m = mc;
   m.device = resolve_device(cfg.device, dev_index);
   m.act = activation_dtype(cfg.precision, m.device);
   m.tp = cfg.tp;
   m.tp_rank = tp_rank;
   m.sequence_parallel = cfg.sequence_parallel;
+  m.cp = cfg.cp;
+  m.cp_rank = cp_rank;
   m.recompute = cfg.recompute;
   m.ep = cfg.ep;
   return m;
@@ -68,6 +70,17 @@ void check_device(const ModelConfig& mc, const TrainConfig& cfg, Device dev, int
   if (mc.family == ModelFamily::llama) require(dev, Feature::llama);
 }
 
+// What context parallelism runs with yet: the CPU in float32, the gradients reduced over
+// the data x context-parallel ranks without ZeRO, no noise probe.
+void check_context_parallel_run(const TrainConfig& cfg, Device dev) {
+  if (cfg.cp == 1) return;
+  SAT_CHECK(dev == Device::cpu && cfg.precision == Precision::fp32, "--cp ", cfg.cp, ": context parallelism's ring "
+            "attention runs on the CPU in float32 only yet (use --device cpu --precision fp32, or --cp 1)");
+  SAT_CHECK(cfg.zero == 0, "--cp ", cfg.cp, " with --zero ", cfg.zero, ": ZeRO does not shard over the context-parallel "
+            "ranks yet; leave --zero out");
+  SAT_CHECK(!cfg.measure_noise, "--noise-scale with --cp ", cfg.cp, ": not measured under context parallelism yet");
+}
+
 }  // namespace
 
 std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* model) {
@@ -95,6 +108,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   // The model's own limits first: no number of processes can fix them.
   check_tensor_parallel(mc, cfg.tp, cfg.sequence_parallel);
   check_expert_parallel(mc, cfg.ep);
+  check_context_parallel(mc, cfg.cp, cfg.tp, cfg.sequence_parallel);
   ModelConfig rc = mc;
   rc.recompute = cfg.recompute;
   check_recompute(rc);
@@ -105,6 +119,7 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   SAT_CHECK(!cfg.measure_noise || cfg.ep == 1, "--noise-scale with --ep ", cfg.ep, ": a rank's gradient before the "
             "reduction holds its own experts' part of the group's tokens, not one micro-batch's gradient; measure it "
             "without --ep");
+  check_context_parallel_run(cfg, dev);
   SAT_CHECK(!cfg.measure_noise || !cfg.sequence_parallel, "--noise-scale with --sequence-parallel: the LayerNorm "
             "gradients are partial sums before the reduction, so the first micro-batch's norm is not measured yet; "
             "measure it without --sequence-parallel");

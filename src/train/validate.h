@@ -32,6 +32,8 @@ DType activation_dtype(Precision p, Device dev);
 
 // The model as the job runs it: device, activation dtype and the tensor-parallel layout
 // (tp_rank: this rank's part of each split layer). dev_index: the GPU --device names.
-ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank = 0, int* dev_index = nullptr);
+// cp_rank: this rank's part of each sequence under context parallelism (--cp).
+ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank = 0, int* dev_index = nullptr,
+                           int cp_rank = 0);
 
 }  // namespace sat

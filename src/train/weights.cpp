@@ -86,7 +86,7 @@ std::unique_ptr<ParamStore> gather_tensor_parallel(const RankRuntime& rt, const 
 // tensors there. nullptr on other ranks (and on rank 0 when its own store is the model).
 std::unique_ptr<ParamStore> gather_whole_model(RankRuntime& rt, const ParamStore& own) {
   const dist::Mesh& m = *rt.mesh;
-  if (m.dp_rank() != 0) return nullptr;
+  if (m.dp_rank() != 0 || m.cp_rank() != 0) return nullptr;  // --cp: the first cp rank's copy
   std::unique_ptr<ParamStore> stage = m.tp() > 1 ? gather_tensor_parallel(rt, own) : nullptr;
   if (m.tp_rank() != 0 || m.pp() == 1) return stage;
   const ParamStore& mine = stage ? *stage : own;

@@ -90,8 +90,18 @@ void Flatten::backward(LayerCtx& c) {
 
 // ---- Dropout ----
 
-Dropout::Dropout(float p, TPRank rows) : p_(p), rows_(rows) {
+Dropout::Dropout(float p, TPRank rows, CpRows cp) : p_(p), rows_(rows), cp_(cp) {
   SAT_CHECK(p >= 0.0f && p <= 1.0f, "Dropout: p must be in [0, 1], got ", p);
+  SAT_CHECK(cp.cp >= 1 && cp.rank >= 0 && cp.rank < cp.cp && (cp.cp == 1 || cp.rows > 0),
+            "Dropout: rank ", cp.rank, " is not in a ring of ", cp.cp);
+}
+
+uint64_t Dropout::pair_of(int64_t k) const {
+  if (cp_.cp == 1) return pair_offset_ + uint64_t(k);
+  const int64_t half = width_ / 2, j = first_row_ + k / half;  // the row among the rank's B x rows
+  const int64_t b = j / cp_.rows, i = j % cp_.rows, T = cp_.rows * cp_.cp;
+  const int64_t len = cp_.rows / 2, chunk = i < len ? cp_.rank : 2 * int64_t(cp_.cp) - 1 - cp_.rank;
+  return uint64_t((b * T + chunk * len + i % len) * half + k % half);
 }
 
 void Dropout::setup(LayerSetup& s) {
@@ -105,6 +115,13 @@ void Dropout::setup(LayerSetup& s) {
   SAT_CHECK(!rows_.on() || local % 2 == 0, "Dropout ", s.name, ": a part of the rows must hold an even number of "
             "elements, got ", local);
   pair_offset_ = uint64_t(rows_.index) * uint64_t(local / 2);
+  if (cp_.cp > 1) {
+    width_ = s.in_shape(0)[-1];
+    SAT_CHECK(s.device == Device::cpu && width_ % 2 == 0 && cp_.rows % 2 == 0,
+              "Dropout ", s.name, ": under --cp the activations must be the rank's two chunks of whole sequences of "
+              "an even width on the CPU, got ", s.in_shape(0).str());
+    first_row_ = rows_.on() ? rows_.index * (local / width_) : 0;
+  }
   const double n = double(local);
   s.flops_fwd = n;
   s.flops_bwd = n;
@@ -127,7 +144,7 @@ void Dropout::apply(const LayerCtx& c, const float* src, float* dst, int64_t n) 
   const int64_t pairs = (n + 1) / 2;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t k = 0; k < pairs; ++k) {
-    const uint64_t h = splitmix64(seed + (pair_offset_ + uint64_t(k)) * 0x9E3779B97F4A7C15ull);
+    const uint64_t h = splitmix64(seed + pair_of(k) * 0x9E3779B97F4A7C15ull);
     const int64_t i = 2 * k;
     dst[i] = uint32_t(h) >= threshold ? src[i] * scale : 0.0f;
     if (i + 1 < n) dst[i + 1] = uint32_t(h >> 32) >= threshold ? src[i + 1] * scale : 0.0f;

@@ -40,11 +40,20 @@ class Flatten : public Layer {
   SAT_CUDA_LAYER
 };
 
+// Context parallelism (--cp, CPU): a rank's activations hold its two chunks of each sequence
+// (nn/ring_attention.h), `rows` tokens of each; cp 1: whole sequences.
+struct CpRows {
+  int cp = 1, rank = 0;
+  int64_t rows = 0;
+};
+
 class Dropout : public Layer {
  public:
   // rows: under sequence parallelism this rank holds part `index` of the rows of the
-  // activations (TPAllGather): its mask is that part of the whole tensor's mask.
-  explicit Dropout(float p, TPRank rows = {});
+  // activations (TPAllGather): its mask is that part of the whole tensor's mask. cp: under
+  // context parallelism the rows are the rank's chunks, and the mask is theirs of the whole
+  // sequences' (the width must then be even: a row holds whole pairs of draws).
+  explicit Dropout(float p, TPRank rows = {}, CpRows cp = {});
   const char* kind() const override { return "Dropout"; }
   bool backward_reads_inputs() const override { return false; }
   bool backward_reads_output() const override { return false; }
@@ -63,6 +72,9 @@ class Dropout : public Layer {
   float p_;
   TPRank rows_;
   uint64_t pair_offset_ = 0;  // of this rank's first element pair in the whole tensor
+  CpRows cp_;
+  int64_t width_ = 0, first_row_ = 0;  // --cp: a row's elements; this part's first row of the rank's
+  uint64_t pair_of(int64_t k) const;   // the whole tensor's pair of this rank's pair k
   uint64_t name_hash_ = 0;  // so that two Dropout layers of one step draw different masks
 };
 

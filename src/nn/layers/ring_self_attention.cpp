@@ -52,6 +52,11 @@ void RingSelfAttention::setup(LayerSetup& s) {
     if (s.training)
       for (const Shape& sh : {qs, kvs, kvs, qs, kvs, kvs}) s.scratch_backward(sh);  // q, k, v, dq, dk, dv
   }
+  // The ring's buffers, last: the travelling key/value block and the one arriving (forward),
+  // with their gradients and delta (backward).
+  const cp::Dims d{B, rows, n_head_, n_kv_head_, hs};
+  s.scratch_forward(Shape{cp::forward_work(d)});
+  if (s.training) s.scratch_backward(Shape{cp::backward_work(d)});
   // This rank's share of the causal triangle of the whole sequence (rows * cp tokens).
   const double T = double(rows) * cp_, pairs = T * (T + 1) / 2.0 / cp_;
   s.flops_fwd = 4.0 * double(B * n_head_) * pairs * double(hs);
@@ -102,7 +107,8 @@ void RingSelfAttention::forward(LayerCtx& c) {
   const Parts p = parts_of(c.in, c.scratch, keep ? 0 : 1, n_head_, n_kv_head_);
   float* lse = keep ? c.saved[0].f32() : c.scratch[0].f32();
   const cp::Chunks mine = cp::chunks_of(p.d.rows * cp_, cp_, cp_rank_);
-  cp::ring_forward(p.d, cp_, cp_rank_, mine, p.q, p.k, p.v, c.out.f32(), lse, shift_of(c, cp_, cp_rank_));
+  cp::ring_forward(p.d, cp_, cp_rank_, mine, p.q, p.k, p.v, c.out.f32(), lse, shift_of(c, cp_, cp_rank_),
+                   c.scratch.back().f32());
 }
 
 void RingSelfAttention::backward(LayerCtx& c) {
@@ -115,7 +121,7 @@ void RingSelfAttention::backward(LayerCtx& c) {
   float* dk = fused ? c.scratch[4].f32() : c.din[1].f32();
   float* dv = fused ? c.scratch[5].f32() : c.din[2].f32();
   cp::ring_backward(p.d, cp_, cp_rank_, mine, p.q, p.k, p.v, c.out.f32(), c.dout.f32(), c.saved[0].f32(), dq, dk,
-                    dv, shift_of(c, cp_, cp_rank_));
+                    dv, shift_of(c, cp_, cp_rank_), c.scratch.back().f32());
   if (!fused) return;
   const int64_t W = c.in[0].shape[2], n = p.d.B * p.d.rows, hs = p.d.hs, nh = n_head_, nkv = n_kv_head_;
   put_cols(dq, nh * hs, c.din[0].f32(), W, 0, n);

@@ -11,9 +11,9 @@
 // No parameters. Saved for backward: the log-sum-exp of every query row [B, n_head, rows]
 // (probabilities are recomputed block by block, nothing rows x rows is kept; the output,
 // which backward reads, is kept by the engine). Scratch: with the fused input, q, k, v as
-// three contiguous tensors (forward and backward) and their gradients (backward). The
-// ring's travelling blocks (2 key/value blocks forward, 4 with their gradients backward)
-// are host vectors of the kernel, not yet in the memory plan. CPU only.
+// three contiguous tensors (forward and backward) and their gradients (backward); last, the
+// ring's buffers (forward: the key/value block held and the one arriving; backward: both
+// with their gradients, and delta), so the memory plan counts them. CPU only.
 #pragma once
 #include <cstdint>
 
