@@ -213,6 +213,8 @@ void Engine::set_group(dist::Comm* group) {
 void Engine::set_ep_group(dist::Comm* group) {
   for (Context& c : ctxs_)
     for (NodeRun& run : c.runs) run.ctx.ep_group = group;
+}
+
 void Engine::set_cp_group(dist::Comm* group) {
   for (Context& c : ctxs_)
     for (NodeRun& run : c.runs) run.ctx.cp_group = group;

@@ -118,6 +118,8 @@ void check_expert_parallel(const ModelConfig& c, int ep) {
             "top_k=2,context=32,vocab=256); leave --ep out");
   SAT_CHECK(c.experts % ep == 0, "--ep ", ep, ": the ", c.experts, " experts of ", c.name, " do not split evenly "
             "over ", ep, " ranks (expected a divisor of ", c.experts, ")");
+}
+
 void check_context_parallel(const ModelConfig& c, int cp, int tp, bool sp) {
   SAT_CHECK(cp >= 1, "--cp: expected a positive context-parallel size, got ", cp);
   if (cp == 1) return;
