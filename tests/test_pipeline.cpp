@@ -378,6 +378,13 @@ TEST(PipelineRanks, LlamaOneFOneB) {
                 .kind = PipeSchedule::one_f_one_b, .batch = 2, .steps = 20}, 2);
 }
 
+// ... and split into I and W (RMSNorm, SwiGLU, rotary attention, the untied head).
+TEST(PipelineRanks, LlamaZeroBubbleH1) {
+  if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
+  expect_exact({.model = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256", .pp = 2,
+                .kind = PipeSchedule::zb_h1, .batch = 2, .steps = 20}, 2);
+}
+
 // (A smaller learning rate: at 0.05 the convnet fits the synthetic data to a loss of 0.003
 // within 20 steps, where a relative bound on the loss means nothing.)
 TEST(PipelineRanks, ConvnetEverySchedule) {
