@@ -158,6 +158,39 @@ class LayerRig {
   std::vector<Tensor> fwd_scratch_, bwd_scratch_;
 };
 
+// Zero-bubble split (Layer::backward_input, then backward_weight with every din unset):
+// bitwise the whole backward's din and grads, backward_input leaving grads untouched and
+// backward_weight writing no din.
+inline void check_backward_split(Layer& layer, const OpCheck& opt) {
+  ASSERT_TRUE(layer.splits_backward()) << layer.kind();
+  LayerRig rig(layer, opt);
+  auto& c = rig.ctx();
+  rig.forward();
+  rig.backward();
+  auto copy = [](const std::vector<Tensor>& ts) {
+    std::vector<std::vector<float>> v;
+    for (auto& t : ts) v.emplace_back(t.defined() ? std::vector<float>(t.f32(), t.f32() + t.numel()) : std::vector<float>{});
+    return v;
+  };
+  auto fill = [](const std::vector<Tensor>& ts, float x) {
+    for (auto& t : ts)
+      if (t.defined()) std::fill(t.f32(), t.f32() + t.numel(), x);
+  };
+  const auto din = copy(c.din), grads = copy(c.grads);
+  fill(c.din, 5.0f), fill(c.grads, 7.0f);
+  layer.backward_input(c);  // (c.scratch: still the backward's, from rig.backward())
+  EXPECT_EQ(copy(c.din), din) << layer.kind() << ": backward_input's input gradients";
+  for (auto& g : copy(c.grads))
+    EXPECT_EQ(g, std::vector<float>(g.size(), 7.0f)) << layer.kind() << ": backward_input wrote a parameter gradient";
+  std::vector<Tensor> unset;
+  for (auto& d : c.din) unset.push_back(Tensor(nullptr, d.shape, d.dtype));
+  std::swap(c.din, unset);
+  layer.backward_weight(c);
+  std::swap(c.din, unset);
+  EXPECT_EQ(copy(c.grads), grads) << layer.kind() << ": backward_weight's parameter gradients";
+  EXPECT_EQ(copy(c.din), din) << layer.kind() << ": backward_weight wrote an input gradient";
+}
+
 // Compares analytic and numeric gradients of one tensor; returns the relative error.
 inline double check_tensor_grad(LayerRig& rig, const Tensor& x, const Tensor& g, const OpCheck& opt,
                                 const std::string& what, Rng& pick) {

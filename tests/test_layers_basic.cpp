@@ -16,12 +16,14 @@
 #include "nn/layers/layernorm.h"
 #include "backend/cpu/blas.h"
 #include "nn/layers/linear.h"
+#include "nn/layers/rmsnorm.h"
 #include "op_harness.h"
 
 using namespace sat;
 using sat::test::InputSpec;
 using sat::test::LayerRig;
 using sat::test::OpCheck;
+using sat::test::check_backward_split;
 
 namespace {
 
@@ -454,6 +456,25 @@ TEST(Dropout, TrainingKeepsAboutOneMinusPAndScales) {
     EXPECT_LT(double(same) / double(n), 1.0 - 0.5 * 2 * p * (1 - p));
   }
   EXPECT_THROW(Dropout(1.5f), Error);
+}
+
+// ---- the zero-bubble split of a backward ----
+
+// The layers of the gpt, llama and mlp families with parameters and input gradients split
+// their backward exactly (the others run whole in one part: nn/graph.h backward_parts).
+TEST(BackwardSplit, LinearLayerNormRMSNormSplitExactly) {
+  const std::vector<Shape> shapes{Shape{3, 8}, Shape{2, 5, 16}};
+  for (const Shape& s : shapes) {
+    OpCheck o = f32_inputs({s});
+    Linear fc(s[-1], 12);
+    check_backward_split(fc, o);
+    Linear nobias(s[-1], 4, false);
+    check_backward_split(nobias, o);
+    LayerNorm ln(s[-1]);
+    check_backward_split(ln, o);
+    RMSNorm rms(s[-1]);
+    check_backward_split(rms, o);
+  }
 }
 
 // ---- LayerNorm ----

@@ -78,7 +78,7 @@ void print_stages(JobPlan& job) {
   std::printf("pipeline    %d stages, %s schedule%s, %lld micro-batches per step: bubble (P-1)/(%sM+P-1) = %.1f%%\n",
               cfg.pp, pipe_schedule_name(cfg.pp_schedule),
               cfg.virtual_stages > 1 ? (", " + std::to_string(cfg.virtual_stages) + " model chunks per stage").c_str() : "",
-              (long long)cfg.accum, cfg.virtual_stages > 1 ? "V" : "", 100 * theoretical_bubble(cfg.schedule_spec()));
+              (long long)cfg.accum, cfg.virtual_stages > 1 ? "V" : cfg.pp_schedule == PipeSchedule::zb_h1 ? "3" : "", 100 * theoretical_bubble(cfg.schedule_spec()));
   for (int s = 0; s < cfg.pp; ++s) {
     const RankPlan& rp = job.stage(s);
     const Graph& g = *rp.model.graph;

@@ -190,6 +190,8 @@ void Engine::build_context(const StepPlan::Ctx& pc, Context& c) {
     for (size_t k = 0; k < pc.saved[i].size(); ++k) lc.saved.push_back(at(pc.saved[i][k], n.setup.saved[k]));
     for (size_t k = 0; k < pc.sfwd[i].size(); ++k) r.scratch_fwd.push_back(at(pc.sfwd[i][k], n.setup.scratch_fwd[k]));
     for (size_t k = 0; k < pc.sbwd[i].size(); ++k) r.scratch_bwd.push_back(at(pc.sbwd[i][k], n.setup.scratch_bwd[k]));
+    for (const Tensor& d : lc.din) r.no_din.push_back(Tensor(nullptr, d.shape, d.dtype, dev));
+    r.parts = backward_parts(g, int(i));
     lc.cuda = cuda_;
   }
 }
@@ -254,13 +256,16 @@ void Engine::forward(int ctx, int chunk, bool training, uint64_t seed, const std
   }
 }
 
-bool Engine::backward(int ctx, int chunk, bool first_micro, GradReady* hook) {
+bool Engine::backward(int ctx, int chunk, bool first_micro, GradReady* hook, BackwardPart part) {
   SAT_CHECK(g_.training(), "internal error: backward needs a training graph");
-  if (device() == Device::cuda) return backward_gpu(ctx, chunk, first_micro, hook);
+  if (device() == Device::cuda) {
+    SAT_CHECK(part == BackwardPart::whole, "internal error: the GPU engine runs whole backwards only");
+    return backward_gpu(ctx, chunk, first_micro, hook);
+  }
   const Chunk& ch = g_.chunks().at(size_t(chunk));
   Context& c = ctxs_.at(size_t(ctx));
-  if (ch.has_loss) c.grads[size_t(g_.loss())].f32()[0] = dloss_;
-  run_backward_nodes(c, ch, first_micro, hook);
+  if (ch.has_loss && part != BackwardPart::weight) c.grads[size_t(g_.loss())].f32()[0] = dloss_;
+  run_backward_nodes(c, ch, first_micro, part == BackwardPart::input ? nullptr : hook, part);
   return false;
 }
 
@@ -281,12 +286,12 @@ void Engine::run_forward_nodes(Context& c, const Chunk& ch, bool training, uint6
   }
 }
 
-void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, GradReady* hook) {
+void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, GradReady* hook, BackwardPart part) {
   auto& nodes = g_.nodes();
   const bool gpu = device() == Device::cuda;
   for (int i = ch.end; i-- > ch.begin;) {
     if (node_hooks_) node_hooks_->before_backward(i);  // before recomputing: it may gather the unit's parameters
-    recompute_unit(c, i);
+    if (part != BackwardPart::weight) recompute_unit(c, i);
     if (!nodes[size_t(i)].needs_backward) continue;
     NodeRun& r = c.runs[size_t(i)];
     for (size_t k = 0; k < r.first_writer.size(); ++k) r.ctx.accumulate[k] = !(first_micro && r.first_writer[k]);
@@ -297,9 +302,9 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, G
 #if SAT_HAVE_CUDA
       for (auto& [tmp, dst] : r.grad_adds) cuda::add_into(dst.ptr, tmp.ptr, dst.dtype, tmp.numel(), cuda_->stream);
 #endif
-    } else {
-      nodes[size_t(i)].layer->backward(r.ctx);
-      for (auto& [tmp, dst] : r.grad_adds) cpu::add_into(dst, tmp);
+    } else if (run_backward_part(r, i, part)) {
+      if (part != BackwardPart::weight)
+        for (auto& [tmp, dst] : r.grad_adds) cpu::add_into(dst, tmp);
     }
     if (timer_) timer_->node_timed(i, NodePhase::backward, t0, now_seconds());
     if (node_hooks_) node_hooks_->after_backward(i);
@@ -309,6 +314,29 @@ void Engine::run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, G
       if (timer_) timer_->node_timed(i, NodePhase::grad_hook, h0, now_seconds());
     }
   }
+}
+
+bool Engine::run_backward_part(NodeRun& r, int i, BackwardPart part) {
+  Layer& layer = *g_.nodes()[size_t(i)].layer;
+  const BackwardParts p = r.parts;
+  switch (part) {
+    case BackwardPart::whole:
+      layer.backward(r.ctx);
+      return true;
+    case BackwardPart::input:
+      if (!p.input) return false;
+      if (p.weight) layer.backward_input(r.ctx);
+      else layer.backward(r.ctx);
+      return true;
+    case BackwardPart::weight:
+      if (!p.weight) return false;
+      std::swap(r.ctx.din, r.no_din);  // the input gradients were written by the input part
+      if (p.input) layer.backward_weight(r.ctx);
+      else layer.backward(r.ctx);
+      std::swap(r.ctx.din, r.no_din);
+      return true;
+  }
+  return false;
 }
 
 void Engine::recompute_unit(Context& c, int i) {

@@ -67,6 +67,10 @@ class NodeTimer {
   virtual void node_timed(int node, NodePhase phase, double t0, double t1) = 0;
 };
 
+// Which part of a backward a call runs: all of it, or (zero-bubble schedules) the input
+// gradients only, or later the parameter gradients only (Layer::backward_input/_weight).
+enum class BackwardPart : uint8_t { whole, input, weight };
+
 struct MemoryPlan {
   std::array<size_t, size_t(MemKind::kCount)> by_kind{};  // transient kinds: before reuse
   size_t persistent = 0;  // parameters, gradients, optimizer state, model state
@@ -103,7 +107,11 @@ class Engine {
   // otherwise accumulated. ready (may be null) is told after each node's backward. Returns
   // true when a captured CUDA graph was replayed: `ready` then was not called on the host
   // (what it enqueued at capture is part of the graph).
-  bool backward(int ctx, int chunk, bool first_micro, GradReady* ready = nullptr);
+  // part (CPU): input runs every node's input-gradient part (and sets d(loss)): nothing
+  // touches the parameters' gradients, `ready` is not told; weight, later, every node's
+  // parameter-gradient part in the same order, first_micro and `ready` as for whole.
+  bool backward(int ctx, int chunk, bool first_micro, GradReady* ready = nullptr,
+                BackwardPart part = BackwardPart::whole);
   // d(objective)/d(loss) for backward, multiplied on the device by *scale when scale is
   // given (fp16 loss scaling). Stays in effect until changed.
   void set_dloss(float dloss, const float* scale_dev = nullptr);
@@ -151,6 +159,8 @@ class Engine {
     std::vector<Tensor> scratch_fwd, scratch_bwd;
     std::vector<bool> first_writer;  // per param slot: first node in backward order to touch it
     std::vector<std::pair<Tensor, Tensor>> grad_adds;  // after backward: second += first
+    BackwardParts parts;       // what its input and weight parts hold (backward_parts)
+    std::vector<Tensor> no_din;  // ctx.din unset, swapped in for the weight part
   };
   struct Context {
     std::vector<Tensor> vals, grads;  // per value
@@ -159,7 +169,10 @@ class Engine {
   void build_context(const StepPlan::Ctx& pc, Context& c);
   void point_inputs(Context& c, int v, const Tensor& t);
   void run_forward_nodes(Context& c, const Chunk& ch, bool training, uint64_t seed);
-  void run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, GradReady* ready);
+  void run_backward_nodes(Context& c, const Chunk& ch, bool first_micro, GradReady* ready,
+                          BackwardPart part = BackwardPart::whole);
+  // Node i's call for `part` (CPU); false when the part is empty for it.
+  bool run_backward_part(NodeRun& r, int i, BackwardPart part);
   // Full recomputation: before node i's backward, when i is the last node of a recompute
   // unit, runs the unit's forward again (training, the seeds of the context's forward).
   void recompute_unit(Context& c, int i);

@@ -229,4 +229,25 @@ double Graph::flops_backward() const {
   return f;
 }
 
+BackwardParts backward_parts(const Graph& g, int node) {
+  const Node& n = g.nodes().at(size_t(node));
+  BackwardParts p;
+  if (!n.needs_backward) return p;
+  p.weight = !n.param_ids.empty();
+  for (int v : n.inputs) {
+    const Value& in = g.value(v);
+    p.input = p.input || (in.needs_grad && in.kind != Value::Kind::data);
+  }
+  return p;
+}
+
+void check_backward_splits(const Graph& g, const std::string& flag) {
+  for (int i = 0; i < int(g.nodes().size()); ++i) {
+    const Node& n = g.nodes()[size_t(i)];
+    const BackwardParts p = backward_parts(g, i);
+    SAT_CHECK(!(p.input && p.weight) || n.layer->splits_backward(), flag, ": layer '", n.name, "' (",
+              n.layer->unwrapped().kind(), ") cannot split its backward into input and weight gradients");
+  }
+}
+
 }  // namespace sat

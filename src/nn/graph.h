@@ -167,4 +167,16 @@ class Graph {
   mutable std::vector<Chunk> chunks_;
 };
 
+// How node i's backward divides under zero-bubble schedules (Layer::backward_input and
+// backward_weight): `input` when it writes gradients of its inputs, `weight` when it has
+// parameters. A node with both runs its layer's split; one with only one runs its whole
+// backward as that part (the other is empty).
+struct BackwardParts {
+  bool input = false, weight = false;
+};
+BackwardParts backward_parts(const Graph& g, int node);
+// sat::Error, one line starting with `flag`, naming the first layer of g that has both parts
+// but cannot split them.
+void check_backward_splits(const Graph& g, const std::string& flag);
+
 }  // namespace sat

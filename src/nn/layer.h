@@ -205,6 +205,16 @@ class Layer {
   virtual bool bf16_native_cpu() const { return false; }
   // The layer itself, under any wrapper (nn/bf16_cpu.h): for code that asks what it is.
   virtual const Layer& unwrapped() const { return *this; }
+  // Zero-bubble schedules (--pp-schedule zb-h1) run a backward as two calls at different
+  // points of the step: backward_input writes ctx.din only (ctx.grads untouched; what the
+  // previous stage waits for), later backward_weight the parameters' gradients only (the
+  // engine hands it every ctx.din unset, so backward skips them; the inputs, output gradient
+  // and saved buffers it reads stay live until then). The engine splits a layer without
+  // parameters (all of it in the input part) or whose inputs take no gradient (all of it in
+  // the weight part) by itself; a layer with both says so here and overrides backward_input.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_input(LayerCtx& c);  // default: an internal error (splits_backward() is false)
+  virtual void backward_weight(LayerCtx& c) { backward(c); }
 };
 
 // In a layer class: declares the GPU overrides, defined in the layer's .cu file.

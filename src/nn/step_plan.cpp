@@ -61,8 +61,65 @@ struct Times {
   int f(int node) const { return u.fwd * W + node; }
   int b(int node) const { return u.bwd * W + ev.bwd[size_t(node)]; }
   int r(int node) const { return u.bwd * W + ev.rec[size_t(node)]; }
+  // The end of node i's backward: its weight part's unit when the backward is split.
+  int w(int node) const { return (u.wgt >= 0 ? u.wgt : u.bwd) * W + ev.bwd[size_t(node)]; }
   int at(int action) const { return action * W; }
 };
+
+// The buffers node i holds itself in one micro-batch's use: saved, scratch, and the
+// temporaries of its input gradients.
+void plan_node_buffers(const Graph& g, const Times& t, CtxBuffers& bufs, int i) {
+  const Node& n = g.nodes()[size_t(i)];
+  const auto& vals = g.values();
+  const bool train = t.u.bwd >= 0;
+  const bool rec = train && n.rc_first >= 0;  // its forward runs again in backward
+  const bool split = train && t.u.wgt >= 0 && backward_parts(g, i).weight;  // a weight part at w(i)
+  const int saved_end = split ? t.w(i) : t.b(i);
+  for (size_t k = 0; k < n.setup.saved.size(); ++k) {
+    const std::string what = n.name + ".saved";
+    bufs.live(CtxBuffers::saved, i, int(k), what, MemKind::saved, n.setup.saved[k].bytes(), t.f(i),
+              train && !rec ? saved_end : t.f(i));
+    if (rec) bufs.live(CtxBuffers::saved, i, int(k), what, MemKind::saved, n.setup.saved[k].bytes(), t.r(i), saved_end);
+  }
+  for (size_t k = 0; k < n.setup.scratch_fwd.size(); ++k) {
+    const std::string what = n.name + ".scratch";
+    bufs.live(CtxBuffers::sfwd, i, int(k), what, MemKind::scratch, n.setup.scratch_fwd[k].bytes(), t.f(i), t.f(i));
+    if (rec) bufs.live(CtxBuffers::sfwd, i, int(k), what, MemKind::scratch, n.setup.scratch_fwd[k].bytes(), t.r(i), t.r(i));
+  }
+  if (!train || !n.needs_backward) return;
+  for (size_t k = 0; k < n.setup.scratch_bwd.size(); ++k) {
+    bufs.live(CtxBuffers::sbwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_bwd[k].bytes(),
+              t.b(i), t.b(i));
+    if (split)
+      bufs.live(CtxBuffers::sbwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_bwd[k].bytes(),
+                t.w(i), t.w(i));
+  }
+  // A value read by several nodes: the last reader (first in backward order) writes its
+  // gradient; the others write a temporary that is then added in.
+  for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
+    const Value& in = vals[size_t(n.inputs[slot])];
+    if (!in.needs_grad || in.kind == Value::Kind::data) continue;
+    if (in.consumers.back() != std::pair<int, int>{i, int(slot)})
+      bufs.live(CtxBuffers::temp, i, int(slot), in.name + ".grad+", MemKind::activation_grads, in.spec.bytes(), t.b(i),
+                t.b(i));
+  }
+}
+
+// Split backwards (MicroUse::wgt): until when each value and each value's gradient is read
+// by a weight part (-1: never).
+void weight_holds(const Graph& g, const Times& t, std::vector<int>& hold, std::vector<int>& hold_grad) {
+  hold.assign(g.values().size(), -1), hold_grad.assign(g.values().size(), -1);
+  if (t.u.bwd < 0 || t.u.wgt < 0) return;
+  const Chunk& ch = g.chunks()[size_t(t.u.chunk)];
+  for (int i = ch.begin; i < ch.end; ++i) {
+    const Node& n = g.nodes()[size_t(i)];
+    if (!backward_parts(g, i).weight) continue;
+    if (n.layer->backward_reads_inputs())
+      for (int v : n.inputs) hold[size_t(v)] = std::max(hold[size_t(v)], t.w(i));
+    if (n.layer->backward_reads_output()) hold[size_t(n.output)] = std::max(hold[size_t(n.output)], t.w(i));
+    hold_grad[size_t(n.output)] = t.w(i);
+  }
+}
 
 // The intervals of one micro-batch's buffers in its context.
 void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
@@ -91,13 +148,15 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
       if (c.first > p.rc_last) return false;
     return true;
   };
+  std::vector<int> hold, hold_grad;
+  weight_holds(g, t, hold, hold_grad);
   // Values first, then each node's own buffers (the order breaks the planner's ties).
   for (size_t id = 0; id < vals.size(); ++id) {
     const Value& v = vals[id];
     if (v.chunk != t.u.chunk) continue;
     if (v.kind == Value::Kind::received) {
       const int arrive = t.at(t.u.recv >= 0 ? t.u.recv : t.u.fwd);
-      const int end = train ? t.b(first_reader(v)) : t.f(last_reader(v, 0));
+      const int end = train ? std::max(t.b(first_reader(v)), hold[id]) : t.f(last_reader(v, 0));
       bufs.live(CtxBuffers::value, int(id), 0, v.name + " (received)", MemKind::activations, v.spec.bytes(), arrive, end);
       if (train && v.needs_grad)
         bufs.live(CtxBuffers::grad, int(id), 0, v.name + ".grad (sent)", MemKind::activation_grads, v.spec.bytes(),
@@ -115,6 +174,7 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
       end = t.f(end);
     }
     if (v.sent) end = std::max(end, t.at(t.u.send));
+    end = std::max(end, hold[id]);
     if (train && recomputed(int(id))) {
       // Dropped after its last reader's forward; recomputed for backward.
       bufs.live(CtxBuffers::value, int(id), 0, v.name, MemKind::activations, v.spec.bytes(), t.f(i),
@@ -126,37 +186,11 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
     if (train && v.needs_grad) {
       const int begin = v.sent ? t.at(t.u.recv_grad >= 0 ? t.u.recv_grad : t.u.bwd)
                                : t.b(last_reader(v, i));
-      bufs.live(CtxBuffers::grad, int(id), 0, v.name + ".grad", MemKind::activation_grads, v.spec.bytes(), begin, t.b(i));
+      bufs.live(CtxBuffers::grad, int(id), 0, v.name + ".grad", MemKind::activation_grads, v.spec.bytes(), begin,
+                std::max(t.b(i), hold_grad[id]));
     }
   }
-  for (int i = ch.begin; i < ch.end; ++i) {
-    const Node& n = nodes[size_t(i)];
-    const bool rec = train && n.rc_first >= 0;  // its forward runs again in backward
-    for (size_t k = 0; k < n.setup.saved.size(); ++k) {
-      const std::string what = n.name + ".saved";
-      bufs.live(CtxBuffers::saved, i, int(k), what, MemKind::saved, n.setup.saved[k].bytes(), t.f(i),
-                train && !rec ? t.b(i) : t.f(i));
-      if (rec) bufs.live(CtxBuffers::saved, i, int(k), what, MemKind::saved, n.setup.saved[k].bytes(), t.r(i), t.b(i));
-    }
-    for (size_t k = 0; k < n.setup.scratch_fwd.size(); ++k) {
-      const std::string what = n.name + ".scratch";
-      bufs.live(CtxBuffers::sfwd, i, int(k), what, MemKind::scratch, n.setup.scratch_fwd[k].bytes(), t.f(i), t.f(i));
-      if (rec) bufs.live(CtxBuffers::sfwd, i, int(k), what, MemKind::scratch, n.setup.scratch_fwd[k].bytes(), t.r(i), t.r(i));
-    }
-    if (!train || !n.needs_backward) continue;
-    for (size_t k = 0; k < n.setup.scratch_bwd.size(); ++k)
-      bufs.live(CtxBuffers::sbwd, i, int(k), n.name + ".scratch", MemKind::scratch, n.setup.scratch_bwd[k].bytes(),
-                t.b(i), t.b(i));
-    // A value read by several nodes: the last reader (first in backward order) writes its
-    // gradient; the others write a temporary that is then added in.
-    for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
-      const Value& in = vals[size_t(n.inputs[slot])];
-      if (!in.needs_grad || in.kind == Value::Kind::data) continue;
-      if (in.consumers.back() != std::pair<int, int>{i, int(slot)})
-        bufs.live(CtxBuffers::temp, i, int(slot), in.name + ".grad+", MemKind::activation_grads, in.spec.bytes(), t.b(i),
-                  t.b(i));
-    }
-  }
+  for (int i = ch.begin; i < ch.end; ++i) plan_node_buffers(g, t, bufs, i);
 }
 
 }  // namespace

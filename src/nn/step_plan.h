@@ -20,6 +20,10 @@
 //   a received input:      arrival .. the backward of its last reader
 //   its gradient:          the first reader's backward .. it has been sent
 //   saved of node i:       forward(i) .. backward(i); scratch: during the call
+// A split backward (MicroUse::wgt, zero-bubble schedules) runs its weight part in a later
+// action, node i at the same unit within it: a node with a weight part keeps its saved
+// buffers, its output's gradient and the inputs (and output) its backward reads until then,
+// and has its backward scratch again there.
 // Under full recomputation (Graph::set_recompute) a backward action is a finer sequence
 // (W = its events + 1 units): for each node in backward order, the forward of its
 // recompute unit's nodes when it is the unit's last node, then its backward. A value
@@ -49,6 +53,10 @@ struct MicroUse {
   int recv_grad = -1;  // the gradients of its sent outputs arrive (-1: none; at bwd)
   int bwd = -1;        // its backward (-1: forward only)
   int send_grad = -1;  // the gradients of its received inputs leave (-1: none; at bwd)
+  // Zero-bubble schedules: bwd is its input-gradient part and wgt its weight-gradient part
+  // (-1: a whole backward at bwd). The buffers a node's weight part reads (its inputs, its
+  // output's gradient, its saved buffers; see backward_parts) stay live until wgt.
+  int wgt = -1;
 };
 
 struct Timeline {

@@ -64,14 +64,19 @@ double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_
   return t1 - t0;
 }
 
-// B(micro, chunk): the parameter gradients of the first micro-batch overwrite the store's
-// (unless the reduction keeps none between micro-batches), then the reduction and the
-// gradient hooks hear of them.
-void Executor::run_backward(const Action& a, const StepParts& parts) {
+// B(micro, chunk), or W(micro, chunk) (the weight part of a split backward; `part`): the
+// parameter gradients of the first micro-batch overwrite the store's (unless the reduction
+// keeps none between micro-batches), then the reduction and the gradient hooks hear of them.
+// I(micro, chunk), the input part, touches no parameter gradient: nothing hears of it.
+void Executor::run_backward(const Action& a, const StepParts& parts, BackwardPart part) {
+  const int ctx = ctx_of_[size_t(a.chunk)][size_t(a.micro)];
+  if (part == BackwardPart::input) {
+    engine_.backward(ctx, a.chunk, false, nullptr, part);
+    return;
+  }
   const bool last = a.micro + 1 == int(ctx_of_[size_t(a.chunk)].size());
   const bool first = a.micro == 0 || (parts.sync && !parts.sync->accumulates_grads());
-  const bool replayed = engine_.backward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, first,
-                                         parts.sync ? parts.sync->ready(last) : nullptr);
+  const bool replayed = engine_.backward(ctx, a.chunk, first, parts.sync ? parts.sync->ready(last) : nullptr, part);
   const double h0 = observer_ ? now_seconds() : 0;
   if (parts.sync) parts.sync->after_backward(a.chunk, last, replayed);
   for (GradHook* h : parts.grad_hooks) h->after_backward(a.chunk, a.micro);
@@ -94,7 +99,13 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
       break;
     }
     case ActionKind::backward:
-      run_backward(a, parts);
+      run_backward(a, parts, BackwardPart::whole);
+      break;
+    case ActionKind::backward_input:
+      run_backward(a, parts, BackwardPart::input);
+      break;
+    case ActionKind::backward_weight:
+      run_backward(a, parts, BackwardPart::weight);
       break;
     case ActionKind::reduce_grads:
       if (parts.sync) parts.sync->reduce();

@@ -86,7 +86,7 @@ class Executor {
   // Posts the group of actions [first, end) and waits for it; the seconds waited.
   double finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end);
   void run_compute(size_t index, const std::function<uint64_t(int)>& seed, const StepParts& parts, StepStats& st);
-  void run_backward(const Action& a, const StepParts& parts);
+  void run_backward(const Action& a, const StepParts& parts, BackwardPart part);
 
   Engine& engine_;
   std::vector<Action> actions_;

@@ -121,8 +121,9 @@ void check_pipeline(const TrainConfig& cfg) {
   SAT_CHECK(cfg.pp >= 1, "--pp: expected a positive number of pipeline stages, got ", cfg.pp);
   SAT_CHECK(cfg.pp > 1 || cfg.pp_split.empty(), "--pp-split needs --pp 2 or more (it names the cuts between stages)");
   check_schedule({cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages});
-  SAT_CHECK(cfg.pp_schedule != PipeSchedule::zb_h1, "--pp-schedule zb-h1: the engine does not split the backward into "
-            "its input and weight parts yet; `saturate schedule --pp-schedule zb-h1` shows the schedule");
+  if (cfg.pp_schedule != PipeSchedule::zb_h1) return;
+  SAT_CHECK(cfg.zero < 2, "--pp-schedule zb-h1 with --zero ", cfg.zero, ": ZeRO-2/3's per-unit gradient staging does "
+            "not follow a split backward yet; use --zero 0 or 1");
 }
 
 StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name) {
@@ -191,6 +192,8 @@ Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, 
       case ActionKind::send_act: u.send = t; break;
       case ActionKind::recv_grad: u.recv_grad = t; break;
       case ActionKind::backward: u.bwd = t; break;
+      case ActionKind::backward_input: u.bwd = t; break;
+      case ActionKind::backward_weight: u.wgt = t; break;
       case ActionKind::send_grad: u.send_grad = t; break;
       default: break;
     }
@@ -222,6 +225,11 @@ JobPlan::JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     : mc_(mc), cfg_(cfg), train_(&train), test_(test), dp_(dp) {
   whole_ = std::make_unique<BuiltModel>(build_model(mc, cfg.batch, true));
   split_ = split_model(*whole_->graph, cfg, mc.name);
+  if (cfg.pp_schedule == PipeSchedule::zb_h1) {
+    SAT_CHECK(whole_->graph->device() == Device::cpu, "--pp-schedule zb-h1: the split backward runs on the CPU only "
+              "for now (--device cpu)");
+    check_backward_splits(*whole_->graph, "--pp-schedule zb-h1");
+  }
   if (mc.tp > 1) {  // the whole model's size and work, not this tensor-parallel rank's part
     ModelConfig one = mc;
     one.tp = 1, one.tp_rank = 0, one.sequence_parallel = false;
@@ -331,7 +339,8 @@ RankPlan JobPlan::plan_stage(int stage) {
   for (int c = 0; c < chunks; ++c) {
     if (g.chunks()[size_t(c)].data.empty()) continue;
     r.reads_data = true;
-    r.loader_keep = std::max(r.loader_keep, max_in_flight(r.actions, c));
+    // A split backward's weight part reads the data too (the embedding's tokens).
+    r.loader_keep = std::max(r.loader_keep, max_held_for_weights(r.actions, c));
   }
   if (r.reads_data) r.loader = plan_loaders(cfg, *train_, test_, r.loader_keep);
   r.memory = stage_memory(r, cfg, *train_, test_, dp_, r.shards);

@@ -61,6 +61,11 @@ void LayerNorm::backward(LayerCtx& c) {
   backward_as<cpu::StoreF32>(c);
 }
 
+void LayerNorm::backward_input(LayerCtx& c) {
+  if (c.in[0].dtype == DType::bf16) return input_grad_as<cpu::StoreBf16>(c);
+  input_grad_as<cpu::StoreF32>(c);
+}
+
 template <class L>
 void LayerNorm::forward_as(LayerCtx& c) {
   using T = typename L::T;
@@ -107,6 +112,12 @@ void LayerNorm::forward_as(LayerCtx& c) {
 //   dweight = sum_rows dy xhat,  dbias = sum_rows dy
 template <class L>
 void LayerNorm::backward_as(LayerCtx& c) {
+  input_grad_as<L>(c);
+  param_grads_as<L>(c);
+}
+
+template <class L>
+void LayerNorm::input_grad_as(LayerCtx& c) {
   using T = typename L::T;
   const int64_t D = dim_, rows = c.in[0].numel() / D;
   const T* x = static_cast<const T*>(c.in[0].ptr);  // [rows, D]
@@ -143,8 +154,18 @@ void LayerNorm::backward_as(LayerCtx& c) {
     }
   }
 
-  // Parameter gradients: sums over rows. Parallel over blocks of features so each thread owns
-  // its outputs (no race, fixed order); double accumulators.
+}
+
+// Parameter gradients: sums over rows. Parallel over blocks of features so each thread owns
+// its outputs (no race, fixed order); double accumulators.
+template <class L>
+void LayerNorm::param_grads_as(LayerCtx& c) {
+  using T = typename L::T;
+  const int64_t D = dim_, rows = c.in[0].numel() / D;
+  const T* x = static_cast<const T*>(c.in[0].ptr);  // [rows, D]
+  const T* dy = static_cast<const T*>(c.dout.ptr);  // [rows, D]
+  const float* mean = c.saved[0].f32();             // [rows]
+  const float* rstd = c.saved[1].f32();             // [rows]
   float* dw = c.grads[0].f32();  // [D]
   float* db = c.grads[1].f32();  // [D]
   const bool acc_w = c.accumulate[0], acc_b = c.accumulate[1];

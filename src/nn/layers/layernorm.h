@@ -22,6 +22,9 @@ class LayerNorm : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  // Zero-bubble split (nn/layer.h): dx alone, then dweight and dbias (CPU).
+  bool splits_backward() const override { return true; }
+  void backward_input(LayerCtx& c) override;
   SAT_CUDA_LAYER
   // Row chunks of the GPU's two-stage parameter-gradient reduction (>= 1).
   static int64_t grad_chunks(int64_t rows) {
@@ -35,6 +38,8 @@ class LayerNorm : public Layer {
   bool sequence_parallel_;
   template <class L> void forward_as(LayerCtx& c);  // activations stored as L::T (cpu::StoreF32, StoreBf16)
   template <class L> void backward_as(LayerCtx& c);
+  template <class L> void input_grad_as(LayerCtx& c);
+  template <class L> void param_grads_as(LayerCtx& c);
 };
 
 }  // namespace sat

@@ -89,7 +89,6 @@ void Linear::backward(LayerCtx& c) {
   if (onednn_) return backward_bf16(c);
   const int64_t rows = c.in[0].numel() / in_;
   const float* x = c.in[0].f32();     // [rows, in]
-  const float* w = c.params[0].f32(); // [out, in]
   const float* dy = c.dout.f32();     // [rows, out]
   float* dw = c.grads[0].f32();       // [out, in]
   // dW [out, in] (+)= dY^T [out, rows] X [rows, in]
@@ -98,8 +97,14 @@ void Linear::backward(LayerCtx& c) {
   else if (!c.accumulate[0])
     std::memset(dw, 0, c.grads[0].bytes());
   if (bias_) column_sums(dy, rows, out_, c.grads[1].f32(), c.accumulate[1]);  // db [out]
-  // dX [rows, in] = dY [rows, out] W [out, in]
-  if (c.din[0].defined()) cpu::gemm(false, false, rows, in_, out_, 1.0f, dy, out_, w, in_, 0.0f, c.din[0].f32(), in_);
+  Linear::backward_input(c);
+}
+
+// dX [rows, in] = dY [rows, out] W [out, in]
+void Linear::backward_input(LayerCtx& c) {
+  const int64_t rows = c.in[0].numel() / in_;
+  if (c.din[0].defined())
+    cpu::gemm(false, false, rows, in_, out_, 1.0f, c.dout.f32(), out_, c.params[0].f32(), in_, 0.0f, c.din[0].f32(), in_);
 }
 
 }  // namespace sat

@@ -50,6 +50,9 @@ class Linear : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  // Zero-bubble split (nn/layer.h): dX alone, then dW and db (the float32 code only).
+  bool splits_backward() const override { return !onednn_; }
+  void backward_input(LayerCtx& c) override;
   SAT_CUDA_LAYER
 
 

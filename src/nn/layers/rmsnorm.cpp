@@ -56,6 +56,11 @@ void RMSNorm::forward(LayerCtx& c) {
 //   dx = rstd (g - xhat mean(g xhat)),  dweight = sum_rows dy xhat
 // (LayerNorm's formula without the mean terms).
 void RMSNorm::backward(LayerCtx& c) {
+  backward_input(c);
+  param_grads(c);
+}
+
+void RMSNorm::backward_input(LayerCtx& c) {
   const int64_t D = dim_, rows = c.in[0].numel() / D;
   const float* x = c.in[0].f32();        // [rows, D]
   const float* w = c.params[0].f32();    // [D]
@@ -79,8 +84,15 @@ void RMSNorm::backward(LayerCtx& c) {
     }
   }
 
-  // dweight: sums over rows, parallel over blocks of features so each thread owns its
-  // outputs (no race, fixed order); double accumulators.
+}
+
+// dweight: sums over rows, parallel over blocks of features so each thread owns its
+// outputs (no race, fixed order); double accumulators.
+void RMSNorm::param_grads(LayerCtx& c) {
+  const int64_t D = dim_, rows = c.in[0].numel() / D;
+  const float* x = c.in[0].f32();        // [rows, D]
+  const float* dy = c.dout.f32();        // [rows, D]
+  const float* rstd = c.saved[0].f32();  // [rows]
   float* dw = c.grads[0].f32();  // [D]
   const bool acc = c.accumulate[0];
   constexpr int64_t kBlock = 64;

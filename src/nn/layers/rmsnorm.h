@@ -19,8 +19,12 @@ class RMSNorm : public Layer {
   void setup(LayerSetup& s) override;
   void forward(LayerCtx& c) override;
   void backward(LayerCtx& c) override;
+  // Zero-bubble split (nn/layer.h): dx alone, then dweight.
+  bool splits_backward() const override { return true; }
+  void backward_input(LayerCtx& c) override;
 
  private:
+  void param_grads(LayerCtx& c);
   int64_t dim_;
   float eps_;
   bool sequence_parallel_;
