@@ -93,6 +93,7 @@ std::string config_fingerprint(const ModelConfig& mc, const TrainConfig& cfg, co
                  ";precision=", precision_name(cfg.precision), ";cuda_graph=", cfg.cuda_graph,
                  ";checkpoints=", !cfg.checkpoint_dir.empty(),
                  // (only when on: the checkpoints of runs without them record the same settings as before)
+                 cfg.cp > 1 ? str_cat(";cp=", cfg.cp) : "", cfg.ep > 1 ? str_cat(";ep=", cfg.ep) : "",
                  cfg.eval_every > 0 ? str_cat(";eval_every=", cfg.eval_every, ";eval_batches=", cfg.eval_batches,
                                               ";keep_best=", cfg.keep_best) : "");
 }
