@@ -101,6 +101,8 @@ struct BlockTable {
   std::vector<double> fwd, bwd, tp_comm;  // seconds per micro-batch (bwd: recompute included)
   std::vector<double> bwd_cached;         // seconds less with the gradients' sums in the cache
   std::vector<double> kept, work;         // bytes: kept from forward to backward; the working set beyond
+  std::vector<double> bwd_weight;         // seconds of bwd that a split backward's W takes (zb-h1)
+  std::vector<double> kept_weight;        // of kept, the inputs of weight gradients (held until W)
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
   double tied = 0;                        // a tied parameter declared by the first block, used by the last
@@ -125,11 +127,25 @@ std::pair<double, double> node_bytes(const Graph& g, int i) {
   return {read_after ? out : 0, (read_after ? 0 : out) + saved + scratch};
 }
 
+// A node with parameters of its own: its backward is two products of equal size, the input's
+// gradient and the weight's (a linear layer's dX = dY W and dW = X^T dY), so a split backward's
+// W takes half of it (recomputation and collectives stay with I), and W holds the node's saved
+// input until it runs.
+void add_weight_part(BlockTable& t, const Node& n, const NodeCost& c, size_t b) {
+  bool own = false;
+  for (auto& p : n.setup.params) own |= !p.shared;
+  if (!own) return;
+  t.bwd_weight[b] += c.bwd / 2;
+  if (n.rc_first < 0)  // (a recomputed unit's saved tensors are not kept from forward)
+    for (auto& x : n.setup.saved) t.kept_weight[b] += double(x.bytes());
+}
+
 void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const Graph& g = *t.whole->graph;
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
-  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes})
+  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes,
+                  &t.bwd_weight, &t.kept_weight})
     v->assign(size_t(t.blocks) + 1, 0);
   const std::vector<NodeCost> cost = node_costs(g, hw, tp);
   std::map<std::string, int> declared;
@@ -144,6 +160,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     auto [k, w] = node_bytes(g, i);
     t.kept[b] += k;
     t.work[b] += w;
+    add_weight_part(t, n, cost[size_t(i)], b);
     largest[b] = std::max(largest[b], double(n.setup.output.bytes()));
     for (auto& p : n.setup.params) {
       if (p.shared) {
@@ -183,6 +200,7 @@ struct Search {
   std::map<std::tuple<int, bool, int64_t, int>, BlockTable> tables;
   std::map<std::tuple<int, int, int64_t, int>, std::vector<std::vector<Action>>> lists;
   PlanResult out;
+  bool splits = false;  // every layer splits its backward into I and W (zb-h1 is offered; saturate's engine)
 
   explicit Search(const PlanRequest& r) : req(r), mc(r.model) {
     gpu = r.hw.gpu;
@@ -293,13 +311,16 @@ struct Search {
       StageFacts& f = out[size_t(s)];
       for (int c = 0; c < l.virtual_stages; ++c) {
         auto [a, b] = st[size_t(s)][size_t(c)];
-        double k = 0;
+        double k = 0, kw = 0;
         for (int x = a; x < b; ++x) {
           f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, t.work[size_t(x)]);
-          f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)];
+          f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
         }
+        // A split backward frees the activations at I; the weight gradients' inputs stay
+        // until W, for the micro-batches past I that await it (zb-h1: up to 2P - 1 in all).
         const int inflight = max_in_flight(lists[size_t(s)], c);
-        f.kept += k * inflight;
+        const int held = max_held_for_weights(lists[size_t(s)], c);
+        f.kept += k * inflight + std::min(k, kw) * (held - inflight);
         f.layer_inflight += double(b - a) * inflight;
         f.layers += double(b - a);
         if (c == 0) f.first_inflight = inflight;
@@ -519,7 +540,22 @@ struct Search {
     std::vector<std::pair<PipeSchedule, int>> s{{PipeSchedule::one_f_one_b, 1}};
     for (int v = 2; pp * v <= blocks; ++v)
       if (blocks % (pp * v) == 0 && M >= pp) s.push_back({PipeSchedule::interleaved, v});
+    if (splits) s.push_back({PipeSchedule::zb_h1, 1});
     return s;
+  }
+
+  // Whether the model's layers split their backward into I and W (train/plan.h's check for
+  // zb-h1, on the CPU engine that runs the split: a GPU plan marks zb-h1 as refused there).
+  bool backward_splits() const {
+    ModelConfig c = mc;
+    c.device = Device::cpu, c.act = DType::f32, c.tp = 1, c.tp_rank = 0, c.sequence_parallel = false;
+    c.recompute = Recompute::none;
+    try {
+      check_backward_splits(*build_model(c, 1, true).graph, "--pp-schedule zb-h1");
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
   }
 
   void check_filter() const {
@@ -566,6 +602,7 @@ struct Search {
       out.model_flops_per_sample = train_flops_per_sample(m, 1);
       out.tokens_per_sample = mc.tokens ? mc.seq_len : 0;
     }
+    splits = !shape && backward_splits();
     // Every graph the search builds is held to its end (one per tp, sp, micro-batch and
     // recomputation): refused before the first when together they cannot fit this machine.
     std::set<std::tuple<int, bool, int64_t, int>> graphs;
@@ -657,6 +694,10 @@ struct Search {
         c.fwd.back().push_back(fw), c.bwd.back().push_back(bw);
       }
     }
+    // W's share of a split backward, over the model's blocks (zb-h1's B and W timed apart).
+    double bw = 0, w = 0;
+    for (int x = 0; x < t.blocks; ++x) bw += t.bwd[size_t(x)], w += t.bwd_weight[size_t(x)];
+    if (bw > 0) c.weight_share = w / bw;
     return c;
   }
 
@@ -684,7 +725,7 @@ struct Search {
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
       if (!allowed(req.filter.zero, z)) continue;
       l.zero = z;
-      if (!engine_has(l)) continue;
+      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2)) continue;  // (train/plan.h refuses it)
       ++out.layouts;
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device, &mc);
@@ -779,6 +820,7 @@ struct Search {
   void make_exact(Prediction& p) {
     const Layout& l = p.layout;
     if (shape) return make_formula(p);
+    if (l.pp_schedule == PipeSchedule::zb_h1 && gpu) return;  // its step plan needs the CPU engine: the estimate
     if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
     for (int s : planned_stages(l, table(l))) {
