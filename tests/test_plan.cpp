@@ -414,6 +414,44 @@ TEST(Plan, Refusals) {
   expect_error(x, "--global-batch");
 }
 
+// Context parallelism at a long context (4096 tokens, one head: no tensor parallelism): the
+// attention's activations of one sequence do not fit a limit below what every layout without
+// cp needs; with the sequence split over the ring (1/cp of it per rank) one fits, and the
+// planner picks it. Its exact memory is the trainer's plan at that cp, and the ring's
+// transfers are priced (exposed where attention cannot hide them).
+TEST(Plan, LongContextPicksContextParallelism) {
+  PlanRequest r = request("gpt:layers=1,heads=1,width=32,context=4096,vocab=64", cpu_like(), 2, 2);
+  r.top = 50, r.exact_memory = false, r.memory_limit = 1e30;
+  r.filter.cp = 1;
+  const PlanResult one = plan_layouts(r);
+  ASSERT_FALSE(one.considered.empty());
+  double least = 1e300;
+  for (const Prediction& x : one.considered) least = std::min(least, x.memory_bytes);
+  r.filter.cp.reset();
+  r.memory_limit = 0.7 * least;
+  r.exact_memory = true;
+  r.top = 3;
+  const PlanResult p = plan_layouts(r);
+  ASSERT_FALSE(p.best.empty()) << "limit " << r.memory_limit;
+  const Prediction& b = p.best[0];
+  EXPECT_GT(b.layout.cp, 1) << b.layout.str();
+  EXPECT_TRUE(b.fits);
+  EXPECT_TRUE(b.memory_exact);
+  EXPECT_LE(b.memory_bytes, r.memory_limit);
+  EXPECT_GE(b.cp_comm_seconds, 0);
+  EXPECT_NE(train_command(b.layout, r).find("--cp " + std::to_string(b.layout.cp)), std::string::npos);
+  // On a GPU the ring is offered but marked: train runs it on the CPU only yet.
+  Layout g = b.layout;
+  const std::vector<std::string> why = refusals(g, Device::cuda, &r.model);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.back().find("--cp"), std::string::npos) << why.back();
+  // --layout cp= is checked against the model: 4096 tokens do not split into 2 x 3 chunks.
+  PlanRequest x = r;
+  x.gpus = 3;
+  x.filter = parse_layout("cp=3");
+  expect_error(x, "--cp");
+}
+
 TEST(Plan, NothingFitsSaysTheSmallest) {
   PlanRequest r = request("gpt-mini", gpu_like(), 2, 8);
   r.memory_limit = 1 << 20;  // 1 MiB: nothing fits

@@ -45,7 +45,7 @@ std::vector<std::string> launcher(const PlanRequest& r, int n, int host_threads)
 Device plan_device(const PlanRequest& r) { return r.hw.gpu ? Device::cuda : Device::cpu; }
 
 std::vector<std::string> train_command_argv(const Layout& l, const PlanRequest& r, int host_threads) {
-  const int n = l.dp_of(r.gpus) * l.tp * l.pp;
+  const int n = l.dp_of(r.gpus) * l.tp * l.pp * l.cp;
   SAT_CHECK(n == r.gpus, "internal error: layout ", l.str(), " has ", n, " ranks where the plan has ", r.gpus);
   std::vector<std::string> v = launcher(r, n, host_threads);
   auto add = [&](const std::string& flag, const std::string& value) {

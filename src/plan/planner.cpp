@@ -37,7 +37,7 @@ void apply_layout(const Layout& l, TrainConfig& cfg) {
 }
 
 bool LayoutFilter::empty() const {
-  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp;
+  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp && !cp;
 }
 
 namespace {
@@ -57,6 +57,7 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
   else if (k == "tp") f.tp = int(positive(k, v));
   else if (k == "pp") f.pp = int(positive(k, v));
   else if (k == "micro") f.micro = positive(k, v);
+  else if (k == "cp") f.cp = int(positive(k, v));
   else if (k == "v") f.v = int(positive(k, v));
   else if (k == "zero") {
     SAT_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '3', "--layout: zero=", v, ": expected a ZeRO stage 0, 1, 2 or 3");
@@ -68,7 +69,7 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
   } else if (k == "sp") {
     f.sp = parse_on_off("--layout: sp", v);
   } else {
-    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero)");
+    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero, cp)");
   }
 }
 
@@ -103,6 +104,7 @@ struct BlockTable {
   std::vector<double> kept, work;         // bytes: kept from forward to backward; the working set beyond
   std::vector<double> bwd_weight;         // seconds of bwd that a split backward's W takes (zb-h1)
   std::vector<double> kept_weight;        // of kept, the inputs of weight gradients (held until W)
+  std::vector<double> attn_fwd, attn_bwd, attn_layers;  // causal attention's seconds and count (the ring hides behind them)
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
   double tied = 0;                        // a tied parameter declared by the first block, used by the last
@@ -145,7 +147,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
   for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes,
-                  &t.bwd_weight, &t.kept_weight})
+                  &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers})
     v->assign(size_t(t.blocks) + 1, 0);
   const std::vector<NodeCost> cost = node_costs(g, hw, tp);
   std::map<std::string, int> declared;
@@ -161,6 +163,8 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     t.kept[b] += k;
     t.work[b] += w;
     add_weight_part(t, n, cost[size_t(i)], b);
+    if (std::string(n.layer->kind()) == "CausalSelfAttention")
+      t.attn_fwd[b] += cost[size_t(i)].fwd, t.attn_bwd[b] += cost[size_t(i)].bwd, t.attn_layers[b] += 1;
     largest[b] = std::max(largest[b], double(n.setup.output.bytes()));
     for (auto& p : n.setup.params) {
       if (p.shared) {
@@ -235,9 +239,10 @@ struct Search {
   // The links of the mesh's groups (tp fastest, then dp, then pp): a group whose ranks span
   // more than one node crosses the inter-node link.
   Link tp_link(const Layout& l) const { return l.tp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
-  Link dp_link(const Layout& l) const { return l.tp * l.dp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  Link dp_link(const Layout& l) const { return l.tp * l.cp * l.dp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  Link cp_link(const Layout& l) const { return l.tp * l.cp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter; }
   Link pp_link(const Layout& l) const {
-    return l.tp * l.dp * l.pp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter;
+    return l.tp * l.cp * l.dp * l.pp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter;
   }
 
   ModelConfig config_of(const Layout& l) const {
@@ -320,11 +325,13 @@ struct Search {
         // until W, for the micro-batches past I that await it (zb-h1: up to 2P - 1 in all).
         const int inflight = max_in_flight(lists[size_t(s)], c);
         const int held = max_held_for_weights(lists[size_t(s)], c);
-        f.kept += k * inflight + std::min(k, kw) * (held - inflight);
+        // Context parallelism: each rank holds 1/cp of every sequence's tokens.
+        f.kept += (k * inflight + std::min(k, kw) * (held - inflight)) / l.cp;
         f.layer_inflight += double(b - a) * inflight;
         f.layers += double(b - a);
         if (c == 0) f.first_inflight = inflight;
       }
+      f.work /= l.cp, f.bwd /= l.cp;
       if (l.pp > 1 && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
       if (l.pp > 1 && s == l.pp - 1) f.params += t.tied;
       if (l.pp == 1) f.spanning = t.tied;
@@ -422,7 +429,9 @@ struct Search {
     p.pp_comm_seconds = l.pp > 1 ? transfer * 2 * double(l.accum) * l.virtual_stages : 0;
     double tp = 0;
     for (int b = 0; b < t.blocks; ++b) tp += t.tp_comm[size_t(b)];
-    p.tp_comm_seconds = tp * double(l.accum) / l.pp;
+    p.tp_comm_seconds = tp * double(l.accum) / l.pp / l.cp;
+    const auto [rf, rb] = ring_exposed(l, t, 0, t.blocks);
+    p.cp_comm_seconds = (rf + rb) * double(l.accum) / l.pp;
     finish_rates(p);
   }
 
@@ -437,7 +446,8 @@ struct Search {
   // The data-parallel reduction's exposed seconds for a stage of `params` parameters (this
   // tp rank's), whose last micro-batch's backward takes `bwd`.
   double dp_seconds(const Layout& l, double params, double bwd) const {
-    if (l.dp == 1) return 0;
+    if (l.dp * l.cp == 1) return 0;
+    // (Context parallelism reduces over the data x context-parallel ranks, without ZeRO.)
     // The gradients reduce in the engine's reduction dtype; updated parameters are gathered in
     // the dtype the layers read (saturate's ZeRO-1/2 gather its fp32 master).
     const double grads = params * engine.reduce_bytes, eff = req.hw.eff.comm_eff * engine.dp_comm_eff;
@@ -459,7 +469,7 @@ struct Search {
     const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, beside, eff);
     const double M = double(l.accum);
     switch (l.zero) {
-      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp, beside, eff), bwd);
+      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp * l.cp, beside, eff), bwd);
       case 1: return hidden(scatter, bwd) + gather;
       case 2: return M * hidden(scatter, bwd) + gather;
       default: {
@@ -519,6 +529,22 @@ struct Search {
     }
   }
 
+  // Context parallelism is searched from this sequence length up (or when --layout gives cp):
+  // below it attention is too short to hide the ring, and activations rarely need the split.
+  static constexpr int64_t kLongContext = 4096;
+  // Context parallelism the model takes (gpt/llama, a context of 2 cp chunks) and saturate's
+  // engine runs (not the published engines' formulas).
+  bool valid_cp(int tp, bool sp, int cp) const {
+    if (cp == 1) return true;
+    if (shape) return false;
+    try {
+      check_context_parallel(mc, cp, tp, sp);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
   bool valid_recompute(Recompute r) const {
     ModelConfig c = mc;
     c.recompute = r;
@@ -560,12 +586,18 @@ struct Search {
 
   void check_filter() const {
     const LayoutFilter& f = req.filter;
+    const int64_t cp = f.cp.value_or(1);
     if (f.dp && f.tp && f.pp)
-      SAT_CHECK(int64_t(*f.dp) * *f.tp * *f.pp == req.gpus, "--layout: dp=", *f.dp, " x tp=", *f.tp, " x pp=", *f.pp,
-                " = ", int64_t(*f.dp) * *f.tp * *f.pp, " devices, but --gpus is ", req.gpus);
-    for (auto [name, v] : {std::pair{"dp", f.dp}, {"tp", f.tp}, {"pp", f.pp}})
+      SAT_CHECK(int64_t(*f.dp) * *f.tp * *f.pp * cp == req.gpus, "--layout: dp=", *f.dp, " x tp=", *f.tp, " x pp=",
+                *f.pp, cp > 1 ? str_cat(" x cp=", cp) : std::string(), " = ", int64_t(*f.dp) * *f.tp * *f.pp * cp,
+                " devices, but --gpus is ", req.gpus);
+    for (auto [name, v] : {std::pair{"dp", f.dp}, {"tp", f.tp}, {"pp", f.pp}, {"cp", f.cp}})
       SAT_CHECK(!v || req.gpus % *v == 0, "--layout: ", name, "=", *v, " does not divide --gpus ", req.gpus);
     if (f.tp) check_tensor_parallel(mc, *f.tp, f.sp.value_or(false));
+    if (f.cp && *f.cp > 1) {
+      SAT_CHECK(!shape, "--layout: cp=", *f.cp, ": --engine ", engine.name, " is modelled without context parallelism");
+      check_context_parallel(mc, *f.cp, f.tp.value_or(1), f.sp.value_or(false));
+    }
     if (f.recompute) {
       ModelConfig c = mc;
       c.recompute = *f.recompute;
@@ -606,18 +638,20 @@ struct Search {
     // Every graph the search builds is held to its end (one per tp, sp, micro-batch and
     // recomputation): refused before the first when together they cannot fit this machine.
     std::set<std::tuple<int, bool, int64_t, int>> graphs;
-    const int64_t formed = for_each_point([&](int tp, bool sp, int, int, int64_t b, Recompute rc) {
+    const int64_t formed = for_each_point([&](int tp, bool sp, int, int, int, int64_t b, Recompute rc) {
       graphs.insert({tp, sp, b, int(rc)});
     });
     check_graphs_fit_host(int64_t(graphs.size()) + 1);  // and the one above
-    for_each_point([&](int tp, bool sp, int pp, int dp, int64_t b, Recompute rc) { search_point(tp, sp, pp, dp, b, rc); });
+    for_each_point([&](int tp, bool sp, int cp, int pp, int dp, int64_t b, Recompute rc) {
+      search_point(tp, sp, cp, pp, dp, b, rc);
+    });
     const LayoutFilter& f = req.filter;
     SAT_CHECK(formed > 0, "--global-batch ", req.global_batch, ": no layout of ", req.gpus, " devices",
               f.empty() ? "" : " matching --layout", " can form it (the data-parallel size must divide it: ",
               "choose a global batch that a divisor of ", req.gpus, " divides)");
   }
 
-  // Calls fn(tp, sp, pp, dp, micro-batch, recomputation) for every point of the search the
+  // Calls fn(tp, sp, cp, pp, dp, micro-batch, recomputation) for every point of the search the
   // filter allows; returns how many (tp, sp, pp, micro-batch) meshes were formed.
   template <typename F>
   int64_t for_each_point(F&& fn) const {
@@ -630,14 +664,17 @@ struct Search {
       if (!allowed(f.tp, tp)) continue;
       for (bool sp : {false, true}) {
         if (!allowed(f.sp, sp) || !valid_tp(tp, sp)) continue;
-        for (int pp : divisors(req.gpus / tp, req.gpus)) {
-          const int dp = req.gpus / tp / pp;
-          if (!allowed(f.pp, pp) || !allowed(f.dp, dp) || req.global_batch % dp) continue;
-          const int64_t per_replica = req.global_batch / dp;
-          for (int64_t b : divisors(per_replica, per_replica)) {
-            if (!allowed(f.micro, b)) continue;
-            ++formed;
-            for (Recompute rc : rcs) fn(tp, sp, pp, dp, b, rc);
+        for (int cp : divisors(req.gpus / tp, req.gpus)) {
+          if (f.cp ? *f.cp != cp : !(cp == 1 || (mc.seq_len >= kLongContext && valid_cp(tp, sp, cp)))) continue;
+          for (int pp : divisors(req.gpus / tp / cp, req.gpus)) {
+            const int dp = req.gpus / tp / cp / pp;
+            if (!allowed(f.pp, pp) || !allowed(f.dp, dp) || req.global_batch % dp) continue;
+            const int64_t per_replica = req.global_batch / dp;
+            for (int64_t b : divisors(per_replica, per_replica)) {
+              if (!allowed(f.micro, b)) continue;
+              ++formed;
+              for (Recompute rc : rcs) fn(tp, sp, cp, pp, dp, b, rc);
+            }
           }
         }
       }
@@ -659,9 +696,9 @@ struct Search {
               "--layout (tp=, micro=, recompute=, sp=) or plan a smaller model");
   }
 
-  void search_point(int tp, bool sp, int pp, int dp, int64_t b, Recompute rc) {
+  void search_point(int tp, bool sp, int cp, int pp, int dp, int64_t b, Recompute rc) {
     Layout l;
-    l.tp = tp, l.sequence_parallel = sp, l.pp = pp, l.dp = dp, l.batch = b, l.recompute = rc;
+    l.tp = tp, l.sequence_parallel = sp, l.cp = cp, l.pp = pp, l.dp = dp, l.batch = b, l.recompute = rc;
     l.accum = req.global_batch / dp / b;
     const BlockTable& t = table(l);
     if (pp > t.blocks) return;
@@ -691,7 +728,8 @@ struct Search {
           fw += t.fwd[size_t(x)];
           bw += t.bwd[size_t(x)] - warm * t.bwd_cached[size_t(x)];
         }
-        c.fwd.back().push_back(fw), c.bwd.back().push_back(bw);
+        const auto [rf, rb] = ring_exposed(l, t, a, b);
+        c.fwd.back().push_back(fw / l.cp + rf), c.bwd.back().push_back(bw / l.cp + rb);
       }
     }
     // W's share of a split backward, over the model's blocks (zb-h1's B and W timed apart).
@@ -699,6 +737,29 @@ struct Search {
     for (int x = 0; x < t.blocks; ++x) bw += t.bwd[size_t(x)], w += t.bwd_weight[size_t(x)];
     if (bw > 0) c.weight_share = w / bw;
     return c;
+  }
+
+  // Context parallelism's ring over blocks [a, b) per micro-batch, forward and backward: each
+  // attention layer passes its key/value block around the cp ranks, cp - 1 steps forward and
+  // cp - 1 backward (keys and values, then their gradients beside them), each step overlapped
+  // with the attention of the block in hand: what is exposed is what the attention does not hide.
+  std::pair<double, double> ring_exposed(const Layout& l, const BlockTable& t, int a, int b) const {
+    if (l.cp == 1 || mc.n_head == 0) return {0, 0};
+    const double kv_heads = double(mc.n_kv_head > 0 ? mc.n_kv_head : mc.n_head);
+    const double width = double(mc.n_embd) / double(mc.n_head) * kv_heads / l.tp;
+    const double block = 2 * double(l.batch) * double(mc.seq_len) / l.cp * width * double(dtype_size(act));
+    const Link link = cp_link(l);
+    const double eff = req.hw.eff.comm_eff, steps = l.cp - 1;
+    const double cf = steps * collective_seconds(Collective::p2p, block, 2, link, eff);
+    const double cb = steps * collective_seconds(Collective::p2p, 2 * block, 2, link, eff);
+    double f = 0, g = 0;
+    for (int x = a; x < b; ++x) {
+      const double n = t.attn_layers[size_t(x)];
+      if (n == 0) continue;
+      f += std::max(0.0, n * cf - t.attn_fwd[size_t(x)] / l.cp);
+      g += std::max(0.0, n * cb - t.attn_bwd[size_t(x)] / l.cp);
+    }
+    return {f, g};
   }
 
   // The pipeline simulation of the schedule's action lists with this layout's stage costs.
@@ -725,7 +786,8 @@ struct Search {
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
       if (!allowed(req.filter.zero, z)) continue;
       l.zero = z;
-      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2)) continue;  // (train/plan.h refuses it)
+      // (train refuses zb-h1 with ZeRO-2/3, and ZeRO with context parallelism)
+      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2) || (l.cp > 1 && z > 0)) continue;
       ++out.layouts;
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device, &mc);
@@ -820,11 +882,14 @@ struct Search {
   void make_exact(Prediction& p) {
     const Layout& l = p.layout;
     if (shape) return make_formula(p);
-    if (l.pp_schedule == PipeSchedule::zb_h1 && gpu) return;  // its step plan needs the CPU engine: the estimate
+    // zb-h1's and the ring's step plans need the CPU engine: on GPUs the estimate stays.
+    if ((l.pp_schedule == PipeSchedule::zb_h1 || l.cp > 1) && gpu) return;
     if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
+    ModelConfig c = config_of(l);
+    c.cp = l.cp;  // (rank 0 of the ring: every rank holds two chunks of the same size)
     for (int s : planned_stages(l, table(l))) {
-      RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);
+      RankPlan r = plan_rank(c, train_config(l), *data->train, data->test.get(), s, l.dp);
       const double bytes = double(r.memory.total());
       if (bytes > most) {
         most = bytes, p.memory = r.memory, p.memory_stage = s;
@@ -949,7 +1014,7 @@ Prediction predict_layout(const PlanRequest& r, const Layout& l) {
   one.filter = {};
   one.filter.dp = l.dp, one.filter.tp = l.tp, one.filter.pp = l.pp, one.filter.micro = l.batch;
   one.filter.schedule = l.pp_schedule, one.filter.v = l.virtual_stages, one.filter.recompute = l.recompute;
-  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero;
+  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero, one.filter.cp = l.cp;
   one.top = 1;
   one.memory_limit = 1e30;
   PlanResult p = plan_layouts(one);

@@ -38,7 +38,7 @@ void apply_layout(const Layout& l, TrainConfig& cfg);
 
 // --layout: the fields given; the search chooses the others.
 struct LayoutFilter {
-  std::optional<int> dp, tp, pp, v, zero;
+  std::optional<int> dp, tp, pp, v, zero, cp;
   std::optional<int64_t> micro;
   std::optional<PipeSchedule> schedule;
   std::optional<Recompute> recompute;
@@ -106,6 +106,7 @@ struct Prediction {
   double compute_seconds = 0;          // the busiest stage's forward and backward (collectives of tp included)
   double tp_comm_seconds = 0;          // of it, tensor-parallel collectives
   double pp_comm_seconds = 0;          // point-to-point transfers on the busiest stage's path
+  double cp_comm_seconds = 0;          // context parallelism's ring transfers not hidden behind attention
   double dp_exposed_seconds = 0;       // data-parallel / ZeRO communication not hidden behind backward
   double optimizer_seconds = 0;
   double memory_bytes = 0;  // the most any rank needs (estimate, or exact when memory_exact)
