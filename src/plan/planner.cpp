@@ -105,6 +105,8 @@ struct BlockTable {
   std::vector<double> bwd_weight;         // seconds of bwd that a split backward's W takes (zb-h1)
   std::vector<double> kept_weight;        // of kept, the inputs of weight gradients (held until W)
   std::vector<double> attn_fwd, attn_bwd, attn_layers;  // causal attention's seconds and count (the ring hides behind them)
+  std::vector<double> attn_saved;         // of kept, what causal attention saves (its probabilities: T x T)
+  std::vector<double> attn_work;          // of work, causal attention's (its scores: T x T)
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
   double tied = 0;                        // a tied parameter declared by the first block, used by the last
@@ -147,7 +149,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
   for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes,
-                  &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers})
+                  &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers, &t.attn_saved, &t.attn_work})
     v->assign(size_t(t.blocks) + 1, 0);
   const std::vector<NodeCost> cost = node_costs(g, hw, tp);
   std::map<std::string, int> declared;
@@ -163,8 +165,12 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     t.kept[b] += k;
     t.work[b] += w;
     add_weight_part(t, n, cost[size_t(i)], b);
-    if (std::string(n.layer->kind()) == "CausalSelfAttention")
+    if (std::string(n.layer->kind()) == "CausalSelfAttention") {
       t.attn_fwd[b] += cost[size_t(i)].fwd, t.attn_bwd[b] += cost[size_t(i)].bwd, t.attn_layers[b] += 1;
+      t.attn_work[b] += w;
+      if (n.rc_first < 0)
+        for (auto& x : n.setup.saved) t.attn_saved[b] += double(x.bytes());
+    }
     largest[b] = std::max(largest[b], double(n.setup.output.bytes()));
     for (auto& p : n.setup.params) {
       if (p.shared) {
@@ -318,7 +324,11 @@ struct Search {
         auto [a, b] = st[size_t(s)][size_t(c)];
         double k = 0, kw = 0;
         for (int x = a; x < b; ++x) {
-          f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, t.work[size_t(x)]);
+          // The ring saves its output's log-sum-exp, not the probabilities (T / cp rows, no T x T).
+          if (l.cp > 1) k -= t.attn_saved[size_t(x)];
+          // and works on blocks of (T / cp)^2 scores: 1/cp of attention's working set again.
+          const double work = t.work[size_t(x)] - (1 - 1.0 / l.cp) * t.attn_work[size_t(x)];
+          f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, work);
           f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
         }
         // A split backward frees the activations at I; the weight gradients' inputs stay
