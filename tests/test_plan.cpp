@@ -452,6 +452,50 @@ TEST(Plan, LongContextPicksContextParallelism) {
   expect_error(x, "--cp");
 }
 
+// Expert parallelism for a moe model: searched over ep dividing dp (never for a model without
+// experts), priced as the dispatch and combine all-to-alls of both passes, with the busiest
+// rank's experts taking expert_imbalance times the mean; the experts stay whole on every rank
+// (the exact plan adds the exchange's buffers).
+TEST(Plan, ExpertParallelismPricesTheAllToAllsAndTheImbalance) {
+  const std::string moe = "moe:layers=2,heads=2,width=32,experts=8,top_k=2,context=32,vocab=64";
+  PlanRequest r = request(moe, cpu_like(), 4, 8);
+  auto one = [&](const char* layout, double imbalance) {
+    PlanRequest x = r;
+    x.filter = parse_layout(layout);
+    x.expert_imbalance = imbalance;
+    x.top = 1;
+    const PlanResult p = plan_layouts(x);
+    EXPECT_EQ(p.best.size(), 1u) << layout;
+    return p.best.empty() ? Prediction{} : p.best[0];
+  };
+  const char* base = "dp=4,tp=1,pp=1,micro=2,zero=0,recompute=none,sp=off";
+  const Prediction a = one((std::string(base) + ",ep=1").c_str(), 1);
+  const Prediction e = one((std::string(base) + ",ep=2").c_str(), 1);
+  const Prediction skew = one((std::string(base) + ",ep=2").c_str(), 2);
+  EXPECT_EQ(e.layout.ep, 2);
+  EXPECT_EQ(a.ep_comm_seconds, 0);
+  EXPECT_GT(e.ep_comm_seconds, 0);
+  EXPECT_GT(e.step_seconds, a.step_seconds);
+  EXPECT_GT(skew.step_seconds, e.step_seconds);
+  EXPECT_TRUE(e.memory_exact);
+  EXPECT_GT(e.memory_bytes, a.memory_bytes);  // the trainer's plan: the exchange's buffers beside whole experts
+  EXPECT_NE(train_command(e.layout, r).find("--ep 2"), std::string::npos);
+  PlanRequest all = r;
+  all.top = 500, all.exact_memory = false;
+  int eps = 0;
+  for (const Prediction& x : plan_layouts(all).considered) {
+    eps += x.layout.ep > 1;
+    EXPECT_EQ(x.layout.dp % x.layout.ep, 0) << x.layout.str();
+  }
+  EXPECT_GT(eps, 0);
+  PlanRequest gpt = request("gpt-mini", cpu_like(), 4, 8);
+  gpt.top = 500, gpt.exact_memory = false;
+  for (const Prediction& x : plan_layouts(gpt).considered) EXPECT_EQ(x.layout.ep, 1) << x.layout.str();
+  PlanRequest bad = r;
+  bad.filter = parse_layout("ep=3");
+  expect_error(bad, "--ep");
+}
+
 TEST(Plan, NothingFitsSaysTheSmallest) {
   PlanRequest r = request("gpt-mini", gpu_like(), 2, 8);
   r.memory_limit = 1 << 20;  // 1 MiB: nothing fits

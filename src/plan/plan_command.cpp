@@ -64,6 +64,7 @@ std::vector<std::string> train_command_argv(const Layout& l, const PlanRequest& 
   if (l.accum != 1) add("--accum", std::to_string(l.accum));
   if (l.tp != 1) add("--tp", std::to_string(l.tp));
   if (l.cp != 1) add("--cp", std::to_string(l.cp));
+  if (l.ep != 1) add("--ep", std::to_string(l.ep));
   if (l.sequence_parallel) add("--sequence-parallel", "");
   if (l.pp != 1) {
     add("--pp", std::to_string(l.pp));

@@ -37,7 +37,7 @@ void apply_layout(const Layout& l, TrainConfig& cfg) {
 }
 
 bool LayoutFilter::empty() const {
-  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp && !cp;
+  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp && !cp && !ep;
 }
 
 namespace {
@@ -58,6 +58,7 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
   else if (k == "pp") f.pp = int(positive(k, v));
   else if (k == "micro") f.micro = positive(k, v);
   else if (k == "cp") f.cp = int(positive(k, v));
+  else if (k == "ep") f.ep = int(positive(k, v));
   else if (k == "v") f.v = int(positive(k, v));
   else if (k == "zero") {
     SAT_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '3', "--layout: zero=", v, ": expected a ZeRO stage 0, 1, 2 or 3");
@@ -69,7 +70,7 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
   } else if (k == "sp") {
     f.sp = parse_on_off("--layout: sp", v);
   } else {
-    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero, cp)");
+    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero, cp, ep)");
   }
 }
 
@@ -107,6 +108,7 @@ struct BlockTable {
   std::vector<double> attn_fwd, attn_bwd, attn_layers;  // causal attention's seconds and count (the ring hides behind them)
   std::vector<double> attn_saved;         // of kept, what causal attention saves (its probabilities: T x T)
   std::vector<double> attn_work;          // of work, causal attention's (its scores: T x T)
+  std::vector<double> moe_fwd, moe_bwd, moe_layers;  // the experts' seconds and the moe layers
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
   double tied = 0;                        // a tied parameter declared by the first block, used by the last
@@ -149,7 +151,8 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
   for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes,
-                  &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers, &t.attn_saved, &t.attn_work})
+                  &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers, &t.attn_saved, &t.attn_work, &t.moe_fwd,
+                  &t.moe_bwd, &t.moe_layers})
     v->assign(size_t(t.blocks) + 1, 0);
   const std::vector<NodeCost> cost = node_costs(g, hw, tp);
   std::map<std::string, int> declared;
@@ -165,6 +168,8 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     t.kept[b] += k;
     t.work[b] += w;
     add_weight_part(t, n, cost[size_t(i)], b);
+    if (std::string(n.layer->kind()) == "Moe")
+      t.moe_fwd[b] += cost[size_t(i)].fwd, t.moe_bwd[b] += cost[size_t(i)].bwd, t.moe_layers[b] += 1;
     if (std::string(n.layer->kind()) == "CausalSelfAttention") {
       t.attn_fwd[b] += cost[size_t(i)].fwd, t.attn_bwd[b] += cost[size_t(i)].bwd, t.attn_layers[b] += 1;
       t.attn_work[b] += w;
@@ -246,6 +251,8 @@ struct Search {
   // more than one node crosses the inter-node link.
   Link tp_link(const Layout& l) const { return l.tp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
   Link dp_link(const Layout& l) const { return l.tp * l.cp * l.dp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  // The expert group: ep consecutive data-parallel ranks (tp x cp apart).
+  Link ep_link(const Layout& l) const { return l.tp * l.cp * l.ep <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
   Link cp_link(const Layout& l) const { return l.tp * l.cp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter; }
   Link pp_link(const Layout& l) const {
     return l.tp * l.cp * l.dp * l.pp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter;
@@ -442,6 +449,8 @@ struct Search {
     p.tp_comm_seconds = tp * double(l.accum) / l.pp / l.cp;
     const auto [rf, rb] = ring_exposed(l, t, 0, t.blocks);
     p.cp_comm_seconds = (rf + rb) * double(l.accum) / l.pp;
+    const auto [ef, eb] = expert_exchange(l, t, 0, t.blocks);
+    p.ep_comm_seconds = (ef + eb) * double(l.accum) / l.pp;
     finish_rates(p);
   }
 
@@ -539,6 +548,17 @@ struct Search {
     }
   }
 
+  // Expert-parallel sizes for dp data-parallel ranks: 1, and for a moe model every divisor of
+  // dp whose experts divide by it (--layout ep= fixes one).
+  std::vector<int> expert_sizes(int dp) const {
+    std::vector<int> out;
+    for (int ep : divisors(dp, dp)) {
+      if (!allowed(req.filter.ep, ep) || (ep > 1 && (mc.experts == 0 || mc.experts % ep))) continue;
+      out.push_back(ep);
+    }
+    return out;
+  }
+
   // Context parallelism is searched from this sequence length up (or when --layout gives cp):
   // below it attention is too short to hide the ring, and activations rarely need the split.
   static constexpr int64_t kLongContext = 4096;
@@ -604,6 +624,11 @@ struct Search {
     for (auto [name, v] : {std::pair{"dp", f.dp}, {"tp", f.tp}, {"pp", f.pp}, {"cp", f.cp}})
       SAT_CHECK(!v || req.gpus % *v == 0, "--layout: ", name, "=", *v, " does not divide --gpus ", req.gpus);
     if (f.tp) check_tensor_parallel(mc, *f.tp, f.sp.value_or(false));
+    if (f.ep && *f.ep > 1) {
+      check_expert_parallel(mc, *f.ep);
+      SAT_CHECK(!f.dp || *f.dp % *f.ep == 0, "--layout: ep=", *f.ep, " is carved from the data-parallel ranks: it must "
+                "divide dp=", *f.dp);
+    }
     if (f.cp && *f.cp > 1) {
       SAT_CHECK(!shape, "--layout: cp=", *f.cp, ": --engine ", engine.name, " is modelled without context parallelism");
       check_context_parallel(mc, *f.cp, f.tp.value_or(1), f.sp.value_or(false));
@@ -712,12 +737,13 @@ struct Search {
     l.accum = req.global_batch / dp / b;
     const BlockTable& t = table(l);
     if (pp > t.blocks) return;
-    for (auto [kind, v] : schedules(pp, t.blocks, l.accum)) {
-      if (!allowed(req.filter.schedule, pp == 1 ? req.filter.schedule.value_or(kind) : kind)) continue;
-      if (!allowed(req.filter.v, v)) continue;
-      l.pp_schedule = kind, l.virtual_stages = v;
-      search_schedule(l, t);
-    }
+    for (int ep : expert_sizes(dp))
+      for (auto [kind, v] : schedules(pp, t.blocks, l.accum)) {
+        if (!allowed(req.filter.schedule, pp == 1 ? req.filter.schedule.value_or(kind) : kind)) continue;
+        if (!allowed(req.filter.v, v)) continue;
+        l.ep = ep, l.pp_schedule = kind, l.virtual_stages = v;
+        search_schedule(l, t);
+      }
   }
 
   // Per stage, per chunk: one micro-batch's forward and backward seconds, averaged over the
@@ -739,7 +765,8 @@ struct Search {
           bw += t.bwd[size_t(x)] - warm * t.bwd_cached[size_t(x)];
         }
         const auto [rf, rb] = ring_exposed(l, t, a, b);
-        c.fwd.back().push_back(fw / l.cp + rf), c.bwd.back().push_back(bw / l.cp + rb);
+        const auto [ef, eb] = expert_exchange(l, t, a, b);
+        c.fwd.back().push_back(fw / l.cp + rf + ef), c.bwd.back().push_back(bw / l.cp + rb + eb);
       }
     }
     // W's share of a split backward, over the model's blocks (zb-h1's B and W timed apart).
@@ -768,6 +795,27 @@ struct Search {
       if (n == 0) continue;
       f += std::max(0.0, n * cf - t.attn_fwd[size_t(x)] / l.cp);
       g += std::max(0.0, n * cb - t.attn_bwd[size_t(x)] / l.cp);
+    }
+    return {f, g};
+  }
+
+  // Expert parallelism over blocks [a, b) per micro-batch, forward and backward: each moe
+  // layer's dispatch and combine are all-to-alls over the ep group of tokens x top_k rows of
+  // the width (forward: dispatch and combine; backward: their gradients), not overlapped; and
+  // the busiest rank's experts take expert_imbalance times the mean of the tokens (under ep
+  // they run the group's tokens of their experts; without it every rank runs its own).
+  std::pair<double, double> expert_exchange(const Layout& l, const BlockTable& t, int a, int b) const {
+    if (l.ep == 1 || mc.experts == 0) return {0, 0};
+    const double rows = double(l.batch) * double(mc.seq_len) / l.cp * double(mc.top_k);
+    const double bytes = rows * double(mc.n_embd) * double(dtype_size(act));
+    const Link link = ep_link(l);
+    const double e = l.ep, a2a = (e - 1) * link.alpha + (e - 1) / e * bytes / (link.bandwidth * req.hw.eff.comm_eff);
+    const double extra = std::max(0.0, req.expert_imbalance - 1);
+    double f = 0, g = 0;
+    for (int x = a; x < b; ++x) {
+      const double n = t.moe_layers[size_t(x)];
+      f += n * 2 * a2a + extra * t.moe_fwd[size_t(x)] / l.cp;
+      g += n * 2 * a2a + extra * t.moe_bwd[size_t(x)] / l.cp;
     }
     return {f, g};
   }
@@ -898,6 +946,7 @@ struct Search {
     double most = -1;
     ModelConfig c = config_of(l);
     c.cp = l.cp;  // (rank 0 of the ring: every rank holds two chunks of the same size)
+    c.ep = l.ep;  // (the experts stay whole on every rank yet: ep changes the time, not the memory)
     for (int s : planned_stages(l, table(l))) {
       RankPlan r = plan_rank(c, train_config(l), *data->train, data->test.get(), s, l.dp);
       const double bytes = double(r.memory.total());
@@ -1024,7 +1073,7 @@ Prediction predict_layout(const PlanRequest& r, const Layout& l) {
   one.filter = {};
   one.filter.dp = l.dp, one.filter.tp = l.tp, one.filter.pp = l.pp, one.filter.micro = l.batch;
   one.filter.schedule = l.pp_schedule, one.filter.v = l.virtual_stages, one.filter.recompute = l.recompute;
-  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero, one.filter.cp = l.cp;
+  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero, one.filter.cp = l.cp, one.filter.ep = l.ep;
   one.top = 1;
   one.memory_limit = 1e30;
   PlanResult p = plan_layouts(one);
