@@ -182,6 +182,47 @@ TEST(Plan, MemoryEqualsTheTrainersPlan) {
   }
 }
 
+// zb-h1 beside 1F1B at the same layout: the weight gradients fill the bubble (B and W timed
+// apart), the micro-batches awaiting W hold their inputs (more memory), and the exact memory
+// is the trainer's plan; on a GPU it is offered but marked as what `saturate train` refuses.
+TEST(Plan, ZeroBubbleH1PricedBesideOneFOneB) {
+  const PlanRequest r = request("gpt-mini", cpu_like(), 4, 8);
+  auto one = [&](const char* layout) {
+    PlanRequest x = r;
+    x.filter = parse_layout(layout);
+    x.top = 1;
+    const PlanResult p = plan_layouts(x);
+    EXPECT_EQ(p.best.size(), 1u) << layout;
+    return p.best.empty() ? Prediction{} : p.best[0];
+  };
+  const Prediction a = one("dp=1,tp=1,pp=4,micro=1,schedule=1f1b,zero=0,recompute=none");
+  const Prediction z = one("dp=1,tp=1,pp=4,micro=1,schedule=zb-h1,zero=0,recompute=none");
+  EXPECT_EQ(z.layout.pp_schedule, PipeSchedule::zb_h1);
+  EXPECT_GT(z.bubble_fraction, 0);
+  EXPECT_LT(z.bubble_fraction, a.bubble_fraction);
+  EXPECT_LT(z.step_seconds, a.step_seconds);
+  EXPECT_GT(z.memory_bytes, a.memory_bytes);
+  EXPECT_TRUE(z.memory_exact);
+  EXPECT_EQ(z.memory_bytes, trainer_plan(r, z.layout));
+  // The search offers it (pp > 1), never with ZeRO-2/3 (train refuses the pair).
+  PlanRequest all = r;
+  all.top = 200, all.exact_memory = false;
+  const PlanResult p = plan_layouts(all);
+  int zb = 0;
+  for (const Prediction& x : p.considered) {
+    zb += x.layout.pp_schedule == PipeSchedule::zb_h1 && x.layout.pp > 1;
+    if (x.layout.pp_schedule == PipeSchedule::zb_h1 && x.layout.pp > 1) {
+      EXPECT_LT(x.layout.zero, 2) << x.layout.str();
+    }
+  }
+  EXPECT_GT(zb, 0);
+  Layout g = z.layout;
+  EXPECT_TRUE(refusals(g, Device::cpu, &r.model).empty());
+  const std::vector<std::string> why = refusals(g, Device::cuda, &r.model);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.back().find("--pp-schedule zb-h1"), std::string::npos) << why.back();
+}
+
 // SGD's momentum buffer is planned (one float per parameter): the plan of the trainer that
 // runs with it, which the layout tuner compares with the measured peak.
 TEST(Plan, SgdMomentumIsInTheMemory) {
@@ -371,6 +412,88 @@ TEST(Plan, Refusals) {
   x = r;
   x.global_batch = 0;
   expect_error(x, "--global-batch");
+}
+
+// Context parallelism at a long context (4096 tokens, one head: no tensor parallelism): the
+// attention's activations of one sequence do not fit a limit below what every layout without
+// cp needs; with the sequence split over the ring (1/cp of it per rank) one fits, and the
+// planner picks it. Its exact memory is the trainer's plan at that cp, and the ring's
+// transfers are priced (exposed where attention cannot hide them).
+TEST(Plan, LongContextPicksContextParallelism) {
+  PlanRequest r = request("gpt:layers=1,heads=1,width=32,context=4096,vocab=64", cpu_like(), 2, 2);
+  r.top = 50, r.exact_memory = false, r.memory_limit = 1e30;
+  r.filter.cp = 1;
+  const PlanResult one = plan_layouts(r);
+  ASSERT_FALSE(one.considered.empty());
+  double least = 1e300;
+  for (const Prediction& x : one.considered) least = std::min(least, x.memory_bytes);
+  r.filter.cp.reset();
+  r.memory_limit = 0.7 * least;
+  r.exact_memory = true;
+  r.top = 3;
+  const PlanResult p = plan_layouts(r);
+  ASSERT_FALSE(p.best.empty()) << "limit " << r.memory_limit;
+  const Prediction& b = p.best[0];
+  EXPECT_GT(b.layout.cp, 1) << b.layout.str();
+  EXPECT_TRUE(b.fits);
+  EXPECT_TRUE(b.memory_exact);
+  EXPECT_LE(b.memory_bytes, r.memory_limit);
+  EXPECT_GE(b.cp_comm_seconds, 0);
+  EXPECT_NE(train_command(b.layout, r).find("--cp " + std::to_string(b.layout.cp)), std::string::npos);
+  // On a GPU the ring is offered but marked: train runs it on the CPU only yet.
+  Layout g = b.layout;
+  const std::vector<std::string> why = refusals(g, Device::cuda, &r.model);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.back().find("--cp"), std::string::npos) << why.back();
+  // --layout cp= is checked against the model: 4096 tokens do not split into 2 x 3 chunks.
+  PlanRequest x = r;
+  x.gpus = 3;
+  x.filter = parse_layout("cp=3");
+  expect_error(x, "--cp");
+}
+
+// Expert parallelism for a moe model: searched over ep dividing dp (never for a model without
+// experts), priced as the dispatch and combine all-to-alls of both passes, with the busiest
+// rank's experts taking expert_imbalance times the mean; the experts stay whole on every rank
+// (the exact plan adds the exchange's buffers).
+TEST(Plan, ExpertParallelismPricesTheAllToAllsAndTheImbalance) {
+  const std::string moe = "moe:layers=2,heads=2,width=32,experts=8,top_k=2,context=32,vocab=64";
+  PlanRequest r = request(moe, cpu_like(), 4, 8);
+  auto one = [&](const char* layout, double imbalance) {
+    PlanRequest x = r;
+    x.filter = parse_layout(layout);
+    x.expert_imbalance = imbalance;
+    x.top = 1;
+    const PlanResult p = plan_layouts(x);
+    EXPECT_EQ(p.best.size(), 1u) << layout;
+    return p.best.empty() ? Prediction{} : p.best[0];
+  };
+  const char* base = "dp=4,tp=1,pp=1,micro=2,zero=0,recompute=none,sp=off";
+  const Prediction a = one((std::string(base) + ",ep=1").c_str(), 1);
+  const Prediction e = one((std::string(base) + ",ep=2").c_str(), 1);
+  const Prediction skew = one((std::string(base) + ",ep=2").c_str(), 2);
+  EXPECT_EQ(e.layout.ep, 2);
+  EXPECT_EQ(a.ep_comm_seconds, 0);
+  EXPECT_GT(e.ep_comm_seconds, 0);
+  EXPECT_GT(e.step_seconds, a.step_seconds);
+  EXPECT_GT(skew.step_seconds, e.step_seconds);
+  EXPECT_TRUE(e.memory_exact);
+  EXPECT_GT(e.memory_bytes, a.memory_bytes);  // the trainer's plan: the exchange's buffers beside whole experts
+  EXPECT_NE(train_command(e.layout, r).find("--ep 2"), std::string::npos);
+  PlanRequest all = r;
+  all.top = 500, all.exact_memory = false;
+  int eps = 0;
+  for (const Prediction& x : plan_layouts(all).considered) {
+    eps += x.layout.ep > 1;
+    EXPECT_EQ(x.layout.dp % x.layout.ep, 0) << x.layout.str();
+  }
+  EXPECT_GT(eps, 0);
+  PlanRequest gpt = request("gpt-mini", cpu_like(), 4, 8);
+  gpt.top = 500, gpt.exact_memory = false;
+  for (const Prediction& x : plan_layouts(gpt).considered) EXPECT_EQ(x.layout.ep, 1) << x.layout.str();
+  PlanRequest bad = r;
+  bad.filter = parse_layout("ep=3");
+  expect_error(bad, "--ep");
 }
 
 TEST(Plan, NothingFitsSaysTheSmallest) {
@@ -658,7 +781,8 @@ TEST(PlanCommand, RunnableOnlyLeavesOutWhatTrainRefuses) {
   // Only recomputation asked for: nothing is left, and the error says why.
   r.filter = parse_layout("recompute=full");
   expect_error(r, "--runnable-only: `saturate train` refuses every layout of 8 x test-gpu matching --layout on cuda "
-                  "today (--recompute needs --device cpu");
+                  "today (");
+  expect_error(r, "--recompute needs --device cpu");
   // On the CPU every layout runs.
   PlanRequest c = request("gpt-mini", cpu_like(), 2, 8);
   c.runnable_only = true;

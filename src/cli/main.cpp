@@ -130,8 +130,10 @@ void add_plan_options(CLI::App* c, sat::PlanArgs& a) {
   c->add_option("--precision", a.precision, "bf16 | fp16 | tf32 | fp32 (default bf16 on GPUs: mixed precision with "
                 "fp32 master weights; fp32 for --gpu this)");
   c->add_option("--optimizer", a.optimizer, "adamw | sgd (its state in the memory plan)")->capture_default_str();
-  c->add_option("--layout", a.layout, "fix fields: dp=D,tp=T,pp=P,micro=B,schedule=1f1b|interleaved,v=V,"
-                "recompute=none|selective|full,sp=on|off,zero=0..3 (the rest are searched)");
+  c->add_option("--layout", a.layout, "fix fields: dp=D,tp=T,pp=P,micro=B,schedule=1f1b|interleaved|zb-h1,v=V,"
+                "recompute=none|selective|full,sp=on|off,zero=0..3,cp=C,ep=E (the rest are searched)");
+  c->add_option("--expert-imbalance", a.expert_imbalance, "moe under --ep: the busiest rank's experts' tokens over the "
+                "mean (1: balanced)")->capture_default_str();
   c->add_option("--memory-budget", a.memory_budget, "bytes per device (8GiB, 512MiB, ...; default: the hardware's "
                 "memory)");
   c->add_option("--memory-limit", a.memory_limit, "the old name of --memory-budget")->group("");  // hidden

@@ -55,6 +55,9 @@ PlanRequest plan_request(const PlanArgs& a, const ModelConfig& model, dist::Comm
   if (!a.layout.empty()) r.filter = parse_layout(a.layout);
   r.memory_limit = memory_budget_of(a);
   r.top = a.top;
+  SAT_CHECK(a.expert_imbalance >= 1 && a.expert_imbalance <= 1e6, "--expert-imbalance ", a.expert_imbalance,
+            ": expected the busiest expert rank's tokens over the mean, 1 (balanced) or more");
+  r.expert_imbalance = a.expert_imbalance;
   r.runnable_only = a.runnable_only;
   r.engine = engine_model(a.engine);
   return r;

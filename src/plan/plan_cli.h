@@ -23,6 +23,7 @@ struct PlanArgs {
   std::string memory_budget;      // --memory-budget: bytes per device ("" : the hardware's)
   std::string memory_limit;       // --memory-limit, its old name (hidden; one of the two)
   int top = 5;
+  double expert_imbalance = 1;    // --expert-imbalance (PlanRequest::expert_imbalance)
   bool runnable_only = false;     // --runnable-only: only the layouts `saturate train` runs on the device today
   std::string out_dir, json_file;
   std::string calibrate;          // RUNS.json

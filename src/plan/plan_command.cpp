@@ -45,7 +45,7 @@ std::vector<std::string> launcher(const PlanRequest& r, int n, int host_threads)
 Device plan_device(const PlanRequest& r) { return r.hw.gpu ? Device::cuda : Device::cpu; }
 
 std::vector<std::string> train_command_argv(const Layout& l, const PlanRequest& r, int host_threads) {
-  const int n = l.dp_of(r.gpus) * l.tp * l.pp;
+  const int n = l.dp_of(r.gpus) * l.tp * l.pp * l.cp;
   SAT_CHECK(n == r.gpus, "internal error: layout ", l.str(), " has ", n, " ranks where the plan has ", r.gpus);
   std::vector<std::string> v = launcher(r, n, host_threads);
   auto add = [&](const std::string& flag, const std::string& value) {
@@ -64,6 +64,7 @@ std::vector<std::string> train_command_argv(const Layout& l, const PlanRequest& 
   if (l.accum != 1) add("--accum", std::to_string(l.accum));
   if (l.tp != 1) add("--tp", std::to_string(l.tp));
   if (l.cp != 1) add("--cp", std::to_string(l.cp));
+  if (l.ep != 1) add("--ep", std::to_string(l.ep));
   if (l.sequence_parallel) add("--sequence-parallel", "");
   if (l.pp != 1) {
     add("--pp", std::to_string(l.pp));

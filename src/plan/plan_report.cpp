@@ -26,7 +26,7 @@ ojson layout_json(const Prediction& p, const PlanRequest& r) {
   const Layout& l = p.layout;
   const std::vector<std::string> refused = refusals(l, plan_device(r), &r.model);
   ojson j;
-  j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp;
+  j["dp"] = l.dp, j["tp"] = l.tp, j["pp"] = l.pp, j["cp"] = l.cp, j["ep"] = l.ep;
   j["micro_batch"] = l.batch, j["accum"] = l.accum;
   j["schedule"] = schedule_of(l), j["virtual_stages"] = l.virtual_stages;
   j["recompute"] = recompute_name(l.recompute), j["sequence_parallel"] = l.sequence_parallel, j["zero"] = l.zero;
@@ -38,6 +38,7 @@ ojson layout_json(const Prediction& p, const PlanRequest& r) {
   j["step_seconds"] = num(p.step_seconds);
   j["tokens_per_second"] = num(p.tokens_per_second), j["samples_per_second"] = num(p.samples_per_second);
   j["tflops_per_gpu"] = num(p.tflops_per_gpu), j["mfu"] = num(p.mfu), j["bubble_fraction"] = num(p.bubble_fraction);
+  j["cp_comm_seconds"] = num(p.cp_comm_seconds), j["ep_comm_seconds"] = num(p.ep_comm_seconds);
   j["compute_seconds"] = num(p.compute_seconds), j["tp_comm_seconds"] = num(p.tp_comm_seconds);
   j["pp_comm_seconds"] = num(p.pp_comm_seconds), j["dp_exposed_seconds"] = num(p.dp_exposed_seconds);
   j["optimizer_seconds"] = num(p.optimizer_seconds);
@@ -60,6 +61,8 @@ std::string row(int i, const Prediction& p, bool tokens, bool refused) {
   const Layout& l = p.layout;
   std::string sched = l.pp == 1 ? "-" : l.pp_schedule == PipeSchedule::interleaved ? strf("interleaved v=%d", l.virtual_stages)
                                                                                  : schedule_of(l);
+  if (l.cp > 1) sched += strf(" cp=%d", l.cp);
+  if (l.ep > 1) sched += strf(" ep=%d", l.ep);
   return strf("%2d%c dp %-4d tp %-2d pp %-3d %-16s %-9s sp %-3s zero %d  %4lld x %-5lld %10s%s %10.4g %12.4g %8.1f %5.1f%% %5.1f%%\n",
              i, refused ? '!' : ' ', l.dp, l.tp, l.pp, sched.c_str(), recompute_name(l.recompute), l.sequence_parallel ? "on" : "off", l.zero,
              (long long)l.batch, (long long)l.accum, format_bytes(p.memory_bytes).c_str(),

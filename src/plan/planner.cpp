@@ -37,7 +37,7 @@ void apply_layout(const Layout& l, TrainConfig& cfg) {
 }
 
 bool LayoutFilter::empty() const {
-  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp;
+  return !dp && !tp && !pp && !v && !zero && !micro && !schedule && !recompute && !sp && !cp && !ep;
 }
 
 namespace {
@@ -57,6 +57,8 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
   else if (k == "tp") f.tp = int(positive(k, v));
   else if (k == "pp") f.pp = int(positive(k, v));
   else if (k == "micro") f.micro = positive(k, v);
+  else if (k == "cp") f.cp = int(positive(k, v));
+  else if (k == "ep") f.ep = int(positive(k, v));
   else if (k == "v") f.v = int(positive(k, v));
   else if (k == "zero") {
     SAT_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '3', "--layout: zero=", v, ": expected a ZeRO stage 0, 1, 2 or 3");
@@ -68,7 +70,7 @@ void set_field(LayoutFilter& f, const std::string& k, const std::string& v) {
   } else if (k == "sp") {
     f.sp = parse_on_off("--layout: sp", v);
   } else {
-    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero)");
+    fail("--layout: unknown field '", k, "' (expected dp, tp, pp, micro, schedule, v, recompute, sp, zero, cp, ep)");
   }
 }
 
@@ -101,6 +103,12 @@ struct BlockTable {
   std::vector<double> fwd, bwd, tp_comm;  // seconds per micro-batch (bwd: recompute included)
   std::vector<double> bwd_cached;         // seconds less with the gradients' sums in the cache
   std::vector<double> kept, work;         // bytes: kept from forward to backward; the working set beyond
+  std::vector<double> bwd_weight;         // seconds of bwd that a split backward's W takes (zb-h1)
+  std::vector<double> kept_weight;        // of kept, the inputs of weight gradients (held until W)
+  std::vector<double> attn_fwd, attn_bwd, attn_layers;  // causal attention's seconds and count (the ring hides behind them)
+  std::vector<double> attn_saved;         // of kept, what causal attention saves (its probabilities: T x T)
+  std::vector<double> attn_work;          // of work, causal attention's (its scores: T x T)
+  std::vector<double> moe_fwd, moe_bwd, moe_layers;  // the experts' seconds and the moe layers
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
   double tied = 0;                        // a tied parameter declared by the first block, used by the last
@@ -125,11 +133,26 @@ std::pair<double, double> node_bytes(const Graph& g, int i) {
   return {read_after ? out : 0, (read_after ? 0 : out) + saved + scratch};
 }
 
+// A node with parameters of its own: its backward is two products of equal size, the input's
+// gradient and the weight's (a linear layer's dX = dY W and dW = X^T dY), so a split backward's
+// W takes half of it (recomputation and collectives stay with I), and W holds the node's saved
+// input until it runs.
+void add_weight_part(BlockTable& t, const Node& n, const NodeCost& c, size_t b) {
+  bool own = false;
+  for (auto& p : n.setup.params) own |= !p.shared;
+  if (!own) return;
+  t.bwd_weight[b] += c.bwd / 2;
+  if (n.rc_first < 0)  // (a recomputed unit's saved tensors are not kept from forward)
+    for (auto& x : n.setup.saved) t.kept_weight[b] += double(x.bytes());
+}
+
 void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const Graph& g = *t.whole->graph;
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
-  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes})
+  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes,
+                  &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers, &t.attn_saved, &t.attn_work, &t.moe_fwd,
+                  &t.moe_bwd, &t.moe_layers})
     v->assign(size_t(t.blocks) + 1, 0);
   const std::vector<NodeCost> cost = node_costs(g, hw, tp);
   std::map<std::string, int> declared;
@@ -144,6 +167,15 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
     auto [k, w] = node_bytes(g, i);
     t.kept[b] += k;
     t.work[b] += w;
+    add_weight_part(t, n, cost[size_t(i)], b);
+    if (std::string(n.layer->kind()) == "Moe")
+      t.moe_fwd[b] += cost[size_t(i)].fwd, t.moe_bwd[b] += cost[size_t(i)].bwd, t.moe_layers[b] += 1;
+    if (std::string(n.layer->kind()) == "CausalSelfAttention") {
+      t.attn_fwd[b] += cost[size_t(i)].fwd, t.attn_bwd[b] += cost[size_t(i)].bwd, t.attn_layers[b] += 1;
+      t.attn_work[b] += w;
+      if (n.rc_first < 0)
+        for (auto& x : n.setup.saved) t.attn_saved[b] += double(x.bytes());
+    }
     largest[b] = std::max(largest[b], double(n.setup.output.bytes()));
     for (auto& p : n.setup.params) {
       if (p.shared) {
@@ -183,6 +215,7 @@ struct Search {
   std::map<std::tuple<int, bool, int64_t, int>, BlockTable> tables;
   std::map<std::tuple<int, int, int64_t, int>, std::vector<std::vector<Action>>> lists;
   PlanResult out;
+  bool splits = false;  // every layer splits its backward into I and W (zb-h1 is offered; saturate's engine)
 
   explicit Search(const PlanRequest& r) : req(r), mc(r.model) {
     gpu = r.hw.gpu;
@@ -217,9 +250,12 @@ struct Search {
   // The links of the mesh's groups (tp fastest, then dp, then pp): a group whose ranks span
   // more than one node crosses the inter-node link.
   Link tp_link(const Layout& l) const { return l.tp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
-  Link dp_link(const Layout& l) const { return l.tp * l.dp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  Link dp_link(const Layout& l) const { return l.tp * l.cp * l.dp <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  // The expert group: ep consecutive data-parallel ranks (tp x cp apart).
+  Link ep_link(const Layout& l) const { return l.tp * l.cp * l.ep <= req.gpus_per_node ? req.hw.intra : req.hw.inter; }
+  Link cp_link(const Layout& l) const { return l.tp * l.cp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter; }
   Link pp_link(const Layout& l) const {
-    return l.tp * l.dp * l.pp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter;
+    return l.tp * l.cp * l.dp * l.pp <= req.gpus_per_node ? req.hw.p2p_intra : req.hw.p2p_inter;
   }
 
   ModelConfig config_of(const Layout& l) const {
@@ -293,17 +329,26 @@ struct Search {
       StageFacts& f = out[size_t(s)];
       for (int c = 0; c < l.virtual_stages; ++c) {
         auto [a, b] = st[size_t(s)][size_t(c)];
-        double k = 0;
+        double k = 0, kw = 0;
         for (int x = a; x < b; ++x) {
-          f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, t.work[size_t(x)]);
-          f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)];
+          // The ring saves its output's log-sum-exp, not the probabilities (T / cp rows, no T x T).
+          if (l.cp > 1) k -= t.attn_saved[size_t(x)];
+          // and works on blocks of (T / cp)^2 scores: 1/cp of attention's working set again.
+          const double work = t.work[size_t(x)] - (1 - 1.0 / l.cp) * t.attn_work[size_t(x)];
+          f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, work);
+          f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
         }
+        // A split backward frees the activations at I; the weight gradients' inputs stay
+        // until W, for the micro-batches past I that await it (zb-h1: up to 2P - 1 in all).
         const int inflight = max_in_flight(lists[size_t(s)], c);
-        f.kept += k * inflight;
+        const int held = max_held_for_weights(lists[size_t(s)], c);
+        // Context parallelism: each rank holds 1/cp of every sequence's tokens.
+        f.kept += (k * inflight + std::min(k, kw) * (held - inflight)) / l.cp;
         f.layer_inflight += double(b - a) * inflight;
         f.layers += double(b - a);
         if (c == 0) f.first_inflight = inflight;
       }
+      f.work /= l.cp, f.bwd /= l.cp;
       if (l.pp > 1 && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
       if (l.pp > 1 && s == l.pp - 1) f.params += t.tied;
       if (l.pp == 1) f.spanning = t.tied;
@@ -401,7 +446,11 @@ struct Search {
     p.pp_comm_seconds = l.pp > 1 ? transfer * 2 * double(l.accum) * l.virtual_stages : 0;
     double tp = 0;
     for (int b = 0; b < t.blocks; ++b) tp += t.tp_comm[size_t(b)];
-    p.tp_comm_seconds = tp * double(l.accum) / l.pp;
+    p.tp_comm_seconds = tp * double(l.accum) / l.pp / l.cp;
+    const auto [rf, rb] = ring_exposed(l, t, 0, t.blocks);
+    p.cp_comm_seconds = (rf + rb) * double(l.accum) / l.pp;
+    const auto [ef, eb] = expert_exchange(l, t, 0, t.blocks);
+    p.ep_comm_seconds = (ef + eb) * double(l.accum) / l.pp;
     finish_rates(p);
   }
 
@@ -416,7 +465,8 @@ struct Search {
   // The data-parallel reduction's exposed seconds for a stage of `params` parameters (this
   // tp rank's), whose last micro-batch's backward takes `bwd`.
   double dp_seconds(const Layout& l, double params, double bwd) const {
-    if (l.dp == 1) return 0;
+    if (l.dp * l.cp == 1) return 0;
+    // (Context parallelism reduces over the data x context-parallel ranks, without ZeRO.)
     // The gradients reduce in the engine's reduction dtype; updated parameters are gathered in
     // the dtype the layers read (saturate's ZeRO-1/2 gather its fp32 master).
     const double grads = params * engine.reduce_bytes, eff = req.hw.eff.comm_eff * engine.dp_comm_eff;
@@ -438,7 +488,7 @@ struct Search {
     const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, beside, eff);
     const double M = double(l.accum);
     switch (l.zero) {
-      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp, beside, eff), bwd);
+      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp * l.cp, beside, eff), bwd);
       case 1: return hidden(scatter, bwd) + gather;
       case 2: return M * hidden(scatter, bwd) + gather;
       default: {
@@ -498,6 +548,33 @@ struct Search {
     }
   }
 
+  // Expert-parallel sizes for dp data-parallel ranks: 1, and for a moe model every divisor of
+  // dp whose experts divide by it (--layout ep= fixes one).
+  std::vector<int> expert_sizes(int dp) const {
+    std::vector<int> out;
+    for (int ep : divisors(dp, dp)) {
+      if (!allowed(req.filter.ep, ep) || (ep > 1 && (mc.experts == 0 || mc.experts % ep))) continue;
+      out.push_back(ep);
+    }
+    return out;
+  }
+
+  // Context parallelism is searched from this sequence length up (or when --layout gives cp):
+  // below it attention is too short to hide the ring, and activations rarely need the split.
+  static constexpr int64_t kLongContext = 4096;
+  // Context parallelism the model takes (gpt/llama, a context of 2 cp chunks) and saturate's
+  // engine runs (not the published engines' formulas).
+  bool valid_cp(int tp, bool sp, int cp) const {
+    if (cp == 1) return true;
+    if (shape) return false;
+    try {
+      check_context_parallel(mc, cp, tp, sp);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
   bool valid_recompute(Recompute r) const {
     ModelConfig c = mc;
     c.recompute = r;
@@ -519,17 +596,43 @@ struct Search {
     std::vector<std::pair<PipeSchedule, int>> s{{PipeSchedule::one_f_one_b, 1}};
     for (int v = 2; pp * v <= blocks; ++v)
       if (blocks % (pp * v) == 0 && M >= pp) s.push_back({PipeSchedule::interleaved, v});
+    if (splits) s.push_back({PipeSchedule::zb_h1, 1});
     return s;
+  }
+
+  // Whether the model's layers split their backward into I and W (train/plan.h's check for
+  // zb-h1, on the CPU engine that runs the split: a GPU plan marks zb-h1 as refused there).
+  bool backward_splits() const {
+    ModelConfig c = mc;
+    c.device = Device::cpu, c.act = DType::f32, c.tp = 1, c.tp_rank = 0, c.sequence_parallel = false;
+    c.recompute = Recompute::none;
+    try {
+      check_backward_splits(*build_model(c, 1, true).graph, "--pp-schedule zb-h1");
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
   }
 
   void check_filter() const {
     const LayoutFilter& f = req.filter;
+    const int64_t cp = f.cp.value_or(1);
     if (f.dp && f.tp && f.pp)
-      SAT_CHECK(int64_t(*f.dp) * *f.tp * *f.pp == req.gpus, "--layout: dp=", *f.dp, " x tp=", *f.tp, " x pp=", *f.pp,
-                " = ", int64_t(*f.dp) * *f.tp * *f.pp, " devices, but --gpus is ", req.gpus);
-    for (auto [name, v] : {std::pair{"dp", f.dp}, {"tp", f.tp}, {"pp", f.pp}})
+      SAT_CHECK(int64_t(*f.dp) * *f.tp * *f.pp * cp == req.gpus, "--layout: dp=", *f.dp, " x tp=", *f.tp, " x pp=",
+                *f.pp, cp > 1 ? str_cat(" x cp=", cp) : std::string(), " = ", int64_t(*f.dp) * *f.tp * *f.pp * cp,
+                " devices, but --gpus is ", req.gpus);
+    for (auto [name, v] : {std::pair{"dp", f.dp}, {"tp", f.tp}, {"pp", f.pp}, {"cp", f.cp}})
       SAT_CHECK(!v || req.gpus % *v == 0, "--layout: ", name, "=", *v, " does not divide --gpus ", req.gpus);
     if (f.tp) check_tensor_parallel(mc, *f.tp, f.sp.value_or(false));
+    if (f.ep && *f.ep > 1) {
+      check_expert_parallel(mc, *f.ep);
+      SAT_CHECK(!f.dp || *f.dp % *f.ep == 0, "--layout: ep=", *f.ep, " is carved from the data-parallel ranks: it must "
+                "divide dp=", *f.dp);
+    }
+    if (f.cp && *f.cp > 1) {
+      SAT_CHECK(!shape, "--layout: cp=", *f.cp, ": --engine ", engine.name, " is modelled without context parallelism");
+      check_context_parallel(mc, *f.cp, f.tp.value_or(1), f.sp.value_or(false));
+    }
     if (f.recompute) {
       ModelConfig c = mc;
       c.recompute = *f.recompute;
@@ -566,21 +669,24 @@ struct Search {
       out.model_flops_per_sample = train_flops_per_sample(m, 1);
       out.tokens_per_sample = mc.tokens ? mc.seq_len : 0;
     }
+    splits = !shape && backward_splits();
     // Every graph the search builds is held to its end (one per tp, sp, micro-batch and
     // recomputation): refused before the first when together they cannot fit this machine.
     std::set<std::tuple<int, bool, int64_t, int>> graphs;
-    const int64_t formed = for_each_point([&](int tp, bool sp, int, int, int64_t b, Recompute rc) {
+    const int64_t formed = for_each_point([&](int tp, bool sp, int, int, int, int64_t b, Recompute rc) {
       graphs.insert({tp, sp, b, int(rc)});
     });
     check_graphs_fit_host(int64_t(graphs.size()) + 1);  // and the one above
-    for_each_point([&](int tp, bool sp, int pp, int dp, int64_t b, Recompute rc) { search_point(tp, sp, pp, dp, b, rc); });
+    for_each_point([&](int tp, bool sp, int cp, int pp, int dp, int64_t b, Recompute rc) {
+      search_point(tp, sp, cp, pp, dp, b, rc);
+    });
     const LayoutFilter& f = req.filter;
     SAT_CHECK(formed > 0, "--global-batch ", req.global_batch, ": no layout of ", req.gpus, " devices",
               f.empty() ? "" : " matching --layout", " can form it (the data-parallel size must divide it: ",
               "choose a global batch that a divisor of ", req.gpus, " divides)");
   }
 
-  // Calls fn(tp, sp, pp, dp, micro-batch, recomputation) for every point of the search the
+  // Calls fn(tp, sp, cp, pp, dp, micro-batch, recomputation) for every point of the search the
   // filter allows; returns how many (tp, sp, pp, micro-batch) meshes were formed.
   template <typename F>
   int64_t for_each_point(F&& fn) const {
@@ -593,14 +699,17 @@ struct Search {
       if (!allowed(f.tp, tp)) continue;
       for (bool sp : {false, true}) {
         if (!allowed(f.sp, sp) || !valid_tp(tp, sp)) continue;
-        for (int pp : divisors(req.gpus / tp, req.gpus)) {
-          const int dp = req.gpus / tp / pp;
-          if (!allowed(f.pp, pp) || !allowed(f.dp, dp) || req.global_batch % dp) continue;
-          const int64_t per_replica = req.global_batch / dp;
-          for (int64_t b : divisors(per_replica, per_replica)) {
-            if (!allowed(f.micro, b)) continue;
-            ++formed;
-            for (Recompute rc : rcs) fn(tp, sp, pp, dp, b, rc);
+        for (int cp : divisors(req.gpus / tp, req.gpus)) {
+          if (f.cp ? *f.cp != cp : !(cp == 1 || (mc.seq_len >= kLongContext && valid_cp(tp, sp, cp)))) continue;
+          for (int pp : divisors(req.gpus / tp / cp, req.gpus)) {
+            const int dp = req.gpus / tp / cp / pp;
+            if (!allowed(f.pp, pp) || !allowed(f.dp, dp) || req.global_batch % dp) continue;
+            const int64_t per_replica = req.global_batch / dp;
+            for (int64_t b : divisors(per_replica, per_replica)) {
+              if (!allowed(f.micro, b)) continue;
+              ++formed;
+              for (Recompute rc : rcs) fn(tp, sp, cp, pp, dp, b, rc);
+            }
           }
         }
       }
@@ -622,18 +731,19 @@ struct Search {
               "--layout (tp=, micro=, recompute=, sp=) or plan a smaller model");
   }
 
-  void search_point(int tp, bool sp, int pp, int dp, int64_t b, Recompute rc) {
+  void search_point(int tp, bool sp, int cp, int pp, int dp, int64_t b, Recompute rc) {
     Layout l;
-    l.tp = tp, l.sequence_parallel = sp, l.pp = pp, l.dp = dp, l.batch = b, l.recompute = rc;
+    l.tp = tp, l.sequence_parallel = sp, l.cp = cp, l.pp = pp, l.dp = dp, l.batch = b, l.recompute = rc;
     l.accum = req.global_batch / dp / b;
     const BlockTable& t = table(l);
     if (pp > t.blocks) return;
-    for (auto [kind, v] : schedules(pp, t.blocks, l.accum)) {
-      if (!allowed(req.filter.schedule, pp == 1 ? req.filter.schedule.value_or(kind) : kind)) continue;
-      if (!allowed(req.filter.v, v)) continue;
-      l.pp_schedule = kind, l.virtual_stages = v;
-      search_schedule(l, t);
-    }
+    for (int ep : expert_sizes(dp))
+      for (auto [kind, v] : schedules(pp, t.blocks, l.accum)) {
+        if (!allowed(req.filter.schedule, pp == 1 ? req.filter.schedule.value_or(kind) : kind)) continue;
+        if (!allowed(req.filter.v, v)) continue;
+        l.ep = ep, l.pp_schedule = kind, l.virtual_stages = v;
+        search_schedule(l, t);
+      }
   }
 
   // Per stage, per chunk: one micro-batch's forward and backward seconds, averaged over the
@@ -654,10 +764,60 @@ struct Search {
           fw += t.fwd[size_t(x)];
           bw += t.bwd[size_t(x)] - warm * t.bwd_cached[size_t(x)];
         }
-        c.fwd.back().push_back(fw), c.bwd.back().push_back(bw);
+        const auto [rf, rb] = ring_exposed(l, t, a, b);
+        const auto [ef, eb] = expert_exchange(l, t, a, b);
+        c.fwd.back().push_back(fw / l.cp + rf + ef), c.bwd.back().push_back(bw / l.cp + rb + eb);
       }
     }
+    // W's share of a split backward, over the model's blocks (zb-h1's B and W timed apart).
+    double bw = 0, w = 0;
+    for (int x = 0; x < t.blocks; ++x) bw += t.bwd[size_t(x)], w += t.bwd_weight[size_t(x)];
+    if (bw > 0) c.weight_share = w / bw;
     return c;
+  }
+
+  // Context parallelism's ring over blocks [a, b) per micro-batch, forward and backward: each
+  // attention layer passes its key/value block around the cp ranks, cp - 1 steps forward and
+  // cp - 1 backward (keys and values, then their gradients beside them), each step overlapped
+  // with the attention of the block in hand: what is exposed is what the attention does not hide.
+  std::pair<double, double> ring_exposed(const Layout& l, const BlockTable& t, int a, int b) const {
+    if (l.cp == 1 || mc.n_head == 0) return {0, 0};
+    const double kv_heads = double(mc.n_kv_head > 0 ? mc.n_kv_head : mc.n_head);
+    const double width = double(mc.n_embd) / double(mc.n_head) * kv_heads / l.tp;
+    const double block = 2 * double(l.batch) * double(mc.seq_len) / l.cp * width * double(dtype_size(act));
+    const Link link = cp_link(l);
+    const double eff = req.hw.eff.comm_eff, steps = l.cp - 1;
+    const double cf = steps * collective_seconds(Collective::p2p, block, 2, link, eff);
+    const double cb = steps * collective_seconds(Collective::p2p, 2 * block, 2, link, eff);
+    double f = 0, g = 0;
+    for (int x = a; x < b; ++x) {
+      const double n = t.attn_layers[size_t(x)];
+      if (n == 0) continue;
+      f += std::max(0.0, n * cf - t.attn_fwd[size_t(x)] / l.cp);
+      g += std::max(0.0, n * cb - t.attn_bwd[size_t(x)] / l.cp);
+    }
+    return {f, g};
+  }
+
+  // Expert parallelism over blocks [a, b) per micro-batch, forward and backward: each moe
+  // layer's dispatch and combine are all-to-alls over the ep group of tokens x top_k rows of
+  // the width (forward: dispatch and combine; backward: their gradients), not overlapped; and
+  // the busiest rank's experts take expert_imbalance times the mean of the tokens (under ep
+  // they run the group's tokens of their experts; without it every rank runs its own).
+  std::pair<double, double> expert_exchange(const Layout& l, const BlockTable& t, int a, int b) const {
+    if (l.ep == 1 || mc.experts == 0) return {0, 0};
+    const double rows = double(l.batch) * double(mc.seq_len) / l.cp * double(mc.top_k);
+    const double bytes = rows * double(mc.n_embd) * double(dtype_size(act));
+    const Link link = ep_link(l);
+    const double e = l.ep, a2a = (e - 1) * link.alpha + (e - 1) / e * bytes / (link.bandwidth * req.hw.eff.comm_eff);
+    const double extra = std::max(0.0, req.expert_imbalance - 1);
+    double f = 0, g = 0;
+    for (int x = a; x < b; ++x) {
+      const double n = t.moe_layers[size_t(x)];
+      f += n * 2 * a2a + extra * t.moe_fwd[size_t(x)] / l.cp;
+      g += n * 2 * a2a + extra * t.moe_bwd[size_t(x)] / l.cp;
+    }
+    return {f, g};
   }
 
   // The pipeline simulation of the schedule's action lists with this layout's stage costs.
@@ -684,7 +844,8 @@ struct Search {
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
       if (!allowed(req.filter.zero, z)) continue;
       l.zero = z;
-      if (!engine_has(l)) continue;
+      // (train refuses zb-h1 with ZeRO-2/3, and ZeRO with context parallelism)
+      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2) || (l.cp > 1 && z > 0)) continue;
       ++out.layouts;
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device, &mc);
@@ -779,10 +940,15 @@ struct Search {
   void make_exact(Prediction& p) {
     const Layout& l = p.layout;
     if (shape) return make_formula(p);
+    // zb-h1's and the ring's step plans need the CPU engine: on GPUs the estimate stays.
+    if ((l.pp_schedule == PipeSchedule::zb_h1 || l.cp > 1) && gpu) return;
     if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
+    ModelConfig c = config_of(l);
+    c.cp = l.cp;  // (rank 0 of the ring: every rank holds two chunks of the same size)
+    c.ep = l.ep;  // (the experts stay whole on every rank yet: ep changes the time, not the memory)
     for (int s : planned_stages(l, table(l))) {
-      RankPlan r = plan_rank(config_of(l), train_config(l), *data->train, data->test.get(), s, l.dp);
+      RankPlan r = plan_rank(c, train_config(l), *data->train, data->test.get(), s, l.dp);
       const double bytes = double(r.memory.total());
       if (bytes > most) {
         most = bytes, p.memory = r.memory, p.memory_stage = s;
@@ -907,7 +1073,7 @@ Prediction predict_layout(const PlanRequest& r, const Layout& l) {
   one.filter = {};
   one.filter.dp = l.dp, one.filter.tp = l.tp, one.filter.pp = l.pp, one.filter.micro = l.batch;
   one.filter.schedule = l.pp_schedule, one.filter.v = l.virtual_stages, one.filter.recompute = l.recompute;
-  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero;
+  one.filter.sp = l.sequence_parallel, one.filter.zero = l.zero, one.filter.cp = l.cp, one.filter.ep = l.ep;
   one.top = 1;
   one.memory_limit = 1e30;
   PlanResult p = plan_layouts(one);

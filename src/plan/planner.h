@@ -38,7 +38,7 @@ void apply_layout(const Layout& l, TrainConfig& cfg);
 
 // --layout: the fields given; the search chooses the others.
 struct LayoutFilter {
-  std::optional<int> dp, tp, pp, v, zero;
+  std::optional<int> dp, tp, pp, v, zero, cp, ep;
   std::optional<int64_t> micro;
   std::optional<PipeSchedule> schedule;
   std::optional<Recompute> recompute;
@@ -60,6 +60,9 @@ struct PlanRequest {
   std::string optimizer = "adamw";
   float momentum = 0;        // sgd: a momentum buffer per parameter when > 0 (memory and update)
   LayoutFilter filter;
+  // MoE under --ep: the tokens the busiest rank's experts take over the mean (1: balanced;
+  // the router's load in summary.json gives it for a trained model).
+  double expert_imbalance = 1;
   double memory_limit = 0;   // bytes per device (0: the hardware's memory)
   int top = 5;
   // The `top` are the fastest of each mesh (dp, tp, pp) first, then the next fastest of
@@ -106,6 +109,8 @@ struct Prediction {
   double compute_seconds = 0;          // the busiest stage's forward and backward (collectives of tp included)
   double tp_comm_seconds = 0;          // of it, tensor-parallel collectives
   double pp_comm_seconds = 0;          // point-to-point transfers on the busiest stage's path
+  double cp_comm_seconds = 0;          // context parallelism's ring transfers not hidden behind attention
+  double ep_comm_seconds = 0;          // expert parallelism's all-to-alls (dispatch and combine, both passes)
   double dp_exposed_seconds = 0;       // data-parallel / ZeRO communication not hidden behind backward
   double optimizer_seconds = 0;
   double memory_bytes = 0;  // the most any rank needs (estimate, or exact when memory_exact)
