@@ -64,7 +64,7 @@ void fit_to_data(ModelConfig& mc, const Dataset& train) {
 MemoryPlan Trainer::plan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& train, const Dataset* test,
                          int world, int stage) {
   if (world <= 0) world = cfg.comm ? cfg.comm->size() : 1;
-  dist::Mesh::check(world, cfg.tp, cfg.pp, 1, cfg.ep);
+  dist::Mesh::check(world, cfg.tp, cfg.pp, cfg.cp, cfg.ep);
   return plan_rank(resolved_model(mc, cfg), cfg, train, test, stage, cfg.dp_of(world)).memory;
 }
 
