@@ -4,7 +4,11 @@
 // ends in "Ranks" (PipelineRanks, ZeroRanks, ...): CMake registers no single-process entry
 // for it, and the NAME_npN entries run it.
 #pragma once
+#include <cstdio>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "dist/comm.h"
 
@@ -19,5 +23,24 @@ inline bool distributed() { return dist::detect_process().distributed(); }
 
 // Under mpirun with n ranks (a test for another size skips).
 inline bool world_is(int n) { return distributed() && world().size() == n; }
+
+// The one-process run a layout is compared with, run once per key: several layouts (the
+// schedules of a pipeline, ZeRO-2 and ZeRO-3, tensor parallelism with and without sequence
+// parallelism) share the same one-process run, and rank 0 runs it while the others wait.
+// KEY must name everything the run depends on.
+template <class Out, class Run>
+const Out& one_process_run(const std::string& key, Run run) {
+  static std::map<std::string, Out> runs;
+  auto it = runs.find(key);
+  if (it == runs.end()) it = runs.emplace(key, run()).first;
+  return it->second;
+}
+
+// A float in a key, every bit of it.
+inline std::string key_of(double x) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%a", x);
+  return b;
+}
 
 }  // namespace sat::test

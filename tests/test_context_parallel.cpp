@@ -115,7 +115,7 @@ struct Case {
   bool recompute = false;  // --recompute full: the ring runs again in backward
   bool sp = false;         // --sequence-parallel (with tp)
   int64_t batch = 2, accum = 2;
-  int steps = 10;
+  int steps = 20;
   std::string optimizer = "adamw";
   float lr = 3e-3f;
   bool evaluate = false;
@@ -173,7 +173,10 @@ void expect_exact(const Case& c) {
     auto self = sat::dist::make_self_comm();
     Case one = c;
     one.accum = c.accum * dp;
-    RunOut ref = train(one, *self, false);
+    const std::string key = one.model + "|" + std::to_string(one.batch) + "x" + std::to_string(one.accum) + "|" +
+                            std::to_string(one.steps) + "|" + one.optimizer + "|" + sat::test::key_of(one.lr) + "|" +
+                            std::to_string(one.evaluate);
+    const RunOut& ref = sat::test::one_process_run<RunOut>(key, [&] { return train(one, *self, false); });
     const double d = sat::test::max_rel(run.losses, ref.losses);
     std::printf("%s cp %d x tp %d%s x dp %d x pp %d%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
                 "(%.5f -> %.5f); memory per rank predicted %zu, peak %zu (one process: %zu, %zu); per step cp %.0f B, "

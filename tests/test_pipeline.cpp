@@ -305,7 +305,11 @@ RunOut expect_exact(const Case& c, int pp) {
       one.batch = c.batch * dp;
       one.accum = c.accum;
     }
-    RunOut ref = train(one, *self, 1);
+    const std::string key = one.model + "|" + std::to_string(one.batch) + "x" + std::to_string(one.accum) + "|" +
+                            std::to_string(one.steps) + "|" + one.optimizer + "|" + sat::test::key_of(one.lr) + "|" +
+                            std::to_string(one.sync_bn) + std::to_string(one.evaluate) + "|" +
+                            sat::precision_name(one.precision);
+    const RunOut& ref = sat::test::one_process_run<RunOut>(key, [&] { return train(one, *self, 1); });
     const double d = max_rel(run.losses, ref.losses);
     std::printf("%s %s pp %d x dp %d, %s%s, micro-batch %lld x %lld: max relative loss difference %.3g over %d steps "
                 "(%.5f -> %.5f), bubble %.2f\n",

@@ -313,7 +313,11 @@ void expect_exact(const Case& c) {
     auto self = sat::dist::make_self_comm();
     Case one = c;
     one.accum = c.accum * dp;
-    RunOut ref = train(one, *self, false);
+    const std::string key = one.model + "|" + std::to_string(one.batch) + "x" + std::to_string(one.accum) + "|" +
+                            std::to_string(one.steps) + "|" + one.optimizer + "|" + sat::test::key_of(one.lr) + "|" +
+                            std::to_string(one.evaluate) + std::to_string(one.noise) + "|" +
+                            sat::test::key_of(one.dropout);
+    const RunOut& ref = sat::test::one_process_run<RunOut>(key, [&] { return train(one, *self, false); });
     const double d = sat::test::max_rel(run.losses, ref.losses);
     std::printf("%s dp %d x tp %d%s x pp %d%s, micro-batch %lld x %lld, %s: max relative loss difference %.3g over %d "
                 "steps (%.5f -> %.5f); memory predicted %zu, peak %zu\n",
@@ -389,7 +393,7 @@ TEST(TensorParallelRanks, TwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   expect_exact({.model = "mlp", .batch = 8, .evaluate = true});
   expect_exact({.model = "gpt-mini", .evaluate = true});
-  expect_exact({.model = "gpt-mini", .sp = true});
+  expect_exact({.model = "gpt-mini", .sp = true, .evaluate = true});
   expect_exact({.model = "gpt-mini", .sp = true, .optimizer = "adamw", .lr = 3e-4f, .dropout = 0.1f});
 }
 
@@ -398,7 +402,7 @@ TEST(TensorParallelRanks, TwoRanks) {
 TEST(TensorParallelRanks, LlamaTwoRanks) {
   if (!world_is(2)) GTEST_SKIP() << "runs under mpirun with 2 ranks (ctest -R tensor_parallel_np2)";
   expect_exact({.model = kLlama, .batch = 4, .optimizer = "adamw", .lr = 3e-3f, .evaluate = true});
-  expect_exact({.model = kLlama, .sp = true, .batch = 4, .optimizer = "adamw", .lr = 3e-3f});
+  expect_exact({.model = kLlama, .sp = true, .batch = 4, .optimizer = "adamw", .lr = 3e-3f, .evaluate = true});
 }
 
 // Deeper mlps: an odd hidden layer left whole between the pair and the head, and a second
@@ -413,7 +417,7 @@ TEST(TensorParallelRanks, FourRanks) {
   if (!world_is(4)) GTEST_SKIP() << "runs under mpirun with 4 ranks (ctest -R tensor_parallel_np4)";
   expect_exact({.model = "mlp", .tp = 4, .batch = 8});
   expect_exact({.model = "gpt-mini", .tp = 4, .batch = 1, .evaluate = true});
-  expect_exact({.model = "gpt-mini", .tp = 4, .sp = true, .batch = 1});
+  expect_exact({.model = "gpt-mini", .tp = 4, .sp = true, .batch = 1, .evaluate = true});
   expect_exact({.model = "gpt-mini", .tp = 2, .batch = 1, .optimizer = "adamw", .lr = 3e-4f, .zero = 1,
                 .evaluate = true});  // dp 2 x tp 2
   expect_exact({.model = "mlp", .tp = 2, .batch = 8});                           // dp 2 x tp 2
