@@ -7,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace sat::test {
 
@@ -99,8 +101,7 @@ inline pid_t wait_for_rank(const Job& j, int rank, double seconds = 30) {
 
 // Bad input given to every rank of an np-rank job: each rank prints the error line naming
 // `flag` itself, and the job ends with status 2 at once (no hang, no crash).
-inline void expect_every_rank_refuses(int np, const std::string& args, const std::string& flag) {
-  JobEnd e = run_job(np, "train --data synthetic --steps 2 --threads 1 --eval off " + args, 60);
+inline void expect_refused_by_every_rank(int np, const std::string& args, const std::string& flag, const JobEnd& e) {
   EXPECT_EQ(e.status, 2) << args << "\n" << e.out;
   EXPECT_LT(e.seconds, 30) << args;
   for (int r = 0; r < np; ++r)
@@ -108,6 +109,30 @@ inline void expect_every_rank_refuses(int np, const std::string& args, const std
         << "rank " << r << " did not name " << flag << " for: " << args << "\n" << e.out;
   EXPECT_EQ(e.out.find("Segmentation"), std::string::npos) << e.out;
   EXPECT_EQ(e.out.find("terminate called"), std::string::npos) << e.out;
+}
+
+inline const char* kRefusedJob = "train --data synthetic --steps 2 --threads 1 --eval off ";
+
+inline void expect_every_rank_refuses(int np, const std::string& args, const std::string& flag) {
+  expect_refused_by_every_rank(np, args, flag, run_job(np, kRefusedJob + args, 60));
+}
+
+// Several such jobs, up to four at a time: a refused job spends most of its two seconds in
+// mpirun's shutdown, not on the CPU.
+struct Refusal {
+  int np;
+  std::string args, flag;
+};
+
+inline void expect_every_rank_refuses(const std::vector<Refusal>& cases) {
+  constexpr size_t kAtOnce = 4;
+  for (size_t first = 0; first < cases.size(); first += kAtOnce) {
+    std::vector<Job> jobs;
+    const size_t end = std::min(cases.size(), first + kAtOnce);
+    for (size_t k = first; k < end; ++k) jobs.push_back(start_job(cases[k].np, kRefusedJob + cases[k].args, 60));
+    for (size_t k = first; k < end; ++k)
+      expect_refused_by_every_rank(cases[k].np, cases[k].args, cases[k].flag, wait_job(jobs[k - first]));
+  }
 }
 
 }  // namespace sat::test

@@ -217,13 +217,14 @@ TEST(ContextParallelRanks, FourRanks) {
 TEST(ContextParallelFailure, BadInputIsRefusedByEveryRank) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
   const std::string gpt = std::string("--model ") + kGpt + " --batch 1 ";
-  sat::test::expect_every_rank_refuses(2, gpt + "--cp 2 --seq-len 30", "--cp 2: " + std::string(kGpt) +
-                                       "'s sequence length 30 (--seq-len) does not divide by 2 x --cp = 4");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --cp 2", "--cp 2: mlp (mlp) has no attention to split");
-  sat::test::expect_every_rank_refuses(
-      2, "--model moe:layers=1,heads=2,width=32,experts=4,top_k=2,context=16,vocab=64 --batch 1 --cp 2",
-      "--cp 2: moe:layers=1");
-  sat::test::expect_every_rank_refuses(2, gpt + "--cp 4", "--tp 1 x --cp 4");
+  sat::test::expect_every_rank_refuses({
+      {2, gpt + "--cp 2 --seq-len 30",
+       "--cp 2: " + std::string(kGpt) + "'s sequence length 30 (--seq-len) does not divide by 2 x --cp = 4"},
+      {2, "--model mlp --batch 8 --cp 2", "--cp 2: mlp (mlp) has no attention to split"},
+      {2, "--model moe:layers=1,heads=2,width=32,experts=4,top_k=2,context=16,vocab=64 --batch 1 --cp 2",
+       "--cp 2: moe:layers=1"},
+      {2, gpt + "--cp 4", "--tp 1 x --cp 4"},
+  });
 }
 
 // A sequence whose step does not fit one rank's --memory-budget trains with --cp 4, each

@@ -459,19 +459,20 @@ TEST(PipelineRanks, MemoryPlanHoldsEveryRanksPeak) {
 #ifdef SAT_MPIEXEC
 TEST(PipelineFailure, BadLayoutsAreRefusedByEveryRank) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
-  sat::test::expect_every_rank_refuses(3, "--model mlp --batch 8 --pp 2", "--tp 1 x --pp 2 = 2 does not divide the 3 processes");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --tp 3", "--tp 3: gpt-mini has 4");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --tp 2", "--tp 2 x --pp 2");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-split 6", "--pp-split 6");
-  sat::test::expect_every_rank_refuses(2, "--model convnet --batch 8 --pp 2 --pp-split 4,2", "--pp-split 4,2");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 2",
-                            "--pp 2 x --virtual-stages 3");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 1",
-                            "--accum 1");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --pp 2 --pp-schedule zigzag", "--pp-schedule");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --accum 2 --pp 2 --noise-scale", "--noise-scale with --pp");
-  sat::test::expect_every_rank_refuses(2, "--model convnet --batch 8 --accum 2 --pp 2 --pp-schedule zb-h1",
-                                       "--pp-schedule zb-h1: layer 'bn1' (BatchNorm2d) cannot split its backward");
+  sat::test::expect_every_rank_refuses({
+      {3, "--model mlp --batch 8 --pp 2", "--tp 1 x --pp 2 = 2 does not divide the 3 processes"},
+      {2, "--model gpt-mini --batch 1 --pp 2 --tp 3", "--tp 3: gpt-mini has 4"},
+      {2, "--model gpt-mini --batch 1 --pp 2 --tp 2", "--tp 2 x --pp 2"},
+      {2, "--model mlp --batch 8 --pp 2 --pp-split 6", "--pp-split 6"},
+      {2, "--model convnet --batch 8 --pp 2 --pp-split 4,2", "--pp-split 4,2"},
+      {2, "--model gpt-mini --batch 1 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 2",
+       "--pp 2 x --virtual-stages 3"},
+      {2, "--model mlp --batch 8 --pp 2 --pp-schedule interleaved --virtual-stages 3 --accum 1", "--accum 1"},
+      {2, "--model mlp --batch 8 --pp 2 --pp-schedule zigzag", "--pp-schedule"},
+      {2, "--model gpt-mini --batch 1 --accum 2 --pp 2 --noise-scale", "--noise-scale with --pp"},
+      {2, "--model convnet --batch 8 --accum 2 --pp 2 --pp-schedule zb-h1",
+       "--pp-schedule zb-h1: layer 'bn1' (BatchNorm2d) cannot split its backward"},
+  });
 }
 
 TEST(PipelineFailure, MoreStagesThanBlocksIsRefused) {

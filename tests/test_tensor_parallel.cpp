@@ -481,12 +481,14 @@ double final_loss(const std::filesystem::path& dir) {
 
 TEST(TensorParallelFailure, BadLayoutsAreRefusedByEveryRank) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
-  sat::test::expect_every_rank_refuses(3, "--model gpt-mini --batch 1 --tp 3", "--tp 3: gpt-mini has 4 attention heads");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --vocab 4097", "--tp 2: gpt-mini's vocabulary");
-  sat::test::expect_every_rank_refuses(2, "--model convnet --batch 8 --tp 2", "--tp 2: convnet has no tensor-parallel form");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --sequence-parallel", "--sequence-parallel needs --tp 2");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --tp 2 --sequence-parallel", "--sequence-parallel: mlp");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 4", "--tp 4 x --pp 1 = 4 does not divide the 2");
+  sat::test::expect_every_rank_refuses({
+      {3, "--model gpt-mini --batch 1 --tp 3", "--tp 3: gpt-mini has 4 attention heads"},
+      {2, "--model gpt-mini --batch 1 --tp 2 --vocab 4097", "--tp 2: gpt-mini's vocabulary"},
+      {2, "--model convnet --batch 8 --tp 2", "--tp 2: convnet has no tensor-parallel form"},
+      {2, "--model gpt-mini --batch 1 --sequence-parallel", "--sequence-parallel needs --tp 2"},
+      {2, "--model mlp --batch 8 --tp 2 --sequence-parallel", "--sequence-parallel: mlp"},
+      {2, "--model gpt-mini --batch 1 --tp 4", "--tp 4 x --pp 1 = 4 does not divide the 2"},
+  });
 }
 
 // Weights saved by tp 2 x pp 2 are the whole model's under PyTorch's names (gathered from

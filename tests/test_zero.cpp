@@ -435,10 +435,11 @@ TEST(ZeroJob, BadInputIsRefusedByEveryRank) {
                          "one (1 rank(s), --tp 1 --pp 1): run more ranks or leave --zero out"),
             std::string::npos)
       << one.out;
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 1 --tp 2 --zero 2", "--zero 2 shards the model");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 5", "--zero: expected an integer from 0 to 3");
-  sat::test::expect_every_rank_refuses(2, "--model mlp --batch 8 --zero 3 --accum 2 --noise-scale",
-                                       "--noise-scale with --zero 3");
+  sat::test::expect_every_rank_refuses({
+      {2, "--model gpt-mini --batch 1 --tp 2 --zero 2", "--zero 2 shards the model"},
+      {2, "--model mlp --batch 8 --zero 5", "--zero: expected an integer from 0 to 3"},
+      {2, "--model mlp --batch 8 --zero 3 --accum 2 --noise-scale", "--noise-scale with --zero 3"},
+  });
 }
 
 // A job under ZeRO-3 reports its lever and the sharded memory in summary.json, and starts
