@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "backend/cpu/blas.h"
@@ -236,9 +239,19 @@ TEST(ContextParallelJob, SequenceBeyondOneRanksBudgetTrainsWithCp4) {
   const sat::test::JobEnd one = sat::test::run_job(1, args, 60);
   EXPECT_EQ(one.status, 2) << one.out;
   EXPECT_NE(one.out.find("--memory-budget: micro-batch 2 needs"), std::string::npos) << one.out;
-  const sat::test::JobEnd four = sat::test::run_job(4, args + " --cp 4", 60);
+  const auto out = std::filesystem::temp_directory_path() / ("sat_cp4_" + std::to_string(getpid()));
+  const sat::test::JobEnd four = sat::test::run_job(4, args + " --cp 4 --out " + out.string(), 60);
   EXPECT_EQ(four.status, 0) << four.out;
   EXPECT_NE(four.out.find("final train loss"), std::string::npos) << four.out;
+  // summary.json names the layout and each rank's part of the sequence.
+  std::ifstream f(out / "summary.json");
+  const auto s = nlohmann::json::parse(f, nullptr, false);
+  ASSERT_FALSE(s.is_discarded()) << "no summary.json in " << out;
+  EXPECT_EQ(s["layout"]["cp"], 4);
+  EXPECT_EQ(s["layout"]["dp"], 1);
+  ASSERT_EQ(s["ranks"].size(), 4u);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(s["ranks"][size_t(r)]["cp_rank"], r) << "rank " << r;
+  std::filesystem::remove_all(out);
 }
 #endif
 

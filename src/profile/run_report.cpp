@@ -341,6 +341,8 @@ std::string meta_table(const json& s) {
   h += row("data", s.value("data", "?"));
   h += row("layout", strf("%d rank(s): dp %d x tp %d x pp %d", s.value("world_size", 1), lay.value("dp", 1),
                           lay.value("tp", 1), lay.value("pp", 1)) +
+                         (lay.value("cp", 1) > 1 ? strf(" x cp %d", lay.value("cp", 1)) : "") +
+                         (lay.value("ep", 1) > 1 ? strf(", experts over %d ranks", lay.value("ep", 1)) : "") +
                          (lay.value("pp", 1) > 1 ? ", " + s.value("pp_schedule", "") + " schedule" : ""));
   h += row("batch", strf("micro-batch %d x %d accumulation, global %d", s.value("batch", 0), s.value("accum", 0),
                          s.value("global_batch", 0)));

@@ -173,7 +173,7 @@ struct StepBreakdown {
 
 // One rank of the job, as summary.json reports it.
 struct RankReport {
-  int rank = 0, stage = 0, dp_rank = 0, tp_rank = 0;
+  int rank = 0, stage = 0, dp_rank = 0, tp_rank = 0, cp_rank = 0, ep_rank = 0;
   size_t predicted_memory_bytes = 0, peak_memory_bytes = 0;
   std::vector<size_t> memory_by_kind;  // the plan's, per MemKind (transient kinds before reuse)
   GroupBytes comm_bytes_per_step;
@@ -205,7 +205,7 @@ struct TrainResult {
   int64_t clipped_steps = 0;               // with clip_grad_norm: the steps (of this process's) that clipped
   // Layout.
   int world_size = 1;
-  int dp = 1, tp = 1, pp = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;  // ep: ranks of an expert group (carved from dp)
   std::string pp_schedule;
   int virtual_stages = 1;
   std::vector<int> pp_split;          // the cut points used, by block

@@ -248,7 +248,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   s["accum"] = cfg.accum;
   s["global_batch"] = r.global_batch;
   s["world_size"] = r.world_size;
-  s["layout"] = {{"dp", r.dp}, {"tp", r.tp}, {"pp", r.pp}};
+  s["layout"] = {{"dp", r.dp}, {"tp", r.tp}, {"pp", r.pp}, {"cp", r.cp}, {"ep", r.ep}};
   s["pp_schedule"] = r.pp_schedule;
   s["virtual_stages"] = r.virtual_stages;
   s["pp_split"] = r.pp_split;
@@ -273,6 +273,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
       if (k.memory_by_kind[i]) mem[mem_kind_name(MemKind(i))] = k.memory_by_kind[i];
     const GroupBytes& c = k.comm_bytes_per_step;
     ranks.push_back({{"rank", k.rank}, {"stage", k.stage}, {"dp_rank", k.dp_rank}, {"tp_rank", k.tp_rank},
+                     {"cp_rank", k.cp_rank}, {"ep_rank", k.ep_rank},
                      {"predicted_memory_bytes", k.predicted_memory_bytes}, {"peak_memory_bytes", k.peak_memory_bytes},
                      {"memory_by_kind", mem},
                      {"comm_bytes_per_step", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}, {"embedding", c.embedding}}},

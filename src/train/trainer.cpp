@@ -233,7 +233,7 @@ void Trainer::describe_run(TrainResult& r) const {
   RankRuntime& rt = *rt_;
   const dist::Mesh& m = *rt.mesh;
   r.world_size = m.size();
-  r.dp = m.dp(), r.tp = m.tp(), r.pp = m.pp();
+  r.dp = m.dp(), r.tp = m.tp(), r.pp = m.pp(), r.cp = m.cp(), r.ep = m.ep();
   r.pp_schedule = pipe_schedule_name(rt.cfg.pp_schedule);
   r.virtual_stages = rt.cfg.virtual_stages;
   r.pp_split.assign(rt.plan->split.cuts.begin() + 1, rt.plan->split.cuts.end() - 1);
@@ -267,8 +267,8 @@ void Trainer::gather_ranks(TrainResult& r, const StepBreakdown& t) const {
   std::vector<double> mine{double(m.rank()), double(m.pp_rank()), double(m.dp_rank()), double(m.tp_rank()),
                            double(r.predicted_memory_bytes), double(r.peak_memory_bytes), t.total(), t.pipeline_wait,
                            c.tp, c.dp, c.pp, c.embedding, t.compute, t.tp_comm, t.grad_sync, t.pipeline_wait, t.data,
-                           t.optimizer, t.other, c.cp};
-  constexpr size_t kFixed = 20;
+                           t.optimizer, t.other, c.cp, double(m.cp_rank()), double(m.ep_rank())};
+  constexpr size_t kFixed = 22;
   for (size_t b : rt_->plan->memory.by_kind) mine.push_back(double(b));
   const size_t n = mine.size();
   std::vector<double> all(n * size_t(m.size()));
@@ -278,6 +278,7 @@ void Trainer::gather_ranks(TrainResult& r, const StepBreakdown& t) const {
     const double* a = all.data() + n * size_t(k);
     RankReport rr;
     rr.rank = int(a[0]), rr.stage = int(a[1]), rr.dp_rank = int(a[2]), rr.tp_rank = int(a[3]);
+    rr.cp_rank = int(a[20]), rr.ep_rank = int(a[21]);
     rr.predicted_memory_bytes = size_t(a[4]), rr.peak_memory_bytes = size_t(a[5]);
     rr.step_seconds = a[6], rr.wait_seconds = a[7];
     rr.comm_bytes_per_step = {a[8], a[9], a[10], a[11], a[19]};
