@@ -156,6 +156,27 @@ TEST(Support, ValidationRefusesFromTheMatrix) {
             std::string::npos);
   cfg.dist_backend = sat::DistBackend::automatic;
   EXPECT_EQ(error_of([&] { sat::validate_run(mc, cfg, 1); }), "");
+  // Mixture-of-experts layers: float32 on the CPU only.
+  const sat::ModelConfig moe = sat::model_config("moe:layers=1,heads=2,width=32,experts=4,top_k=2,context=16,vocab=64");
+  EXPECT_EQ(error_of([&] { sat::validate_run(moe, cfg, 1); }), "");
+  cfg.precision = sat::Precision::bf16;
+  EXPECT_NE(error_of([&] { sat::validate_run(moe, cfg, 1); }).find("--precision bf16: " + moe.name +
+                                                                   "'s mixture-of-experts layers run in float32 only"),
+            std::string::npos);
+}
+
+// What the engine runs on the CPU only is marked for a GPU plan, each naming its flag.
+TEST(Support, GpuPlansMarkWhatRunsOnTheCpuOnly) {
+  const sat::ModelConfig moe = sat::model_config("moe:layers=1,heads=2,width=32,experts=4,top_k=2,context=16,vocab=64");
+  sat::Layout l;
+  l.dp = 2, l.ep = 2, l.pp = 2, l.pp_schedule = sat::PipeSchedule::zb_h1, l.cp = 2;
+  const std::vector<std::string> why = sat::refusals(l, sat::Device::cuda, &moe);
+  std::string all;
+  for (const std::string& w : why) all += w + "\n";
+  for (const char* flag : {"--pp-schedule zb-h1 needs --device cpu", "--cp needs --device cpu",
+                           "--model moe:... needs --device cpu", "--ep needs --device cpu"})
+    EXPECT_NE(all.find(flag), std::string::npos) << flag << " in\n" << all;
+  EXPECT_TRUE(sat::refusals(l, sat::Device::cpu, &moe).empty());
 }
 
 // ZeRO on GPUs is compiled: validation accepts --zero 1/2/3 --device cuda where a GPU exists,

@@ -67,7 +67,13 @@ void check_device(const ModelConfig& mc, const TrainConfig& cfg, Device dev, int
   if (!cfg.trace_dir.empty()) require(dev, Feature::trace);
   if (cfg.measure_noise && cfg.tp > 1) require(dev, Feature::noise_scale_tp);
   if (!cfg.checkpoint_dir.empty() || !cfg.keep_best.empty()) require(dev, Feature::checkpoints);
+  if (mc.experts > 0) require(dev, Feature::moe);
+  SAT_CHECK(mc.experts == 0 || cfg.precision == Precision::fp32, "--precision ", precision_name(cfg.precision), ": ",
+            mc.name, "'s mixture-of-experts layers run in float32 only for now (--precision fp32)");
   if (mc.family == ModelFamily::llama) require(dev, Feature::llama);
+  if (cfg.ep > 1) require(dev, Feature::expert_parallel, str_cat("--ep ", cfg.ep));
+  if (cfg.cp > 1) require(dev, Feature::context_parallel, str_cat("--cp ", cfg.cp));
+  if (cfg.pp > 1 && cfg.pp_schedule == PipeSchedule::zb_h1) require(dev, Feature::zero_bubble);
 }
 
 // What context parallelism runs with yet: the CPU in float32, the gradients reduced over
@@ -89,7 +95,11 @@ std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* 
                                                 {l.recompute != Recompute::none, Feature::recompute},
                                                 {l.tp > 1, Feature::tensor_parallel},
                                                 {l.sequence_parallel, Feature::sequence_parallel},
-                                                {l.pp > 1, Feature::pipeline}};
+                                                {l.pp > 1, Feature::pipeline},
+                                                {l.pp > 1 && l.pp_schedule == PipeSchedule::zb_h1, Feature::zero_bubble},
+                                                {l.cp > 1, Feature::context_parallel},
+                                                {model && model->experts > 0, Feature::moe},
+                                                {l.ep > 1, Feature::expert_parallel}};
   std::vector<std::string> out;
   for (auto [on, f] : used) {
     if (!on || support(d, f) != Support::not_built) continue;
@@ -99,10 +109,6 @@ std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* 
       out.push_back(e.what());
     }
   }
-  if (l.pp > 1 && l.pp_schedule == PipeSchedule::zb_h1 && d != Device::cpu)
-    out.push_back("--pp-schedule zb-h1: the split backward runs on the CPU only for now (--device cpu)");
-  if (l.cp > 1 && d != Device::cpu)
-    out.push_back(str_cat("--cp ", l.cp, ": context parallelism's ring attention runs on the CPU only for now (--device cpu)"));
   return out;
 }
 
