@@ -25,7 +25,7 @@ LanguageModel load_language_model(const ModelConfig& mc, const std::string& weig
   LanguageModel m;
   m.config = mc;
   const BuiltModel b = build_model(mc, 1, false);  // its declarations: names, shapes, order
-  m.params = std::make_unique<ParamStore>(b.graph->params(), b.graph->states(), 0);
+  m.params = std::make_unique<ParamStore>(b.graph->params(), b.graph->states(), 0, StoreSharding::weights_only());
   load_weights_into(*m.params, weights, mc.name);
   return m;
 }

@@ -72,7 +72,7 @@ ParamStore::Sizes ParamStore::predict(const std::vector<ParamDecl>& params, cons
   const int64_t shard = L.flat / sh.parts;
   Sizes s;
   s.params = size_t(sh.stage >= 3 ? shard : L.flat) * 4;
-  s.grads = size_t(sh.stage >= 2 ? shard : L.flat) * 4;
+  s.grads = sh.gradients ? size_t(sh.stage >= 2 ? shard : L.flat) * 4 : 0;
   s.optimizer = size_t(sh.stage >= 1 ? shard : L.flat) * 4 * size_t(slots);
   s.states = L.sbytes;
   return s;
@@ -117,15 +117,15 @@ ParamStore::ParamStore(const std::vector<ParamDecl>& params, const std::vector<P
   shard_len_ = flat_ / sharding_.parts;  // the whole array without sharding (parts 1)
   shard_begin_ = stage == 1 ? shard_len_ * sharding_.index : 0;
   params_ = Buffer(size_t(stage >= 3 ? shard_len_ : flat_) * 4, "parameters");
-  grads_ = Buffer(size_t(stage >= 2 ? shard_len_ : flat_) * 4, "gradients");
+  grads_ = Buffer(sharding_.gradients ? size_t(stage >= 2 ? shard_len_ : flat_) * 4 : 0, "gradients");
   optim_ = Buffer(size_t(shard_len_) * 4 * size_t(slots), "optimizer state");
   states_ = Buffer(state_bytes_, "model state");
   std::memset(params_.data(), 0, params_.bytes());
-  std::memset(grads_.data(), 0, grads_.bytes());
+  if (grads_.bytes()) std::memset(grads_.data(), 0, grads_.bytes());
   if (optim_.bytes()) std::memset(optim_.data(), 0, optim_.bytes());
   if (states_.bytes()) std::memset(states_.data(), 0, states_.bytes());
   p_ = params_.as<float>();
-  g_ = grads_.as<float>();
+  g_ = grads_.bytes() ? grads_.as<float>() : nullptr;
   o_ = optim_.as<float>();
   s_ = states_.as<uint8_t>();
 }
@@ -137,7 +137,7 @@ float* ParamStore::param_ptr(size_t i) const {
 }
 
 float* ParamStore::grad_ptr(size_t i) const {
-  if (sharding_.stage < 2) return g_ + offsets_[i];
+  if (sharding_.stage < 2) return g_ ? g_ + offsets_[i] : nullptr;
   const size_t u = size_t(unit_of_[i]);
   return unit_grads_[u] ? unit_grads_[u] + (offsets_[i] - unit_lo_[u]) : nullptr;
 }
@@ -231,7 +231,7 @@ void ParamStore::to_device(Device dev, DType lp) {
   device_ = dev;
   lp_dtype_ = lp;
   p_ = dparams_.as<float>();
-  g_ = dgrads_.as<float>();
+  g_ = grads_.bytes() ? dgrads_.as<float>() : nullptr;
   o_ = doptim_.as<float>();
   s_ = dstates_.as<uint8_t>();
   if (lp != DType::f32) {

@@ -39,6 +39,14 @@ struct StoreSharding {
   int stage = 0;
   int parts = 1, index = 0;
   std::vector<int> units;  // stage >= 2: first parameter of each unit, ascending, from 0
+  // false: a store of weights only, with no gradient buffer (generation, weights gathered to
+  // be saved or loaded); its grad() views are null.
+  bool gradients = true;
+  static StoreSharding weights_only() {
+    StoreSharding s;
+    s.gradients = false;
+    return s;
+  }
 };
 
 // A contiguous range that the optimizer updates: n parameters at p, their gradients at

@@ -481,7 +481,7 @@ void Checkpointer::load_tensors(const std::string& dir, const Manifest& man, boo
     ParamStore& ps = *rt_.params;
     const Graph& g = *rt_.plan->model.graph;
     std::unique_ptr<ParamStore> full;
-    if (ps.sharding().stage >= 3) full = std::make_unique<ParamStore>(g.params(), g.states(), 0);
+    if (ps.sharding().stage >= 3) full = std::make_unique<ParamStore>(g.params(), g.states(), 0, StoreSharding::weights_only());
     read_checkpoint_weights(dir, man, full ? *full : ps);
     if (full) ps.shard_from(*full);  // refreshes the low-precision copy
     else ps.refresh_lp();

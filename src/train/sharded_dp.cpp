@@ -343,7 +343,7 @@ void ShardedDP::after_update() {
 }
 
 std::unique_ptr<ParamStore> ShardedDP::unsharded() const {
-  auto out = std::make_unique<ParamStore>(g_.params(), g_.states(), 0);
+  auto out = std::make_unique<ParamStore>(g_.params(), g_.states(), 0, StoreSharding::weights_only());
   int64_t most = 0;
   for (size_t u = 0; u < ps_.num_units(); ++u) most = std::max(most, ps_.unit_piece(u) * plan_.parts);
   // Each unit gathered where the store lives, then copied to the host.

@@ -59,7 +59,7 @@ std::unique_ptr<ParamStore> gather_tensor_parallel(const RankRuntime& rt, const 
   dist::Comm& tp = rt.mesh->tp_group();
   const bool root = tp.rank() == 0;
   const Graph& g = *rt.plan->model.graph;
-  auto out = root ? std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0) : nullptr;
+  auto out = root ? std::make_unique<ParamStore>(full_decls(g.params()), g.states(), 0, StoreSharding::weights_only()) : nullptr;
   std::vector<float> parts;
   for (size_t i = 0; i < mine.num_params(); ++i) {
     const ParamDecl& d = mine.decl(i);
@@ -100,7 +100,7 @@ std::unique_ptr<ParamStore> gather_whole_model(RankRuntime& rt, const ParamStore
     return nullptr;
   }
   const Graph& whole = *rt.job->whole().graph;
-  auto out = std::make_unique<ParamStore>(full_decls(whole.params()), whole.states(), 0);
+  auto out = std::make_unique<ParamStore>(full_decls(whole.params()), whole.states(), 0, StoreSharding::weights_only());
   auto copy_in = [&](const ParamStore& from) {
     for (size_t i = 0; i < from.num_params(); ++i) {
       const int k = out->find_param(from.decl(i).name);
@@ -119,7 +119,7 @@ std::unique_ptr<ParamStore> gather_whole_model(RankRuntime& rt, const ParamStore
     }
     const RankPlan& other = rt.job->stage(s);
     const Graph& og = *other.model.graph;
-    ParamStore ps(full_decls(og.params()), og.states(), 0);
+    ParamStore ps(full_decls(og.params()), og.states(), 0, StoreSharding::weights_only());
     pp.recv(ps.flat_params(), size_t(ps.flat_size()), DType::f32, s)->wait();
     for (size_t i = 0; i < ps.num_states(); ++i) {
       Tensor t = ps.host_state(i);
