@@ -174,6 +174,27 @@ TEST(Moe, DeclaresItsBuffers) {
   EXPECT_GT(s.flops_fwd, 0);
 }
 
+// Under --ep rank q of the group declares only its experts, q E/ep onwards, under their
+// global names, marked as held by one rank of the group.
+TEST(Moe, DeclaresOnlyItsExpertsUnderExpertParallelism) {
+  const int64_t n = 10, C = 8, E = 8, K = 2, F = 6;
+  Moe m(E, K, F, 1.25, 4, 2);
+  LayerSetup s;
+  s.name = "model.layers.0.mlp";
+  s.inputs = {{{n, C}}, {{n, E}}};
+  m.setup(s);
+  ASSERT_EQ(s.params.size(), size_t(3 * E / 4));
+  EXPECT_EQ(s.params[0].name, "model.layers.0.mlp.experts.4.gate_proj.weight");
+  EXPECT_EQ(s.params[5].name, "model.layers.0.mlp.experts.5.down_proj.weight");
+  for (const ParamDecl& p : s.params) EXPECT_TRUE(p.expert) << p.name;
+  Moe whole(E, K, F, 1.25);
+  LayerSetup one;
+  one.name = s.name;
+  one.inputs = s.inputs;
+  whole.setup(one);
+  for (const ParamDecl& p : one.params) EXPECT_FALSE(p.expert) << p.name;
+}
+
 TEST(Moe, Errors) {
   auto msg = [](auto f) {
     try { f(); } catch (const Error& e) { return std::string(e.what()); }

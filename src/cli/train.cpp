@@ -194,7 +194,8 @@ std::unique_ptr<JobPlan> plan_job(const ModelConfig& mc, const TrainConfig& cfg,
   validate_run(mc, cfg, world);
   const Layout l = cfg.with_world(world);
   const dist::MeshCoords at = l.coords(rank);
-  return std::make_unique<JobPlan>(resolved_model(mc, cfg, at.tp, nullptr, at.cp), cfg, *data.train, data.test.get(), l.dp);
+  return std::make_unique<JobPlan>(resolved_model(mc, cfg, at.tp, nullptr, at.cp, at.dp % std::max(1, cfg.ep)), cfg,
+                                   *data.train, data.test.get(), l.dp);
 }
 
 // Under mpirun/srun: one communicator for the job; only rank 0 prints and writes.

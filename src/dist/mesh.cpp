@@ -71,6 +71,7 @@ Mesh::Mesh(Comm& world, int tp, int pp, int cp, int ep) : world_(&world), tp_(tp
     const int block = dp_rank_ / ep_, blocks = dp_ / ep_;
     ep_group_ = group(world, ep_, tp_rank_ + tp_ * (cp_rank_ + cp_ * (block + blocks * pp_rank_)), dp_rank_ % ep_);
     SAT_ASSERT(ep_group_->rank() == dp_rank_ % ep_);
+    expert_dp_group_ = group(world, blocks * cp_, tp_rank_ + tp_ * (dp_rank_ % ep_ + ep_ * pp_rank_), cp_rank_ + cp_ * block);
   }
   SAT_ASSERT(tp_group_->rank() == tp_rank_ && dp_group_->rank() == dp_rank_ && pp_group_->rank() == pp_rank_);
 }
@@ -91,9 +92,10 @@ Traffic Mesh::traffic_of(const std::string& group) const {
                   : group == "cp"        ? cp_group_.get()
                   : group == "dp_cp"     ? dp_cp_group_.get()
                   : group == "ep"        ? ep_group_.get()
+                  : group == "expert_dp" ? expert_dp_group_.get()
                                          : nullptr;
-  SAT_CHECK(c || group == "embedding" || group == "cp" || group == "dp_cp" || group == "ep",
-            "Mesh::traffic_of: no group '", group, "' (expected tp, dp, pp, embedding, cp, dp_cp or ep)");
+  SAT_CHECK(c || group == "embedding" || group == "cp" || group == "dp_cp" || group == "ep" || group == "expert_dp",
+            "Mesh::traffic_of: no group '", group, "' (expected tp, dp, pp, embedding, cp, dp_cp, ep or expert_dp)");
   const Traffic* t = c ? c->traffic() : nullptr;
   return t ? *t : Traffic{};
 }

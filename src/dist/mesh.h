@@ -45,7 +45,7 @@ class Mesh {
   // nullptr on the stages in between; with pp == 1 it is a group of one). A group of one is a
   // self communicator when world works on host memory (a split of world otherwise).
   // cp > 1 adds the context-parallel group and the dp x cp group (see cp_group()).
-  // ep > 1 adds the expert-parallel group (see ep_group()).
+  // ep > 1 adds the expert-parallel group and the expert-data-parallel group (see ep_group()).
   Mesh(Comm& world, int tp, int pp, int cp = 1, int ep = 1);
 
   int size() const { return world_->size(); }
@@ -84,9 +84,15 @@ class Mesh {
   // rank's) exchange their tokens with all-to-all and each computes 1/ep of the experts of
   // every moe layer; ranked by dp coordinate. nullptr with ep 1 (no group is made).
   Comm* ep_group() const { return ep_group_.get(); }
+  // The ranks that hold this rank's experts and average their gradients (Megatron-Core's
+  // expert-data-parallel group): the dp / ep data-parallel ranks of the same ep rank (dp
+  // coordinates ep_rank, ep_rank + ep, ...) times the cp ranks (ranked cp fastest), the other
+  // coordinates this rank's; nullptr with ep 1.
+  Comm* expert_dp_group() const { return expert_dp_group_.get(); }
 
   // The traffic of a group so far: "tp", "dp", "pp", "embedding" (all zero on a stage that
-  // has no embedding group), "cp" or "dp_cp" (all zero with cp 1), "ep" (all zero with ep 1); sat::Error for another name. For the bytes of one step subtract
+  // has no embedding group), "cp" or "dp_cp" (all zero with cp 1), "ep" or "expert_dp" (all
+  // zero with ep 1); sat::Error for another name. For the bytes of one step subtract
   // the traffic before it.
   Traffic traffic_of(const std::string& group) const;
 
@@ -99,6 +105,7 @@ class Mesh {
   int tp_, pp_, dp_, cp_, ep_ = 1;
   int tp_rank_, dp_rank_, pp_rank_, cp_rank_;
   std::unique_ptr<Comm> tp_group_, dp_group_, pp_group_, embedding_group_, cp_group_, dp_cp_group_, ep_group_;
+  std::unique_ptr<Comm> expert_dp_group_;
 };
 
 }  // namespace sat::dist

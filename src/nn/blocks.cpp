@@ -100,7 +100,7 @@ int add_moe_block(Graph& g, const std::string& name, int x, const MoeBlock& b, s
   const ParamInit w02 = ParamInit::normal(0.02f);
   const int logits = g.add<Linear>(name + ".gate", {x}, b.width, b.experts, false, w02, std::nullopt);
   if (b.aux_coef > 0) aux_losses.push_back(g.add<MoeAux>(name + ".aux", {logits}, b.experts, b.top_k, b.aux_coef));
-  const int y = g.add<Moe>(name, {x, logits}, b.experts, b.top_k, b.ffn, b.capacity, b.ep);
+  const int y = g.add<Moe>(name, {x, logits}, b.experts, b.top_k, b.ffn, b.capacity, b.ep, b.ep_rank);
   if (b.shared == 0) return y;
   const int64_t S = b.shared * b.ffn;
   const std::string sp = name + ".shared_expert.";

@@ -56,6 +56,7 @@ struct MoeBlock {
   double capacity = 0;   // capacity factor (0: no drops)
   float aux_coef = 0;    // load-balancing coefficient
   int ep = 1;            // expert-parallel ranks (Moe)
+  int ep_rank = 0;       // this rank's place among them: the experts it holds
 };
 int add_moe_block(Graph& g, const std::string& name, int x, const MoeBlock& b, std::vector<int>& aux_losses);
 // The objective: the loss plus each load-balancing loss (Add nodes loss.plus_aux.I); the loss when none.

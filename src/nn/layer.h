@@ -92,6 +92,10 @@ struct ParamDecl {
   ParamInit init;
   bool shared = false;  // refers to a parameter declared by an earlier layer (tied weights)
   ParamShard shard;
+  // Held by one rank of the expert-parallel group only (a Moe expert's weight under --ep: the
+  // other ranks hold the other experts): its gradient is averaged over the ranks that hold the
+  // same experts (the expert-data-parallel group), its norm counted once per group.
+  bool expert = false;
   Shape full_shape() const {  // the whole tensor's shape, on every layout
     Shape s = spec.shape;
     if (shard.split()) s.d[size_t(shard.dim)] *= shard.parts;
@@ -123,8 +127,8 @@ struct LayerSetup {
 
   const Shape& in_shape(int i) const { return inputs.at(size_t(i)).shape; }
   // shape: this rank's part; shard: how it lies in the full tensor (default: replicated).
-  int param(const std::string& local, Shape shape, ParamInit init, ParamShard shard = {}) {
-    params.push_back({name + "." + local, {shape, DType::f32}, init, false, shard});
+  int param(const std::string& local, Shape shape, ParamInit init, ParamShard shard = {}, bool expert = false) {
+    params.push_back({name + "." + local, {shape, DType::f32}, init, false, shard, expert});
     return int(params.size()) - 1;
   }
   // A parameter declared by an earlier layer under its full name (tied weights).

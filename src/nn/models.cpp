@@ -328,7 +328,7 @@ void build_llama(BuiltModel& m, Graph& g) {
     x = g.add<Add>(p + "add1", {x, h});
     h = g.add<RMSNorm>(p + "post_attention_layernorm", {x}, C, c.norm_eps, sp);
     if (c.experts > 0) {  // replicated over the tensor-parallel ranks: every rank routes every token
-      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef, c.ep};
+      const MoeBlock mb{C, c.experts, c.top_k, F, c.shared_experts, double(c.capacity), c.aux_coef, c.ep, c.ep_rank};
       h = add_moe_block(g, p + "mlp", h, mb, m.aux_losses);
     } else {
       h = region.enter(p + "mlp", h);

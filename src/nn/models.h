@@ -49,8 +49,9 @@ struct ModelConfig {
   int64_t experts = 0, top_k = 0, shared_experts = 0;
   float capacity = 0.0f, aux_coef = 0.01f;
   // Expert parallelism: the moe layers exchange their tokens over a group of ep ranks
-  // (LayerCtx::ep_group), each computing experts/ep of the experts (train/layout.h: --ep).
-  int ep = 1;
+  // (LayerCtx::ep_group), each computing experts/ep of the experts (train/layout.h: --ep);
+  // this rank, ep_rank of the group, holds experts ep_rank * experts/ep onwards only.
+  int ep = 1, ep_rank = 0;
   // GPT and Llama families: `context` is the model's (the position embedding's rows, part
   // of its parameters and of --model); `seq_len` is the window T the step's graph is built
   // for and the data is cut into (--seq-len), context unless set: 1 <= seq_len <= context.

@@ -110,6 +110,7 @@ struct BlockTable {
   std::vector<double> attn_work;          // of work, causal attention's (its scores: T x T)
   std::vector<double> moe_fwd, moe_bwd, moe_layers;  // the experts' seconds and the moe layers
   std::vector<double> params, units;      // parameters owned (this tp rank); ZeRO unit sizes (largest per block)
+  std::vector<double> expert_params;      // of params, the experts' (--ep: each rank holds 1/ep of them)
   std::vector<double> cut_bytes;          // [b]: activation bytes crossing a cut before block b
   double tied = 0;                        // a tied parameter declared by the first block, used by the last
   int blocks = 0;
@@ -150,7 +151,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
   const Graph& g = *t.whole->graph;
   const auto& starts = g.block_starts();
   t.blocks = int(starts.size());
-  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.units, &t.cut_bytes,
+  for (auto* v : {&t.fwd, &t.bwd, &t.bwd_cached, &t.tp_comm, &t.kept, &t.work, &t.params, &t.expert_params, &t.units, &t.cut_bytes,
                   &t.bwd_weight, &t.kept_weight, &t.attn_fwd, &t.attn_bwd, &t.attn_layers, &t.attn_saved, &t.attn_work, &t.moe_fwd,
                   &t.moe_bwd, &t.moe_layers})
     v->assign(size_t(t.blocks) + 1, 0);
@@ -184,6 +185,7 @@ void fill_blocks(BlockTable& t, const Hardware& hw, const TPContext& tp) {
       }
       declared[p.name] = int(b);
       t.params[b] += double(p.spec.shape.numel());
+      if (std::string(n.layer->kind()) == "Moe") t.expert_params[b] += double(p.spec.shape.numel());
     }
     for (auto [c, slot] : g.value(n.output).consumers) {
       const int cb = block_of(starts, g.nodes()[size_t(c)].gid);
@@ -335,8 +337,10 @@ struct Search {
           if (l.cp > 1) k -= t.attn_saved[size_t(x)];
           // and works on blocks of (T / cp)^2 scores: 1/cp of attention's working set again.
           const double work = t.work[size_t(x)] - (1 - 1.0 / l.cp) * t.attn_work[size_t(x)];
-          f.params += t.params[size_t(x)], k += t.kept[size_t(x)], f.work = std::max(f.work, work);
-          f.unit = std::max(f.unit, t.params[size_t(x)]), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
+          // --ep: this rank holds 1/ep of the experts (their weights, gradients and optimizer state).
+          const double own = t.params[size_t(x)] - (1 - 1.0 / l.ep) * t.expert_params[size_t(x)];
+          f.params += own, k += t.kept[size_t(x)], f.work = std::max(f.work, work);
+          f.unit = std::max(f.unit, own), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
         }
         // A split backward frees the activations at I; the weight gradients' inputs stay
         // until W, for the micro-batches past I that await it (zb-h1: up to 2P - 1 in all).
@@ -845,7 +849,10 @@ struct Search {
       if (!allowed(req.filter.zero, z)) continue;
       l.zero = z;
       // (train refuses zb-h1 with ZeRO-2/3, and ZeRO with context parallelism)
-      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2) || (l.cp > 1 && z > 0)) continue;
+      // (and ZeRO with expert parallelism: each rank's store holds its own experts)
+      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2) || (l.cp > 1 && z > 0) ||
+          (l.ep > 1 && z > 0 && !shape))
+        continue;
       ++out.layouts;
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device, &mc);
@@ -946,7 +953,7 @@ struct Search {
     double most = -1;
     ModelConfig c = config_of(l);
     c.cp = l.cp;  // (rank 0 of the ring: every rank holds two chunks of the same size)
-    c.ep = l.ep;  // (the experts stay whole on every rank yet: ep changes the time, not the memory)
+    c.ep = l.ep;  // (rank 0 of the expert group: every rank holds as many experts)
     for (int s : planned_stages(l, table(l))) {
       RankPlan r = plan_rank(c, train_config(l), *data->train, data->test.get(), s, l.dp);
       const double bytes = double(r.memory.total());

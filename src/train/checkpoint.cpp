@@ -208,10 +208,10 @@ void check_consistent(const Manifest& m, const std::string& where) {
   constexpr int kMaxRanks = 1 << 20;
   SAT_CHECK(l.dp >= 1 && l.tp >= 1 && l.pp >= 1 && l.dp <= kMaxRanks && l.tp <= kMaxRanks && l.pp <= kMaxRanks &&
                 l.cp >= 1 && l.cp <= kMaxRanks && int64_t(l.world) == int64_t(l.dp) * l.tp * l.pp * l.cp &&
-                l.zero >= 0 && l.zero <= 3 && l.virtual_stages >= 1,
+                l.zero >= 0 && l.zero <= 3 && l.virtual_stages >= 1 && l.ep >= 1 && l.dp % l.ep == 0,
             where, edited, "the layout: world ", l.world, " is not dp x tp x pp", l.cp > 1 ? " x cp" : "", " = ", l.dp,
             " x ", l.tp, " x ", l.pp, l.cp > 1 ? str_cat(" x ", l.cp) : std::string(),
-            ", or zero or virtual_stages is out of range)");
+            ", or zero, virtual_stages or ep is out of range)");
   // global_batch = micro_batch x accum x dp, without overflowing.
   const bool batch = m.global_batch % m.micro_batch == 0 && (m.global_batch / m.micro_batch) % m.accum == 0 &&
                      m.global_batch / m.micro_batch / m.accum == l.dp;
@@ -313,6 +313,7 @@ std::string manifest_json(const Manifest& m) {
             {"settings", m.settings}};
   if (m.seq_len > 0) j["seq_len"] = m.seq_len;
   if (l.cp > 1) j["layout"]["cp"] = l.cp;
+  if (l.ep > 1) j["layout"]["ep"] = l.ep;
   if (!m.best_metric.empty()) j["best"] = {{"metric", m.best_metric}, {"value", m.best_value}, {"step", m.step}};
   j["checksum"] = checksum_of(j);
   return j.dump(1);
@@ -373,6 +374,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   m.layout.sequence_parallel = r.get<bool>(l, "sequence_parallel", "layout.");
   m.layout.schedule = r.get<std::string>(l, "schedule", "layout.");
   if (l.is_object() && l.contains("cp")) m.layout.cp = r.get<int>(l, "cp", "layout.");
+  if (l.is_object() && l.contains("ep")) m.layout.ep = r.get<int>(l, "ep", "layout.");
   m.losses = r.get<std::vector<double>>(j, "losses", "");
   SAT_CHECK(j.contains("files") && j["files"].is_object(), where, ": key 'files' must be an object");
   for (const auto& [name, f] : j["files"].items()) {

@@ -56,6 +56,7 @@ struct CkptLayout {
   bool sequence_parallel = false;
   std::string schedule = "1f1b";
   int cp = 1;  // context-parallel ranks (--cp; in the manifest only when more than 1)
+  int ep = 1;  // expert-parallel ranks (--ep; in the manifest only when more than 1)
 };
 
 struct Manifest {

@@ -35,15 +35,17 @@ std::vector<std::string> slot_names(const std::string& optimizer, int slots) {
 }
 
 // Optimizer slot s of this tensor-parallel rank's whole store (flat_size() floats, the
-// parameters' layout) on data-parallel rank 0, the one that writes it; the other ranks send
-// their ZeRO shard there and get nothing back, so none of them holds more than its shard.
+// parameters' layout) on data-parallel rank 0, the one that writes it (and on the other
+// writers of an unsharded store: under --ep the first ep dp ranks, `writer`); the other ranks
+// send their ZeRO shard there and get nothing back, so none of them holds more than its shard.
 // Collective over dp when the store is sharded.
-std::vector<float> full_slot(const ParamStore& ps, int s, dist::Comm& dp) {
+std::vector<float> full_slot(const ParamStore& ps, int s, dist::Comm& dp, bool writer) {
   constexpr int kTag = 0x5a7c;  // nothing else is in flight between steps
   const StoreSharding& sh = ps.sharding();
   const int64_t len = ps.shard_len();
   if (dp.rank() != 0) {
     if (sh.stage != 0 && sh.parts > 1) dp.send(ps.flat_slot(s), size_t(len), DType::f32, 0, kTag)->wait();
+    if (writer && (sh.stage == 0 || sh.parts == 1)) return {ps.flat_slot(s), ps.flat_slot(s) + ps.flat_size()};
     return {};
   }
   if (sh.stage == 0 || sh.parts == 1) return {ps.flat_slot(s), ps.flat_slot(s) + ps.flat_size()};
@@ -209,7 +211,8 @@ Manifest Checkpointer::header(int64_t step, int64_t total, const std::vector<dou
                 cfg.virtual_stages,
                 cfg.sequence_parallel,
                 pipe_schedule_name(cfg.pp_schedule),
-                m.cp()};
+                m.cp(),
+                m.ep()};
   man.losses = losses;
   man.settings = settings_of(rt_.fingerprint);
   man.settings["global_batch"] = std::to_string(man.global_batch);
@@ -217,15 +220,20 @@ Manifest Checkpointer::header(int64_t step, int64_t total, const std::vector<dou
 }
 
 // This rank's pieces, copied (the training goes on while they are written): the first
-// data-parallel replica's tensor-parallel parts, replicated tensors from tp rank 0.
+// data-parallel replica's tensor-parallel parts, replicated tensors from tp rank 0. Under
+// --ep the first replica's experts live on the first ep data-parallel ranks: each writes its
+// own experts (the first everything else too), under their global names.
 void Checkpointer::snapshot(CheckpointWrite& p) {
   const dist::Mesh& m = *rt_.mesh;
   rt_.device->to_host(*rt_.params);
   std::unique_ptr<ParamStore> keep;
   const ParamStore& ps = rt_.unsharded(keep);  // ZeRO-3: collective over dp
   const int slots = rt_.params->optimizer_slots();
-  for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*rt_.params, s, m.dp_group()));  // collective; a copy
-  if (m.dp_rank() != 0 || m.cp_rank() != 0) return;  // the first replica writes (its first cp rank)
+  // The first replica (its first cp rank); of its expert ranks, the first tp rank (the experts
+  // are whole on every tp rank).
+  const bool writer = m.cp_rank() == 0 && (m.dp_rank() == 0 || (m.dp_rank() < m.ep() && m.tp_rank() == 0));
+  for (int s = 0; s < slots; ++s) p.slots.push_back(full_slot(*rt_.params, s, m.dp_group(), writer));  // collective; a copy
+  if (!writer) return;
   auto add = [&](CkptEntry e) {
     const size_t bytes = size_t(Shape(e.shape).numel()) * dtype_size(e.dtype);
     const auto* from = static_cast<const uint8_t*>(e.data);
@@ -236,13 +244,13 @@ void Checkpointer::snapshot(CheckpointWrite& p) {
   p.data.reserve(ps.num_params() * size_t(1 + slots) + ps.num_states());
   for (size_t i = 0; i < ps.num_params(); ++i) {
     const ParamDecl& d = ps.decl(i);
-    if (d.shared || (!d.shard.split() && m.tp_rank() != 0)) continue;
+    if (d.shared || (!d.shard.split() && m.tp_rank() != 0) || (!d.expert && m.dp_rank() != 0)) continue;
     add(entry_of("param/" + d.name, d, ps.host_param(i).ptr, DType::f32));
     for (int s = 0; s < slots; ++s)  // already a copy: pointed into, not copied again
       p.entries.push_back(entry_of("optim/" + p.man.slots[size_t(s)] + "/" + d.name, d,
                                    p.slots[size_t(s)].data() + ps.offset(i), DType::f32));
   }
-  for (size_t i = 0; m.tp_rank() == 0 && i < ps.num_states(); ++i) {
+  for (size_t i = 0; m.tp_rank() == 0 && m.dp_rank() == 0 && i < ps.num_states(); ++i) {
     const ParamDecl& d = ps.state_decl(i);
     add(entry_of("state/" + d.name, d, ps.host_state(i).ptr, d.spec.dtype));
   }
@@ -345,8 +353,8 @@ void Checkpointer::publish(CheckpointWrite& p) {
     ++parts;
   }
   // Published only when complete: every writing rank's file (the first replica's tensor-
-  // and pipeline-parallel ranks), each of the size its writer recorded.
-  const int writers = rt_.mesh->tp() * rt_.mesh->pp();
+  // and pipeline-parallel ranks, under --ep its expert ranks), each of the size its writer recorded.
+  const int writers = (rt_.mesh->tp() + rt_.mesh->ep() - 1) * rt_.mesh->pp();
   SAT_CHECK(parts == writers && int(man.files.size()) == writers, p.flag, ": ", p.tmp, " holds ", parts, " of the ",
             writers, " ranks' files: the checkpoint is incomplete (was the directory changed by another program?)");
   for (const auto& [name, f] : man.files) {

@@ -9,8 +9,10 @@
 namespace sat {
 
 GradReducer::GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt,
-                         bool zero, bool force, DeviceBackend* device)
-    : ps_(ps), dp_(dp), tie_(tie), device_(device), zero_(zero && dp.size() > 1), active_(dp.size() > 1 || force) {
+                         bool zero, bool force, DeviceBackend* device, dist::Comm* experts)
+    : ps_(ps), dp_(dp), tie_(tie), experts_(experts), device_(device), zero_(zero && dp.size() > 1),
+      active_(dp.size() > 1 || force) {
+  SAT_CHECK(!experts || !zero_, "internal error: ZeRO-1 with expert-parallel parameters");
   if (active_ && !zero_) plan_buckets(g, opt);
   launched_.assign(buckets_.size(), false);
   std::vector<std::string> tied = g.tied_copies();
@@ -43,18 +45,22 @@ void GradReducer::plan_buckets(const Graph& g, const BucketOptions& opt) {
                    std::max(int64_t(opt.first_mb * mib / 4), total / std::max(1, opt.min_buckets))));
   int64_t cap = std::max<int64_t>(16, std::min(later, int64_t(opt.first_mb * mib / 4)));
   // A parameter that would take a bucket past its cap starts the next one: gradients that
-  // are final early never wait for a large one that is final later.
+  // are final early never wait for a large one that is final later. Expert parameters and
+  // the others never share a bucket (they are averaged over different groups).
   int64_t hi = total, lo = total;
   int ready = n;
+  bool experts = false;
   auto close = [&] {
-    buckets_.push_back({lo, hi, ready, ready < n ? g.nodes()[size_t(ready)].chunk : 0});
+    buckets_.push_back({lo, hi, ready, ready < n ? g.nodes()[size_t(ready)].chunk : 0, experts});
     hi = lo;
     ready = n;
     cap = later;
   };
   for (size_t k = ps_.num_params(); k-- > 0;) {
     const int64_t start = ps_.offset(k);
-    if (lo < hi && hi - start > cap) close();
+    const bool expert = experts_ && ps_.decl(k).expert;
+    if (lo < hi && (hi - start > cap || expert != experts)) close();
+    experts = expert;
     lo = start;
     ready = std::min(ready, final_after[k]);
     if (hi - lo >= cap || k == 0) close();
@@ -73,7 +79,18 @@ void GradReducer::launch(size_t b) {
   launched_[b] = true;
   const Bucket& bk = buckets_[b];
   order_->before(b);
-  works_.push_back(dp_.all_reduce(ps_.flat_grads() + bk.lo, size_t(bk.hi - bk.lo), DType::f32, dist::ReduceOp::avg));
+  dist::Comm& over = bk.experts ? *experts_ : dp_;
+  works_.push_back(over.all_reduce(ps_.flat_grads() + bk.lo, size_t(bk.hi - bk.lo), DType::f32, dist::ReduceOp::avg));
+}
+
+// After the expert buckets' average over the ranks holding the same experts: the share of
+// all dp ranks (host memory: the experts run on the CPU).
+void GradReducer::scale_experts() {
+  if (!experts_) return;
+  const float s = float(experts_->size()) / float(dp_.size());
+  for (const Bucket& b : buckets_)
+    if (b.experts)
+      for (float *g = ps_.flat_grads() + b.lo, *e = ps_.flat_grads() + b.hi; g < e; ++g) *g *= s;
 }
 
 void GradReducer::after_backward(int chunk, bool last_micro, bool replayed) {
@@ -100,6 +117,7 @@ void GradReducer::reduce() {
       for (size_t b = 0; b < buckets_.size(); ++b)
         if (!launched_[b]) launch(b);
       order_->join(works_);
+      scale_experts();
     }
     // Hidden: the part of the reduction's window during which this thread computed the
     // rest of backward. Its CPU time counts, not the wall time: on a busy machine the

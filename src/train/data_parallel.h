@@ -65,8 +65,13 @@ class GradReducer : public GradSync, private GradReady {
   // --dist-backend nccl with one rank asks). tie: the embedding group (null: no tied
   // parameters here). zero: ZeRO-1 (ps is sharded over dp). device: orders the buckets'
   // collectives with the compute (backend/device_backend.h; null: the host's, waiting).
+  // experts: the expert-data-parallel group (dist::Mesh::expert_dp_group; null without
+  // expert parallelism). The gradients of expert parameters (ParamDecl::expert, in buckets of
+  // their own) are averaged over it instead of dp, then scaled by its size over dp's: each
+  // expert's gradient is the sum over the ranks that hold it, divided by all dp ranks as any
+  // other gradient (the others hold other experts and contributed nothing to it).
   GradReducer(const Graph& g, ParamStore& ps, dist::Comm& dp, dist::Comm* tie, const BucketOptions& opt, bool zero,
-              bool force = false, DeviceBackend* device = nullptr);
+              bool force = false, DeviceBackend* device = nullptr, dist::Comm* experts = nullptr);
   ~GradReducer() override;
 
   // Told after each backward node of the step's last micro-batch of a chunk (null when
@@ -89,16 +94,18 @@ class GradReducer : public GradSync, private GradReady {
   void reset_timing() override { window_ = exposed_ = 0; }
 
  private:
-  struct Bucket { int64_t lo, hi; int ready_node; int chunk; };
+  struct Bucket { int64_t lo, hi; int ready_node; int chunk; bool experts = false; };
   void plan_buckets(const Graph& g, const BucketOptions& opt);
   void launch(size_t b);
   void sum_tied();
+  void scale_experts();
   void grads_ready(int node) override;
   void backward_queued() override { order_->seal(); }
 
   ParamStore& ps_;
   dist::Comm& dp_;
   dist::Comm* tie_;
+  dist::Comm* experts_;
   DeviceBackend* device_;
   bool zero_, active_;
   std::vector<Bucket> buckets_;

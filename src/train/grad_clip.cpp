@@ -12,14 +12,16 @@ namespace sat {
 std::vector<std::pair<int64_t, int64_t>> norm_ranges(const Graph& g, const ParamStore& ps, const dist::Mesh& m,
                                                     bool zero) {
   std::vector<std::pair<int64_t, int64_t>> counted, other;  // other: held here, counted on another rank
-  // A replica of the first data-parallel (and context-parallel) rank's gradients.
-  if (!zero && (m.dp_rank() > 0 || m.cp_rank() > 0)) return {};
+  // A replica of the first data-parallel (and context-parallel) rank's gradients; under --ep an
+  // expert's of the first rank that holds it (the first ep data-parallel ranks hold them all).
+  if (!zero && (m.dp_rank() >= m.ep() || m.cp_rank() > 0)) return {};
   const std::set<std::string> copies(g.tied_copies().begin(), g.tied_copies().end());
   for (size_t i = 0; i < g.params().size(); ++i) {
     const ParamDecl& d = g.params()[i];
     const auto [at, n] = ps.shard_part(i);  // (the whole parameter without ZeRO)
     if (n <= 0) continue;
-    const bool elsewhere = copies.count(d.name) > 0 || (!d.shard.split() && m.tp_rank() > 0);
+    const bool replica = !zero && !d.expert && m.dp_rank() > 0;
+    const bool elsewhere = replica || copies.count(d.name) > 0 || (!d.shard.split() && m.tp_rank() > 0);
     (elsewhere ? other : counted).push_back({at, at + n});
   }
   std::sort(counted.begin(), counted.end());

@@ -8,7 +8,9 @@
 // reads (its update spans: the whole store, or under ZeRO its shard), less what another rank
 // counts already, and one sum over the job gives the total:
 //   * data parallelism without ZeRO: every replica holds the same reduced gradients, so only
-//     the first data-parallel rank counts (with ZeRO each rank counts its own shard);
+//     the first data-parallel rank counts (with ZeRO each rank counts its own shard); under
+//     expert parallelism the first ep data-parallel ranks count their own experts (the first
+//     holds the other parameters and counts them);
 //   * tensor parallelism: a parameter split over the group counts on every rank (its part),
 //     one whole on every rank (replicated) on the first tensor-parallel rank only;
 //   * pipeline parallelism: each stage counts its parameters; a weight tied across stages

@@ -230,9 +230,10 @@ JobPlan::JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
               "for now (--device cpu)");
     check_backward_splits(*whole_->graph, "--pp-schedule zb-h1");
   }
-  if (mc.tp > 1) {  // the whole model's size and work, not this tensor-parallel rank's part
+  if (mc.tp > 1 || mc.ep > 1) {  // the whole model's size and work, not this rank's part (its experts)
     ModelConfig one = mc;
     one.tp = 1, one.tp_rank = 0, one.sequence_parallel = false;
+    one.ep = 1, one.ep_rank = 0;
     full_ = std::make_unique<BuiltModel>(build_model(one, cfg.batch, true));
   }
   parameters_ = unsplit().graph->param_count();

@@ -93,7 +93,8 @@ class JobPlan {
   int dp() const { return dp_; }
   const Dataset& train() const { return *train_; }
   const Dataset* test() const { return test_; }
-  // This tensor-parallel rank's whole model, and the unsplit one (tp 1: the same).
+  // This tensor-parallel rank's whole model (under --ep with this rank's experts only), and
+  // the unsplit one, every expert on one rank (tp 1 and ep 1: the same).
   const BuiltModel& whole() const;
   const BuiltModel& unsplit() const { return full_ ? *full_ : whole(); }
   const StageSplit& split() const { return split_; }

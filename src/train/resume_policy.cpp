@@ -58,6 +58,7 @@ constexpr Policy kPolicies[] = {
     {"batch", "--batch", May::change, ""},
     {"accum", "--accum", May::change, ""},
     {"tp", "--tp", May::change, ""},
+    {"ep", "--ep", May::change, "", false, "1"},
     {"sequence_parallel", "--sequence-parallel", May::change, "", true},
     {"recompute", "--recompute", May::change, ""},
     {"pp", "--pp", May::change, ""},

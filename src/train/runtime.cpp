@@ -78,7 +78,7 @@ void RankRuntime::connect(JobPlan* given, const ModelConfig& model, int world_si
   agree_on_config(*world, fingerprint);
   validate_run(model, cfg, world_size);
   mesh = std::make_unique<dist::Mesh>(*world, cfg.tp, cfg.pp, cfg.cp, cfg.ep);
-  mc = resolved_model(model, cfg, mesh->tp_rank(), nullptr, mesh->cp_rank());
+  mc = resolved_model(model, cfg, mesh->tp_rank(), nullptr, mesh->cp_rank(), mesh->ep_rank());
   DeviceOptions o;
   o.act = mc.act;
   o.tf32 = cfg.precision == Precision::tf32;
@@ -87,7 +87,8 @@ void RankRuntime::connect(JobPlan* given, const ModelConfig& model, int world_si
   device = make_device_backend(cfg.device, o);
   if (!given) own_job_ = std::make_unique<JobPlan>(mc, cfg, train, test, mesh->dp());
   job = given ? given : own_job_.get();
-  SAT_CHECK(job->model().tp_rank == mesh->tp_rank() && job->model().cp_rank == mesh->cp_rank() && job->dp() == mesh->dp() && job->config().batch == cfg.batch,
+  SAT_CHECK(job->model().tp_rank == mesh->tp_rank() && job->model().cp_rank == mesh->cp_rank() &&
+                job->model().ep_rank == mesh->ep_rank() && job->dp() == mesh->dp() && job->config().batch == cfg.batch,
             "internal error: the job's plan is not this rank's");
   plan = &job->stage(mesh->pp_rank());
   check_data(model, plan->model, train);
@@ -136,14 +137,15 @@ void RankRuntime::build_state() {
 }
 
 // Every replica starts from dp rank 0's parameters and states (the same seed gives the same
-// values already; the broadcast makes it true for any initialisation). ZeRO-3 keeps only its
-// pieces: the full parameters are drawn in a store of their own, dropped once sharded (the
-// measured peak then starts again: the plan is the step's).
+// values already, each parameter drawn by its name wherever it lives; the broadcast makes it
+// true for any initialisation). Under --ep the replicas of a store are the ranks that hold
+// the same experts. ZeRO-3 keeps only its pieces: the full parameters are drawn in a store of
+// their own, dropped once sharded (the measured peak then starts again: the plan is the step's).
 void RankRuntime::init_params() {
   if (params->sharding().stage < 3) {
     params->init(cfg.seed);
     broadcast_store(*params);
-    agree_on_replicas(*world, mesh->dp_group(), store_checksum(*params), "initialisation");
+    agree_on_replicas(*world, replica_group(), store_checksum(*params), "initialisation");
     return;
   }
   {
@@ -151,7 +153,7 @@ void RankRuntime::init_params() {
     ParamStore full(g.params(), g.states(), 0);
     full.init(cfg.seed);
     broadcast_store(full);
-    agree_on_replicas(*world, mesh->dp_group(), store_checksum(full), "initialisation");
+    agree_on_replicas(*world, replica_group(), store_checksum(full), "initialisation");
     params->shard_from(full);
   }
   device->reset_peak();
@@ -174,8 +176,7 @@ void RankRuntime::build_step() {
   if (!sync) {
     const BucketOptions bo{cfg.bucket_mb, std::min(cfg.bucket_first_mb, cfg.bucket_mb)};
     sync = std::make_unique<GradReducer>(g, *params, *groups.dp, groups.tie, bo, cfg.zero >= 1,
-                                         cfg.dist_backend == DistBackend::nccl,
-                                         device.get());
+                                         cfg.dist_backend == DistBackend::nccl, device.get(), m.expert_dp_group());
   }
   partial_sum = std::make_unique<PartialGradSum>(g, *params, *groups.tp, sharded != nullptr);
   if (partial_sum->empty()) partial_sum.reset();
@@ -201,7 +202,11 @@ const ParamStore& RankRuntime::unsharded(std::unique_ptr<ParamStore>& keep) cons
   return *keep;
 }
 
-void RankRuntime::broadcast_store(ParamStore& ps) const { broadcast_into(mesh->dp_group(), ps); }
+void RankRuntime::broadcast_store(ParamStore& ps) const { broadcast_into(replica_group(), ps); }
+
+dist::Comm& RankRuntime::replica_group() const {
+  return mesh->expert_dp_group() ? *mesh->expert_dp_group() : mesh->dp_group();
+}
 
 void RankRuntime::sync_states_from_first_replica() {
   if (mesh->dp() <= 1 || cfg.sync_bn) return;
@@ -217,7 +222,8 @@ GroupBytes RankRuntime::traffic() const {
     return dev && host && dev != host && dev->traffic() ? dev->traffic()->total() : 0.0;
   };
   return {m.traffic_of("tp").total() + twin(groups.tp, &m.tp_group()),
-          m.traffic_of(m.cp() > 1 ? "dp_cp" : "dp").total() + twin(groups.dp, &m.dp_cp_group()),
+          m.traffic_of(m.cp() > 1 ? "dp_cp" : "dp").total() + twin(groups.dp, &m.dp_cp_group()) +
+              m.traffic_of("expert_dp").total(),  // --ep: the experts' part of the reduction
           m.traffic_of("pp").total() + twin(groups.pp, &m.pp_group()),
           m.traffic_of("embedding").total() + twin(groups.tie, m.embedding_group()),
           m.traffic_of("cp").total()};

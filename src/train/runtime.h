@@ -75,8 +75,12 @@ class RankRuntime {
   // The parameters as full tensors: the store itself, or under ZeRO-3 a gathered copy in
   // `keep` (collective over dp).
   const ParamStore& unsharded(std::unique_ptr<ParamStore>& keep) const;
-  // Every data-parallel replica's parameters and states from dp rank 0 (collective over dp).
+  // Every data-parallel replica's parameters and states from dp rank 0 (collective over the
+  // replica group).
   void broadcast_store(ParamStore& ps) const;
+  // The ranks whose stores are replicas of this one: the data-parallel group, or under --ep
+  // the expert-data-parallel group (the ranks that hold the same experts).
+  dist::Comm& replica_group() const;
   // Per-replica BatchNorm statistics differ between data-parallel ranks: evaluate (and save)
   // the first replica's, as DDP does by broadcasting its buffers.
   void sync_states_from_first_replica();

@@ -14,7 +14,8 @@ DType activation_dtype(Precision p, Device dev) {
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
 
-ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank, int* dev_index, int cp_rank) {
+ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank, int* dev_index, int cp_rank,
+                           int ep_rank) {
   ModelConfig m = mc;
   m.device = resolve_device(cfg.device, dev_index);
   m.act = activation_dtype(cfg.precision, m.device);
@@ -25,6 +26,7 @@ ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp
   m.cp_rank = cp_rank;
   m.recompute = cfg.recompute;
   m.ep = cfg.ep;
+  m.ep_rank = ep_rank;
   return m;
 }
 
@@ -126,6 +128,8 @@ void validate_run(const ModelConfig& mc, const TrainConfig& cfg, int world) {
   check_device(mc, cfg, dev, world);
   cfg.check(world);  // the layout's ranges and its fit to the job's ranks
   check_zero(cfg, dev != Device::cpu, cfg.dp_of(world));
+  SAT_CHECK(cfg.zero == 0 || cfg.ep == 1, "--zero ", cfg.zero, " with --ep ", cfg.ep, ": each rank holds its own "
+            "experts' weights, which ZeRO's shards of the whole store do not follow yet; leave --zero out with --ep");
   SAT_CHECK(!cfg.measure_noise || cfg.ep == 1, "--noise-scale with --ep ", cfg.ep, ": a rank's gradient before the "
             "reduction holds its own experts' part of the group's tokens, not one micro-batch's gradient; measure it "
             "without --ep");

@@ -32,8 +32,9 @@ DType activation_dtype(Precision p, Device dev);
 
 // The model as the job runs it: device, activation dtype and the tensor-parallel layout
 // (tp_rank: this rank's part of each split layer). dev_index: the GPU --device names.
-// cp_rank: this rank's part of each sequence under context parallelism (--cp).
+// cp_rank: this rank's part of each sequence under context parallelism (--cp); ep_rank: its
+// place in its expert-parallel group (--ep: the experts it holds).
 ModelConfig resolved_model(const ModelConfig& mc, const TrainConfig& cfg, int tp_rank = 0, int* dev_index = nullptr,
-                           int cp_rank = 0);
+                           int cp_rank = 0, int ep_rank = 0);
 
 }  // namespace sat

@@ -1,6 +1,6 @@
 // Weights in and out of a running job: a safetensors file (PyTorch's parameter names) read
-// into every rank's part of the model, and the whole model gathered from the stages and
-// tensor-parallel parts onto global rank 0 and written there.
+// into every rank's part of the model, and the whole model gathered from the stages,
+// tensor-parallel parts and expert ranks onto global rank 0 and written there.
 #include "train/weights.h"
 
 #include <filesystem>
@@ -18,24 +18,26 @@ namespace sat {
 
 void load_weights(RankRuntime& rt, const std::string& path) {
   const dist::Mesh& m = *rt.mesh;
-  // Names of the whole model: a stage skips the tensors of the others.
-  const Graph& whole = *rt.job->whole().graph;
+  // Names of the whole model, every expert's: a stage skips the tensors of the others, an
+  // expert rank those of the experts it does not hold.
+  const Graph& whole = *rt.job->unsplit().graph;
   std::set<std::string> names;
   for (auto& p : whole.params()) names.insert(p.name);
   for (auto& s : whole.states()) names.insert(s.name);
+  const bool part = m.pp() > 1 || m.ep() > 1;
   if (rt.params->sharding().stage >= 3) {  // read in full, keep the pieces
     const Graph& g = *rt.plan->model.graph;
     ParamStore full(g.params(), g.states(), 0);
-    dist::on_every_rank(*rt.world, [&] { load_safetensors(path, full, m.pp() > 1 ? &names : nullptr); });
-    agree_on_replicas(*rt.world, m.dp_group(), store_checksum(full), "--init-weights " + path);
+    dist::on_every_rank(*rt.world, [&] { load_safetensors(path, full, part ? &names : nullptr); });
+    agree_on_replicas(*rt.world, rt.replica_group(), store_checksum(full), "--init-weights " + path);
     rt.broadcast_store(full);
     rt.params->shard_from(full);
     return;
   }
   // Each rank reads its own file (a node's copy can be missing or damaged): a verdict first.
-  dist::on_every_rank(*rt.world, [&] { load_safetensors(path, *rt.params, m.pp() > 1 ? &names : nullptr); });
+  dist::on_every_rank(*rt.world, [&] { load_safetensors(path, *rt.params, part ? &names : nullptr); });
   // Before the broadcast, which would hide it: a rank that read another file of that name.
-  agree_on_replicas(*rt.world, m.dp_group(), store_checksum(*rt.params), "--init-weights " + path);
+  agree_on_replicas(*rt.world, rt.replica_group(), store_checksum(*rt.params), "--init-weights " + path);
   rt.broadcast_store(*rt.params);
   rt.params->refresh_lp();
 }
@@ -130,12 +132,71 @@ std::unique_ptr<ParamStore> gather_whole_model(RankRuntime& rt, const ParamStore
   return out;
 }
 
+// Under --ep: the first replica's other expert ranks (dp 1 .. ep-1; tp 0 and cp 0: the experts
+// are whole on every tp rank) send their experts, by name, to global rank 0, which puts them
+// with the model it gathered (`mine`: its own experts only) in a store of the unsplit model,
+// every expert in its one-process place. Collective over those ranks; nullptr elsewhere.
+std::unique_ptr<ParamStore> gather_experts(RankRuntime& rt, const ParamStore& own, const ParamStore* whole) {
+  const dist::Mesh& m = *rt.mesh;
+  dist::Comm& w = *rt.world;
+  constexpr int kTag = 0x5e9;
+  if (m.cp_rank() == 0 && m.tp_rank() == 0 && m.dp_rank() > 0 && m.dp_rank() < m.ep()) {
+    std::string names;
+    std::vector<float> data;
+    for (size_t i = 0; i < own.num_params(); ++i) {
+      if (!own.decl(i).expert) continue;
+      names += own.decl(i).name + "\n";
+      const Tensor t = own.host_param(i);
+      data.insert(data.end(), t.f32(), t.f32() + t.numel());
+    }
+    const int64_t sizes[2] = {int64_t(names.size()), int64_t(data.size())};
+    w.send(sizes, 2, DType::i64, 0, kTag)->wait();
+    w.send(names.data(), names.size(), DType::u8, 0, kTag)->wait();
+    w.send(data.data(), data.size(), DType::f32, 0, kTag)->wait();
+  }
+  if (w.rank() != 0) return nullptr;
+  const Graph& one = *rt.job->unsplit().graph;
+  auto out = std::make_unique<ParamStore>(full_decls(one.params()), one.states(), 0);
+  auto put = [&](const std::string& name, const float* v, int64_t n) {
+    const int k = out->find_param(name);
+    SAT_CHECK(k >= 0 && out->host_param(size_t(k)).numel() == n, "internal error: no expert parameter ", name);
+    std::copy(v, v + n, out->host_param(size_t(k)).f32());
+  };
+  const ParamStore& from = whole ? *whole : own;
+  for (size_t i = 0; i < from.num_params(); ++i) put(from.decl(i).name, from.host_param(i).f32(), from.host_param(i).numel());
+  for (size_t i = 0; i < from.num_states(); ++i) {
+    Tensor src = from.host_state(i), dst = out->host_state(size_t(out->find_state(from.state_decl(i).name)));
+    std::copy(src.u8(), src.u8() + src.bytes(), dst.u8());
+  }
+  for (int q = 1; q < m.ep(); ++q)
+    for (int s = 0; s < m.pp(); ++s) {
+      const int peer = m.global_rank(0, q, s);
+      int64_t sizes[2];
+      w.recv(sizes, 2, DType::i64, peer, kTag)->wait();
+      std::string names(static_cast<size_t>(sizes[0]), '\0');
+      std::vector<float> data(static_cast<size_t>(sizes[1]));
+      w.recv(names.data(), names.size(), DType::u8, peer, kTag)->wait();
+      w.recv(data.data(), data.size(), DType::f32, peer, kTag)->wait();
+      size_t at = 0, pos = 0;
+      for (size_t end; (end = names.find('\n', pos)) != std::string::npos; pos = end + 1) {
+        const std::string name = names.substr(pos, end - pos);
+        const int k = out->find_param(name);
+        const int64_t n = k >= 0 ? out->host_param(size_t(k)).numel() : 0;
+        SAT_CHECK(at + size_t(n) <= data.size(), "internal error: expert parameter ", name, " out of the data sent");
+        put(name, data.data() + at, n);
+        at += size_t(n);
+      }
+    }
+  return out;
+}
+
 }  // namespace
 
 void save_weights(RankRuntime& rt, const std::string& path) {
   std::unique_ptr<ParamStore> full;
   const ParamStore& own = rt.unsharded(full);
   std::unique_ptr<ParamStore> whole = gather_whole_model(rt, own);
+  if (rt.mesh->ep() > 1) whole = gather_experts(rt, own, whole.get());
   if (rt.world->rank() != 0) return;
   const std::string schema = rt.train.schema();
   save_safetensors(path, whole ? *whole : own, rt.mc.name,

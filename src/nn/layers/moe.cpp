@@ -93,14 +93,15 @@ void sum_moe_load(dist::Comm& group) {
 
 // ---- Moe ----
 
-Moe::Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor, int ep)
-    : E_(experts), K_(top_k), F_(ffn), cf_(capacity_factor), ep_(ep) {
+Moe::Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor, int ep, int ep_rank)
+    : E_(experts), K_(top_k), F_(ffn), cf_(capacity_factor), ep_(ep), ep_rank_(ep_rank) {
   SAT_CHECK(experts >= 1, "Moe: experts must be at least 1, got ", experts);
   SAT_CHECK(top_k >= 1 && top_k <= experts, "Moe: top_k must be in [1, experts = ", experts, "], got ", top_k);
   SAT_CHECK(ffn >= 1, "Moe: ffn must be positive, got ", ffn);
   SAT_CHECK(std::isfinite(capacity_factor), "Moe: capacity factor must be finite, got ", capacity_factor);
   SAT_CHECK(ep >= 1 && experts % ep == 0, "--ep ", ep, ": the ", experts, " experts do not split evenly over ", ep,
             " ranks (expected a divisor of ", experts, ")");
+  SAT_CHECK(ep_rank >= 0 && ep_rank < ep, "Moe: expert-parallel rank ", ep_rank, " out of [0, ", ep, ")");
 }
 
 int64_t Moe::ep_rows() const {
@@ -121,11 +122,12 @@ void Moe::setup(LayerSetup& s) {
   name_ = s.name;
   s.set_output(x.shape);
   const ParamInit w = ParamInit::normal(0.02f);
-  for (int64_t e = 0; e < E_; ++e) {  // slots 3e, 3e + 1, 3e + 2
-    const std::string p = "experts." + std::to_string(e) + ".";
-    s.param(p + "gate_proj.weight", {F_, C_}, w);
-    s.param(p + "up_proj.weight", {F_, C_}, w);
-    s.param(p + "down_proj.weight", {C_, F_}, w);
+  const int64_t El = E_ / ep_;
+  for (int64_t l = 0; l < El; ++l) {  // this rank's experts: slots 3l, 3l + 1, 3l + 2
+    const std::string p = "experts." + std::to_string(ep_rank_ * El + l) + ".";
+    s.param(p + "gate_proj.weight", {F_, C_}, w, {}, ep_ > 1);
+    s.param(p + "up_proj.weight", {F_, C_}, w, {}, ep_ > 1);
+    s.param(p + "down_proj.weight", {C_, F_}, w, {}, ep_ > 1);
   }
   n_ = rows_of(s, 0, C_);
   const int64_t n = n_, a = n * K_, R = ep_ > 1 ? ep_rows() : a;  // R: the rows this rank's experts run
@@ -187,8 +189,9 @@ void Moe::dispatch(LayerCtx& c, int64_t n) {
   L.routed += n * K_;
 }
 
-// Rows [r0, r0 + m) of b.x through expert e: the hidden pre-activations into b.hg, b.hu (save)
-// or read from them, act = silu(hg) * up, and with `output` y = act down^T.
+// Rows [r0, r0 + m) of b.x through this rank's expert e (its local index): the hidden
+// pre-activations into b.hg, b.hu (save) or read from them, act = silu(hg) * up, and with
+// `output` y = act down^T.
 void Moe::expert_forward(LayerCtx& c, int64_t e, int64_t r0, int64_t m, const Rows& b, bool save, bool output) {
   if (m == 0) return;
   float* hg = b.hg + r0 * F_;
@@ -251,8 +254,8 @@ void Moe::zero_grads(LayerCtx& c, int64_t e) {
     if (!c.accumulate[size_t(3 * e + k)]) std::memset(c.grads[size_t(3 * e + k)].f32(), 0, size_t(C_ * F_) * sizeof(float));
 }
 
-// Rows [r0, r0 + m) of dy (the gated output gradient) through expert e: its weight gradients
-// and b.dx (the rows' input gradients).
+// Rows [r0, r0 + m) of dy (the gated output gradient) through this rank's expert e: its
+// weight gradients and b.dx (the rows' input gradients).
 void Moe::expert_backward(LayerCtx& c, int64_t e, int64_t r0, int64_t m, const Rows& b, const float* dy) {
   float* dw[3] = {c.grads[size_t(3 * e)].f32(), c.grads[size_t(3 * e + 1)].f32(), c.grads[size_t(3 * e + 2)].f32()};
   if (m == 0) return zero_grads(c, e);
@@ -429,8 +432,9 @@ dist::Comm& ep_group_of(const LayerCtx& c, int ep, const std::string& name) {
 // experts on every rank's rows, send the outputs back, combine.
 void Moe::ep_forward(LayerCtx& c, int64_t n) {
   dist::Comm& g = ep_group_of(c, ep_, name_);
-  const int P = ep_, me = g.rank();
+  const int P = ep_, me = ep_rank_;
   const int64_t El = E_ / P;
+  SAT_ASSERT(g.rank() == me);
   dispatch(c, n);
   const int32_t* offs = c.saved[kOffs].i32();
   int32_t* counts = c.saved[kCounts].i32();
@@ -450,18 +454,18 @@ void Moe::ep_forward(LayerCtx& c, int64_t n) {
   b.hg = c.saved[kHg].f32(), b.hu = c.saved[kHu].f32();
   regroup(counts, P, El, C_, stage, xl, true);
   for (int64_t l = 0; l < El; ++l)
-    expert_forward(c, me * El + l, r.local[size_t(l)], r.local[size_t(l) + 1] - r.local[size_t(l)], b, true);
+    expert_forward(c, l, r.local[size_t(l)], r.local[size_t(l) + 1] - r.local[size_t(l)], b, true);
   regroup(counts, P, El, C_, b.y, stage, false);
   float* yb = c.saved[kYb].f32();
   g.all_to_all_v(stage, times(r.recv, C_), yb, times(r.send, C_), DType::f32)->wait();
   combine(c, n, yb);
 }
 
-// The gated output gradients to the experts' ranks, the local experts' backward (gradients
-// for them only, zero for the others), the input gradients back, the router's backward.
+// The gated output gradients to the experts' ranks, the local experts' backward (the only
+// experts this rank holds), the input gradients back, the router's backward.
 void Moe::ep_backward(LayerCtx& c, int64_t n) {
   dist::Comm& g = ep_group_of(c, ep_, name_);
-  const int P = ep_, me = g.rank();
+  const int P = ep_;
   const int64_t El = E_ / P;
   const int32_t* counts = c.saved[kCounts].i32();
   const EpRows r = ep_rows_of(c.saved[kOffs].i32(), counts, P, El);
@@ -476,14 +480,10 @@ void Moe::ep_backward(LayerCtx& c, int64_t n) {
   b.x = c.saved[kXl].f32(), b.act = c.scratch[kActB].f32();
   b.hg = c.saved[kHg].f32(), b.hu = c.saved[kHu].f32();
   b.dhg = c.scratch[kDhgB].f32(), b.dhu = c.scratch[kDhuB].f32(), b.dx = b1;
-  for (int64_t e = 0; e < E_; ++e) {
-    if (e / El != me) {
-      zero_grads(c, e);
-      continue;
-    }
-    const int64_t l = e - me * El, r0 = r.local[size_t(l)], m = r.local[size_t(l) + 1] - r0;
-    expert_forward(c, e, r0, m, b, false, false);
-    expert_backward(c, e, r0, m, b, b2);
+  for (int64_t l = 0; l < El; ++l) {
+    const int64_t r0 = r.local[size_t(l)], m = r.local[size_t(l) + 1] - r0;
+    expert_forward(c, l, r0, m, b, false, false);
+    expert_backward(c, l, r0, m, b, b2);
   }
   regroup(counts, P, El, C_, b1, b2, false);
   g.all_to_all_v(b2, times(r.recv, C_), dys, times(r.send, C_), DType::f32)->wait();

@@ -27,12 +27,13 @@
 // theirs), then sends each kept assignment's input to the rank of its expert (rank q computes
 // experts q E/ep .. (q+1) E/ep - 1) with an all-to-all-v, runs its experts on what it
 // received from every rank, and sends the outputs back with a second all-to-all-v (combine);
-// backward sends the gated output gradients the same way and the input gradients back. The
-// expert weights stay replicated: a rank writes gradients only for its own experts (zero for
-// the others), so the data-parallel reduction (a sum over the dp ranks, which contain the ep
-// group) gives each expert the gradient of every token routed to it. Forward also saves what
-// its experts received and the outputs they returned (backward recomputes nothing across
-// ranks).
+// backward sends the gated output gradients the same way and the input gradients back. Rank q
+// (ep_rank) declares only its own experts' weights, under their global names
+// (experts.{q E/ep + l}.*, slots 3l .. 3l + 2 for local expert l, ParamDecl::expert): the
+// other experts' weights, gradients and optimizer state live on the other ranks of the group.
+// The trainer averages these gradients over the ranks that hold the same experts
+// (train/data_parallel.h). Forward also saves what its experts received and the outputs they
+// returned (backward recomputes nothing across ranks).
 // CPU only. Every training forward that is not a recompute adds each expert's kept
 // assignments and the dropped ones to a per-layer counter (take_moe_load).
 #pragma once
@@ -65,7 +66,8 @@ void sum_moe_load(dist::Comm& group);
 
 class Moe : public Layer {
  public:
-  Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor = 0, int ep = 1);
+  // ep_rank: this rank's place in the expert-parallel group of ep (the experts it holds).
+  Moe(int64_t experts, int64_t top_k, int64_t ffn, double capacity_factor = 0, int ep = 1, int ep_rank = 0);
   const char* kind() const override { return "Moe"; }
   bool backward_reads_output() const override { return false; }
   bool product_param(int) const override { return true; }
@@ -90,14 +92,14 @@ class Moe : public Layer {
   void combine(LayerCtx& c, int64_t n, const float* ye);             // y from the experts' rows
   void gate_grads(LayerCtx& c, int64_t n, const float* ye, float* dy, float* dgate);
   void input_grad(LayerCtx& c, int64_t n, const float* dxe);          // dx from the rows' dx
-  void zero_grads(LayerCtx& c, int64_t e);                          // an expert with no rows here
+  void zero_grads(LayerCtx& c, int64_t e);                          // an expert with no rows here (local index)
   // Expert parallelism.
   void ep_forward(LayerCtx& c, int64_t n);
   void ep_backward(LayerCtx& c, int64_t n);
   int64_t ep_rows() const;  // the most rows the local experts can receive
   int64_t E_, K_, F_, C_ = 0, n_ = 0;
   double cf_;
-  int ep_;
+  int ep_, ep_rank_;
   std::string name_;
 };
 
