@@ -121,6 +121,8 @@ void check_pipeline(const TrainConfig& cfg) {
   SAT_CHECK(cfg.pp >= 1, "--pp: expected a positive number of pipeline stages, got ", cfg.pp);
   SAT_CHECK(cfg.pp > 1 || cfg.pp_split.empty(), "--pp-split needs --pp 2 or more (it names the cuts between stages)");
   check_schedule({cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages});
+  SAT_CHECK(cfg.pp_schedule != PipeSchedule::zb_v, "--pp-schedule zb-v: training does not place the model's pieces in "
+            "a V yet (saturate schedule prints it)");
   if (cfg.pp_schedule != PipeSchedule::zb_h1) return;
   SAT_CHECK(cfg.zero < 2, "--pp-schedule zb-h1 with --zero ", cfg.zero, ": ZeRO-2/3's per-unit gradient staging does "
             "not follow a split backward yet; use --zero 0 or 1");
