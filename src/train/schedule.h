@@ -26,9 +26,10 @@
 //    (activation before gradient, sender's virtual stage, micro-batch); for every ordered pair of
 //    ranks the sends one posts to the other come in the order the other posts the receives
 //    (NCCL, and MPI with one tag, match in posting order). zb-v: a stage may need a message before
-//    one its peer sent earlier (a V carries activations and gradients both ways on each link);
-//    it then receives the earlier ones too, in the peer's order, in the same group (so a receive
-//    may come groups before its compute, never after);
+//    one its peer sent earlier (a V carries activations and gradients both ways on each link), so
+//    it receives each message on arrival, in the group before its first compute that starts once
+//    the message is sent by the generator's timeline (a receive may come groups before its
+//    compute, never after);
 // 5. deadlock-free when a group completes once each operation's counterpart has been posted.
 #pragma once
 #include <cstdint>
@@ -149,8 +150,8 @@ SimCosts unit_costs(int P, int V, double fwd_cost = 1, double bwd_cost = 2);
 // The textbook bubble: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(V*M+P-1) interleaved, (P-1)/P for none, 0 when P == 1;
 // zb-h1 at T_F = T_I = T_W (the paper's (P-1)(T_F+T_I-T_W) idle per stage against M(T_F+T_I+T_W) work):
 // (P-1)/(3M+P-1), when M >= P; zb-v: (P-1)/(6M+P-1), each chunk's F = I = W a sixth of a micro-batch's
-// work on a stage: the last stage starts P-1 chunk forwards late, the least any order idles (the
-// paper's "zero bubble" leaves this start-up out); zb-v's order reaches it for P <= 4, M >= P.
+// work on a stage: the last stage starts P-1 chunk forwards late, the least any order of balanced
+// stages idles; zb-v's order reaches it for P <= 4, M >= P.
 double theoretical_bubble(const ScheduleSpec& s);
 // The text `saturate schedule` prints: the per-rank grid with time running left to right (so the bubble shows),
 // then the simulated and textbook bubble, the peak micro-batches in flight per stage, and, when M == 1 and P > 1,

@@ -99,8 +99,9 @@ std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* 
       out.push_back(e.what());
     }
   }
-  if (l.pp > 1 && l.pp_schedule == PipeSchedule::zb_h1 && d != Device::cpu)
-    out.push_back("--pp-schedule zb-h1: the split backward runs on the CPU only for now (--device cpu)");
+  if (l.pp > 1 && (l.pp_schedule == PipeSchedule::zb_h1 || l.pp_schedule == PipeSchedule::zb_v) && d != Device::cpu)
+    out.push_back(str_cat("--pp-schedule ", pipe_schedule_name(l.pp_schedule),
+                          ": the split backward runs on the CPU only for now (--device cpu)"));
   if (l.cp > 1 && d != Device::cpu)
     out.push_back(str_cat("--cp ", l.cp, ": context parallelism's ring attention runs on the CPU only for now (--device cpu)"));
   return out;
