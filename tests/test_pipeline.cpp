@@ -38,6 +38,9 @@ using sat::PipeSchedule;
 using sat::test::world;
 using sat::test::distributed;
 
+// gpt-mini's shape with 8 layers: 8 pieces for zb-v on 4 stages.
+constexpr const char* kGpt8 = "gpt:layers=8,heads=4,width=256,context=128,vocab=4096";
+
 
 sat::TrainConfig layout(int pp, PipeSchedule kind, int accum, int v = 1) {
   sat::TrainConfig cfg;
@@ -118,6 +121,36 @@ TEST(StageGraphs, TiedEmbeddingIsCopiedToTheLastStage) {
   EXPECT_EQ(0, std::memcmp(ta.ptr, tb.ptr, ta.bytes()));
 }
 
+// In a V (zb-v) stage s holds pieces s and 2P-1-s: both ends of the model, the loss and the
+// tied embedding (one parameter, no copy) are on stage 0, and the last stage hands its first
+// chunk's output on to its second as a value of its own (made after the model's values, so the
+// ids the stages exchange stay the whole model's).
+TEST(StageGraphs, VShapePutsBothEndsOnTheFirstStage) {
+  const auto mc = sat::model_config("gpt-mini");
+  const sat::BuiltModel whole = sat::build_model(mc, 1);
+  const sat::StageSplit split = sat::split_model(*whole.graph, layout(2, PipeSchedule::zb_v, 4, 2), "gpt-mini");
+  ASSERT_EQ(split.cuts, (std::vector<int>{0, 1, 2, 3, 4}));
+  const sat::BuiltModel first = sat::build_model(mc, 1, true, split.nodes_of(*whole.graph, 0));
+  const sat::BuiltModel last = sat::build_model(mc, 1, true, split.nodes_of(*whole.graph, 1));
+  const sat::Graph &f = *first.graph, &l = *last.graph;
+  EXPECT_GE(f.loss(), 0);
+  EXPECT_LT(l.loss(), 0);
+  EXPECT_TRUE(f.tied_copies().empty() && f.tied_remote().empty() && l.tied_copies().empty());
+  EXPECT_EQ(f.param_count() + l.param_count(), whole.graph->param_count());
+  ASSERT_EQ(f.chunks().size(), 2u);
+  ASSERT_EQ(l.chunks().size(), 2u);
+  EXPECT_EQ(f.chunks()[0].sent, l.chunks()[0].received);  // piece 0 -> 1
+  EXPECT_EQ(l.chunks()[1].sent, f.chunks()[1].received);  // piece 2 -> 3
+  EXPECT_TRUE(f.chunks()[0].received.empty() && f.chunks()[1].sent.empty());
+  // The turn, piece 1 -> 2 on the last stage.
+  ASSERT_EQ(l.chunks()[0].sent.size(), 1u);
+  ASSERT_EQ(l.chunks()[1].received.size(), 1u);
+  const sat::Value& copy = l.value(l.chunks()[1].received[0]);
+  EXPECT_EQ(copy.handed_from, l.chunks()[0].sent[0]);
+  EXPECT_EQ(l.chunks()[1].received[0], int(whole.graph->values().size()));
+  EXPECT_EQ(l.value(copy.handed_from).handed_from, -1);
+}
+
 // The default cut balances FLOPs and memory; a cut by hand lands where it is asked.
 TEST(StageGraphs, SplitIsBalancedOrWhereAsked) {
   const auto mc = sat::model_config("gpt-mini");
@@ -175,6 +208,15 @@ TEST(StageGraphs, BadLayoutsAreClearErrors) {
   auto images = sat::open_dataset("synthetic", sat::data_options_for(convnet, 0));
   EXPECT_EQ(error_of([&] { sat::plan_rank(convnet, layout(2, PipeSchedule::zb_h1, 4), *images.train, nullptr, 0, 1); }),
             "--pp-schedule zb-h1: layer 'bn1' (BatchNorm2d) cannot split its backward into input and weight gradients");
+  // zb-v likewise, and it needs two chunks per rank (the command line gives them) and 2P blocks.
+  sat::TrainConfig zv = layout(2, PipeSchedule::zb_v, 4, 2);
+  zv.zero = 2;
+  EXPECT_NE(split(zv).find("--pp-schedule zb-v with --zero 2"), std::string::npos) << split(zv);
+  EXPECT_NE(split(layout(2, PipeSchedule::zb_v, 4, 1)).find("--virtual-stages 1: --pp-schedule zb-v runs exactly two"),
+            std::string::npos) << split(layout(2, PipeSchedule::zb_v, 4, 1));
+  EXPECT_NE(split(layout(4, PipeSchedule::zb_v, 4, 2)).find("--pp 4 x --virtual-stages 2 = 8 model chunks: gpt-mini has 4"),
+            std::string::npos) << split(layout(4, PipeSchedule::zb_v, 4, 2));
+  EXPECT_EQ(split(layout(1, PipeSchedule::zb_v, 4, 2)), "--pp-schedule zb-v needs --pp 2 or more (got 1)");
 }
 
 // A split backward's weight part reads what the node's backward reads: the plan keeps it
@@ -355,6 +397,17 @@ TEST(PipelineRanks, GptMiniZeroBubbleH1) {
   expect_exact({.model = "gpt-mini", .pp = pp, .kind = PipeSchedule::zb_h1, .batch = 1, .accum = 4, .steps = 20}, pp);
 }
 
+// Zero-bubble ZB-V (two chunks per rank in a V, the loss on stage 0, the last stage handing on
+// to itself): the losses of one process on as many stages as ranks, 4 steps (20 measured once:
+// identical, relative difference 0, on 2 and 4 stages). gpt-mini's 4 blocks make the 4 pieces of
+// 2 stages; 4 stages need 8 pieces: gpt-mini's shape with 8 layers.
+TEST(PipelineRanks, GptZeroBubbleV) {
+  if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
+  const int pp = world().size();
+  const std::string model = pp == 2 ? "gpt-mini" : kGpt8;
+  expect_exact({.model = model, .pp = pp, .kind = PipeSchedule::zb_v, .v = 2, .batch = 1, .accum = 4, .steps = 4}, pp);
+}
+
 TEST(PipelineRanks, GptMiniInBf16) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   expect_exact({.model = "gpt-mini", .pp = 2, .kind = PipeSchedule::one_f_one_b, .batch = 1, .steps = 12,
@@ -434,9 +487,11 @@ TEST(PipelineRanks, NoiseScaleMatchesOneProcess) {
 TEST(PipelineRanks, MemoryPlanHoldsEveryRanksPeak) {
   if (!distributed()) GTEST_SKIP() << "runs under mpirun (ctest -R pipeline)";
   Comm& w = world();
-  for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b, PipeSchedule::zb_h1})
+  for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b, PipeSchedule::zb_h1, PipeSchedule::zb_v})
     for (int64_t m : {1, 4, 8}) {
-      Case c{.model = "gpt-mini", .pp = w.size(), .kind = kind, .batch = 2, .accum = m, .steps = 2};
+      const bool v = kind == PipeSchedule::zb_v;  // (2P pieces: gpt-mini's 4 blocks on 2 ranks, 8 layers on 4)
+      Case c{.model = v && w.size() > 2 ? kGpt8 : "gpt-mini", .pp = w.size(), .kind = kind, .v = v ? 2 : 1, .batch = 2,
+             .accum = m, .steps = 2};
       RunOut r = train(c, w, w.size());
       EXPECT_LE(r.peak, r.predicted) << sat::pipe_schedule_name(kind) << " M " << m << " rank " << w.rank();
       EXPECT_GE(double(r.peak), 0.98 * double(r.predicted)) << sat::pipe_schedule_name(kind) << " M " << m;
@@ -445,7 +500,7 @@ TEST(PipelineRanks, MemoryPlanHoldsEveryRanksPeak) {
       w.all_gather(mine, all.data(), 2, sat::DType::f64)->wait();
       if (w.rank() == 0)
         for (int k = 0; k < w.size(); ++k)
-          std::printf("[ memory   ] gpt-mini pp %d %-5s M %2lld stage %d: predicted %10.0f peak %10.0f (%.4f)\n",
+          std::printf("[ memory   ] %s pp %d %-5s M %2lld stage %d: predicted %10.0f peak %10.0f (%.4f)\n", c.model.c_str(),
                       w.size(), sat::pipe_schedule_name(kind), (long long)m, k, all[size_t(2 * k)],
                       all[size_t(2 * k + 1)], all[size_t(2 * k + 1)] / all[size_t(2 * k)]);
     }
@@ -472,6 +527,10 @@ TEST(PipelineFailure, BadLayoutsAreRefusedByEveryRank) {
       {2, "--model gpt-mini --batch 1 --accum 2 --pp 2 --noise-scale", "--noise-scale with --pp"},
       {2, "--model convnet --batch 8 --accum 2 --pp 2 --pp-schedule zb-h1",
        "--pp-schedule zb-h1: layer 'bn1' (BatchNorm2d) cannot split its backward"},
+      {2, "--model resnet18 --data synthetic --batch 2 --accum 2 --pp 2 --pp-schedule zb-v",
+       "--pp-schedule zb-v: layer 'bn1' (BatchNorm2d) cannot split its backward"},
+      {2, "--model gpt-mini --data synthetic --batch 1 --accum 2 --pp-schedule zb-v",
+       "--pp-schedule zb-v needs --pp 2 or more (got 1)"},
   });
 }
 

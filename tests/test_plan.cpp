@@ -223,6 +223,42 @@ TEST(Plan, ZeroBubbleH1PricedBesideOneFOneB) {
   EXPECT_NE(why.back().find("--pp-schedule zb-h1"), std::string::npos) << why.back();
 }
 
+// zb-v beside 1F1B on 2 stages of gpt-mini (its 4 blocks make the V's 4 pieces): the Ws fill
+// the bubble, the exact memory is the trainer's plan, the search offers it (never with
+// ZeRO-2/3, only where 2P pieces fit), and on a GPU it is marked as what train refuses.
+TEST(Plan, ZeroBubbleVPricedBesideOneFOneB) {
+  const PlanRequest r = request("gpt-mini", cpu_like(), 2, 8);
+  auto one = [&](const char* layout) {
+    PlanRequest x = r;
+    x.filter = parse_layout(layout);
+    x.top = 1;
+    const PlanResult p = plan_layouts(x);
+    EXPECT_EQ(p.best.size(), 1u) << layout;
+    return p.best.empty() ? Prediction{} : p.best[0];
+  };
+  const Prediction a = one("dp=1,tp=1,pp=2,micro=1,schedule=1f1b,zero=0,recompute=none");
+  const Prediction v = one("dp=1,tp=1,pp=2,micro=1,schedule=zb-v,zero=0,recompute=none");
+  EXPECT_EQ(v.layout.pp_schedule, PipeSchedule::zb_v);
+  EXPECT_EQ(v.layout.virtual_stages, 2);
+  EXPECT_LT(v.bubble_fraction, a.bubble_fraction);
+  EXPECT_LT(v.step_seconds, a.step_seconds);
+  EXPECT_TRUE(v.memory_exact);
+  EXPECT_EQ(v.memory_bytes, trainer_plan(r, v.layout));
+  PlanRequest all = r;
+  all.top = 200, all.exact_memory = false;
+  int zv = 0;
+  for (const Prediction& x : plan_layouts(all).considered) {
+    if (x.layout.pp_schedule != PipeSchedule::zb_v || x.layout.pp == 1) continue;
+    ++zv;
+    EXPECT_LT(x.layout.zero, 2) << x.layout.str();
+    EXPECT_EQ(x.layout.pp, 2) << x.layout.str();
+  }
+  EXPECT_GT(zv, 0);
+  const std::vector<std::string> why = refusals(v.layout, Device::cuda, &r.model);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.back().find("--pp-schedule zb-v"), std::string::npos) << why.back();
+}
+
 // SGD's momentum buffer is planned (one float per parameter): the plan of the trainer that
 // runs with it, which the layout tuner compares with the measured peak.
 TEST(Plan, SgdMomentumIsInTheMemory) {

@@ -18,7 +18,7 @@ using sat::PipeSchedule;
 using sat::ScheduleSpec;
 
 constexpr PipeSchedule kKinds[] = {PipeSchedule::none, PipeSchedule::gpipe, PipeSchedule::one_f_one_b,
-                                   PipeSchedule::interleaved, PipeSchedule::zb_h1};
+                                   PipeSchedule::interleaved, PipeSchedule::zb_h1, PipeSchedule::zb_v};
 
 std::string describe(const ScheduleSpec& s) {
   return sat::str_cat(sat::pipe_schedule_name(s.kind), " P=", s.stages, " M=", s.micro, " V=", s.virtual_stages);
@@ -26,6 +26,7 @@ std::string describe(const ScheduleSpec& s) {
 
 // What check_schedule should accept, written from the rules in schedule.h.
 bool valid(const ScheduleSpec& s) {
+  if (s.kind == PipeSchedule::zb_v) return s.virtual_stages == 2 && s.stages >= 2;
   if (s.kind != PipeSchedule::interleaved) return s.virtual_stages == 1;
   return s.virtual_stages >= 2 && s.stages >= 2 && s.micro >= s.stages;
 }
@@ -83,7 +84,7 @@ std::string check_computes(const ScheduleSpec& s, const std::vector<Action>& lis
   if (n < 2 || list[n - 2].kind != ActionKind::reduce_grads || list[n - 1].kind != ActionKind::optimizer)
     return "does not end with REDUCE OPT";
   std::vector<int> next_f(s.virtual_stages, 0), next_b(s.virtual_stages, 0), next_w(s.virtual_stages, 0);
-  const bool split = s.kind == PipeSchedule::zb_h1;
+  const bool split = s.kind == PipeSchedule::zb_h1 || s.kind == PipeSchedule::zb_v;
   for (int i = 0; i < n - 2; ++i) {
     const Action& a = list[i];
     if (a.kind == ActionKind::reduce_grads || a.kind == ActionKind::optimizer) return a.str() + " before the end";
@@ -107,19 +108,21 @@ std::string check_computes(const ScheduleSpec& s, const std::vector<Action>& lis
 // The comm action a compute needs before it (`before`) or owes after it, per item 3, or kind
 // `forward` (no comm) at either end of the model.
 Action expected_comm(const ScheduleSpec& s, int stage, const Action& c, bool before) {
-  const int P = s.stages, vs = c.chunk * P + stage, last = P * s.virtual_stages - 1;
+  const int vs = sat::piece_of(s, stage, c.chunk), last = s.stages * s.virtual_stages - 1;
   const bool fwd = c.kind == ActionKind::forward;
   const bool toward_next = fwd != before;  // a forward sends on, a backward receives from the next piece
   const int other = toward_next ? vs + 1 : vs - 1;
   if (other < 0 || other > last || c.kind == ActionKind::backward_weight) return Action{};
+  const int peer = sat::stage_of_piece(s, other);
+  if (peer == stage) return Action{};  // zb-v: the V's turn on the last stage sends nothing
   ActionKind k = fwd ? (before ? ActionKind::recv_act : ActionKind::send_act)
                      : (before ? ActionKind::recv_grad : ActionKind::send_grad);
-  return Action{k, c.micro, c.chunk, other % P};
+  return Action{k, c.micro, c.chunk, peer};
 }
 
 // Item 3 and the placement of item 4: each compute's receive is in the last comm group before it
-// and its send in the first group after it, with the right peer; nothing else is communicated;
-// within a group the sends come before the receives.
+// (zb-v: in some group before it) and its send in the first group after it, with the right peer;
+// nothing else is communicated; within a group the sends come before the receives.
 std::string check_comms(const ScheduleSpec& s, int stage, const std::vector<Action>& list) {
   std::map<std::tuple<int, int, int, int>, int> placed;  // (kind, micro, chunk, peer) -> index
   for (int i = 0; i < static_cast<int>(list.size()); ++i)
@@ -142,7 +145,8 @@ std::string check_comms(const ScheduleSpec& s, int stage, const std::vector<Acti
       const int lo = std::min(i, it->second), hi = std::max(i, it->second);
       int boundaries = 0;
       for (int j = lo; j < hi; ++j) boundaries += list[j].is_comm() != list[j + 1].is_comm() && list[j + 1].is_comm();
-      if (boundaries > (before ? 0 : 1) || (before && it->second > i) || (!before && it->second < i))
+      const bool early_ok = before && s.kind == PipeSchedule::zb_v;
+      if ((boundaries > (before ? 0 : 1) && !early_ok) || (before && it->second > i) || (!before && it->second < i))
         return sat::str_cat(want.str(), " chunk ", want.chunk, " is not in the group next to ", list[i].str());
     }
   }
@@ -159,7 +163,7 @@ std::string check_pairs(const ScheduleSpec& s, const std::vector<std::vector<Act
   for (int r = 0; r < P; ++r)
     for (const Action& a : lists[r]) {
       if (!a.is_comm()) continue;
-      const int vs = a.chunk * P + r;
+      const int vs = sat::piece_of(s, r, a.chunk);
       const bool act = a.kind == ActionKind::send_act || a.kind == ActionKind::recv_act;
       if (is_send(a)) sent[{r, a.peer}].push_back({act, a.micro, vs});
       else received[{a.peer, r}].push_back({act, a.micro, act ? vs - 1 : vs + 1});
@@ -185,13 +189,16 @@ TEST(Schedule, CheckAcceptsExactlyTheValidSpecsAndNamesTheFlag) {
     } catch (const sat::Error& e) {
       const std::string msg = e.what();
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-      const char* flag = s.kind != PipeSchedule::interleaved || s.virtual_stages < 2 ? "--virtual-stages"
-                         : s.stages < 2                                            ? "--pp 2"
-                                                                                   : "--accum";
+      const bool zbv = s.kind == PipeSchedule::zb_v;
+      const char* flag = zbv ? (s.virtual_stages != 2 ? "--virtual-stages" : "--pp 2")
+                         : s.kind != PipeSchedule::interleaved || s.virtual_stages < 2 ? "--virtual-stages"
+                         : s.stages < 2                                                 ? "--pp 2"
+                                                                                        : "--accum";
       EXPECT_NE(msg.find(flag), std::string::npos) << msg;
     }
   }
-  EXPECT_EQ(accepted, 4 * 8 * 16 + 3 * (7 * 16 - (1 + 2 + 3 + 4 + 5 + 6 + 7)));  // 512 + 3 * 84
+  // none, gpipe, 1f1b, zb-h1: V = 1; interleaved: P >= 2, V >= 2, M >= P; zb-v: P >= 2, V = 2.
+  EXPECT_EQ(accepted, 4 * 8 * 16 + 3 * (7 * 16 - (1 + 2 + 3 + 4 + 5 + 6 + 7)) + 7 * 16);  // 512 + 3 * 84 + 112
 }
 
 TEST(Schedule, BadInputNamesTheFlag) {
@@ -248,7 +255,8 @@ TEST(Schedule, SendsMatchReceivesPairByPairAndNothingDeadlocks) {
     ASSERT_FALSE(sim.deadlock);
     ASSERT_EQ(sim.spans.size(), size_t(s.stages));
     for (int r = 0; r < s.stages; ++r) {
-      const int per_micro = s.kind == PipeSchedule::zb_h1 ? 3 : 2;  // F I W, or F B
+      const bool split = s.kind == PipeSchedule::zb_h1 || s.kind == PipeSchedule::zb_v;
+      const int per_micro = split ? 3 : 2;  // F I W, or F B
       EXPECT_EQ(sim.spans[r].size(), size_t(per_micro * s.micro * s.virtual_stages));
       EXPECT_NEAR(sim.busy[r], 3.0 * s.micro, 1e-9);  // F = 1, B = 2 (I = W = 1) for the whole stage
     }
@@ -334,8 +342,20 @@ TEST(Schedule, InFlightIsWhatEachKindPromises) {
           EXPECT_LE(sat::max_held_for_weights(list, 0), std::min(2 * s.stages - 1, s.micro));
           EXPECT_GE(sat::max_held_for_weights(list, 0), most);
           break;
+        case PipeSchedule::zb_v:
+          // The paper's ZB-V promise: 1F1B's peak activations, P micro-batches' worth, as 2P chunk
+          // activations (each chunk is half a stage) over both chunks at once, on every stage;
+          // with fewer micro-batches, M + 1 + stage (all of chunk a's, then b's) or all 2M. The
+          // weight gradients' inputs are held to W within the same 2P (the generator's cap).
+          EXPECT_EQ(sat::max_in_flight_all(list), std::min({2 * s.stages, 2 * s.micro, s.micro + 1 + r}));
+          for (int c = 0; c < 2; ++c) {
+            EXPECT_LE(sat::max_in_flight(list, c), s.micro);
+            EXPECT_LE(sat::max_held_for_weights(list, c), std::min(2 * s.stages - 1, s.micro));
+            EXPECT_GE(sat::max_held_for_weights(list, c), sat::max_in_flight(list, c));
+          }
+          break;
       }
-      if (s.kind != PipeSchedule::zb_h1) {
+      if (s.kind != PipeSchedule::zb_h1 && s.kind != PipeSchedule::zb_v) {
         EXPECT_EQ(sat::max_held_for_weights(list, 0), most);
       }
     }
@@ -387,8 +407,27 @@ TEST(Schedule, BubbleMatchesTheTextbook) {
         }
         break;
       }
+      case PipeSchedule::zb_v: {
+        // Each chunk's F = I = W = 1/6 of a micro-batch's work on a stage. The last stage starts
+        // P-1 chunk forwards after the first, and stages doing the same work cannot end before
+        // it: (P-1)/(6M+P-1) is the least any order idles, and this one reaches it on up to 4
+        // stages once M >= P. Above, the greedy order idles somewhat more (at most 1.5 times
+        // that once M >= 2P); everywhere below ZB-H1's and 1F1B's.
+        const double least = (P - 1) / (6 * M + P - 1);
+        EXPECT_NEAR(sat::theoretical_bubble(s), least, 1e-12);
+        if (s.stages <= 4 && s.micro >= s.stages) {
+          EXPECT_NEAR(sim, least, 1e-9);
+        }
+        if (s.micro >= 2 * s.stages) {
+          EXPECT_LE(sim, 1.5 * least);
+        }
+        EXPECT_GE(sim, least - 1e-9);
+        EXPECT_LT(sim, sat::simulate_schedule({PipeSchedule::zb_h1, s.stages, s.micro, 1}).bubble_fraction - 1e-9);
+        EXPECT_LT(sim, (P - 1) / (M + P - 1) - 1e-9);
+        break;
+      }
     }
-    if (s.kind != PipeSchedule::interleaved && s.kind != PipeSchedule::zb_h1) {
+    if (s.kind != PipeSchedule::interleaved && s.kind != PipeSchedule::zb_h1 && s.kind != PipeSchedule::zb_v) {
       EXPECT_NEAR(sat::theoretical_bubble(s), sim, 1e-9);
     }
   }
@@ -401,6 +440,7 @@ TEST(Schedule, TextbookBubble) {
   EXPECT_DOUBLE_EQ(sat::theoretical_bubble({PipeSchedule::none, 4, 8, 1}), 0.75);
   EXPECT_DOUBLE_EQ(sat::theoretical_bubble({PipeSchedule::one_f_one_b, 1, 8, 1}), 0);
   EXPECT_DOUBLE_EQ(sat::theoretical_bubble({PipeSchedule::none, 1, 8, 1}), 0);
+  EXPECT_DOUBLE_EQ(sat::theoretical_bubble({PipeSchedule::zb_v, 4, 8, 2}), 3.0 / 51);
 }
 
 // --- lists spelled out by hand -----------------------------------------------------------------
@@ -469,6 +509,58 @@ TEST(Schedule, ZeroBubbleTwoStages) {
   EXPECT_DOUBLE_EQ(cheap_w.busy[0], 3 * (1 + 0.75 + 0.25));
 }
 
+// ZB-V's V: stage s holds pieces s and 2P-1-s, the loss is on stage 0, and the last stage
+// hands piece P-1's output to its own piece P without a message.
+TEST(Schedule, ZeroBubbleVPlacesThePiecesInAV) {
+  const ScheduleSpec s{PipeSchedule::zb_v, 4, 8, 2};
+  for (int st = 0; st < 4; ++st) {
+    EXPECT_EQ(sat::piece_of(s, st, 0), st);
+    EXPECT_EQ(sat::piece_of(s, st, 1), 7 - st);
+    for (int c : {0, 1}) {
+      EXPECT_EQ(sat::stage_of_piece(s, sat::piece_of(s, st, c)), st);
+      EXPECT_EQ(sat::chunk_of_piece(s, sat::piece_of(s, st, c)), c);
+    }
+  }
+  EXPECT_EQ(sat::loss_stage(s), 0);
+  EXPECT_EQ(sat::loss_stage({PipeSchedule::interleaved, 4, 8, 2}), 3);
+  EXPECT_EQ(sat::piece_of({PipeSchedule::interleaved, 4, 8, 2}, 1, 1), 5);
+  for (const Action& a : sat::make_schedule(s, 3))
+    if (a.is_comm()) {
+      EXPECT_EQ(a.peer, 2) << a.str();  // nothing between the last stage's own chunks
+    }
+  for (const Action& a : sat::make_schedule(s, 0)) {
+    if (a.is_comm()) {
+      EXPECT_EQ(a.peer, 1) << a.str();
+    }
+    // chunk 0 is the model's first piece (no input to receive), chunk 1 its last (no gradient)
+    EXPECT_FALSE(a.kind == ActionKind::recv_act && a.chunk == 0);
+    EXPECT_FALSE(a.kind == ActionKind::recv_grad && a.chunk == 1);
+  }
+  // On every stage chunk 1's W of a micro-batch comes before chunk 0's: stage 0's tied embedding
+  // is written first by the output head (chunk 1) and added to by the embedding (chunk 0), and
+  // a data-parallel bucket is final after chunk 0's last W.
+  for (int P = 2; P <= 8; ++P)
+    for (int M = 1; M <= 16; ++M)
+      for (int r = 0; r < P; ++r) {
+        std::map<std::pair<int, int>, size_t> at;
+        const auto list = sat::make_schedule({PipeSchedule::zb_v, P, M, 2}, r);
+        for (size_t i = 0; i < list.size(); ++i)
+          if (list[i].kind == ActionKind::backward_weight) at[{list[i].micro, list[i].chunk}] = i;
+        for (int m = 0; m < M; ++m) EXPECT_LT(at[std::pair(m, 1)], at[std::pair(m, 0)]) << "P " << P << " M " << M << " stage " << r;
+      }
+  // Evaluation's forwards in a V run through without a deadlock.
+  for (int P = 2; P <= 8; ++P)
+    for (int M = 1; M <= 4; ++M) {
+      const ScheduleSpec f{PipeSchedule::zb_v, P, M, 2};
+      std::vector<std::vector<Action>> lists;
+      for (int r = 0; r < P; ++r) lists.push_back(sat::make_forward_schedule(f, r));
+      sat::SimCosts c = sat::unit_costs(P, 2);
+      c.v_shape = true;
+      const auto sim = sat::simulate_actions(lists, c);
+      EXPECT_EQ(sim.problem, "") << "P " << P << " M " << M;
+    }
+}
+
 TEST(Schedule, NoPipelineIsGradientAccumulation) {
   const ScheduleSpec none{PipeSchedule::none, 1, 3, 1}, ofob{PipeSchedule::one_f_one_b, 1, 3, 1};
   EXPECT_EQ(spell(sat::make_schedule(none, 0), 1), "F0 B0 F1 B1 F2 B2 REDUCE OPT");
@@ -501,6 +593,9 @@ TEST(Schedule, ActionNames) {
   EXPECT_EQ((Action{K::backward_weight, 3, 0, -1}).str(), "W3");
   EXPECT_EQ(sat::pytorch_name(Action{K::backward_input, 2, 0, -1}, 4, 1), "1I2");  // PyTorch's BACKWARD_INPUT
   EXPECT_EQ(sat::pytorch_name(Action{K::backward_weight, 2, 0, -1}, 4, 1), "1W2");
+  // In a V (zb-v) chunk 1 of stage 1 of 4 is piece 2*4-1-1 = 6; chunk 0 stays piece 1.
+  EXPECT_EQ(sat::pytorch_name(Action{K::forward, 2, 1, -1}, 4, 1, true), "6F2");
+  EXPECT_EQ(sat::pytorch_name(Action{K::forward, 2, 0, -1}, 4, 1, true), "1F2");
   for (K k : {K::forward, K::backward, K::backward_input, K::backward_weight})
     EXPECT_TRUE((Action{k, 0, 0, -1}).is_compute());
   for (K k : {K::reduce_grads, K::optimizer}) {
@@ -555,6 +650,17 @@ TEST(ScheduleFormat, ZeroBubbleShowsTheSplitBackwardAndItsMemory) {
   EXPECT_NE(text.find("held for weight gradients (forward to W): stage 0: 7,"), std::string::npos) << text;
 }
 
+TEST(ScheduleFormat, ZeroBubbleVShowsBothChunksAndTheirMemory) {
+  const std::string text = sat::format_schedule({PipeSchedule::zb_v, 4, 8, 2});
+  EXPECT_EQ(rows_starting(lines_of(text), "stage "), 4) << text;
+  EXPECT_NE(text.find("stage 0  F0a "), std::string::npos) << text;
+  EXPECT_NE(text.find("Fmc / Imc / Wmc"), std::string::npos) << text;
+  EXPECT_NE(text.find("bubble: simulated 5.9%, textbook (P-1)/(6M+P-1) = 5.9%"), std::string::npos) << text;
+  EXPECT_NE(text.find("both chunks at once (a chunk's activations are half a micro-batch's): stage 0: 8,"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("problem"), std::string::npos) << text;
+}
+
 TEST(ScheduleFormat, OneMicroBatchIsModelParallelism) {
   const std::string text = sat::format_schedule({PipeSchedule::gpipe, 4, 1, 1});
   EXPECT_EQ(rows_starting(lines_of(text), "stage "), 4) << text;
@@ -565,3 +671,4 @@ TEST(ScheduleFormat, OneMicroBatchIsModelParallelism) {
 }
 
 }  // namespace
+

@@ -45,9 +45,9 @@ TEST(Text, EnginesEnumsRoundTrip) {
   EXPECT_EQ(error_of([] { sat::parse_recompute("some"); }),
             "--recompute: unknown mode 'some' (expected none, selective or full)");
   EXPECT_EQ(error_of([] { sat::parse_pipe_schedule("zb"); }),
-            "--pp-schedule: expected none, gpipe, 1f1b, interleaved or zb-h1, got 'zb'");
+            "--pp-schedule: expected none, gpipe, 1f1b, interleaved, zb-h1 or zb-v, got 'zb'");
   EXPECT_EQ(error_of([] { sat::parse_pipe_schedule("zb", "--layout: schedule"); }),
-            "--layout: schedule: expected none, gpipe, 1f1b, interleaved or zb-h1, got 'zb'");
+            "--layout: schedule: expected none, gpipe, 1f1b, interleaved, zb-h1 or zb-v, got 'zb'");
 }
 
 TEST(Text, SizesInEveryUnit) {

@@ -29,7 +29,7 @@ const std::vector<SupportRow>& support_matrix() {
       {Feature::sequence_parallel, "sequence parallelism", "--sequence-parallel", M, C, ""},
       {Feature::pipeline, "pipeline parallelism (gpipe, 1f1b, interleaved)", "--pp", M, C, ""},
       {Feature::zero_bubble, "zero-bubble pipeline schedules (backward split into input and weight parts)",
-       "--pp-schedule zb-h1", M, N, "the split backward runs on the CPU only for now"},
+       "--pp-schedule zb-h1|zb-v", M, N, "the split backward runs on the CPU only for now"},
       {Feature::context_parallel, "context parallelism (ring attention)", "--cp", M, N,
        "the ring attention runs on the CPU in float32 only for now"},
       {Feature::moe, "mixture-of-experts models (top-k router, capacity, load-balancing loss)", "--model moe:...", M, N,

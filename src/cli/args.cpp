@@ -210,7 +210,7 @@ void add_layout_options(CLI::App* c, RunArgs& a, bool info) {
               "(all-gather / reduce-scatter instead of all-reduce)");
   c->add_option("--pp", a.pp, "pipeline stages: the model is cut between blocks into this many stages")
       ->capture_default_str();
-  c->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved | zb-h1 (see saturate schedule)")
+  c->add_option("--pp-schedule", a.pp_schedule, "none | gpipe | 1f1b | interleaved | zb-h1 | zb-v (two chunks per rank in a V; see saturate schedule)")
       ->capture_default_str();
   c->add_option("--virtual-stages", a.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
   c->add_option("--pp-split", a.pp_split, "cut points between stages, by block (e.g. 2 or 1,3); default: balanced by "
@@ -396,6 +396,8 @@ Layout layout_of(const RunArgs& a, int64_t batch) {
   l.pp = a.pp;
   l.pp_schedule = parse_pipe_schedule(a.pp_schedule);
   l.virtual_stages = a.virtual_stages;
+  // zb-v runs two chunks per rank (a V): its default is that, not the flag's 1.
+  if (l.pp_schedule == PipeSchedule::zb_v && l.virtual_stages == 1) l.virtual_stages = 2;
   l.pp_split = parse_int_list("--pp-split", a.pp_split);
   l.recompute = parse_recompute(a.recompute);
   l.zero = a.zero;

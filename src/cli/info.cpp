@@ -75,16 +75,20 @@ void print_model(const JobPlan& job) {
 // With --pp: every stage's part of the model and its plan (the plan its ranks train with).
 void print_stages(JobPlan& job) {
   const TrainConfig& cfg = job.config();
+  const char* m = v_shaped(cfg.pp_schedule)                   ? "6"
+                  : cfg.virtual_stages > 1                     ? "V"
+                  : cfg.pp_schedule == PipeSchedule::zb_h1 ? "3"
+                                                               : "";
   std::printf("pipeline    %d stages, %s schedule%s, %lld micro-batches per step: bubble (P-1)/(%sM+P-1) = %.1f%%\n",
               cfg.pp, pipe_schedule_name(cfg.pp_schedule),
               cfg.virtual_stages > 1 ? (", " + std::to_string(cfg.virtual_stages) + " model chunks per stage").c_str() : "",
-              (long long)cfg.accum, cfg.virtual_stages > 1 ? "V" : cfg.pp_schedule == PipeSchedule::zb_h1 ? "3" : "", 100 * theoretical_bubble(cfg.schedule_spec()));
+              (long long)cfg.accum, m, 100 * theoretical_bubble(cfg.schedule_spec()));
   for (int s = 0; s < cfg.pp; ++s) {
     const RankPlan& rp = job.stage(s);
     const Graph& g = *rp.model.graph;
     std::string blocks;
     for (int c = 0; c < cfg.virtual_stages; ++c) {
-      const int k = c * cfg.pp + s;
+      const int k = piece_of(cfg.schedule_spec(), s, c);
       blocks += str_cat(c ? ", " : "", rp.split.cuts[size_t(k)], "-", rp.split.cuts[size_t(k) + 1] - 1);
     }
     std::printf("stage %d     blocks %s of %d: %zu layers, %lld parameters%s, %.4g FLOPs per sample; %d micro-batch(es) "

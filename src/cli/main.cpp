@@ -159,7 +159,7 @@ void add_tool_commands(CLI::App& app, Commands& c) {
   auto* sched = app.add_subcommand("schedule", "print a pipeline schedule as a per-rank grid (time runs left to right)");
   sched->add_option("--pp", s.pp, "pipeline stages")->capture_default_str();
   sched->add_option("--accum", s.accum, "micro-batches per optimizer step")->capture_default_str();
-  sched->add_option("--pp-schedule", s.pp_schedule, "none | gpipe | 1f1b | interleaved | zb-h1")->capture_default_str();
+  sched->add_option("--pp-schedule", s.pp_schedule, "none | gpipe | 1f1b | interleaved | zb-h1 | zb-v")->capture_default_str();
   sched->add_option("--virtual-stages", s.virtual_stages, "interleaved: model chunks per stage")->capture_default_str();
   auto* bench = app.add_subcommand("bench", "benchmarks");
   auto* bcomm = bench->add_subcommand("comm", "all-reduce and point-to-point sweeps over message sizes: bandwidth, and "

@@ -149,6 +149,14 @@ void Graph::add_kept(Node& n, int chunk) {
   }
   for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
     int v = n.inputs[slot];
+    if (values_[size_t(v)].kind == Value::Kind::computed && values_[size_t(v)].chunk != chunk) {
+      // Another chunk's output here (a V's turn): sent by its chunk, received as a copy (finish()).
+      SAT_CHECK(values_[size_t(v)].chunk < chunk, "internal error: value ", values_[size_t(v)].name,
+                " is read by an earlier model chunk of its stage");
+      values_[size_t(v)].sent = true;
+      handed_reads_.push_back({node_id, int(slot)});
+      continue;
+    }
     if (values_[size_t(v)].kind == Value::Kind::absent || values_[size_t(v)].kind == Value::Kind::received)
       receive(v, chunk);
     values_[size_t(v)].consumers.push_back({node_id, int(slot)});
@@ -176,11 +184,35 @@ void Graph::add_kept(Node& n, int chunk) {
   chunks_.clear();
 }
 
+void Graph::finish() {
+  std::map<std::pair<int, int>, int> copy_of;  // (value, reading chunk) -> its copy
+  for (auto [node, slot] : handed_reads_) {
+    Node& n = nodes_[size_t(node)];
+    const int v = n.inputs[size_t(slot)];
+    auto [it, fresh] = copy_of.try_emplace({v, n.chunk}, int(values_.size()));
+    if (fresh) {
+      Value copy;
+      copy.name = values_[size_t(v)].name + " (handed on)";
+      copy.spec = values_[size_t(v)].spec;
+      copy.kind = Value::Kind::received;
+      copy.needs_grad = values_[size_t(v)].needs_grad;
+      copy.chunk = n.chunk;
+      copy.handed_from = v;
+      values_.push_back(copy);
+    }
+    n.inputs[size_t(slot)] = it->second;
+    values_[size_t(it->second)].consumers.push_back({node, slot});
+  }
+  handed_reads_.clear();
+  chunks_.clear();
+}
+
 void Graph::set_loss(int v) { loss_ = value(v).kind == Value::Kind::computed ? v : -1; }
 void Graph::set_logits(int v) { logits_ = value(v).kind == Value::Kind::computed ? v : -1; }
 
 const std::vector<Chunk>& Graph::chunks() const {
   if (!chunks_.empty() || nodes_.empty()) return chunks_;
+  SAT_CHECK(handed_reads_.empty(), "internal error: a stage graph's chunks are used before Graph::finish()");
   const size_t count = keep_.empty() ? 1 : keep_.size();
   chunks_.resize(count);
   for (size_t k = 0; k < count; ++k) chunks_[k].begin = chunks_[k].end = -1;

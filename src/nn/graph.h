@@ -13,10 +13,16 @@
 //     after backward, whenever the value does in the whole model;
 //   * a value produced by a kept node and read by a dropped one is *sent* by its chunk;
 //     the gradient of a sent value is received before the chunk's backward;
+//   * a value produced by a kept node of one chunk and read by a later chunk of the same
+//     stage (the turn of a V, zb-v's last stage) is sent by its chunk and received by the
+//     reader's as a value of its own (Value::handed_from, made by finish() after the other
+//     values), which the executor fills from it within the rank (and whose gradient it hands
+//     back) instead of a message;
 //   * a parameter tied to one declared by a layer of another stage (GPT's output head
 //     tied to the token embedding) is declared here as a copy under the same name and
 //     listed in tied_copies(): the trainer sums the copies' gradients before the update.
-// Value ids and node names are those of the whole model in every stage, and Node::gid
+// Value ids and node names are those of the whole model in every stage (handed-on copies
+// come after them), and Node::gid
 // is the node's index in the whole model. A node's random numbers (dropout) are seeded
 // by its name, so a layer draws the same ones whatever the split or the tensor-parallel
 // layout (whose communication nodes one process does not have).
@@ -44,6 +50,7 @@ struct Value {
   bool needs_grad = false;                    // a gradient flows back into it (in the whole model)
   int chunk = -1;                             // computed: the producer's chunk; received: the readers'
   bool sent = false;                          // computed here, read by another stage
+  int handed_from = -1;  // received: the value of another chunk of this stage it is a copy of (-1: from another stage)
 };
 
 struct Node {
@@ -110,6 +117,8 @@ class Graph {
   // other stages are ignored.
   void set_loss(int v);
   void set_logits(int v);
+  // After the last node: makes the copies of values handed on between chunks (see above).
+  void finish();
 
   bool training() const { return training_; }
   DType act() const { return act_; }
@@ -156,6 +165,7 @@ class Graph {
   std::map<std::string, ParamDecl> dropped_params_;  // declared by dropped nodes: tie targets
   std::map<std::string, int> dropped_param_chunk_;
   std::vector<std::string> tied_copies_, tied_remote_;
+  std::vector<std::pair<int, int>> handed_reads_;  // (node, input slot) reading another chunk's value, until finish()
   std::vector<int> block_starts_;
   int next_gid_ = 0;
   bool recompute_ = false;

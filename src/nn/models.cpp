@@ -440,12 +440,14 @@ BuiltModel build_model(const ModelConfig& cfg, int64_t B, bool training, const s
   }
   if (file) {
     m.loss = add_aux_losses(g, m.loss, m.aux_losses);
+    g.finish();
     g.set_logits(m.logits);
     g.set_loss(m.loss);
     return m;
   }
   m.loss = g.add<CrossEntropy>("loss", {m.logits, m.y}, cfg.tokens ? TPRank{cfg.tp, cfg.tp_rank} : TPRank{});
   m.loss = add_aux_losses(g, m.loss, m.aux_losses);  // moe: plus the load-balancing losses
+  g.finish();
   g.set_logits(m.logits);
   g.set_loss(m.loss);
   return m;

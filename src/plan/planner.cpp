@@ -304,7 +304,7 @@ struct Search {
     std::vector<std::vector<std::pair<int, int>>> st(size_t(l.pp));
     for (int s = 0; s < l.pp; ++s)
       for (int c = 0; c < l.virtual_stages; ++c) {
-        const int k = c * l.pp + s;
+        const int k = piece_of(spec_of(l), s, c);
         st[size_t(s)].push_back({sp.cuts[size_t(k)], sp.cuts[size_t(k) + 1]});
       }
     return st;
@@ -353,8 +353,11 @@ struct Search {
         if (c == 0) f.first_inflight = inflight;
       }
       f.work /= l.cp, f.bwd /= l.cp;
-      if (l.pp > 1 && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
-      if (l.pp > 1 && s == l.pp - 1) f.params += t.tied;
+      // (in a V both ends of the model are on stage 0: the tied weight is one parameter there)
+      const bool v = v_shaped(l.pp_schedule);
+      if (l.pp > 1 && !v && (s == 0 || s == l.pp - 1)) f.tied = t.tied;
+      if (l.pp > 1 && !v && s == l.pp - 1) f.params += t.tied;
+      if (l.pp > 1 && v && s == 0) f.spanning = t.tied;
       if (l.pp == 1) f.spanning = t.tied;
     }
     return out;
@@ -367,12 +370,16 @@ struct Search {
     fl.tp = l.tp, fl.dp = l.dp, fl.pp = l.pp, fl.zero = l.zero, fl.slots = slots, fl.sp = l.sequence_parallel;
     fl.rc = l.recompute;
     FormulaStage fs;
-    fs.params = x.params, fs.unit_params = x.unit, fs.first = s == 0, fs.last = s == l.pp - 1, fs.micro = double(l.batch);
+    fs.params = x.params, fs.unit_params = x.unit, fs.first = s == 0, fs.micro = double(l.batch);
+    fs.last = s == loss_stage(spec_of(l));  // (in a V the head and the loss are on stage 0)
     // The micro-batches in flight as Megatron-LM's schedules keep them (Korthikanti, 4.2.3):
     // 1F1B's stage s holds p - s; interleaved, its warm-up of 2 (p - s - 1) + (m - 1) p chunks
     // and one more, of L / (p m) layers each: L (1 + (p - 1) / (p m)) on the first stage.
     const double M = double(l.accum), p = l.pp, m = l.virtual_stages;
-    if (l.pp_schedule == PipeSchedule::interleaved && l.pp > 1) {
+    if (l.pp_schedule == PipeSchedule::zb_v && l.pp > 1) {  // the schedule's own counts (both chunks)
+      fs.layer_inflight = x.layer_inflight;
+      fs.first_inflight = x.first_inflight;
+    } else if (l.pp_schedule == PipeSchedule::interleaved && l.pp > 1) {
       const double chunks = std::min(M * m, 2 * (p - s - 1) + (m - 1) * p) + 1;
       fs.layer_inflight = x.layers / m * chunks;
       fs.first_inflight = std::min(M, std::ceil(chunks / m));
@@ -601,6 +608,7 @@ struct Search {
     for (int v = 2; pp * v <= blocks; ++v)
       if (blocks % (pp * v) == 0 && M >= pp) s.push_back({PipeSchedule::interleaved, v});
     if (splits) s.push_back({PipeSchedule::zb_h1, 1});
+    if (splits && 2 * pp <= blocks) s.push_back({PipeSchedule::zb_v, 2});  // two chunks per rank in a V
     return s;
   }
 
@@ -643,8 +651,9 @@ struct Search {
       c.device = Device::cpu;
       check_recompute(c);
     }
-    SAT_CHECK(!f.v || !f.schedule || *f.schedule == PipeSchedule::interleaved || *f.v == 1,
-              "--layout: v=", *f.v, " needs schedule=interleaved");
+    SAT_CHECK(!f.v || !f.schedule || *f.schedule == PipeSchedule::interleaved || *f.v == 1 ||
+              (*f.schedule == PipeSchedule::zb_v && *f.v == 2),
+              "--layout: v=", *f.v, " needs schedule=interleaved (schedule=zb-v runs v=2)");
     SAT_CHECK(!f.zero || *f.zero == 0 || !f.dp || *f.dp > 1, "--layout: zero=", *f.zero, " shards over the "
               "data-parallel ranks, but dp=1");
   }
@@ -833,6 +842,7 @@ struct Search {
         if (a > 0) bytes = std::max(bytes, t.cut_bytes[size_t(a)]);
     c.transfer = l.pp > 1 ? collective_seconds(Collective::p2p, bytes, 2, pp_link(l), req.hw.eff.comm_eff) : 0;
     *transfer = c.transfer;
+    c.v_shape = v_shaped(l.pp_schedule);
     ScheduleSim sim = simulate_actions(schedule_lists(spec_of(l)), c);
     SAT_CHECK(!sim.deadlock && sim.problem.empty(), "internal error: schedule ", l.str(), ": ", sim.problem);
     return sim;
@@ -850,9 +860,8 @@ struct Search {
       l.zero = z;
       // (train refuses zb-h1 with ZeRO-2/3, and ZeRO with context parallelism)
       // (and ZeRO with expert parallelism: each rank's store holds its own experts)
-      if (!engine_has(l) || (l.pp_schedule == PipeSchedule::zb_h1 && z >= 2) || (l.cp > 1 && z > 0) ||
-          (l.ep > 1 && z > 0 && !shape))
-        continue;
+      const bool split = splits_backward(l.pp_schedule);
+      if (!engine_has(l) || (split && z >= 2) || (l.cp > 1 && z > 0) || (l.ep > 1 && z > 0 && !shape)) continue;
       ++out.layouts;
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device, &mc);
@@ -948,7 +957,7 @@ struct Search {
     const Layout& l = p.layout;
     if (shape) return make_formula(p);
     // zb-h1's and the ring's step plans need the CPU engine: on GPUs the estimate stays.
-    if ((l.pp_schedule == PipeSchedule::zb_h1 || l.cp > 1) && gpu) return;
+    if ((splits_backward(l.pp_schedule) || l.cp > 1) && gpu) return;
     if (!data) data = std::make_unique<DataSplit>(synthetic_shapes(data_options_for(mc, 0)));
     double most = -1;
     ModelConfig c = config_of(l);

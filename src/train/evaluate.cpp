@@ -65,7 +65,7 @@ EvalResult evaluate_split(RankRuntime& rt, const Dataset& data, BatchLoader* loa
   // --cp: each cp rank's sums are its tokens' of the same samples (the same count on each).
   if (g.loss() >= 0 && m.cp() > 1) m.cp_group()->all_reduce_sync(s.v, 5, DType::f64, dist::ReduceOp::avg);
   if (g.loss() >= 0 && m.dp() > 1) m.dp_group().all_reduce_sync(s.v, 5, DType::f64, dist::ReduceOp::sum);
-  if (m.pp() > 1) m.pp_group().broadcast_sync(s.v, 5, DType::f64, m.pp() - 1);
+  if (m.pp() > 1) m.pp_group().broadcast_sync(s.v, 5, DType::f64, loss_stage(rt.cfg.schedule_spec()));
   EvalResult e;
   e.samples = int64_t(s.v[4]);
   e.loss = s.v[1] > 0 ? s.v[0] / s.v[1] : NAN;

@@ -1,5 +1,7 @@
 #include "train/executor.h"
 
+#include <cstring>
+
 #include "core/timer.h"
 #include "optim/optimizer.h"
 #include "train/data_parallel.h"
@@ -43,6 +45,25 @@ void Executor::post(const Action& a, std::vector<dist::P2POp>& ops) const {
   }
 }
 
+// A V's turn (zb-v's last stage): chunk `chunk`'s inputs handed on from an earlier chunk of this
+// rank (Value::handed_from) are copied in before its forward (to_chunk) and their gradients
+// copied back after its input backward (the plan keeps both ends' buffers live then: see
+// train/plan.cpp's timeline). Host memory only (zb-v runs on the CPU).
+void Executor::hand_on(const Action& a, bool forward) {
+  const Graph& g = engine_.graph();
+  for (int v : g.chunks().at(size_t(a.chunk)).received) {
+    const Value& val = g.value(v);
+    if (val.handed_from < 0 || (!forward && !val.needs_grad)) continue;
+    const int from_chunk = g.value(val.handed_from).chunk;
+    const int here = ctx_of_[size_t(a.chunk)][size_t(a.micro)], there = ctx_of_[size_t(from_chunk)][size_t(a.micro)];
+    const Tensor dst = forward ? engine_.value(here, v) : engine_.grad(there, val.handed_from);
+    const Tensor src = forward ? engine_.value(there, val.handed_from) : engine_.grad(here, v);
+    SAT_CHECK(dst.defined() && src.defined() && dst.bytes() == src.bytes() && dst.device == Device::cpu,
+              "internal error: no host buffers to hand ", val.name, " on within the rank");
+    std::memmove(dst.ptr, src.ptr, src.bytes());
+  }
+}
+
 // Posts a group and, unless the communicator orders it on the device stream, waits for
 // it. Returns the seconds spent waiting.
 double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end) {
@@ -72,11 +93,13 @@ void Executor::run_backward(const Action& a, const StepParts& parts, BackwardPar
   const int ctx = ctx_of_[size_t(a.chunk)][size_t(a.micro)];
   if (part == BackwardPart::input) {
     engine_.backward(ctx, a.chunk, false, nullptr, part);
+    hand_on(a, false);
     return;
   }
   const bool last = a.micro + 1 == int(ctx_of_[size_t(a.chunk)].size());
   const bool first = a.micro == 0 || (parts.sync && !parts.sync->accumulates_grads());
   const bool replayed = engine_.backward(ctx, a.chunk, first, parts.sync ? parts.sync->ready(last) : nullptr, part);
+  if (part == BackwardPart::whole) hand_on(a, false);
   const double h0 = observer_ ? now_seconds() : 0;
   if (parts.sync) parts.sync->after_backward(a.chunk, last, replayed);
   for (GradHook* h : parts.grad_hooks) h->after_backward(a.chunk, a.micro);
@@ -95,6 +118,7 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
       std::vector<Tensor> in = parts.data ? parts.data->data(a.chunk, a.micro) : std::vector<Tensor>{};
       data = now_seconds() - t0;
       if (observer_) observer_->part_timed(StepPart::data, t0, t0 + data);
+      hand_on(a, true);
       engine_.forward(ctx_of_[size_t(a.chunk)][size_t(a.micro)], a.chunk, training_, seed(a.micro), in);
       break;
     }

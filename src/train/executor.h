@@ -87,6 +87,7 @@ class Executor {
   double finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end);
   void run_compute(size_t index, const std::function<uint64_t(int)>& seed, const StepParts& parts, StepStats& st);
   void run_backward(const Action& a, const StepParts& parts, BackwardPart part);
+  void hand_on(const Action& a, bool forward);
 
   Engine& engine_;
   std::vector<Action> actions_;

@@ -135,7 +135,7 @@ class Utilization final : public RunObserver {
 std::vector<TracedAction> traced_actions(const RankPlan& p, const dist::Mesh& m, const std::string& optimizer) {
   std::vector<TracedAction> out;
   for (const Action& a : p.actions) {
-    const std::string name = pytorch_name(a, m.pp(), m.pp_rank());
+    const std::string name = pytorch_name(a, m.pp(), m.pp_rank(), v_shaped(p.schedule.kind));
     out.push_back({name, a.kind == ActionKind::optimizer ? "Optimizer.step#" + optimizer + ".step" : name});
   }
   return out;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -98,7 +99,7 @@ std::vector<int> balanced_cuts(const BlockCosts& bc, int pieces) {
 std::vector<std::pair<int, int>> StageSplit::nodes_of(const Graph& whole, int stage) const {
   std::vector<std::pair<int, int>> r;
   for (int c = 0; c < virtual_stages; ++c) {
-    const int k = c * stages + stage;
+    const int k = v_shape && c == 1 ? 2 * stages - 1 - stage : c * stages + stage;
     r.push_back({block_nodes(whole, cuts[size_t(k)]).first, block_nodes(whole, cuts[size_t(k) + 1] - 1).second});
   }
   return r;
@@ -121,9 +122,9 @@ void check_pipeline(const TrainConfig& cfg) {
   SAT_CHECK(cfg.pp >= 1, "--pp: expected a positive number of pipeline stages, got ", cfg.pp);
   SAT_CHECK(cfg.pp > 1 || cfg.pp_split.empty(), "--pp-split needs --pp 2 or more (it names the cuts between stages)");
   check_schedule({cfg.pp_schedule, cfg.pp, int(cfg.accum), cfg.virtual_stages});
-  if (cfg.pp_schedule != PipeSchedule::zb_h1) return;
-  SAT_CHECK(cfg.zero < 2, "--pp-schedule zb-h1 with --zero ", cfg.zero, ": ZeRO-2/3's per-unit gradient staging does "
-            "not follow a split backward yet; use --zero 0 or 1");
+  if (cfg.pp_schedule != PipeSchedule::zb_h1 && cfg.pp_schedule != PipeSchedule::zb_v) return;
+  SAT_CHECK(cfg.zero < 2, "--pp-schedule ", pipe_schedule_name(cfg.pp_schedule), " with --zero ", cfg.zero,
+            ": ZeRO-2/3's per-unit gradient staging does not follow a split backward yet; use --zero 0 or 1");
 }
 
 StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name) {
@@ -131,6 +132,7 @@ StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::st
   StageSplit sp;
   sp.stages = cfg.pp;
   sp.virtual_stages = cfg.virtual_stages;
+  sp.v_shape = v_shaped(cfg.pp_schedule);
   sp.blocks = int(whole.block_starts().size());
   SAT_CHECK(sp.blocks >= 1 && whole.block_starts()[0] == 0, "internal error: model ", model_name, " declares no blocks");
   const int pieces = sp.stages * sp.virtual_stages;
@@ -166,6 +168,45 @@ StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::st
 
 namespace {
 
+// The V's turn (zb-v's last stage): chunk 1 takes chunk 0's output within the rank at its
+// forward, and hands its gradient back at the end of its input backward (Executor::hand_on).
+// Chunk 0's output so stays until chunk 1's forward, its gradient's buffer is live from
+// chunk 1's backward on, and chunk 1's input gradient until the action after that backward.
+void hand_on_times(const std::vector<Action>& actions, std::map<std::pair<int, int>, MicroUse>& uses) {
+  for (int a = 0; a < int(actions.size()); ++a) {
+    const Action& x = actions[size_t(a)];
+    if (x.chunk != 1) continue;
+    if (x.kind == ActionKind::forward) uses[{0, x.micro}].send = a;
+    if (x.kind == ActionKind::backward_input || x.kind == ActionKind::backward) {
+      uses[{0, x.micro}].recv_grad = a;
+      uses[{1, x.micro}].send_grad = a + 1;
+    }
+  }
+}
+
+// The loader batches a step holds at once on this rank: micro-batch m's batch is fetched by
+// the first forward of m in a chunk that reads data and stays valid until the last action of
+// those chunks on m (a split backward's weight part reads the tokens, the loss's backward the
+// labels; in a V, stage 0's two chunks read the inputs and the labels of the same batches).
+int batches_held(const std::vector<Action>& actions, const std::vector<int>& data_chunks) {
+  auto reads = [&](const Action& a) {
+    return a.is_compute() && std::find(data_chunks.begin(), data_chunks.end(), a.chunk) != data_chunks.end();
+  };
+  std::map<int, size_t> last_use;
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (reads(actions[i])) last_use[actions[i].micro] = i;
+  int fetched = 0, most = 0;
+  std::set<int> open;  // fetched, still read
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (!reads(a)) continue;
+    if (a.kind == ActionKind::forward) fetched = std::max(fetched, a.micro + 1), open.insert(a.micro);
+    if (!open.empty()) most = std::max(most, fetched - *open.begin());
+    if (last_use[a.micro] == i) open.erase(a.micro);
+  }
+  return most;
+}
+
 // The buffers' timeline of this rank's step, and which context each micro-batch of each
 // chunk uses: the lowest one free at its first action (contexts are per chunk; a chunk's
 // micro-batches flow first in, first out, so this is a ring).
@@ -174,7 +215,8 @@ namespace {
 // are live at once. A context is free for another micro-batch after the last action of
 // its micro-batch (within a group, the two use different buffers of it: the gradient
 // being sent and the input being received).
-Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, std::vector<std::vector<int>>& ctx_of) {
+Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, std::vector<std::vector<int>>& ctx_of,
+                     bool turn) {
   std::vector<int> at(actions.size());
   for (size_t a = 0; a < actions.size(); ++a)
     at[a] = actions[a].is_comm() && a > 0 && actions[a - 1].is_comm() ? at[a - 1] : int(a);
@@ -199,6 +241,7 @@ Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, 
     }
     last[{x.chunk, x.micro}] = a;
   }
+  if (turn) hand_on_times(actions, uses);
   ctx_of.assign(size_t(chunks), std::vector<int>(size_t(micro), -1));
   std::vector<std::vector<bool>> busy(static_cast<size_t>(chunks));
   for (int a = 0; a < int(actions.size()); ++a) {
@@ -225,10 +268,11 @@ JobPlan::JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     : mc_(mc), cfg_(cfg), train_(&train), test_(test), dp_(dp) {
   whole_ = std::make_unique<BuiltModel>(build_model(mc, cfg.batch, true));
   split_ = split_model(*whole_->graph, cfg, mc.name);
-  if (cfg.pp_schedule == PipeSchedule::zb_h1) {
-    SAT_CHECK(whole_->graph->device() == Device::cpu, "--pp-schedule zb-h1: the split backward runs on the CPU only "
-              "for now (--device cpu)");
-    check_backward_splits(*whole_->graph, "--pp-schedule zb-h1");
+  if (splits_backward(cfg.pp_schedule)) {
+    const std::string flag = str_cat("--pp-schedule ", pipe_schedule_name(cfg.pp_schedule));
+    SAT_CHECK(whole_->graph->device() == Device::cpu, flag, ": the split backward runs on the CPU only for now "
+              "(--device cpu)");
+    check_backward_splits(*whole_->graph, flag);
   }
   if (mc.tp > 1 || mc.ep > 1) {  // the whole model's size and work, not this rank's part (its experts)
     ModelConfig one = mc;
@@ -336,13 +380,13 @@ RankPlan JobPlan::plan_stage(int stage) {
   r.actions = make_schedule(r.schedule, stage);
   const int chunks = int(g.chunks().size());
   SAT_CHECK(chunks == cfg.virtual_stages, "internal error: stage ", stage, " has ", chunks, " model chunks");
-  r.step = plan_step(g, timeline_of(r.actions, chunks, int(cfg.accum), r.ctx_of));
-  for (int c = 0; c < chunks; ++c) {
-    if (g.chunks()[size_t(c)].data.empty()) continue;
-    r.reads_data = true;
-    // A split backward's weight part reads the data too (the embedding's tokens).
-    r.loader_keep = std::max(r.loader_keep, max_held_for_weights(r.actions, c));
-  }
+  const bool turn = v_shaped(r.schedule.kind) && stage == cfg.pp - 1;  // the V's turn: chunk 0 hands on to chunk 1
+  r.step = plan_step(g, timeline_of(r.actions, chunks, int(cfg.accum), r.ctx_of, turn));
+  std::vector<int> data_chunks;
+  for (int c = 0; c < chunks; ++c)
+    if (!g.chunks()[size_t(c)].data.empty()) data_chunks.push_back(c);
+  r.reads_data = !data_chunks.empty();
+  r.loader_keep = std::max(r.loader_keep, batches_held(r.actions, data_chunks));
   if (r.reads_data) r.loader = plan_loaders(cfg, *train_, test_, r.loader_keep);
   r.memory = stage_memory(r, cfg, *train_, test_, dp_, r.shards);
   r.flops_per_sample = (g.flops_forward() + g.flops_backward()) / double(cfg.batch);
@@ -385,10 +429,14 @@ GroupBytes predict_comm(const RankPlan& plan, const TrainConfig& cfg, int dp) {
     b.dp = (cfg.zero >= 1 ? 2 : 1) * flat + (g.loss() >= 0 ? 8 : 0);
   }
   if (cfg.pp > 1) {
+    std::set<int> handed;  // (a V's turn: handed on within the rank, no message)
+    for (const Value& v : g.values())
+      if (v.handed_from >= 0) handed.insert(v.handed_from);
     for (const Chunk& c : g.chunks()) {
-      for (int v : c.sent) b.pp += micro * double(g.value(v).spec.bytes());
+      for (int v : c.sent)
+        if (!handed.count(v)) b.pp += micro * double(g.value(v).spec.bytes());
       for (int v : c.received)
-        if (g.value(v).needs_grad) b.pp += micro * double(g.value(v).spec.bytes());
+        if (g.value(v).needs_grad && g.value(v).handed_from < 0) b.pp += micro * double(g.value(v).spec.bytes());
     }
     b.pp += 8;  // the step's loss, broadcast from the last stage
   }

@@ -20,9 +20,10 @@ namespace sat {
 
 // The model cut into stages * virtual_stages pieces between blocks: piece k holds
 // blocks [cuts[k], cuts[k + 1]); chunk c of stage s is piece c * stages + s (Megatron's
-// interleaving).
+// interleaving), or in a V (zb-v) piece s for chunk 0 and 2 * stages - 1 - s for chunk 1.
 struct StageSplit {
   int stages = 1, virtual_stages = 1;
+  bool v_shape = false;
   int blocks = 1;
   std::vector<int> cuts;  // stages * virtual_stages + 1 entries: 0, ..., blocks
   // Whole-model node ranges of stage s's chunks, in chunk order (for build_model).

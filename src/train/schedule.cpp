@@ -55,9 +55,10 @@ std::string Action::str() const {
   return str_cat(type_name(kind), micro);
 }
 
-std::string pytorch_name(const Action& a, int stages, int stage) {
+std::string pytorch_name(const Action& a, int stages, int stage, bool v_shape) {
   if (a.kind == ActionKind::reduce_grads || a.kind == ActionKind::optimizer) return type_name(a.kind);
-  return str_cat(a.chunk * stages + stage, type_name(a.kind), a.micro);
+  const int vs = v_shape && a.chunk == 1 ? 2 * stages - 1 - stage : a.chunk * stages + stage;
+  return str_cat(vs, type_name(a.kind), a.micro);
 }
 
 namespace {
@@ -65,7 +66,8 @@ constexpr Named<PipeSchedule> kPipeSchedules[] = {{"none", PipeSchedule::none},
                                                   {"gpipe", PipeSchedule::gpipe},
                                                   {"1f1b", PipeSchedule::one_f_one_b},
                                                   {"interleaved", PipeSchedule::interleaved},
-                                                  {"zb-h1", PipeSchedule::zb_h1}};
+                                                  {"zb-h1", PipeSchedule::zb_h1},
+                                                  {"zb-v", PipeSchedule::zb_v}};
 }  // namespace
 
 const char* pipe_schedule_name(PipeSchedule k) { return name_of(k, kPipeSchedules); }
@@ -74,10 +76,30 @@ PipeSchedule parse_pipe_schedule(const std::string& s, std::string_view setting)
   return parse_named(setting, s, kPipeSchedules);
 }
 
+bool v_shaped(PipeSchedule k) { return k == PipeSchedule::zb_v; }
+
+int piece_of(const ScheduleSpec& s, int stage, int chunk) {
+  return v_shaped(s.kind) && chunk == 1 ? 2 * s.stages - 1 - stage : chunk * s.stages + stage;
+}
+
+int stage_of_piece(const ScheduleSpec& s, int vs) {
+  return v_shaped(s.kind) && vs >= s.stages ? 2 * s.stages - 1 - vs : vs % s.stages;
+}
+
+int chunk_of_piece(const ScheduleSpec& s, int vs) { return vs / s.stages; }
+
+int loss_stage(const ScheduleSpec& s) { return stage_of_piece(s, s.stages * s.virtual_stages - 1); }
+
 void check_schedule(const ScheduleSpec& s) {
   SAT_CHECK(s.stages >= 1, "--pp ", s.stages, ": expected at least 1 pipeline stage");
   SAT_CHECK(s.micro >= 1, "--accum ", s.micro, ": expected at least 1 micro-batch per step");
   SAT_CHECK(s.virtual_stages >= 1, "--virtual-stages ", s.virtual_stages, ": expected at least 1 model chunk per rank");
+  if (s.kind == PipeSchedule::zb_v) {
+    SAT_CHECK(s.virtual_stages == 2, "--virtual-stages ", s.virtual_stages, ": --pp-schedule zb-v runs exactly two "
+              "model chunks per rank in a V (give --virtual-stages 2 or leave it out)");
+    SAT_CHECK(s.stages >= 2, "--pp-schedule zb-v needs --pp 2 or more (got ", s.stages, ")");
+    return;
+  }
   const bool interleaved = s.kind == PipeSchedule::interleaved;
   SAT_CHECK(interleaved || s.virtual_stages == 1, "--virtual-stages ", s.virtual_stages,
             " needs --pp-schedule interleaved (got --pp-schedule ", pipe_schedule_name(s.kind), ")");
@@ -99,6 +121,19 @@ struct Step {
   int micro;
   int chunk;
   bool joined = false;
+  int start = -1;  // zb-v: the unit of time the generator started it at
+};
+
+// The model is cut into P*V pieces in order; piece vs lives on stage vs % P as its chunk vs / P,
+// or in a V (zb-v, V = 2): pieces 0..P-1 down the stages as chunk 0, pieces P..2P-1 back up as
+// chunk 1, so stage s holds pieces s and 2P-1-s and the last stage hands on to itself.
+struct Layout {
+  int P, V;
+  bool v_shape = false;
+  int vs(int stage, int chunk) const { return v_shape && chunk == 1 ? 2 * P - 1 - stage : chunk * P + stage; }
+  int last() const { return P * V - 1; }
+  int owner(int vs) const { return v_shape && vs >= P ? 2 * P - 1 - vs : vs % P; }
+  int chunk(int vs) const { return vs / P; }
 };
 
 constexpr ActionKind kF = ActionKind::forward, kB = ActionKind::backward, kI = ActionKind::backward_input,
@@ -107,6 +142,69 @@ constexpr ActionKind kF = ActionKind::forward, kB = ActionKind::backward, kI = A
 // Whether a step sends its input's gradient back (and so waits for its output's): a whole
 // backward or its input part.
 bool sends_grad(ActionKind k) { return k == kB || k == kI; }
+
+// ZB-V, built like ZB-H1 by running all P stages together at unit costs (each chunk's F = I = W
+// = 1, communication free) over the 2P pieces of the V. A stage, whenever it is free, starts the
+// first of: a ready I (its output's gradient is there; the loss piece 2P-1 on stage 0 needs only
+// its forward); a ready F (its input is there) while it holds fewer than 2P chunk activations
+// between F and I (the paper's ZB-V memory: 1F1B's P micro-batches, each chunk half of one) and
+// fewer than 2P between F and W; its oldest W. Among its two chunks it takes the earlier
+// micro-batch first, chunk 1 (nearer the loss on the way down, nearer the end of the backward)
+// on a tie. Every piece runs each kind in micro order, so gradients accumulate as in one process.
+// Stage P-1 hands piece P-1's output to its own piece P, which may so start in the same round.
+// Termination: a round in which no stage starts anything leaves the state as it was (everything
+// started ends one unit later), so each round must start something and the loop runs at most
+// 6PM rounds; SAT_ASSERT checks it.
+std::vector<std::vector<Step>> order_zb_v(int P, int M) {
+  const Layout L{P, 2, true};
+  const int n = 2 * P, cap_i = 2 * P, cap_w = 2 * P;
+  constexpr int never = std::numeric_limits<int>::max();
+  std::vector<int> nf(size_t(n), 0), ni(size_t(n), 0), nw(size_t(n), 0);
+  std::vector<std::vector<int>> f_end(size_t(n), std::vector<int>(size_t(M), never)), i_end = f_end;
+  std::vector<std::vector<Step>> out(static_cast<size_t>(P));
+  for (int t = 0, left = 3 * n * M; left > 0; ++t) {
+    bool started = false;
+    for (int s = 0; s < P; ++s) {
+      const int piece[2] = {L.vs(s, 0), L.vs(s, 1)};
+      int held_i = 0, held_w = 0;
+      for (int v : piece) held_i += nf[size_t(v)] - ni[size_t(v)], held_w += nf[size_t(v)] - nw[size_t(v)];
+      auto i_ready = [&](int v) {
+        const int m = ni[size_t(v)];
+        return m < nf[size_t(v)] && f_end[size_t(v)][size_t(m)] <= t && (v == n - 1 || i_end[size_t(v) + 1][size_t(m)] <= t);
+      };
+      auto f_ready = [&](int v) {
+        const int m = nf[size_t(v)];
+        return m < M && (v == 0 || f_end[size_t(v) - 1][size_t(m)] <= t) && held_i < cap_i && held_w < cap_w;
+      };
+      auto w_ready = [&](int v) { return nw[size_t(v)] < ni[size_t(v)]; };
+      // The chunk to run for a kind: ready, the earlier micro-batch, then chunk 1; -1 if none.
+      auto pick = [&](auto ready, const std::vector<int>& next) {
+        int best = -1;
+        for (int c : {1, 0})
+          if (ready(piece[c]) && (best < 0 || next[size_t(piece[c])] < next[size_t(piece[best])])) best = c;
+        return best;
+      };
+      int c = -1;
+      if ((c = pick(i_ready, ni)) >= 0) {
+        const int v = piece[c];
+        out[size_t(s)].push_back({kI, ni[size_t(v)], c, false, t});
+        i_end[size_t(v)][size_t(ni[size_t(v)]++)] = t + 1;
+      } else if ((c = pick(f_ready, nf)) >= 0) {
+        const int v = piece[c];
+        out[size_t(s)].push_back({kF, nf[size_t(v)], c, false, t});
+        f_end[size_t(v)][size_t(nf[size_t(v)]++)] = t + 1;
+      } else if ((c = pick(w_ready, nw)) >= 0) {
+        out[size_t(s)].push_back({kW, nw[size_t(piece[c])]++, c, false, t});
+      } else {
+        continue;
+      }
+      started = true;
+      --left;
+    }
+    SAT_ASSERT(started);  // else no round would ever start anything again
+  }
+  return out;
+}
 
 // ZB-H1, built by running all P stages together at unit costs (F = I = W = 1, communication
 // free) and letting each stage, whenever it is free, start the first of: its next I once the
@@ -235,6 +333,7 @@ std::vector<Step> compute_order(const ScheduleSpec& s, int stage) {
     case PipeSchedule::one_f_one_b: return order_1f1b(s.stages, stage, s.micro);
     case PipeSchedule::interleaved: return order_interleaved(s.stages, stage, s.micro, s.virtual_stages);
     case PipeSchedule::zb_h1: return order_zb_h1(s.stages, s.micro)[size_t(stage)];
+    case PipeSchedule::zb_v: return order_zb_v(s.stages, s.micro)[size_t(stage)];
   }
   return {};
 }
@@ -252,27 +351,21 @@ bool is_send(const Action& a) { return a.kind == ActionKind::send_act || a.kind 
 
 // What a comm action on `stage` carries: a send names itself, a receive the piece before (act) or
 // after (grad) its own.
-Message message_of(const Action& a, int P, int stage) {
-  const int vs = a.chunk * P + stage;
+Message message_of(const Action& a, const Layout& L, int stage) {
+  const int vs = L.vs(stage, a.chunk);
   const bool act = a.kind == ActionKind::send_act || a.kind == ActionKind::recv_act;
   if (is_send(a)) return {act, a.micro, vs};
   return {act, a.micro, act ? vs - 1 : vs + 1};
 }
 
-// The model is cut into P*V pieces in order; piece vs lives on stage vs % P as its chunk vs / P.
-struct Layout {
-  int P, V;
-  int vs(int stage, int chunk) const { return chunk * P + stage; }
-  int last() const { return P * V - 1; }
-  int owner(int vs) const { return vs % P; }
-};
-
 // The send that follows step `c` on `stage`: activations on to the next piece, gradients back to
 // the previous one; none past either end of the model.
 std::optional<Action> send_after(const Layout& L, int stage, const Step& c) {
   const int vs = L.vs(stage, c.chunk);
-  if (c.kind == kF && vs < L.last()) return Action{ActionKind::send_act, c.micro, c.chunk, L.owner(vs + 1)};
-  if (sends_grad(c.kind) && vs > 0) return Action{ActionKind::send_grad, c.micro, c.chunk, L.owner(vs - 1)};
+  if (c.kind == kF && vs < L.last() && L.owner(vs + 1) != stage)
+    return Action{ActionKind::send_act, c.micro, c.chunk, L.owner(vs + 1)};
+  if (sends_grad(c.kind) && vs > 0 && L.owner(vs - 1) != stage)
+    return Action{ActionKind::send_grad, c.micro, c.chunk, L.owner(vs - 1)};
   return std::nullopt;
 }
 
@@ -280,8 +373,10 @@ std::optional<Action> send_after(const Layout& L, int stage, const Step& c) {
 // output's gradient from the next one.
 std::optional<Action> recv_before(const Layout& L, int stage, const Step& c) {
   const int vs = L.vs(stage, c.chunk);
-  if (c.kind == kF && vs > 0) return Action{ActionKind::recv_act, c.micro, c.chunk, L.owner(vs - 1)};
-  if (sends_grad(c.kind) && vs < L.last()) return Action{ActionKind::recv_grad, c.micro, c.chunk, L.owner(vs + 1)};
+  if (c.kind == kF && vs > 0 && L.owner(vs - 1) != stage)
+    return Action{ActionKind::recv_act, c.micro, c.chunk, L.owner(vs - 1)};
+  if (sends_grad(c.kind) && vs < L.last() && L.owner(vs + 1) != stage)
+    return Action{ActionKind::recv_grad, c.micro, c.chunk, L.owner(vs + 1)};
   return std::nullopt;
 }
 
@@ -289,9 +384,9 @@ std::optional<Action> recv_before(const Layout& L, int stage, const Step& c) {
 // before gradients, the sender's virtual stage, the micro-batch). Both ends of a pair of stages sort
 // the messages between them by the same key, so groups that hold the same messages post them in
 // the same order on both sides.
-void sort_group(std::vector<Action>& group, int P, int stage) {
+void sort_group(std::vector<Action>& group, const Layout& L, int stage) {
   auto key = [&](const Action& a) {
-    const Message m = message_of(a, P, stage);
+    const Message m = message_of(a, L, stage);
     return std::tuple(!is_send(a), !m.act, m.sender_vs, m.micro);
   };
   std::sort(group.begin(), group.end(), [&](const Action& x, const Action& y) { return key(x) < key(y); });
@@ -308,7 +403,7 @@ std::vector<Action> with_comms(const Layout& L, int stage, const std::vector<Ste
     while (end < order.size() && order[end].joined) ++end;
     for (size_t j = i; j < end; ++j)
       if (auto a = recv_before(L, stage, order[j])) group.push_back(*a);
-    sort_group(group, L.P, stage);
+    sort_group(group, L, stage);
     out.insert(out.end(), group.begin(), group.end());
     group.clear();
     for (size_t j = i; j < end; ++j) {
@@ -318,7 +413,53 @@ std::vector<Action> with_comms(const Layout& L, int stage, const std::vector<Ste
     }
     i = end;
   }
-  sort_group(group, L.P, stage);
+  sort_group(group, L, stage);
+  out.insert(out.end(), group.begin(), group.end());
+  out.push_back(Action{ActionKind::reduce_grads, -1, 0, -1});
+  out.push_back(Action{ActionKind::optimizer, -1, 0, -1});
+  return out;
+}
+
+// The receive on `stage` of message m from stage `from` (message_of's inverse for receives).
+Action recv_of(const Layout& L, const Message& m, int from) {
+  const int vs = m.act ? m.sender_vs + 1 : m.sender_vs - 1;
+  return Action{m.act ? ActionKind::recv_act : ActionKind::recv_grad, m.micro, L.chunk(vs), from};
+}
+
+// zb-v's list, from the generator's timed steps of every stage: each step's send in the group after
+// it (as with_comms), and each message received in the group before the first step of this stage
+// that starts once it is sent, whether that step needs it or a later one does. In a V each link
+// carries activations one way and gradients the other, for both chunks, and a stage may want a
+// gradient before an activation its neighbour sent earlier; taken on arrival, the messages between
+// two stages are received in the order they are sent (they match in posting order), every send
+// finds its receive posted when it is made, and the list runs (in the simulator, at unit costs) on
+// the generator's timeline: no stage waits for a neighbour to post. A received input's context is
+// taken from its receive on (train/plan.cpp's timeline).
+std::vector<Action> with_comms_on_arrival(const Layout& L, int stage, const std::vector<std::vector<Step>>& orders) {
+  struct Arrival { int at; int peer; Message m; };
+  std::vector<Arrival> arrivals;  // what the other stages send here, by send time (then peer, then order)
+  for (int p = 0; p < L.P; ++p)
+    if (p != stage)
+      for (const Step& c : orders[size_t(p)])
+        if (auto a = send_after(L, p, c); a && a->peer == stage) arrivals.push_back({c.start + 1, p, message_of(*a, L, p)});
+  std::stable_sort(arrivals.begin(), arrivals.end(),
+                   [](const Arrival& x, const Arrival& y) { return std::tie(x.at, x.peer) < std::tie(y.at, y.peer); });
+  size_t taken = 0;
+  std::vector<Message> received;
+  std::vector<Action> out, group;
+  for (const Step& c : orders[size_t(stage)]) {
+    SAT_ASSERT(!c.joined && c.start >= 0);
+    for (; taken < arrivals.size() && arrivals[taken].at <= c.start; ++taken) {
+      group.push_back(recv_of(L, arrivals[taken].m, arrivals[taken].peer));
+      received.push_back(arrivals[taken].m);
+    }
+    if (auto r = recv_before(L, stage, c))  // the generator starts a step once its input is sent
+      SAT_ASSERT(std::find(received.begin(), received.end(), message_of(*r, L, stage)) != received.end());
+    out.insert(out.end(), group.begin(), group.end());
+    group.clear();
+    out.push_back(Action{c.kind, c.micro, c.chunk, -1});
+    if (auto a = send_after(L, stage, c)) group.push_back(*a);
+  }
   out.insert(out.end(), group.begin(), group.end());
   out.push_back(Action{ActionKind::reduce_grads, -1, 0, -1});
   out.push_back(Action{ActionKind::optimizer, -1, 0, -1});
@@ -330,19 +471,21 @@ std::vector<Action> with_comms(const Layout& L, int stage, const std::vector<Ste
 std::vector<Action> make_schedule(const ScheduleSpec& s, int stage) {
   check_schedule(s);
   SAT_ASSERT(stage >= 0 && stage < s.stages);
-  return with_comms(Layout{s.stages, s.virtual_stages}, stage, compute_order(s, stage));
+  const Layout L{s.stages, s.virtual_stages, v_shaped(s.kind)};
+  if (s.kind == PipeSchedule::zb_v) return with_comms_on_arrival(L, stage, order_zb_v(s.stages, s.micro));
+  return with_comms(L, stage, compute_order(s, stage));
 }
 
 std::vector<Action> make_forward_schedule(const ScheduleSpec& s, int stage) {
   SAT_ASSERT(s.stages >= 1 && s.micro >= 1 && s.virtual_stages >= 1 && stage >= 0 && stage < s.stages);
-  const int P = s.stages, last = P * s.virtual_stages - 1;
+  const Layout L{s.stages, s.virtual_stages, v_shaped(s.kind)};
   std::vector<Action> out;
   for (int m = 0; m < s.micro; ++m)
     for (int c = 0; c < s.virtual_stages; ++c) {
-      const int vs = c * P + stage;
-      if (vs > 0) out.push_back({ActionKind::recv_act, m, c, (vs - 1) % P});
+      const Step f{kF, m, c};
+      if (auto a = recv_before(L, stage, f)) out.push_back(*a);
       out.push_back({ActionKind::forward, m, c, -1});
-      if (vs < last) out.push_back({ActionKind::send_act, m, c, (vs + 1) % P});
+      if (auto a = send_after(L, stage, f)) out.push_back(*a);
     }
   return out;
 }
@@ -351,6 +494,15 @@ int max_in_flight(const std::vector<Action>& actions, int chunk) {
   int now = 0, most = 0;
   for (const Action& a : actions) {
     if (a.chunk != chunk) continue;
+    if (a.kind == ActionKind::forward) most = std::max(most, ++now);
+    if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input) --now;
+  }
+  return most;
+}
+
+int max_in_flight_all(const std::vector<Action>& actions) {
+  int now = 0, most = 0;
+  for (const Action& a : actions) {
     if (a.kind == ActionKind::forward) most = std::max(most, ++now);
     if (a.kind == ActionKind::backward || a.kind == ActionKind::backward_input) --now;
   }
@@ -376,6 +528,7 @@ double theoretical_bubble(const ScheduleSpec& s) {
     case PipeSchedule::one_f_one_b: return (P - 1) / (M + P - 1);
     case PipeSchedule::interleaved: return (P - 1) / (V * M + P - 1);
     case PipeSchedule::zb_h1: return (P - 1) / (3 * M + P - 1);
+    case PipeSchedule::zb_v: return (P - 1) / (6 * M + P - 1);
   }
   return 0;
 }
@@ -410,7 +563,8 @@ SimRank cut_groups(const std::vector<Action>& list) {
 class Simulator {
  public:
   Simulator(const std::vector<std::vector<Action>>& lists, const SimCosts& costs)
-      : lists_(lists), P_(static_cast<int>(lists.size())), costs_(costs) {}
+      : lists_(lists), P_(static_cast<int>(lists.size())), costs_(costs),
+        L_{P_, static_cast<int>(costs.fwd.at(0).size()), costs.v_shape} {}
 
   ScheduleSim run() {
     sim_.spans.assign(P_, {});
@@ -436,7 +590,7 @@ class Simulator {
     for (int a = 0; a < P_; ++a)
       for (const Action& x : lists_[a])
         if (x.is_comm() && (x.peer < 0 || x.peer >= P_ || x.peer == a))
-          return str_cat("stage ", a, " action ", pytorch_name(x, P_, a), " has peer ", x.peer, ", not another stage");
+          return str_cat("stage ", a, " action ", pytorch_name(x, P_, a, L_.v_shape), " has peer ", x.peer, ", not another stage");
     // Each stage's sends (receives) by peer, in list order.
     std::vector<std::map<int, std::vector<size_t>>> sends(static_cast<size_t>(P_)), recvs(static_cast<size_t>(P_));
     for (int a = 0; a < P_; ++a)
@@ -455,9 +609,9 @@ class Simulator {
                      recvs.size(), " receives from stage ", a);
     for (size_t k = 0; k < sends.size(); ++k) {
       const Action &s = lists_[a][sends[k]], &r = lists_[b][recvs[k]];
-      if (!(message_of(s, P_, a) == message_of(r, P_, b)))
+      if (!(message_of(s, L_, a) == message_of(r, L_, b)))
         return str_cat("order mismatch: message ", k, " from stage ", a, " to stage ", b, " is ",
-                       pytorch_name(s, P_, a), " there but ", pytorch_name(r, P_, b), " on stage ", b);
+                       pytorch_name(s, P_, a, L_.v_shape), " there but ", pytorch_name(r, P_, b, L_.v_shape), " on stage ", b);
       tie(a, sends[k], b, recvs[k]);
       tie(b, recvs[k], a, sends[k]);
     }
@@ -526,8 +680,8 @@ class Simulator {
         const int peer = lists_[r][i].peer;
         if (!std::isnan(ranks_[peer].posted[R.peer_group[i]])) continue;
         sim_.problem += str_cat(sim_.problem.empty() ? "deadlock: " : "; ", "stage ", r, " waits at ",
-                                pytorch_name(lists_[r][i], P_, r), " for stage ", peer, " to post ",
-                                pytorch_name(lists_[peer][R.peer_index[i]], P_, peer));
+                                pytorch_name(lists_[r][i], P_, r, L_.v_shape), " for stage ", peer, " to post ",
+                                pytorch_name(lists_[peer][R.peer_index[i]], P_, peer, L_.v_shape));
         break;
       }
     }
@@ -544,6 +698,7 @@ class Simulator {
   const std::vector<std::vector<Action>>& lists_;
   const int P_;
   const SimCosts& costs_;
+  const Layout L_;
   std::vector<SimRank> ranks_;
   std::vector<size_t> pos_;  // per stage: the next action to run
   std::vector<double> t_;    // per stage: the time it reached pos_
@@ -552,12 +707,17 @@ class Simulator {
 
 }  // namespace
 
+SimCosts unit_costs(int P, int V, double fwd_cost, double bwd_cost) {
+  SimCosts c;
+  c.fwd.assign(size_t(P), std::vector<double>(size_t(V), fwd_cost / V));
+  c.bwd.assign(size_t(P), std::vector<double>(size_t(V), bwd_cost / V));
+  return c;
+}
+
 ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, int virtual_stages, double fwd_cost,
                              double bwd_cost) {
   SAT_ASSERT(!lists.empty() && virtual_stages >= 1);
-  SimCosts c;
-  c.fwd.assign(lists.size(), std::vector<double>(size_t(virtual_stages), fwd_cost / virtual_stages));
-  c.bwd.assign(lists.size(), std::vector<double>(size_t(virtual_stages), bwd_cost / virtual_stages));
+  const SimCosts c = unit_costs(int(lists.size()), virtual_stages, fwd_cost, bwd_cost);
   return Simulator(lists, c).run();
 }
 
@@ -570,7 +730,9 @@ ScheduleSim simulate_schedule(const ScheduleSpec& s, double fwd_cost, double bwd
   check_schedule(s);
   std::vector<std::vector<Action>> lists;
   for (int stage = 0; stage < s.stages; ++stage) lists.push_back(make_schedule(s, stage));
-  return simulate_actions(lists, s.virtual_stages, fwd_cost, bwd_cost);
+  SimCosts c = unit_costs(s.stages, s.virtual_stages, fwd_cost, bwd_cost);
+  c.v_shape = v_shaped(s.kind);
+  return Simulator(lists, c).run();
 }
 
 namespace {
@@ -623,6 +785,10 @@ std::string legend(const ScheduleSpec& s) {
   if (s.kind == PipeSchedule::zb_h1)
     return "Fm / Im / Wm: forward / input-gradient / weight-gradient backward of micro-batch m; one cell each; "
            "'.' = idle\n";
+  if (s.kind == PipeSchedule::zb_v)
+    return str_cat("Fmc / Imc / Wmc: forward / input-gradient / weight-gradient backward of micro-batch m on chunk c ",
+                   "(a = piece s on the way down, b = piece ", 2 * s.stages - 1, "-s on the way back up; the loss is on ",
+                   "stage 0); one cell each; '.' = idle\n");
   if (s.virtual_stages == 1)
     return "Fm / Bm: forward / backward of micro-batch m; one cell = one forward, a backward takes two; '.' = idle\n";
   return str_cat("Fmc / Bmc: forward / backward of micro-batch m on this rank's model chunk c (a = first of ",
@@ -637,6 +803,7 @@ const char* textbook_formula(const ScheduleSpec& s) {
     case PipeSchedule::one_f_one_b: return "(P-1)/(M+P-1)";
     case PipeSchedule::interleaved: return "(P-1)/(V*M+P-1)";
     case PipeSchedule::zb_h1: return "(P-1)/(3M+P-1)";
+    case PipeSchedule::zb_v: return "(P-1)/(6M+P-1)";
   }
   return "";
 }
@@ -654,6 +821,17 @@ std::string in_flight_line(const ScheduleSpec& s) {
     out += "\nheld for weight gradients (forward to W):";
     for (int r = 0; r < s.stages; ++r)
       out += str_cat(r ? ", " : " ", "stage ", r, ": ", max_held_for_weights(make_schedule(s, r), 0));
+  }
+  if (s.kind == PipeSchedule::zb_v) {
+    out += "\nboth chunks at once (a chunk's activations are half a micro-batch's):";
+    for (int r = 0; r < s.stages; ++r)
+      out += str_cat(r ? ", " : " ", "stage ", r, ": ", max_in_flight_all(make_schedule(s, r)));
+    out += "\nheld for weight gradients (forward to W) per chunk:";
+    for (int r = 0; r < s.stages; ++r) {
+      const auto actions = make_schedule(s, r);
+      out += str_cat(r ? ", " : " ", "stage ", r, ": ", max_held_for_weights(actions, 0), "a ",
+                     max_held_for_weights(actions, 1), "b");
+    }
   }
   return out + "\n";
 }
@@ -673,6 +851,9 @@ std::string format_schedule(const ScheduleSpec& s) {
   if (s.kind == PipeSchedule::interleaved && s.micro % s.stages != 0)
     out += str_cat("--accum ", s.micro, " is not a multiple of --pp ", s.stages, ": the last group of micro-batches is ",
                    "short and each missing one leaves holes, so the bubble is above the textbook's\n");
+  if (s.kind == PipeSchedule::zb_v && (s.micro < s.stages || s.stages > 4))
+    out += str_cat("the textbook figure is the least any order idles (the last stage starts P-1 chunk forwards late); ",
+                   "this order reaches it on up to 4 stages with --accum >= --pp\n");
   if (s.kind == PipeSchedule::zb_h1 && s.stages > 1 && (s.micro < s.stages || s.micro > 2 * s.stages))
     out += str_cat("the textbook figure holds for --pp ", s.stages, " <= --accum <= ", 2 * s.stages, ": with fewer ",
                    "micro-batches the cool-down cannot be filled, with more this order's steady state idles\n");

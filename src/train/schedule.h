@@ -11,10 +11,12 @@
 // 2. per chunk, forwards and backwards (and I, and W) run in micro order 0..M-1 (gradients
 //    accumulate in the same order as one process), and F(m,c) precedes B(m,c) (I(m,c) precedes
 //    W(m,c)). Below, what is said of B's communication holds for I; W communicates nothing;
-// 3. (stage s, chunk c) is virtual stage vs = c*P + s; F with vs > 0 is preceded by recv_act from
+// 3. (stage s, chunk c) is virtual stage vs = c*P + s (zb-v: piece_of); F with vs > 0 is preceded by recv_act from
 //    the owner of vs-1, F with vs < P*V-1 followed by send_act to the owner of vs+1, B with
 //    vs < P*V-1 preceded by recv_grad from the owner of vs+1, B with vs > 0 followed by send_grad
-//    to the owner of vs-1; a comm action's chunk is this rank's chunk the data belongs to;
+//    to the owner of vs-1; a comm action's chunk is this rank's chunk the data belongs to. In a V
+//    (zb-v) the last stage holds pieces P-1 and P: between them nothing is sent (the runtime hands
+//    the values on within the rank);
 // 4. a maximal run of comm actions is one group, posted together and waited on together. Compute
 //    actions run in units: one compute, or in interleaved's steady state a forward and a backward
 //    back to back (Megatron runs them so and posts one send_forward_backward_recv_forward_backward
@@ -23,7 +25,11 @@
 //    send in the first group after it. Within a group, sends come first, then the messages by
 //    (activation before gradient, sender's virtual stage, micro-batch); for every ordered pair of
 //    ranks the sends one posts to the other come in the order the other posts the receives
-//    (NCCL, and MPI with one tag, match in posting order);
+//    (NCCL, and MPI with one tag, match in posting order). zb-v: a stage may need a message before
+//    one its peer sent earlier (a V carries activations and gradients both ways on each link), so
+//    it receives each message on arrival, in the group before its first compute that starts once
+//    the message is sent by the generator's timeline (a receive may come groups before its
+//    compute, never after);
 // 5. deadlock-free when a group completes once each operation's counterpart has been posted.
 #pragma once
 #include <cstdint>
@@ -38,9 +44,15 @@ namespace sat {
 // Megatron's interleaved 1F1B over V model chunks per rank, and zero-bubble ZB-H1 (Qi et al., "Zero
 // Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each backward split into its input-gradient
 // part I (the paper's B: what the previous stage waits for) and its weight-gradient part W, the W
-// parts moved into what would be 1F1B's bubbles.
-enum class PipeSchedule { none, gpipe, one_f_one_b, interleaved, zb_h1 };
-const char* pipe_schedule_name(PipeSchedule k);          // "none", "gpipe", "1f1b", "interleaved", "zb-h1"
+// parts moved into what would be 1F1B's bubbles. ZB-V (the same paper, section 6): two model chunks
+// per rank placed in a V: the model is cut into 2P pieces, stage s holds piece s (chunk 0, on the way
+// down) and piece 2P-1-s (chunk 1, on the way back up), so the last stage hands piece P-1's output
+// to its own piece P without a message and the loss is on stage 0; the split backward's Ws fill
+// the rest of the bubble.
+enum class PipeSchedule { none, gpipe, one_f_one_b, interleaved, zb_h1, zb_v };
+const char* pipe_schedule_name(PipeSchedule k);          // "none", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"
+// The zero-bubble schedules, which split each backward into I and W.
+inline bool splits_backward(PipeSchedule k) { return k == PipeSchedule::zb_h1 || k == PipeSchedule::zb_v; }
 // sat::Error naming `setting` (the flag, or a file's key) and the choices.
 PipeSchedule parse_pipe_schedule(const std::string& s, std::string_view setting = "--pp-schedule");
 
@@ -54,7 +66,7 @@ enum class ActionKind : uint8_t {
 struct Action {
   ActionKind kind = ActionKind::forward;
   int micro = -1;  // micro-batch 0..M-1 (-1 for reduce_grads and optimizer)
-  int chunk = 0;   // this rank's model chunk 0..V-1; its virtual stage is chunk * P + stage
+  int chunk = 0;   // this rank's model chunk 0..V-1; its virtual stage is chunk * P + stage (zb-v: see piece_of)
   int peer = -1;   // send/recv: the pipeline stage (rank in the pipeline group) on the other side
   bool is_comm() const;     // send_act, recv_act, send_grad, recv_grad
   bool is_compute() const;  // forward, backward, backward_input, backward_weight
@@ -66,12 +78,23 @@ struct ScheduleSpec {
   PipeSchedule kind = PipeSchedule::one_f_one_b;
   int stages = 1;          // P (--pp)
   int micro = 1;           // M (--accum): micro-batches per optimizer step
-  int virtual_stages = 1;  // V (--virtual-stages): model chunks per rank, interleaved only
+  int virtual_stages = 1;  // V (--virtual-stages): model chunks per rank, interleaved (any V >= 2) and zb-v (2)
 };
+// Whether the pieces lie in a V (zb-v) rather than round-robin.
+bool v_shaped(PipeSchedule k);
+// The virtual stage (piece of the model, 0..P*V-1 in model order) of `chunk` on `stage`:
+// chunk * P + stage, or in a V: stage for chunk 0, 2P-1-stage for chunk 1.
+int piece_of(const ScheduleSpec& s, int stage, int chunk);
+// The stage that holds piece `vs` (inverse of piece_of, with chunk_of_piece).
+int stage_of_piece(const ScheduleSpec& s, int vs);
+int chunk_of_piece(const ScheduleSpec& s, int vs);
+// The stage whose last piece computes the loss: P-1, or 0 in a V.
+int loss_stage(const ScheduleSpec& s);
 // Bad input, as a user would type it: sat::Error with one line naming the flag and what was expected:
 // stages < 1 (--pp), micro < 1 (--accum), V < 1, V > 1 without interleaved (--virtual-stages needs
 // --pp-schedule interleaved), interleaved with V < 2 or P < 2, interleaved with M < P ("--accum M:
-// the interleaved schedule needs at least --pp P micro-batches per step").
+// the interleaved schedule needs at least --pp P micro-batches per step"), zb-v with P < 2 or V != 2
+// (the command line turns zb-v's default V of 1 into 2: cli::layout_of).
 void check_schedule(const ScheduleSpec& s);
 // The actions of pipeline stage `stage` (0..P-1) in one optimizer step (calls check_schedule).
 std::vector<Action> make_schedule(const ScheduleSpec& s, int stage);
@@ -82,7 +105,8 @@ std::vector<Action> make_schedule(const ScheduleSpec& s, int stage);
 std::vector<Action> make_forward_schedule(const ScheduleSpec& s, int stage);
 // PyTorch's name of an action: "{virtual stage}{TYPE}{micro}", e.g. "0F3", "2SEND_B1", with
 // TYPE one of F B SEND_F RECV_F SEND_B RECV_B, and "REDUCE_GRAD" / "OPTIMIZER" without numbers.
-std::string pytorch_name(const Action& a, int stages, int stage);
+// v_shape: the pieces lie in a V (zb-v), so chunk 1's virtual stage is 2P-1-stage.
+std::string pytorch_name(const Action& a, int stages, int stage, bool v_shape = false);
 
 // The most micro-batches of `chunk` that are in flight at once in `actions` (forward started,
 // backward not finished): what the memory plan must hold.
@@ -91,6 +115,8 @@ int max_in_flight(const std::vector<Action>& actions, int chunk);
 // The most micro-batches of `chunk` held for their weight gradients at once: forward started,
 // W (or the whole backward) not finished. Equal to max_in_flight without split backwards.
 int max_held_for_weights(const std::vector<Action>& actions, int chunk);
+// The most (micro-batch, chunk) pairs in flight at once over all chunks (forward to I or B).
+int max_in_flight_all(const std::vector<Action>& actions);
 
 // All P ranks' schedules run against each other with unit costs: a forward of one chunk takes
 // fwd_cost / V, a backward bwd_cost / V, and of a split backward I and W half of that each (the
@@ -118,11 +144,16 @@ struct SimCosts {
   std::vector<std::vector<double>> fwd, bwd;
   double transfer = 0;
   double weight_share = 0.5;  // of a split backward's bwd, the part W takes (I takes the rest)
+  bool v_shape = false;       // the pieces lie in a V (zb-v): chunk 1 of stage s is virtual stage 2P-1-s
 };
 ScheduleSim simulate_actions(const std::vector<std::vector<Action>>& lists, const SimCosts& costs);
+// fwd_cost / V and bwd_cost / V for every stage and chunk (what simulate_schedule runs with).
+SimCosts unit_costs(int P, int V, double fwd_cost = 1, double bwd_cost = 2);
 // The textbook bubble: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(V*M+P-1) interleaved, (P-1)/P for none, 0 when P == 1;
 // zb-h1 at T_F = T_I = T_W (the paper's (P-1)(T_F+T_I-T_W) idle per stage against M(T_F+T_I+T_W) work):
-// (P-1)/(3M+P-1), when M >= P.
+// (P-1)/(3M+P-1), when M >= P; zb-v: (P-1)/(6M+P-1), each chunk's F = I = W a sixth of a micro-batch's
+// work on a stage: the last stage starts P-1 chunk forwards late, the least any order of balanced
+// stages idles; zb-v's order reaches it for P <= 4, M >= P.
 double theoretical_bubble(const ScheduleSpec& s);
 // The text `saturate schedule` prints: the per-rank grid with time running left to right (so the bubble shows),
 // then the simulated and textbook bubble, the peak micro-batches in flight per stage, and, when M == 1 and P > 1,

@@ -144,8 +144,9 @@ double Trainer::step_loss(const StepStats& st, double& wait) const {
   if (st.losses > 0 && m.dp() * m.cp() > 1) m.dp_cp_group().all_reduce_sync(&loss, 1, DType::f64, dist::ReduceOp::avg);
   if (m.pp() > 1) {
     const double t0 = now_seconds();
-    m.pp_group().broadcast_sync(&loss, 1, DType::f64, m.pp() - 1);
-    if (m.pp_rank() != m.pp() - 1) wait += now_seconds() - t0;
+    const int root = loss_stage(rt_->cfg.schedule_spec());
+    m.pp_group().broadcast_sync(&loss, 1, DType::f64, root);
+    if (m.pp_rank() != root) wait += now_seconds() - t0;
   }
   return loss;
 }

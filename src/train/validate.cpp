@@ -75,7 +75,8 @@ void check_device(const ModelConfig& mc, const TrainConfig& cfg, Device dev, int
   if (mc.family == ModelFamily::llama) require(dev, Feature::llama);
   if (cfg.ep > 1) require(dev, Feature::expert_parallel, str_cat("--ep ", cfg.ep));
   if (cfg.cp > 1) require(dev, Feature::context_parallel, str_cat("--cp ", cfg.cp));
-  if (cfg.pp > 1 && cfg.pp_schedule == PipeSchedule::zb_h1) require(dev, Feature::zero_bubble);
+  if (cfg.pp > 1 && splits_backward(cfg.pp_schedule))
+    require(dev, Feature::zero_bubble, str_cat("--pp-schedule ", pipe_schedule_name(cfg.pp_schedule)));
 }
 
 // What context parallelism runs with yet: the CPU in float32, the gradients reduced over
@@ -98,7 +99,7 @@ std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* 
                                                 {l.tp > 1, Feature::tensor_parallel},
                                                 {l.sequence_parallel, Feature::sequence_parallel},
                                                 {l.pp > 1, Feature::pipeline},
-                                                {l.pp > 1 && l.pp_schedule == PipeSchedule::zb_h1, Feature::zero_bubble},
+                                                {l.pp > 1 && splits_backward(l.pp_schedule), Feature::zero_bubble},
                                                 {l.cp > 1, Feature::context_parallel},
                                                 {model && model->experts > 0, Feature::moe},
                                                 {l.ep > 1, Feature::expert_parallel}};
