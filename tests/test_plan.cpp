@@ -541,6 +541,22 @@ TEST(Plan, ExpertParallelismPricesTheAllToAllsAndTheImbalance) {
   expect_error(bad, "--ep");
 }
 
+// A moe model planned for GPUs (bf16 activations, float32 losses): priced with its exact plan,
+// and every layout marked as what train refuses on cuda today, naming the moe model and --ep.
+TEST(Plan, MoeOnGpusIsPricedAndMarked) {
+  PlanRequest r = request("moe:layers=2,heads=2,width=32,experts=8,top_k=2,context=32,vocab=64", gpu_like(), 4, 8);
+  r.filter = parse_layout("ep=2");
+  const PlanResult p = plan_layouts(r);
+  ASSERT_FALSE(p.best.empty());
+  const Prediction& b = p.best[0];
+  EXPECT_EQ(b.layout.ep, 2);
+  EXPECT_TRUE(b.memory_exact);
+  std::string why;
+  for (const std::string& w : refusals(b.layout, Device::cuda, &r.model)) why += w + "\n";
+  EXPECT_NE(why.find("--model moe:... needs --device cpu"), std::string::npos) << why;
+  EXPECT_NE(why.find("--ep 2 needs --device cpu"), std::string::npos) << why;
+}
+
 TEST(Plan, NothingFitsSaysTheSmallest) {
   PlanRequest r = request("gpt-mini", gpu_like(), 2, 8);
   r.memory_limit = 1 << 20;  // 1 MiB: nothing fits

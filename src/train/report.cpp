@@ -232,6 +232,27 @@ static void add_moe_load(nlohmann::ordered_json& s) {
     s["moe_load"][layer] = {{"tokens_per_expert", L.tokens}, {"dropped", L.dropped}, {"routed", L.routed}};
 }
 
+// Every rank's place, memory, traffic and step time: summary.json's ranks.
+static nlohmann::ordered_json ranks_json(const TrainResult& r) {
+  using nlohmann::ordered_json;
+  ordered_json ranks = ordered_json::array();
+  for (const RankReport& k : r.ranks) {
+    ordered_json mem = ordered_json::object();
+    for (size_t i = 0; i < k.memory_by_kind.size(); ++i)
+      if (k.memory_by_kind[i]) mem[mem_kind_name(MemKind(i))] = k.memory_by_kind[i];
+    const GroupBytes& c = k.comm_bytes_per_step;
+    ranks.push_back({{"rank", k.rank}, {"stage", k.stage}, {"dp_rank", k.dp_rank}, {"tp_rank", k.tp_rank},
+                     {"cp_rank", k.cp_rank}, {"ep_rank", k.ep_rank},
+                     {"predicted_memory_bytes", k.predicted_memory_bytes}, {"peak_memory_bytes", k.peak_memory_bytes},
+                     {"memory_by_kind", mem},
+                     {"comm_bytes_per_step", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}, {"embedding", c.embedding}}},
+                     {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds},
+                     {"step_breakdown", breakdown_json(k.breakdown)}});
+    if (c.cp > 0) ranks.back()["comm_bytes_per_step"]["cp"] = c.cp;  // --cp: the ring's
+  }
+  return ranks;
+}
+
 nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, const TrainResult& r,
                                    const MemoryPlan& plan) {
   using nlohmann::ordered_json;
@@ -266,22 +287,7 @@ nlohmann::ordered_json run_summary(const RunInfo& info, const TrainConfig& cfg, 
   }
   if (r.resumed_from > 0)
     s["resume"] = {{"from", r.resumed_dir}, {"from_step", r.resumed_from}, {"changes", changes_json(r.resume_changes)}};
-  ordered_json ranks = ordered_json::array();
-  for (const RankReport& k : r.ranks) {
-    ordered_json mem = ordered_json::object();
-    for (size_t i = 0; i < k.memory_by_kind.size(); ++i)
-      if (k.memory_by_kind[i]) mem[mem_kind_name(MemKind(i))] = k.memory_by_kind[i];
-    const GroupBytes& c = k.comm_bytes_per_step;
-    ranks.push_back({{"rank", k.rank}, {"stage", k.stage}, {"dp_rank", k.dp_rank}, {"tp_rank", k.tp_rank},
-                     {"cp_rank", k.cp_rank}, {"ep_rank", k.ep_rank},
-                     {"predicted_memory_bytes", k.predicted_memory_bytes}, {"peak_memory_bytes", k.peak_memory_bytes},
-                     {"memory_by_kind", mem},
-                     {"comm_bytes_per_step", {{"tp", c.tp}, {"dp", c.dp}, {"pp", c.pp}, {"embedding", c.embedding}}},
-                     {"step_seconds", k.step_seconds}, {"wait_seconds", k.wait_seconds},
-                     {"step_breakdown", breakdown_json(k.breakdown)}});
-    if (c.cp > 0) ranks.back()["comm_bytes_per_step"]["cp"] = c.cp;  // --cp: the ring's
-  }
-  s["ranks"] = ranks;
+  s["ranks"] = ranks_json(r);
   s["sequence_parallel"] = cfg.sequence_parallel;
   s["recompute"] = recompute_name(cfg.recompute);
   s["sync_bn"] = cfg.sync_bn;

@@ -93,21 +93,29 @@ void check_context_parallel_run(const TrainConfig& cfg, Device dev) {
 }  // namespace
 
 std::vector<std::string> refusals(const Layout& l, Device d, const ModelConfig* model) {
-  std::vector<std::pair<bool, Feature>> used = {{model && model->family == ModelFamily::llama, Feature::llama},{l.zero == 1 && l.dp > 1, Feature::zero1},
-                                                {l.zero >= 2, Feature::zero23},
-                                                {l.recompute != Recompute::none, Feature::recompute},
-                                                {l.tp > 1, Feature::tensor_parallel},
-                                                {l.sequence_parallel, Feature::sequence_parallel},
-                                                {l.pp > 1, Feature::pipeline},
-                                                {l.pp > 1 && splits_backward(l.pp_schedule), Feature::zero_bubble},
-                                                {l.cp > 1, Feature::context_parallel},
-                                                {model && model->experts > 0, Feature::moe},
-                                                {l.ep > 1, Feature::expert_parallel}};
+  struct Use {
+    bool on;
+    Feature f;
+    std::string given = "";  // the flag as the layout gives it (default: the matrix's)
+  };
+  const std::vector<Use> used = {
+      {model && model->experts > 0, Feature::moe},
+      {model && model->family == ModelFamily::llama, Feature::llama},
+      {l.zero == 1 && l.dp > 1, Feature::zero1},
+      {l.zero >= 2, Feature::zero23},
+      {l.recompute != Recompute::none, Feature::recompute},
+      {l.tp > 1, Feature::tensor_parallel},
+      {l.sequence_parallel, Feature::sequence_parallel},
+      {l.pp > 1, Feature::pipeline},
+      {l.pp > 1 && splits_backward(l.pp_schedule), Feature::zero_bubble,
+       str_cat("--pp-schedule ", pipe_schedule_name(l.pp_schedule))},
+      {l.cp > 1, Feature::context_parallel, str_cat("--cp ", l.cp)},
+      {l.ep > 1, Feature::expert_parallel, str_cat("--ep ", l.ep)}};
   std::vector<std::string> out;
-  for (auto [on, f] : used) {
-    if (!on || support(d, f) != Support::not_built) continue;
+  for (const Use& u : used) {
+    if (!u.on || support(d, u.f) != Support::not_built) continue;
     try {
-      require(d, f);
+      require(d, u.f, u.given);
     } catch (const Error& e) {
       out.push_back(e.what());
     }

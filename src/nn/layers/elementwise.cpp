@@ -40,10 +40,13 @@ void check_inputs(const LayerSetup& s, const char* kind, size_t n_inputs) {
 // ---- Add ----
 
 void Add::setup(LayerSetup& s) {
-  check_inputs(s, "Add", 2);
+  // Two float32 inputs under a lower activation dtype are losses (a moe model's load-balancing
+  // losses added to the cross-entropy): their sum stays float32.
+  const bool losses = s.inputs.size() == 2 && s.inputs[0].dtype == DType::f32 && s.inputs[1].dtype == DType::f32;
+  if (!losses) check_inputs(s, "Add", 2);
   SAT_CHECK(s.in_shape(0) == s.in_shape(1), "Add ", s.name, ": inputs must have one shape, got ",
             s.in_shape(0).str(), " and ", s.in_shape(1).str());
-  s.set_output(s.in_shape(0), s.act);
+  s.set_output(s.in_shape(0), losses ? DType::f32 : s.act);
   s.flops_fwd = double(s.in_shape(0).numel());
   s.flops_bwd = 0;
 }
