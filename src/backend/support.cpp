@@ -106,8 +106,17 @@ std::string support_table() {
 std::string support_markdown() {
   auto cell = [](Support s) { return s == Support::measured ? std::string("✓ measured") : std::string(support_name(s)); };
   std::string t = "| capability | flag | CPU | CUDA |\n|---|---|---|---|\n";
+  // (a pipe inside a cell, even in code, ends the cell unless escaped)
+  auto escaped = [](const char* s) {
+    std::string out;
+    for (; *s; ++s) {
+      if (*s == '|') out += '\\';
+      out += *s;
+    }
+    return out;
+  };
   for (const SupportRow& r : support_matrix())
-    t += str_cat("| ", r.name, " | `", r.flag, "` | ", cell(r.cpu), " | ", cell(r.cuda), " |\n");
+    t += str_cat("| ", r.name, " | `", escaped(r.flag), "` | ", cell(r.cpu), " | ", cell(r.cuda), " |\n");
   return t;
 }
 
