@@ -141,6 +141,15 @@ PlanRequest request(const std::string& model, const Hardware& hw, int gpus, int6
   return r;
 }
 
+// The prediction for the one layout `layout` names in full.
+Prediction only_layout(PlanRequest r, const std::string& layout) {
+  r.filter = parse_layout(layout);
+  r.top = 1;
+  const PlanResult p = plan_layouts(r);
+  EXPECT_EQ(p.best.size(), 1u) << layout;
+  return p.best.empty() ? Prediction{} : p.best[0];
+}
+
 // What `info` prints and the trainer allocates: Trainer::plan of every stage, the largest.
 double trainer_plan(const PlanRequest& r, const Layout& l) {
   ModelConfig mc = r.model;
@@ -187,14 +196,7 @@ TEST(Plan, MemoryEqualsTheTrainersPlan) {
 // is the trainer's plan; on a GPU it is offered but marked as what `saturate train` refuses.
 TEST(Plan, ZeroBubbleH1PricedBesideOneFOneB) {
   const PlanRequest r = request("gpt-mini", cpu_like(), 4, 8);
-  auto one = [&](const char* layout) {
-    PlanRequest x = r;
-    x.filter = parse_layout(layout);
-    x.top = 1;
-    const PlanResult p = plan_layouts(x);
-    EXPECT_EQ(p.best.size(), 1u) << layout;
-    return p.best.empty() ? Prediction{} : p.best[0];
-  };
+  auto one = [&](const char* layout) { return only_layout(r, layout); };
   const Prediction a = one("dp=1,tp=1,pp=4,micro=1,schedule=1f1b,zero=0,recompute=none");
   const Prediction z = one("dp=1,tp=1,pp=4,micro=1,schedule=zb-h1,zero=0,recompute=none");
   EXPECT_EQ(z.layout.pp_schedule, PipeSchedule::zb_h1);
@@ -228,14 +230,7 @@ TEST(Plan, ZeroBubbleH1PricedBesideOneFOneB) {
 // ZeRO-2/3, only where 2P pieces fit), and on a GPU it is marked as what train refuses.
 TEST(Plan, ZeroBubbleVPricedBesideOneFOneB) {
   const PlanRequest r = request("gpt-mini", cpu_like(), 2, 8);
-  auto one = [&](const char* layout) {
-    PlanRequest x = r;
-    x.filter = parse_layout(layout);
-    x.top = 1;
-    const PlanResult p = plan_layouts(x);
-    EXPECT_EQ(p.best.size(), 1u) << layout;
-    return p.best.empty() ? Prediction{} : p.best[0];
-  };
+  auto one = [&](const char* layout) { return only_layout(r, layout); };
   const Prediction a = one("dp=1,tp=1,pp=2,micro=1,schedule=1f1b,zero=0,recompute=none");
   const Prediction v = one("dp=1,tp=1,pp=2,micro=1,schedule=zb-v,zero=0,recompute=none");
   EXPECT_EQ(v.layout.pp_schedule, PipeSchedule::zb_v);
@@ -497,12 +492,8 @@ TEST(Plan, ExpertParallelismPricesTheAllToAllsAndTheImbalance) {
   PlanRequest r = request(moe, cpu_like(), 4, 8);
   auto one = [&](const char* layout, double imbalance) {
     PlanRequest x = r;
-    x.filter = parse_layout(layout);
     x.expert_imbalance = imbalance;
-    x.top = 1;
-    const PlanResult p = plan_layouts(x);
-    EXPECT_EQ(p.best.size(), 1u) << layout;
-    return p.best.empty() ? Prediction{} : p.best[0];
+    return only_layout(x, layout);
   };
   const char* base = "dp=4,tp=1,pp=1,micro=2,zero=0,recompute=none,sp=off";
   const Prediction a = one((std::string(base) + ",ep=1").c_str(), 1);
