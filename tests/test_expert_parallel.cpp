@@ -110,6 +110,9 @@ Run train(const Case& c, Comm* comm, int ep, int tp, int pp, int64_t accum) {
   out.peak = r.peak_memory_bytes;
   out.params = t.params().param_count();
   out.clipped = r.clipped_steps;
+  // Every rank's place in its expert group, as summary.json reports it.
+  EXPECT_EQ(r.ep, ep);
+  for (const sat::RankReport& k : r.ranks) EXPECT_EQ(k.ep_rank, k.dp_rank % ep) << "rank " << k.rank;
   return out;
 }
 
@@ -287,11 +290,17 @@ TEST(ExpertParallel, BadInputNamesTheFlag) {
 TEST(ExpertParallel, EveryRankRefusesBadEp) {
   if (distributed()) GTEST_SKIP() << "starts mpirun jobs of its own";
   const std::string moe = "--model " + kModel + " --batch 2 ";
-  sat::test::expect_every_rank_refuses(2, moe + "--ep 4", "--ep 4 does not divide the 2 data-parallel ranks");
-  sat::test::expect_every_rank_refuses(2, moe + "--ep 3", "--ep 3: the 8 experts");
-  sat::test::expect_every_rank_refuses(2, "--model gpt-mini --batch 2 --ep 2", "--ep 2: gpt-mini has no experts");
-  sat::test::expect_every_rank_refuses(2, "--model " + kModel + " --batch 1 --accum 2 --ep 2 --noise-scale", "--noise-scale with --ep 2");
-  sat::test::expect_every_rank_refuses(2, "--model " + kModel + " --batch 2 --ep 2 --zero 1", "--zero 1 with --ep 2");
+  sat::test::expect_every_rank_refuses({
+      {2, moe + "--ep 4", "--ep 4 does not divide the 2 data-parallel ranks"},
+      {2, moe + "--ep 3", "--ep 3: the 8 experts"},
+      {2, "--model gpt-mini --batch 2 --ep 2", "--ep 2: gpt-mini has no experts"},
+      {2, "--model " + kModel + " --batch 1 --accum 2 --ep 2 --noise-scale", "--noise-scale with --ep 2"},
+      {2, "--model " + kModel + " --batch 2 --ep 2 --zero 1", "--zero 1 with --ep 2"},
+      {2, "--model moe:layers=1,heads=2,width=16,experts=3,top_k=1,context=8,vocab=32 --batch 2 --ep 2",
+       "--ep 2: the 3 experts"},
+      {2, "--model moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32 --batch 2 --ep 2",
+       "--model moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32: top_k 3 is more than experts 2"},
+  });
   // What chooses the layout does not place experts yet (refused before MPI starts).
   for (const char* auto_flag : {"--batch auto", "--layout auto --global-batch 16"}) {
     const sat::test::CmdResult r = sat::test::run_command(std::string(SAT_BINARY) + " train --data synthetic --steps 2 "
@@ -300,11 +309,5 @@ TEST(ExpertParallel, EveryRankRefusesBadEp) {
     EXPECT_NE(r.out.find("--ep 2: --batch auto, --layout and saturate tune do not place experts"), std::string::npos)
         << r.out;
   }
-  sat::test::expect_every_rank_refuses(
-      2, "--model moe:layers=1,heads=2,width=16,experts=3,top_k=1,context=8,vocab=32 --batch 2 --ep 2",
-      "--ep 2: the 3 experts");
-  sat::test::expect_every_rank_refuses(
-      2, "--model moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32 --batch 2 --ep 2",
-      "--model moe:layers=1,heads=2,width=16,experts=2,top_k=3,context=8,vocab=32: top_k 3 is more than experts 2");
 }
 #endif
