@@ -184,6 +184,19 @@ TEST(ConfigFile, LayoutAutoIsWrittenAsItsFlags) {
   EXPECT_EQ(losses(a / "metrics.jsonl"), losses(b / "metrics.jsonl"));
 }
 
+// saturate tune --layout auto --out: config.toml holds the layout it chose, as train's flags.
+TEST(ConfigFile, TuneLayoutWritesItsChoice) {
+  const fs::path a = tmpdir("tune_layout"), cache = tmpdir("tune_layout_cache");
+  const std::string env = "XDG_CACHE_HOME=" + cache.string() + " ";
+  CmdResult r = saturate("tune --model mlp:784-16-10 --data synthetic --threads 1 --layout auto --global-batch 32 "
+                         "--layout-candidates 2 --memory-budget 4MiB --out " + a.string(), env);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto choice = nlohmann::json::parse(std::ifstream(a / "tune.json"))["layout_choice"];
+  const std::string toml = read(a / "config.toml");
+  EXPECT_EQ(entry(toml, "batch"), std::to_string(choice["micro_batch"].get<int>()) + "  # chosen by --layout") << toml;
+  EXPECT_EQ(entry(toml, "accum"), std::to_string(choice["accum"].get<int>()) + "  # chosen by --layout") << toml;
+}
+
 // Flags on the command line win over the file's; a flag given there replaces the file's
 // flag it cannot go with (--steps, the file's epochs). Tables group keys; seq_len = seq-len.
 TEST(ConfigFile, CommandLineOverridesTheFile) {

@@ -417,7 +417,10 @@ int run_train(const RunArgs& a, bool tune_only) {
     if (lead && !a.out.empty()) write_run_config(a, run);
     return 0;
   }
-  if (run.auto_layout && !apply_layout_tuning(run.policy, mc, *data.train, test, run.layout, *comm, cfg)) return 0;
+  if (run.auto_layout && !apply_layout_tuning(run.policy, mc, *data.train, test, run.layout, *comm, cfg)) {
+    if (lead && !a.out.empty()) write_run_config(a, run);  // saturate tune --layout auto --out: its choice
+    return 0;
+  }
   if (!job) job = plan_job(mc, cfg, data, comm->size(), comm->rank());
   const int stage = cfg.with_world(comm->size()).coords(comm->rank()).pp;
   if (run.policy.tune.memory_budget) hold_to_budget(run.policy.tune.memory_budget, job->stage(stage).memory, cfg);

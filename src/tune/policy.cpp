@@ -238,9 +238,8 @@ bool apply_layout_tuning(const TunePolicy& p, const ModelConfig& mc, const Datas
   }
   if (lead && p.print) std::printf("layout auto: %s\n", layout_choice_line(l, measured, predicted).c_str());
   std::fflush(stdout);
-  if (p.tune_only) return false;
-  apply_layout(l, cfg);
-  return true;
+  apply_layout(l, cfg);  // (saturate tune writes it into its config.toml)
+  return !p.tune_only;
 }
 
 void hold_to_budget(size_t budget, const MemoryPlan& plan, const TrainConfig& cfg) {
