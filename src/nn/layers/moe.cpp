@@ -216,23 +216,28 @@ void gather_rows(const float* x, const int32_t* perm, int64_t rows, int64_t C, f
 }
 }  // namespace
 
-void Moe::combine(LayerCtx& c, int64_t n, const float* ye) {
-  const int32_t* slot = c.saved[kSlot].i32();
-  const float* gates = c.saved[kGates].f32();
-  float* y = c.out.f32();
-  const int64_t C = C_, K = K_;
+namespace {
+// Each token's row of `out` (n x C): the sum over its kept slots of the expert rows `rows`
+// (slot[t*K + j] >= 0), each times its gate where `gates` is given.
+void gather_slots(float* out, const float* rows, const int32_t* slot, const float* gates, int64_t n, int64_t C,
+                  int64_t K) {
 #pragma omp parallel for schedule(static) if (n * C > kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
-    float* yt = y + t * C;
+    float* yt = out + t * C;
     std::fill(yt, yt + C, 0.0f);
     for (int64_t j = 0; j < K; ++j) {
       const int32_t r = slot[t * K + j];
       if (r < 0) continue;
-      const float g = gates[t * K + j];
-      const float* src = ye + int64_t(r) * C;
+      const float g = gates ? gates[t * K + j] : 1.0f;
+      const float* src = rows + int64_t(r) * C;
       for (int64_t i = 0; i < C; ++i) yt[i] += g * src[i];
     }
   }
+}
+}  // namespace
+
+void Moe::combine(LayerCtx& c, int64_t n, const float* ye) {
+  gather_slots(c.out.f32(), ye, c.saved[kSlot].i32(), c.saved[kGates].f32(), n, C_, K_);
 }
 
 void Moe::forward(LayerCtx& c) {
@@ -336,19 +341,7 @@ void Moe::gate_grads(LayerCtx& c, int64_t n, const float* ye, float* dy, float* 
 
 void Moe::input_grad(LayerCtx& c, int64_t n, const float* dxe) {
   if (!c.din[0].defined()) return;
-  const int32_t* slot = c.saved[kSlot].i32();
-  float* dx = c.din[0].f32();
-  const int64_t C = C_, K = K_;
-#pragma omp parallel for schedule(static) if (n * C > kParallelMin)
-  for (int64_t t = 0; t < n; ++t) {
-    float* d = dx + t * C;
-    std::fill(d, d + C, 0.0f);
-    for (int64_t j = 0; j < K; ++j) {
-      const int32_t r = slot[t * K + j];
-      if (r >= 0)
-        for (int64_t i = 0; i < C; ++i) d[i] += dxe[int64_t(r) * C + i];
-    }
-  }
+  gather_slots(c.din[0].f32(), dxe, c.saved[kSlot].i32(), nullptr, n, C_, K_);
 }
 
 void Moe::backward(LayerCtx& c) {
