@@ -516,6 +516,17 @@ TEST(Plan, ExpertParallelismPricesTheAllToAllsAndTheImbalance) {
   EXPECT_FALSE(e_est.memory_exact);
   EXPECT_GE(a_est.memory_bytes - e_est.memory_bytes, 0.5 * 2 * 8 * 3 * 32 * 32 * 4 * 2);
   EXPECT_NE(train_command(e.layout, r).find("--ep 2"), std::string::npos);
+  // The gradient reduction: the experts' over the ranks holding the same experts (dp / ep of
+  // them), the rest over all dp. ep 4 of dp 4: nothing of the experts' to reduce; ep 2: a
+  // rank's half of the experts over 2 ranks; ep 1: every expert over all 4.
+  const Prediction e4 = one((std::string(base) + ",ep=4").c_str(), 1);
+  const double experts = 2.0 * 8 * 3 * 32 * 128 * 4;  // the float32 gradients' bytes (ffn: 4 x width)
+  const Hardware& hw = r.hw;
+  const double ar2 = collective_seconds(Collective::all_reduce, experts / 2, 2, hw.intra, hw.eff.comm_eff);
+  EXPECT_NEAR(e.dp_exposed_seconds - e4.dp_exposed_seconds, ar2, 1e-12);
+  // (ep 1 against ep 4: the same all-reduce over 4 ranks, the experts' bytes more)
+  EXPECT_NEAR(a.dp_exposed_seconds - e4.dp_exposed_seconds, 1.5 * experts / (hw.intra.bandwidth * hw.eff.comm_eff),
+              1e-12);
   PlanRequest all = r;
   all.top = 500, all.exact_memory = false;
   int eps = 0;

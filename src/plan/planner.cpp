@@ -313,6 +313,7 @@ struct Search {
   // What the memory and the time of a stage follow from, whatever the ZeRO stage.
   struct StageFacts {
     double params = 0;  // this rank's parameters (the tied copy on the last stage included)
+    double experts = 0;  // of them, the experts' (--ep: this rank's 1/ep)
     double kept = 0;    // bytes kept for backward by the micro-batches in flight
     double work = 0;    // the largest block's working set beyond them
     double unit = 0;    // the largest block's parameters (ZeRO-2/3's staging holds two)
@@ -340,6 +341,7 @@ struct Search {
           // --ep: this rank holds 1/ep of the experts (their weights, gradients and optimizer state).
           const double own = t.params[size_t(x)] - (1 - 1.0 / l.ep) * t.expert_params[size_t(x)];
           f.params += own, k += t.kept[size_t(x)], f.work = std::max(f.work, work);
+          f.experts += t.expert_params[size_t(x)] / l.ep;
           f.unit = std::max(f.unit, own), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
         }
         // A split backward frees the activations at I; the weight gradients' inputs stay
@@ -445,7 +447,7 @@ struct Search {
     for (int s = 0; s < l.pp; ++s) {
       const StageFacts& x = f[size_t(s)];
       const double tied = collective_seconds(Collective::all_reduce, 4 * x.tied, 2, pp_link(l), req.hw.eff.comm_eff);
-      const double dp_t = dp_seconds(l, x.params, x.bwd) + tied;
+      const double dp_t = dp_seconds(l, x.params, x.bwd, x.experts) + tied;
       const double opt = optimizer_seconds(l.zero >= 1 ? x.params / l.dp : x.params, slots, req.hw, act);
       double end = 0;
       for (auto& sp : sim.spans[size_t(s)]) end = std::max(end, sp.end);
@@ -474,8 +476,8 @@ struct Search {
   }
 
   // The data-parallel reduction's exposed seconds for a stage of `params` parameters (this
-  // tp rank's), whose last micro-batch's backward takes `bwd`.
-  double dp_seconds(const Layout& l, double params, double bwd) const {
+  // tp rank's), `experts` of them the experts', whose last micro-batch's backward takes `bwd`.
+  double dp_seconds(const Layout& l, double params, double bwd, double experts = 0) const {
     if (l.dp * l.cp == 1) return 0;
     // (Context parallelism reduces over the data x context-parallel ranks, without ZeRO.)
     // The gradients reduce in the engine's reduction dtype; updated parameters are gathered in
@@ -499,7 +501,15 @@ struct Search {
     const double scatter = collective_seconds(Collective::reduce_scatter, grads, l.dp, beside, eff);
     const double M = double(l.accum);
     switch (l.zero) {
-      case 0: return hidden(collective_seconds(Collective::all_reduce, grads, l.dp * l.cp, beside, eff), bwd);
+      case 0: {
+        // --ep: the experts' gradients reduce over the ranks that hold the same experts, dp / ep
+        // of them (times cp; none when ep = dp without cp), the rest over all dp x cp.
+        const double e = l.ep > 1 ? experts * engine.reduce_bytes : 0;
+        const int group = l.dp / l.ep * l.cp;
+        double c = collective_seconds(Collective::all_reduce, grads - e, l.dp * l.cp, beside, eff);
+        if (e > 0 && group > 1) c += collective_seconds(Collective::all_reduce, e, group, beside, eff);
+        return hidden(c, bwd);
+      }
       case 1: return hidden(scatter, bwd) + gather;
       case 2: return M * hidden(scatter, bwd) + gather;
       default: {
