@@ -34,6 +34,7 @@ using sat::test::world_is;
 
 // Tiny members of the two families with a context divisible by 2 x 4.
 const char* const kGpt = "gpt:layers=2,heads=4,width=64,context=32,vocab=256";
+const char* const kGpt4 = "gpt:layers=4,heads=2,width=32,context=32,vocab=256";  // zb-v on 2 stages: 4 pieces
 const char* const kLlama = "llama:layers=2,heads=4,kv_heads=2,width=64,ffn=96,context=32,vocab=256";
 // With dropout: each rank's mask is its chunks' part of the one-process mask.
 const char* const kGptDropout = "gpt:layers=2,heads=4,width=64,context=32,vocab=256,dropout=0.1";
@@ -115,6 +116,7 @@ TEST(ContextParallelGraph, ActivationMemoryPerRankFallsAsOneOverCp) {
 struct Case {
   std::string model;
   int cp = 2, tp = 1, pp = 1;
+  sat::PipeSchedule schedule = sat::PipeSchedule::one_f_one_b;  // with pp
   bool recompute = false;  // --recompute full: the ring runs again in backward
   bool sp = false;         // --sequence-parallel (with tp)
   int64_t batch = 2, accum = 2;
@@ -139,6 +141,8 @@ RunOut train(const Case& c, Comm& comm, bool parallel) {
   cfg.cp = parallel ? c.cp : 1;
   cfg.tp = parallel ? c.tp : 1;
   cfg.pp = parallel ? c.pp : 1;
+  if (parallel && c.pp > 1) cfg.pp_schedule = c.schedule;
+  if (parallel && c.schedule == sat::PipeSchedule::zb_v) cfg.virtual_stages = 2;
   cfg.sequence_parallel = parallel && c.sp;
   if (parallel && c.recompute) cfg.recompute = sat::Recompute::full;
   cfg.accum = c.accum;
@@ -214,6 +218,9 @@ TEST(ContextParallelRanks, FourRanks) {
   expect_exact({.model = kGpt, .cp = 2, .batch = 1, .evaluate = true});  // cp 2 x dp 2
   expect_exact({.model = kLlama, .cp = 2, .batch = 1});               // cp 2 x dp 2
   expect_exact({.model = kGpt, .cp = 2, .pp = 2});                    // cp 2 x pp 2
+  // zb-v: the first stage's two chunks cut the tokens and the labels of each micro-batch
+  // into buffers of their own (the tokens stay until the embedding's weight part).
+  expect_exact({.model = kGpt4, .cp = 2, .pp = 2, .schedule = sat::PipeSchedule::zb_v});
 }
 
 #ifdef SAT_MPIEXEC

@@ -350,8 +350,8 @@ MemoryPlan stage_memory(const RankPlan& r, const TrainConfig& cfg, const Dataset
   const Graph& g = *r.model.graph;
   size_t inputs = r.reads_data ? plan_loaders(cfg, train, test, r.loader_keep).ring_bytes : 0;
   if (r.reads_data && r.model.config.cp > 1) {  // --cp: the rank's chunks cut from each micro-batch (and test batch)
-    size_t reads = 0;
-    for (const auto& ch : g.chunks()) reads = std::max(reads, ch.data.size());
+    size_t reads = 0;  // over the rank's chunks (zb-v's first stage: the tokens' and the labels')
+    for (const auto& ch : g.chunks()) reads += ch.data.size();
     const int slots = int(cfg.accum) + (test && cfg.evaluate ? 1 : 0);
     inputs += ContextCut::bytes(cfg.batch, r.model.x_shape[1], int(reads), slots);
   }

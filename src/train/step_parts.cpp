@@ -17,9 +17,11 @@ std::vector<Tensor> inputs_of(const Graph& g, int x, int chunk, const Batch& b) 
 }
 }  // namespace
 
-std::vector<Tensor> ContextCut::cut(const std::vector<Tensor>& whole, int slot) {
+std::vector<Tensor> ContextCut::cut(const Graph& g, int chunk, const std::vector<Tensor>& whole, int slot) {
   std::vector<Buffer>& bufs = bufs_.at(size_t(slot));
-  bufs.resize(std::max(bufs.size(), whole.size()));
+  size_t first = 0;  // this chunk's first input among the rank's
+  for (int c = 0; c < chunk; ++c) first += g.chunks()[size_t(c)].data.size();
+  bufs.resize(std::max(bufs.size(), first + whole.size()));
   std::vector<Tensor> out;
   for (size_t k = 0; k < whole.size(); ++k) {
     const Tensor& t = whole[k];
@@ -28,8 +30,9 @@ std::vector<Tensor> ContextCut::cut(const std::vector<Tensor>& whole, int slot) 
     const int64_t B = t.shape[0], T = t.shape[1];
     const cp::Chunks c = cp::chunks_of(T, cp_, rank_);
     const size_t bytes = size_t(B * 2 * c.len) * sizeof(int32_t);
-    if (bufs[k].bytes() != bytes) bufs[k] = Buffer(bytes, "--cp: this rank's chunks of the batch");
-    int32_t* dst = bufs[k].as<int32_t>();
+    Buffer& buf = bufs[first + k];
+    if (buf.bytes() != bytes) buf = Buffer(bytes, "--cp: this rank's chunks of the batch");
+    int32_t* dst = buf.as<int32_t>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < 2 * c.len; ++i) dst[b * 2 * c.len + i] = t.i32()[b * T + c.pos(i)];
     out.emplace_back(dst, Shape{B, 2 * c.len}, DType::i32);
@@ -48,14 +51,14 @@ std::vector<Tensor> BatchFeed::data(int chunk, int micro) {
     ++fetched_;
   }
   std::vector<Tensor> d = inputs_of(g_, x_, chunk, batches_[size_t(micro)]);
-  return cut_ ? cut_->cut(d, micro) : d;
+  return cut_ ? cut_->cut(g_, chunk, d, micro) : d;
 }
 
 std::vector<Tensor> OneBatchFeed::data(int chunk, int) {
   if (g_.chunks()[size_t(chunk)].data.empty()) return {};
   SAT_CHECK(b_, "internal error: no batch to feed");
   std::vector<Tensor> d = inputs_of(g_, x_, chunk, *b_);
-  return cut_ ? cut_->cut(d, 0) : d;
+  return cut_ ? cut_->cut(g_, chunk, d, 0) : d;
 }
 
 // ---- sequence parallelism's partial gradients ----------------------------------------------

@@ -26,9 +26,13 @@ namespace sat {
 class ContextCut {
  public:
   ContextCut(int cp, int cp_rank, int slots) : cp_(cp), rank_(cp_rank), bufs_(size_t(slots)) {}
-  // whole: i32 [B, T] tensors (T divisible by 2 cp); returns them as [B, T / cp].
-  std::vector<Tensor> cut(const std::vector<Tensor>& whole, int slot);
-  // The bytes cut() holds: `inputs` i32 tensors [B, rows] (a rank's rows) per slot.
+  // whole: chunk `chunk`'s data inputs, i32 [B, T] tensors (T divisible by 2 cp); returns
+  // them as [B, T / cp], in buffers of their own per slot and input of the rank (zb-v's
+  // first stage has two chunks that read: the tokens and the labels of the same micro-batch,
+  // both kept until the micro-batch's last weight part).
+  std::vector<Tensor> cut(const Graph& g, int chunk, const std::vector<Tensor>& whole, int slot);
+  // The bytes cut() holds: `inputs` i32 tensors [B, rows] (a rank's rows, its chunks' data
+  // inputs together) per slot.
   static size_t bytes(int64_t B, int64_t rows, int inputs, int slots) {
     return size_t(slots) * size_t(inputs) * size_t(B * rows) * sizeof(int32_t);
   }
