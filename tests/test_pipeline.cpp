@@ -514,7 +514,17 @@ TEST(PipelineRanks, MemoryPlanHoldsEveryRanksPeak) {
 #ifdef SAT_MPIEXEC
 TEST(PipelineFailure, BadLayoutsAreRefusedByEveryRank) {
   if (distributed()) GTEST_SKIP() << "runs its own mpirun; not from inside one";
+  // A skip connection over two blocks: cut between them, its value would cross two cuts.
+  const std::string skipnet =
+      (std::filesystem::temp_directory_path() / ("sat_skipnet_" + std::to_string(getpid()) + ".json")).string();
+  std::ofstream(skipnet) << R"({"name": "skipnet", "inputs": {"x": {"shape": [1, 28, 28]}, "y": {"shape": [], "dtype": "int32"}},
+    "layers": [{"name": "flatten", "type": "flatten"}, {"name": "fc1", "type": "linear", "out": 32},
+      {"name": "relu1", "type": "relu"}, {"name": "fc2", "type": "linear", "out": 32},
+      {"name": "skip", "type": "add", "inputs": ["fc2", "fc1"]}, {"name": "head", "type": "linear", "out": 10},
+      {"name": "loss", "type": "cross_entropy", "inputs": ["head", "y"]}]})";
   sat::test::expect_every_rank_refuses({
+      {3, "--model file:" + skipnet + " --pp 3 --pp-split 2,4",
+       "--pp 3: file:" + skipnet + "'s value fc1 (made by fc1) is read by skip 2 model chunks later"},
       {3, "--model mlp --batch 8 --pp 2", "--tp 1 x --pp 2 = 2 does not divide the 3 processes"},
       {2, "--model gpt-mini --batch 1 --pp 2 --tp 3", "--tp 3: gpt-mini has 4"},
       {2, "--model gpt-mini --batch 1 --pp 2 --tp 2", "--tp 2 x --pp 2"},
@@ -532,6 +542,7 @@ TEST(PipelineFailure, BadLayoutsAreRefusedByEveryRank) {
       {2, "--model gpt-mini --data synthetic --batch 1 --accum 2 --pp-schedule zb-v",
        "--pp-schedule zb-v needs --pp 2 or more (got 1)"},
   });
+  std::filesystem::remove(skipnet);
 }
 
 TEST(PipelineFailure, MoreStagesThanBlocksIsRefused) {

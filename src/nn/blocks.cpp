@@ -99,7 +99,14 @@ int add_basic_block(Graph& g, const std::string& prefix, int x, int64_t cin, int
 int add_moe_block(Graph& g, const std::string& name, int x, const MoeBlock& b, std::vector<int>& aux_losses) {
   const ParamInit w02 = ParamInit::normal(0.02f);
   const int logits = g.add<Linear>(name + ".gate", {x}, b.width, b.experts, false, w02, std::nullopt);
-  if (b.aux_coef > 0) aux_losses.push_back(g.add<MoeAux>(name + ".aux", {logits}, b.experts, b.top_k, b.aux_coef));
+  if (b.aux_coef > 0) {
+    // One running sum, carried from block to block beside the hidden state: a pipeline cut
+    // then passes one value on, whatever the number of moe layers before it (a layer's own
+    // loss read at the end of the model would cross several cuts at once).
+    const int aux = g.add<MoeAux>(name + ".aux", {logits}, b.experts, b.top_k, b.aux_coef);
+    if (aux_losses.empty()) aux_losses.push_back(aux);
+    else aux_losses[0] = g.add<Add>(name + ".aux_sum", {aux_losses[0], aux});
+  }
   const int y = g.add<Moe>(name, {x, logits}, b.experts, b.top_k, b.ffn, b.capacity, b.ep, b.ep_rank);
   if (b.shared == 0) return y;
   const int64_t S = b.shared * b.ffn;

@@ -48,7 +48,8 @@ int add_transformer_block(Graph& g, TokenRegions& r, const std::string& prefix, 
 
 // A mixture-of-experts feed-forward layer (Qwen-MoE's names): the router `name`.gate (a Linear
 // from width to the experts' logits, no bias), the experts (nn/layers/moe.h) under `name`,
-// their load-balancing loss `name`.aux appended to `aux_losses` (none at coefficient 0), and
+// their load-balancing loss `name`.aux added to the running sum aux_losses[0] (`name`.aux_sum;
+// it starts the sum when aux_losses is empty; none at coefficient 0), and
 // the shared experts as one SwiGLU MLP of width shared * ffn, `name`.shared_expert.*, added
 // to the experts' output ungated (DeepSeek-MoE's shared experts). Returns the output.
 struct MoeBlock {

@@ -119,7 +119,7 @@ struct BuiltModel {
   ModelConfig config;
   std::unique_ptr<Graph> graph;
   int x = -1, y = -1, logits = -1, loss = -1;  // value ids (logits, loss: of the whole model)
-  std::vector<int> aux_losses;                 // moe: the load-balancing losses added to the loss
+  std::vector<int> aux_losses;                 // moe: the load-balancing losses' running sum (one value), added to the loss
   Shape x_shape, y_shape;                      // per micro-batch
   DType x_dtype = DType::f32;
 };
