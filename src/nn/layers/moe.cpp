@@ -214,9 +214,7 @@ void gather_rows(const float* x, const int32_t* perm, int64_t rows, int64_t C, f
 #pragma omp parallel for schedule(static) if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) std::memcpy(xe + r * C, x + int64_t(perm[r]) * C, size_t(C) * sizeof(float));
 }
-}  // namespace
 
-namespace {
 // Each token's row of `out` (n x C): the sum over its kept slots of the expert rows `rows`
 // (slot[t*K + j] >= 0), each times its gate where `gates` is given.
 void gather_slots(float* out, const float* rows, const int32_t* slot, const float* gates, int64_t n, int64_t C,
