@@ -14,6 +14,11 @@
 // of step 1 (sum and sum of squares) is checked against PyTorch's, the stable steps'
 // losses within 1e-4, and only for models stable over all 20 steps the final weights;
 // the chaotic steps get a sanity bound of 10x PyTorch's spread against itself.
+// Step 1 itself can sit on a kink: branchnet's first 8 samples put a ReLU input 5e-7 from
+// zero, and PyTorch's two CPU convolutions (oneDNN; its im2col with oneDNN off) then
+// disagree on step-1 gradients by 1.9e-3, as saturate's im2col did against oneDNN. The
+// generator moves such a golden's data (`data_first`) to the first window where both of
+// PyTorch's convolutions and float64 agree within a tenth of the bounds.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,7 +102,7 @@ void run_parity(const std::string& golden_name, const Checks& checks = {}) {
     mc.vocab = mc.classes = g["input"]["vocab"];
   }
   const int64_t batch = g["batch"], steps = g["steps"];
-  auto data = sat::test::parity_data(mc, 0, batch * steps);
+  auto data = sat::test::parity_data(mc, g.value("data_first", int64_t(0)), batch * steps);  // scripts/make-goldens
 
   sat::TrainConfig cfg;
   cfg.batch = batch;

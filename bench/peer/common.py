@@ -152,14 +152,14 @@ def parity_tokens(first, count, T, V):
     return tok[:, :T].copy(), tok[:, 1:].copy()
 
 
-def parity_data(kind, step, batch, **kw):
-    """Batch of step `step` (samples step*batch .. step*batch+batch-1) as torch tensors.
-    kind 'image': kw chw=(C,H,W), classes. kind 'tokens': kw T, V."""
+def parity_data(kind, step, batch, first=0, **kw):
+    """Batch of step `step` (samples first+step*batch .. first+step*batch+batch-1) as torch
+    tensors. kind 'image': kw chw=(C,H,W), classes. kind 'tokens': kw T, V."""
     import torch
     if kind == "image":
-        x, y = parity_images(step * batch, batch, kw["chw"], kw["classes"])
+        x, y = parity_images(first + step * batch, batch, kw["chw"], kw["classes"])
     elif kind == "tokens":
-        x, y = parity_tokens(step * batch, batch, kw["T"], kw["V"])
+        x, y = parity_tokens(first + step * batch, batch, kw["T"], kw["V"])
     else:
         raise ValueError(f"unknown data kind {kind!r}")
     return torch.from_numpy(x), torch.from_numpy(y)
