@@ -6,7 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iterator>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
@@ -189,6 +192,36 @@ TEST(Plan, MemoryEqualsTheTrainersPlan) {
     EXPECT_EQ(b.memory_bytes, trainer_plan(r, b.layout)) << b.layout.str();
     EXPECT_GT(b.step_seconds, 0);
   }
+}
+
+// A skip connection over a block: pipelines whose cuts it would cross twice are not offered
+// (train refuses them: train/plan.h, cut_problem); the layouts offered plan as the trainer
+// plans them; fixed to such a pipeline, planning says why in one line.
+TEST(Plan, SkipsPipelinesASkipConnectionCannotCross) {
+  const std::string net = (std::filesystem::temp_directory_path() /
+                           ("sat_plan_skipnet_" + std::to_string(getpid()) + ".json")).string();
+  std::ofstream(net) << R"({"name": "skipnet", "inputs": {"x": {"shape": [1, 28, 28]}, "y": {"shape": [], "dtype": "int32"}},
+    "layers": [{"name": "flatten", "type": "flatten"}, {"name": "fc1", "type": "linear", "out": 32},
+      {"name": "relu1", "type": "relu"}, {"name": "fc2", "type": "linear", "out": 32},
+      {"name": "skip", "type": "add", "inputs": ["fc2", "fc1"]}, {"name": "head", "type": "linear", "out": 10},
+      {"name": "loss", "type": "cross_entropy", "inputs": ["head", "y"]}]})";
+  PlanRequest r = request("file:" + net, cpu_like(), 4, 32);
+  r.top = 8;
+  const PlanResult p = plan_layouts(r);
+  EXPECT_GT(p.uncut, 0);
+  EXPECT_LT(p.uncut, p.layouts);
+  ASSERT_FALSE(p.best.empty());
+  for (const Prediction& b : p.best) EXPECT_GT(trainer_plan(r, b.layout), 0) << b.layout.str();
+  r.filter = parse_layout("pp=4");
+  try {
+    plan_layouts(r);
+    ADD_FAILURE() << "pp=4 was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--pp 4: file:" + net + "'s value fc1 (made by fc1) is read by skip 2 model "
+                                         "chunks later"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(net);
+  EXPECT_EQ(plan_layouts(request("gpt-mini", cpu_like(), 4, 8)).uncut, 0);
 }
 
 // zb-h1 beside 1F1B at the same layout: the weight gradients fill the bubble (B and W timed

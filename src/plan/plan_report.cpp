@@ -130,6 +130,9 @@ std::string plan_text(const PlanResult& p, const PlanRequest& r) {
   if (r.runnable_only)
     s += strf("%lld that saturate train refuses on %s today (--runnable-only), ", (long long)p.not_runnable,
               device_kind_name(plan_device(r)));
+  if (p.uncut > 0)
+    s += strf("%lld whose pipeline cuts a skip connection would cross twice (saturate train refuses them), ",
+              (long long)p.uncut);
   s += strf("%lld over the memory, %lld slower than the best by a lower bound, %zu simulated\n",
             (long long)p.over_memory, (long long)p.slower, p.considered.size());
   if (p.best.empty() || !p.best[0].fits) {
@@ -174,7 +177,7 @@ std::string plan_json(const PlanResult& p, const PlanRequest& r) {
   j["layouts_searched"] = p.layouts, j["over_memory"] = p.over_memory, j["slower_by_bound"] = p.slower, j["search_seconds"] = p.seconds;
   j["why"] = p.why;
   j["engine"] = r.engine.name;
-  j["runnable_only"] = r.runnable_only, j["not_runnable"] = p.not_runnable;
+  j["runnable_only"] = r.runnable_only, j["not_runnable"] = p.not_runnable, j["uncut"] = p.uncut;
   // The command of the fastest layout that fits and that `saturate train` runs on the device.
   j["run"] = nullptr;
   for (const Prediction& x : p.best)

@@ -300,7 +300,9 @@ struct Search {
 
   // Per stage, per chunk: [first, last) blocks.
   std::vector<std::vector<std::pair<int, int>>> cuts(const Layout& l, const BlockTable& t) {
-    const StageSplit sp = split_model(*t.whole->graph, train_config(l), mc.name);
+    return cuts(l, split_model(*t.whole->graph, train_config(l), mc.name));
+  }
+  std::vector<std::vector<std::pair<int, int>>> cuts(const Layout& l, const StageSplit& sp) {
     std::vector<std::vector<std::pair<int, int>>> st(size_t(l.pp));
     for (int s = 0; s < l.pp; ++s)
       for (int c = 0; c < l.virtual_stages; ++c) {
@@ -862,7 +864,10 @@ struct Search {
   // fit), then a lower bound of their time (the busiest stage's compute) against the best
   // found so far, then the simulation.
   void search_schedule(Layout l, const BlockTable& t) {
-    const auto st = cuts(l, t);
+    const StageSplit split = split_model(*t.whole->graph, train_config(l), mc.name);
+    // A cut that a value would cross twice (a skip connection over a stage): train refuses it.
+    const std::string cut = l.pp > 1 ? cut_problem(*t.whole->graph, split, mc.name) : "";
+    const auto st = cuts(l, split);
     const auto f = facts(l, t, st);
     std::vector<Prediction> ps;
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); ++z) {
@@ -873,6 +878,11 @@ struct Search {
       const bool split = splits_backward(l.pp_schedule);
       if (!engine_has(l) || (split && z >= 2) || (l.cp > 1 && z > 0) || (l.ep > 1 && z > 0 && !shape)) continue;
       ++out.layouts;
+      if (!cut.empty()) {
+        ++out.uncut;
+        uncut.insert(cut);
+        continue;
+      }
       if (req.runnable_only) {
         const std::vector<std::string> why = refusals(l, mc.device, &mc);
         refused.insert(why.begin(), why.end());
@@ -910,6 +920,7 @@ struct Search {
   }
 
   std::set<std::string> refused;  // runnable_only: why `saturate train` refused the layouts it left out
+  std::set<std::string> uncut;    // why the layouts PlanResult::uncut counts cannot be cut
 
   // The step time a layout must beat to be among the ones planned exactly (the fitting
   // layouts' times so far, the (4 top + 8)-th fastest).
@@ -1040,7 +1051,10 @@ PlanResult plan_layouts(const PlanRequest& r) {
   Search s(r);
   s.run();
   PlanResult& out = s.out;
-  if (out.layouts > 0 && out.not_runnable == out.layouts) {
+  if (out.layouts > 0 && out.uncut == out.layouts)
+    fail(*s.uncut.begin(), " (every layout of ", r.gpus, " x ", r.hw.name, r.filter.empty() ? "" : " matching --layout",
+         " cuts the model so)");
+  if (out.layouts > 0 && out.not_runnable + out.uncut == out.layouts) {
     std::string why;
     for (const std::string& w : s.refused) why += (why.empty() ? "" : "; ") + w;
     fail("--runnable-only: `saturate train` refuses every layout of ", r.gpus, " x ", r.hw.name,

@@ -130,6 +130,7 @@ struct PlanResult {
   int64_t over_memory = 0;             // of them, estimated not to fit
   int64_t slower = 0;                  // of them, slower than the best by a lower bound (not simulated)
   int64_t not_runnable = 0;            // of them, refused by `saturate train` on the device (runnable_only)
+  int64_t uncut = 0;                   // of them, pipelines a value would cross two cuts of (train/plan.h: cut_problem)
   std::optional<Prediction> smallest;  // the layout with the least memory (when none fits)
   ScheduleSim timeline;                // the best layout's pipeline simulation
   std::string why;                     // why the best wins

@@ -127,10 +127,7 @@ void check_pipeline(const TrainConfig& cfg) {
             ": ZeRO-2/3's per-unit gradient staging does not follow a split backward yet; use --zero 0 or 1");
 }
 
-// Every value crosses at most one cut: a stage sends its outputs to the next piece only, so a
-// value read two or more pieces after the one that makes it (a skip connection across
-// blocks) has no message to travel by.
-static void check_cuts(const Graph& whole, const StageSplit& sp, const std::string& model_name) {
+std::string cut_problem(const Graph& whole, const StageSplit& sp, const std::string& model_name) {
   const auto& starts = whole.block_starts();
   auto piece = [&](int gid) {
     const int b = int(std::upper_bound(starts.begin(), starts.end(), gid) - starts.begin()) - 1;
@@ -140,11 +137,13 @@ static void check_cuts(const Graph& whole, const StageSplit& sp, const std::stri
     for (auto [c, slot] : whole.value(n.output).consumers) {
       const Node& reader = whole.nodes()[size_t(c)];
       const int apart = piece(reader.gid) - piece(n.gid);
-      SAT_CHECK(apart <= 1, "--pp ", sp.stages, sp.virtual_stages > 1 ? str_cat(" x ", sp.virtual_stages, " chunks") : "",
-                ": ", model_name, "'s value ", whole.value(n.output).name, " (made by ", n.name, ") is read by ",
-                reader.name, " ", apart, " model chunks later; a pipeline cut passes values to the next chunk only: "
-                "cut elsewhere (--pp-split) or use fewer chunks");
+      if (apart > 1)
+        return str_cat("--pp ", sp.stages, sp.virtual_stages > 1 ? str_cat(" x ", sp.virtual_stages, " chunks") : "",
+                       ": ", model_name, "'s value ", whole.value(n.output).name, " (made by ", n.name,
+                       ") is read by ", reader.name, " ", apart, " model chunks later; a pipeline cut passes values "
+                       "to the next chunk only: cut elsewhere (--pp-split) or use fewer chunks");
     }
+  return "";
 }
 
 StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name) {
@@ -288,7 +287,10 @@ JobPlan::JobPlan(const ModelConfig& mc, const TrainConfig& cfg, const Dataset& t
     : mc_(mc), cfg_(cfg), train_(&train), test_(test), dp_(dp) {
   whole_ = std::make_unique<BuiltModel>(build_model(mc, cfg.batch, true));
   split_ = split_model(*whole_->graph, cfg, mc.name);
-  if (cfg.pp > 1) check_cuts(*whole_->graph, split_, mc.name);
+  if (cfg.pp > 1) {
+    const std::string cut = cut_problem(*whole_->graph, split_, mc.name);
+    SAT_CHECK(cut.empty(), cut);
+  }
   if (splits_backward(cfg.pp_schedule)) {
     const std::string flag = str_cat("--pp-schedule ", pipe_schedule_name(cfg.pp_schedule));
     SAT_CHECK(whole_->graph->device() == Device::cpu, flag, ": the split backward runs on the CPU only for now "

@@ -38,6 +38,12 @@ struct StageSplit {
 // schedule, as Megatron requires).
 StageSplit split_model(const Graph& whole, const TrainConfig& cfg, const std::string& model_name);
 
+// Every value crosses at most one cut: a stage sends its outputs to the next piece only, so a
+// value read two or more pieces after the one that makes it (a skip connection across
+// blocks) has no message to travel by. "" when the split carries every value; otherwise one
+// line naming the value, its reader and --pp (train refuses the layout with it, plan skips it).
+std::string cut_problem(const Graph& whole, const StageSplit& sp, const std::string& model_name);
+
 // The pipeline flags alone (no model needed): schedule, micro-batches, stages.
 void check_pipeline(const TrainConfig& cfg);
 
