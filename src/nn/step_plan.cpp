@@ -160,7 +160,7 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
       bufs.live(CtxBuffers::value, int(id), 0, v.name + " (received)", MemKind::activations, v.spec.bytes(), arrive, end);
       if (train && v.needs_grad)
         bufs.live(CtxBuffers::grad, int(id), 0, v.name + ".grad (sent)", MemKind::activation_grads, v.spec.bytes(),
-                  t.b(last_reader(v, 0)), t.u.send_grad >= 0 ? t.at(t.u.send_grad) : t.b(first_reader(v)));
+                  t.b(last_reader(v, 0)), t.u.send_grad >= 0 ? t.at(t.u.send_grad) - 1 : t.b(first_reader(v)));
       continue;
     }
     if (v.kind != Value::Kind::computed) continue;
@@ -173,7 +173,7 @@ void plan_use(const Graph& g, const Times& t, CtxBuffers& bufs) {
       if (int(id) == g.loss() || int(id) == g.logits()) end = int(nodes.size()) - 1;
       end = t.f(end);
     }
-    if (v.sent) end = std::max(end, t.at(t.u.send));
+    if (v.sent) end = std::max(end, t.at(t.u.send) - 1);
     end = std::max(end, hold[id]);
     if (train && recomputed(int(id))) {
       // Dropped after its last reader's forward; recomputed for backward.

@@ -14,7 +14,8 @@
 // one interval per micro-batch that uses the context, and the ArenaPlanner packs them
 // so that nothing alive at the same time overlaps:
 //   output of node i:      forward(i) .. backward(i) (its readers' backward may read it;
-//                          a sent output also until it has been sent)
+//                          a sent output also until it has been sent, the unit before
+//                          MicroUse::send)
 //   its gradient:          the first reader's backward (or its arrival, when sent) ..
 //                          backward(i)
 //   a received input:      arrival .. the backward of its last reader
@@ -49,10 +50,10 @@ struct MicroUse {
   int ctx = 0;         // the context whose buffers it uses
   int recv = -1;       // action at which its received inputs arrive (-1: none; at fwd)
   int fwd = 0;         // its forward
-  int send = -1;       // its sent outputs leave (-1: none)
+  int send = -1;       // the action before which its sent outputs have left (-1: none)
   int recv_grad = -1;  // the gradients of its sent outputs arrive (-1: none; at bwd)
   int bwd = -1;        // its backward (-1: forward only)
-  int send_grad = -1;  // the gradients of its received inputs leave (-1: none; at bwd)
+  int send_grad = -1;  // the action before which its received inputs' gradients have left (-1: none; at bwd)
   // Zero-bubble schedules: bwd is its input-gradient part and wgt its weight-gradient part
   // (-1: a whole backward at bwd). The buffers a node's weight part reads (its inputs, its
   // output's gradient, its saved buffers; see backward_parts) stay live until wgt.

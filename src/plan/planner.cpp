@@ -347,7 +347,7 @@ struct Search {
           f.unit = std::max(f.unit, own), f.bwd += t.bwd[size_t(x)], kw += t.kept_weight[size_t(x)];
         }
         // A split backward frees the activations at I; the weight gradients' inputs stay
-        // until W, for the micro-batches past I that await it (zb-h1: up to 2P - 1 in all).
+        // until W, for the micro-batches past I that await it (zb-h1: up to P in all).
         const int inflight = max_in_flight(lists[size_t(s)], c);
         const int held = max_held_for_weights(lists[size_t(s)], c);
         // Context parallelism: each rank holds 1/cp of every sequence's tokens.

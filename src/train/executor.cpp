@@ -1,5 +1,6 @@
 #include "train/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/timer.h"
@@ -64,25 +65,41 @@ void Executor::hand_on(const Action& a, bool forward) {
   }
 }
 
-// Posts a group and, unless the communicator orders it on the device stream, waits for
-// it. Returns the seconds spent waiting.
+// Posts a group and, unless the communicator orders it on the device stream, waits for its
+// receives and for the previous group's sends. Its own sends are waited for before the next
+// compute other than a weight gradient, or the next group (schedule.h, contract item 4): a
+// stage that waited for them here would wait for the receiver to finish what it is computing,
+// when it has Ws to run meanwhile, and a W touches no buffer a send reads. Sends first, then
+// receives, as the group lists them (they match in posting order). The seconds waited.
 double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end) {
   const double t0 = now_seconds();
   if (observer_)
     for (size_t k = first; k < end; ++k) observer_->action_begins(int(k));
-  if (!ops.empty()) {  // (actions with nothing to move post nothing)
-    dist::WorkPtr w = pp_->p2p(ops, engine_.graph().act());
+  if (!ops.empty() && pp_->stream_ordered()) {
+    in_flight_.push_back(pp_->p2p(ops, engine_.graph().act()));
     ops.clear();
-    if (pp_->stream_ordered()) {
-      in_flight_.push_back(std::move(w));
-      return 0;
-    }
-    w->wait();
+    return 0;
   }
+  const auto recvs = std::stable_partition(ops.begin(), ops.end(), [](const dist::P2POp& o) { return o.send; });
+  dist::WorkPtr sent, received;
+  if (recvs != ops.begin()) sent = pp_->p2p({ops.begin(), recvs}, engine_.graph().act());
+  if (recvs != ops.end()) received = pp_->p2p({recvs, ops.end()}, engine_.graph().act());
+  ops.clear();
+  wait_sends();
+  sends_ = std::move(sent);
+  if (received) received->wait();
   const double t1 = now_seconds();
   if (observer_)
     for (size_t k = first; k < end; ++k) observer_->action_timed(int(k), t0, t1);
   return t1 - t0;
+}
+
+double Executor::wait_sends() {
+  if (!sends_) return 0;
+  const double t0 = now_seconds();
+  sends_->wait();
+  sends_.reset();
+  return now_seconds() - t0;
 }
 
 // B(micro, chunk), or W(micro, chunk) (the weight part of a split backward; `part`): the
@@ -164,9 +181,11 @@ StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, const Ste
       continue;
     }
     if (first != none) st.wait_seconds += finish_group(group, first, k), first = none;
+    if (actions_[k].is_compute() && actions_[k].kind != ActionKind::backward_weight) st.wait_seconds += wait_sends();
     run_compute(k, seed, parts, st);
   }
   if (first != none) st.wait_seconds += finish_group(group, first, none);
+  st.wait_seconds += wait_sends();  // (the buffers are the next step's)
   auto [sum, n] = engine_.take_losses();
   st.loss_sum = sum;
   st.losses = n;

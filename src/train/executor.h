@@ -83,8 +83,10 @@ class Executor {
 
  private:
   void post(const Action& a, std::vector<dist::P2POp>& ops) const;
-  // Posts the group of actions [first, end) and waits for it; the seconds waited.
+  // Posts the group of actions [first, end) and waits for its receives and for the sends of the
+  // group before (schedule.h, contract item 4); the seconds waited.
   double finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end);
+  double wait_sends();  // the sends posted last, complete (the seconds waited)
   void run_compute(size_t index, const std::function<uint64_t(int)>& seed, const StepParts& parts, StepStats& st);
   void run_backward(const Action& a, const StepParts& parts, BackwardPart part);
   void hand_on(const Action& a, bool forward);
@@ -98,6 +100,7 @@ class Executor {
   bool capture_ = false;
   int64_t steps_ = 0;
   std::vector<dist::WorkPtr> in_flight_;  // stream-ordered groups, complete by the step's end
+  dist::WorkPtr sends_;                   // the last group's sends, waited for at the next group
 };
 
 }  // namespace sat

@@ -195,7 +195,7 @@ void hand_on_times(const std::vector<Action>& actions, std::map<std::pair<int, i
   for (int a = 0; a < int(actions.size()); ++a) {
     const Action& x = actions[size_t(a)];
     if (x.chunk != 1) continue;
-    if (x.kind == ActionKind::forward) uses[{0, x.micro}].send = a;
+    if (x.kind == ActionKind::forward) uses[{0, x.micro}].send = a + 1;
     if (x.kind == ActionKind::backward_input || x.kind == ActionKind::backward) {
       uses[{0, x.micro}].recv_grad = a;
       uses[{1, x.micro}].send_grad = a + 1;
@@ -231,14 +231,26 @@ int batches_held(const std::vector<Action>& actions, const std::vector<int>& dat
 // micro-batches flow first in, first out, so this is a ring).
 // The operations of a communication group (a run of send/receive actions) are in flight
 // together: all of them take the time of the group's first action, so that their buffers
-// are live at once. A context is free for another micro-batch after the last action of
-// its micro-batch (within a group, the two use different buffers of it: the gradient
-// being sent and the input being received).
+// are live at once. A send completes before the stage's next group or its next compute other
+// than a weight gradient (Executor::finish_group; after the step's last action when none
+// follows): its buffer is live until then (MicroUse::send). A context is free for another
+// micro-batch after the last action of its micro-batch (a buffer of it being sent still is
+// not: the other micro-batch's first use of the same buffer comes after that compute).
 Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, std::vector<std::vector<int>>& ctx_of,
                      bool turn) {
-  std::vector<int> at(actions.size());
+  std::vector<int> at(actions.size()), sent(actions.size());
   for (size_t a = 0; a < actions.size(); ++a)
     at[a] = actions[a].is_comm() && a > 0 && actions[a - 1].is_comm() ? at[a - 1] : int(a);
+  // sent[a]: the action before which the sends of a's group have completed (MicroUse::send): the
+  // next compute other than a weight gradient, or the one after the next group's first action
+  // (the group posts its receives before it waits for the sends: they must not share memory);
+  // past the end when neither follows.
+  for (int a = int(actions.size()) - 1, next = int(actions.size()); a >= 0; --a) {
+    const Action& x = actions[size_t(a)];
+    sent[size_t(a)] = next;
+    if (x.is_comm() && at[size_t(a)] == a) next = a + 1;
+    if (x.is_compute() && x.kind != ActionKind::backward_weight) next = a;
+  }
   std::map<std::pair<int, int>, MicroUse> uses;
   std::map<std::pair<int, int>, int> last;
   for (int a = 0; a < int(actions.size()); ++a) {
@@ -250,12 +262,12 @@ Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, 
     switch (x.kind) {
       case ActionKind::recv_act: u.recv = t; break;
       case ActionKind::forward: u.fwd = t; break;
-      case ActionKind::send_act: u.send = t; break;
+      case ActionKind::send_act: u.send = sent[size_t(a)]; break;
       case ActionKind::recv_grad: u.recv_grad = t; break;
       case ActionKind::backward: u.bwd = t; break;
       case ActionKind::backward_input: u.bwd = t; break;
       case ActionKind::backward_weight: u.wgt = t; break;
-      case ActionKind::send_grad: u.send_grad = t; break;
+      case ActionKind::send_grad: u.send_grad = sent[size_t(a)]; break;
       default: break;
     }
     last[{x.chunk, x.micro}] = a;

@@ -17,7 +17,11 @@
 //    to the owner of vs-1; a comm action's chunk is this rank's chunk the data belongs to. In a V
 //    (zb-v) the last stage holds pieces P-1 and P: between them nothing is sent (the runtime hands
 //    the values on within the rank);
-// 4. a maximal run of comm actions is one group, posted together and waited on together. Compute
+// 4. a maximal run of comm actions is one group, posted together; the stage waits there for the
+//    group's receives, and for its sends before its next compute other than a weight gradient W
+//    (or its next group): a stage runs its Ws while the receiver of what it just sent is still
+//    computing (a W reads no buffer a send reads; the send's buffers stay live until then:
+//    train/plan.cpp). Compute
 //    actions run in units: one compute, or in interleaved's steady state a forward and a backward
 //    back to back (Megatron runs them so and posts one send_forward_backward_recv_forward_backward
 //    after each pair). Between two units one group: the sends of the unit before, then the
@@ -30,7 +34,8 @@
 //    it receives each message on arrival, in the group before its first compute that starts once
 //    the message is sent by the generator's timeline (a receive may come groups before its
 //    compute, never after);
-// 5. deadlock-free when a group completes once each operation's counterpart has been posted.
+// 5. deadlock-free when a stage passes each of those waits once the counterparts of what it waits
+//    for have been posted.
 #pragma once
 #include <cstdint>
 #include <string>
