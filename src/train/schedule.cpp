@@ -242,8 +242,8 @@ std::vector<Step> order_1f1b(int P, int s, int M) {
 // ZB-H1: 1F1B's order with each backward split into I and W, stage s holding back its last s
 // Ws and running each one once a later I leaves more than s waiting (the last ones at the end,
 // in what would be 1F1B's cool-down bubble). Each I's gradient goes back at once, so the
-// backward reaches the first stages W sooner per stage than 1F1B's; the stages nearer the end,
-// which wait longest for the first gradient and idle last, hold back the most Ws to fill that.
+// backward reaches the first stages sooner than 1F1B's, by a W per stage on the way; the later
+// stages, which finish 1F1B's cool-down first and then idle, hold back the most Ws to fill it.
 // Activations are 1F1B's (P - s micro-batches from F to I); the weight gradients' inputs are
 // held for at most P micro-batches. At F = I = W the bubble is the paper's (P-1)/(3M+P-1) for
 // every M >= P, and below 1F1B's everywhere once P > 1. Unlike a greedy order built at unit
@@ -669,9 +669,9 @@ class Simulator {
     t_[r] += d;
   }
 
-  // Whether every counterpart of group g's operations has been posted; *ready is then the time the
-  // last of them was.
-  // Contract item 4: a group's receives, and the sends of the stage's group before it.
+  // Whether the counterparts of what group g waits for have been posted (contract item 4: its
+  // receives, and the sends of the stage's group before it); *ready is then the time the last
+  // of them was.
   bool group_ready(int r, int g, double* ready) const {
     const SimRank& R = ranks_[r];
     auto posted = [&](size_t i) {
