@@ -387,7 +387,11 @@ TEST(Cli, PlanChoosesAFittingLayoutAndRefusesBadInput) {
     EXPECT_EQ(l.at("dp").get<int>() * l.at("tp").get<int>() * l.at("pp").get<int>(), 1024);
     EXPECT_EQ(l.at("dp").get<int>() * l.at("micro_batch").get<int>() * l.at("accum").get<int>(), 1536);
     EXPECT_LE(l.at("memory_bytes_per_gpu").get<double>(), 80.0 * (1 << 30));
-    EXPECT_TRUE(l.at("memory_exact").get<bool>());
+    // Exact for every layout train runs on the device; a zero-bubble schedule on a GPU (the split
+    // backward runs on the CPU engine only) is offered with its estimate and marked refused.
+    if (l.at("runnable").get<bool>()) {
+      EXPECT_TRUE(l.at("memory_exact").get<bool>()) << l.dump();
+    }
     for (auto key : {"schedule", "virtual_stages", "recompute", "sequence_parallel", "zero", "step_seconds",
                      "tokens_per_second", "samples_per_second", "tflops_per_gpu", "mfu", "bubble_fraction"})
       EXPECT_TRUE(l.contains(key)) << key;
