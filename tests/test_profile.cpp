@@ -130,7 +130,7 @@ std::vector<Step> steps_of(const json& file) {
         s.data_time += dur;  // the loader's hand-off, data parallelism's bucket launches
         s.inner_spans.push_back({ts, ts + dur});
       } else if (track.starts_with("comm ")) {
-        s.comm_bytes[track.substr(5)] += a["bytes"].get<double>();
+        s.comm_bytes[a["group"].get<std::string>()] += a["bytes"].get<double>();  // ("comm pp 2": pp's too)
         s.action_spans.push_back({ts, std::min(ts + dur, s.ts + s.dur)});  // the loss's agreement, after the actions
       }
     }

@@ -149,7 +149,22 @@ void Profiler::part_timed(StepPart part, double t0, double t1) {
 void Profiler::comm_timed(const std::string& group, const dist::CommEvent& e) {
   if (now_ == TraceSchedule::Action::none) return;
   const double dt = e.t1 - e.t0;
-  ev_.span(ev_.track("comm " + group), "cpu_op", o_.backend + ":" + e.op, e.t0, e.t1,
+  // The first of the group's tracks on which the span nests or follows every span already there.
+  std::string track = "comm " + group;
+  for (int k = 2;; ++k) {
+    auto& spans = comm_spans_[track];
+    const bool clash = std::any_of(spans.begin(), spans.end(), [&](const std::pair<double, double>& s) {
+      const bool apart = e.t1 <= s.first || s.second <= e.t0;
+      const bool nested = (s.first <= e.t0 && e.t1 <= s.second) || (e.t0 <= s.first && s.second <= e.t1);
+      return !apart && !nested;
+    });
+    if (!clash) {
+      spans.push_back({e.t0, e.t1});
+      break;
+    }
+    track = "comm " + group + " " + std::to_string(k);
+  }
+  ev_.span(ev_.track(track), "cpu_op", o_.backend + ":" + e.op, e.t0, e.t1,
            {TraceArg::str("group", group), TraceArg::num("bytes", double(e.bytes)),
             TraceArg::num("bytes received", double(e.received)),
             TraceArg::num("algbw (GB/s)", dt > 0 ? double(e.bytes + e.received) / dt / 1e9 : 0)});

@@ -11,7 +11,9 @@
 //                      1SEND_F3 ...) > layers (their module path; kind, phase, Input Dims,
 //                      FLOPs and bytes in args) and the loader's hand-off
 //      "comm <group>"  the collectives and transfers of that group (backend:op, bytes,
-//                      group size, algorithm bandwidth)
+//                      group size, algorithm bandwidth); "comm <group> 2", 3 ... when ops
+//                      of the group are in flight at once (a pipeline stage's sends
+//                      complete while it posts its next group), so that each track nests
 //      "memory"        the plan's bytes in use at each layer call and action ([memory]
 //                      records as PyTorch writes them, a counter, and the peak marked)
 //    Memory follows the plan: the step's persistent bytes plus its transient buffers live
@@ -22,6 +24,7 @@
 // communication pay a virtual call each.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -106,6 +109,8 @@ class Profiler final : public NodeTimer, public StepObserver, public dist::CommO
   int64_t step_ = 0, run_steps_ = 0, window_steps_ = 0;
   int action_ = 0;  // the action running
   int main_ = 0, mem_ = 0;
+  // Per comm track: the spans on it, so that a span partly overlapping one goes on another.
+  std::map<std::string, std::vector<std::pair<double, double>>> comm_spans_;
   size_t last_bytes_ = 0, peak_bytes_ = 0;
   double peak_t_ = 0;
   std::vector<std::string> files_;
