@@ -65,32 +65,54 @@ void Executor::hand_on(const Action& a, bool forward) {
   }
 }
 
-// Posts a group and, unless the communicator orders it on the device stream, waits for its
-// receives and for the previous group's sends. Its own sends are waited for before the next
-// compute other than a weight gradient, or the next group (schedule.h, contract item 4): a
-// stage that waited for them here would wait for the receiver to finish what it is computing,
-// when it has Ws to run meanwhile, and a W touches no buffer a send reads. Sends first, then
-// receives, as the group lists them (they match in posting order). The seconds waited.
-double Executor::finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end) {
+// Posts a group and, unless the communicator orders it on the device stream, waits for the
+// previous group's sends. Its own sends are waited for before the next compute other than a
+// weight gradient, or the next group, and each receive before the compute that reads it
+// (schedule.h, contract item 4): a stage that waited for its sends here would wait for the
+// receiver to finish what it is computing, when it has Ws to run meanwhile (a W touches no
+// buffer a send reads), and one that waited for a receive posted ahead of its use (zb-v's
+// receives on arrival) would wait for a message it does not need yet. The sends go as one
+// batch, then each receive as its own, in the group's order (they match in posting order).
+// The seconds waited.
+double Executor::post_group(size_t first, size_t end) {
   const double t0 = now_seconds();
   if (observer_)
     for (size_t k = first; k < end; ++k) observer_->action_begins(int(k));
-  if (!ops.empty() && pp_->stream_ordered()) {
-    in_flight_.push_back(pp_->p2p(ops, engine_.graph().act()));
-    ops.clear();
+  std::vector<dist::P2POp> ops;
+  if (pp_->stream_ordered()) {
+    for (size_t k = first; k < end; ++k) post(actions_[k], ops);
+    if (!ops.empty()) in_flight_.push_back(pp_->p2p(ops, engine_.graph().act()));
     return 0;
   }
-  const auto recvs = std::stable_partition(ops.begin(), ops.end(), [](const dist::P2POp& o) { return o.send; });
-  dist::WorkPtr sent, received;
-  if (recvs != ops.begin()) sent = pp_->p2p({ops.begin(), recvs}, engine_.graph().act());
-  if (recvs != ops.end()) received = pp_->p2p({recvs, ops.end()}, engine_.graph().act());
-  ops.clear();
+  for (size_t k = first; k < end; ++k)
+    if (actions_[k].is_send()) post(actions_[k], ops);
+  dist::WorkPtr sent = ops.empty() ? nullptr : pp_->p2p(ops, engine_.graph().act());
+  for (size_t k = first; k < end; ++k) {
+    const Action& a = actions_[k];
+    if (a.is_send()) continue;
+    ops.clear();
+    post(a, ops);
+    if (!ops.empty())
+      receives_[{a.kind == ActionKind::recv_act, a.micro, a.chunk}] = {k, pp_->p2p(ops, engine_.graph().act())};
+  }
   wait_sends();
   sends_ = std::move(sent);
-  if (received) received->wait();
   const double t1 = now_seconds();
   if (observer_)
-    for (size_t k = first; k < end; ++k) observer_->action_timed(int(k), t0, t1);
+    for (size_t k = first; k < end; ++k)
+      if (actions_[k].is_send()) observer_->action_timed(int(k), t0, t1);
+  return t1 - t0;
+}
+
+double Executor::wait_receive(size_t index) {
+  const Action& a = actions_[index];
+  const auto r = receives_.find({a.kind == ActionKind::forward, a.micro, a.chunk});
+  if (r == receives_.end()) return 0;
+  const double t0 = now_seconds();
+  r->second.work->wait();
+  const double t1 = now_seconds();
+  if (observer_) observer_->action_timed(int(r->second.index), t0, t1);
+  receives_.erase(r);
   return t1 - t0;
 }
 
@@ -171,21 +193,21 @@ void Executor::run_compute(size_t index, const std::function<uint64_t(int)>& see
 StepStats Executor::run_step(const std::function<uint64_t(int)>& seed, const StepParts& parts) {
   StepStats st;
   if (parts.data) parts.data->begin_step();
-  std::vector<dist::P2POp> group;
   const size_t none = actions_.size();
   size_t first = none;  // the first action of the group being gathered
   for (size_t k = 0; k < actions_.size(); ++k) {
-    if (actions_[k].is_comm()) {
+    const Action& a = actions_[k];
+    if (a.is_comm()) {
       if (first == none) first = k;
-      post(actions_[k], group);
       continue;
     }
-    if (first != none) st.wait_seconds += finish_group(group, first, k), first = none;
-    if (actions_[k].is_compute() && actions_[k].kind != ActionKind::backward_weight) st.wait_seconds += wait_sends();
+    if (first != none) st.wait_seconds += post_group(first, k), first = none;
+    if (a.waits_for_sends()) st.wait_seconds += wait_sends() + wait_receive(k);
     run_compute(k, seed, parts, st);
   }
-  if (first != none) st.wait_seconds += finish_group(group, first, none);
+  if (first != none) st.wait_seconds += post_group(first, none);
   st.wait_seconds += wait_sends();  // (the buffers are the next step's)
+  SAT_CHECK(receives_.empty(), "internal error: a receive no compute of the schedule reads");
   auto [sum, n] = engine_.take_losses();
   st.loss_sum = sum;
   st.losses = n;

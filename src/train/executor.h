@@ -5,13 +5,17 @@
 // parallelism's gradient buckets, the noise scale, the optimizer of each device) plugs in
 // at fixed points through the step's named parts (StepParts), never as a branch here.
 //
-// Communication: a run of consecutive send/receive actions is one group: its operations
-// are posted together (Comm::p2p) and waited for before the next compute action (the
-// schedule orders them so that this cannot deadlock). A communicator whose operations
-// are ordered on the device stream (NCCL) is not waited for on the host.
+// Communication: a run of consecutive send/receive actions is one group, posted together
+// (Comm::p2p: its sends in one batch, then each receive as its own); a receive is waited for
+// before the compute that reads it, the sends before the next compute other than a weight
+// gradient or the next group (schedule.h, contract item 4: this cannot deadlock). A
+// communicator whose operations are ordered on the device stream (NCCL) is not waited for on
+// the host.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "dist/comm.h"
@@ -83,10 +87,13 @@ class Executor {
 
  private:
   void post(const Action& a, std::vector<dist::P2POp>& ops) const;
-  // Posts the group of actions [first, end) and waits for its receives and for the sends of the
-  // group before (schedule.h, contract item 4); the seconds waited.
-  double finish_group(std::vector<dist::P2POp>& ops, size_t first, size_t end);
+  // Posts the group of actions [first, end) and waits for the sends of the group before
+  // (schedule.h, contract item 4); the seconds waited.
+  double post_group(size_t first, size_t end);
   double wait_sends();  // the sends posted last, complete (the seconds waited)
+  // The receive compute action `index` reads (its input, or its output's gradient), complete
+  // if one is pending; the seconds waited.
+  double wait_receive(size_t index);
   void run_compute(size_t index, const std::function<uint64_t(int)>& seed, const StepParts& parts, StepStats& st);
   void run_backward(const Action& a, const StepParts& parts, BackwardPart part);
   void hand_on(const Action& a, bool forward);
@@ -101,6 +108,11 @@ class Executor {
   int64_t steps_ = 0;
   std::vector<dist::WorkPtr> in_flight_;  // stream-ordered groups, complete by the step's end
   dist::WorkPtr sends_;                   // the last group's sends, waited for at the next group
+  struct Pending {
+    size_t index;  // the receive action
+    dist::WorkPtr work;
+  };
+  std::map<std::tuple<bool, int, int>, Pending> receives_;  // posted, by (activation?, micro, chunk)
 };
 
 }  // namespace sat

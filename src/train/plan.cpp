@@ -249,7 +249,7 @@ Timeline timeline_of(const std::vector<Action>& actions, int chunks, int micro, 
     const Action& x = actions[size_t(a)];
     sent[size_t(a)] = next;
     if (x.is_comm() && at[size_t(a)] == a) next = a + 1;
-    if (x.is_compute() && x.kind != ActionKind::backward_weight) next = a;
+    if (x.waits_for_sends()) next = a;
   }
   std::map<std::pair<int, int>, MicroUse> uses;
   std::map<std::pair<int, int>, int> last;

@@ -5,6 +5,7 @@
 #include "train/schedule.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -26,6 +27,10 @@ bool Action::is_compute() const {
   return kind == ActionKind::forward || kind == ActionKind::backward || kind == ActionKind::backward_input ||
          kind == ActionKind::backward_weight;
 }
+
+bool Action::is_send() const { return kind == ActionKind::send_act || kind == ActionKind::send_grad; }
+
+bool Action::waits_for_sends() const { return is_compute() && kind != ActionKind::backward_weight; }
 
 namespace {
 
@@ -143,61 +148,82 @@ constexpr ActionKind kF = ActionKind::forward, kB = ActionKind::backward, kI = A
 // backward or its input part.
 bool sends_grad(ActionKind k) { return k == kB || k == kI; }
 
-// ZB-V, built like ZB-H1 by running all P stages together at unit costs (each chunk's F = I = W
-// = 1, communication free) over the 2P pieces of the V. A stage, whenever it is free, starts the
-// first of: a ready I (its output's gradient is there; the loss piece 2P-1 on stage 0 needs only
-// its forward); a ready F (its input is there) while it holds fewer than 2P chunk activations
-// between F and I (the paper's ZB-V memory: 1F1B's P micro-batches, each chunk half of one) and
-// fewer than 2P between F and W; its oldest W. Among its two chunks it takes the earlier
-// micro-batch first, chunk 1 (nearer the loss on the way down, nearer the end of the backward)
-// on a tie. Every piece runs each kind in micro order, so gradients accumulate as in one process.
-// Stage P-1 hands piece P-1's output to its own piece P, which may so start in the same round.
-// Termination: a round in which no stage starts anything leaves the state as it was (everything
-// started ends one unit later), so each round must start something and the loop runs at most
-// 6PM rounds; SAT_ASSERT checks it.
+// ZB-V's order for stage s (the paper's hand-built V, section 6) as a template of (kind, chunk)
+// tokens; a W token stands for the oldest input gradient without its weight gradient:
+//   warm-up:   2(P-s)-1 F0, then s pairs F1 F0, then P-s triples F1 I1 W;
+//   steady:    M-P turns F0 I0 W F1 I1 W (one micro-batch of both chunks per turn);
+//   cool-down: s pairs I0 I1, then P-s pairs I0 W, then what is left (Is, then Ws).
+// With fewer than 2P micro-batches some tokens find nothing to run (order_zb_v skips them).
+std::vector<std::pair<ActionKind, int>> zb_v_template(int P, int s, int M) {
+  std::vector<std::pair<ActionKind, int>> t;
+  auto add = [&](int times, std::initializer_list<std::pair<ActionKind, int>> turn) {
+    for (int k = 0; k < times; ++k) t.insert(t.end(), turn);
+  };
+  constexpr int W = -1, W_fill = -2;  // W_fill: only while forwards are left
+  add(2 * (P - s) - 1, {{kF, 0}});
+  add(s, {{kF, 1}, {kF, 0}});
+  add(P - s, {{kF, 1}, {kI, 1}, {kW, W_fill}});
+  add(M - P, {{kF, 0}, {kI, 0}, {kW, W}, {kF, 1}, {kI, 1}, {kW, W}});
+  add(s, {{kI, 0}, {kI, 1}});
+  add(P - s, {{kI, 0}, {kW, W}});
+  add(M, {{kI, 1}, {kI, 0}});
+  add(2 * M, {{kW, W}});
+  return t;
+}
+
+// ZB-V: all P stages run their templates together at unit costs (each chunk's F, I and W take 1,
+// communication is free, the last stage's turn from piece P-1 to piece P too), which times every
+// step (Step::start, for with_comms_on_arrival). A token takes its chunk's next micro-batch when it
+// may (F: one is left, and chunk 1's only after chunk 0's of the same micro-batch; I: after its F,
+// and chunk 0's only after chunk 1's; W: the oldest I without its W, chunk 1's before chunk 0's of
+// a micro-batch, as the tied embedding and the data-parallel buckets need), and is skipped when it
+// may not. A stage whose next token must wait for another stage runs a pending W meanwhile.
+// Every stage so holds at most 2P chunk activations between F and I (1F1B's P micro-batches: the
+// paper's ZB-V memory), reaches the least bubble (P-1)/(6M+P-1) at unit costs once M >= P, and
+// keeps its steady state (both chunks' F, I and W of one micro-batch per turn) when W or I costs
+// more or less than F, where an order built greedily at unit costs leaves holes. Every piece runs
+// each kind in micro order, so gradients accumulate as in one process. Each round starts
+// something (SAT_ASSERT), so the loop ends.
 std::vector<std::vector<Step>> order_zb_v(int P, int M) {
   const Layout L{P, 2, true};
-  const int n = 2 * P, cap_i = 2 * P, cap_w = 2 * P;
+  const int n = 2 * P;
   constexpr int never = std::numeric_limits<int>::max();
-  std::vector<int> nf(size_t(n), 0), ni(size_t(n), 0), nw(size_t(n), 0);
   std::vector<std::vector<int>> f_end(size_t(n), std::vector<int>(size_t(M), never)), i_end = f_end;
   std::vector<std::vector<Step>> out(static_cast<size_t>(P));
+  std::vector<std::vector<std::pair<ActionKind, int>>> tmpl;
+  for (int s = 0; s < P; ++s) tmpl.push_back(zb_v_template(P, s, M));
+  std::vector<size_t> next(size_t(P), 0);
+  std::vector<std::array<int, 2>> nf(size_t(P), {0, 0}), ni = nf, nw = nf;
   for (int t = 0, left = 3 * n * M; left > 0; ++t) {
     bool started = false;
     for (int s = 0; s < P; ++s) {
-      const int piece[2] = {L.vs(s, 0), L.vs(s, 1)};
-      int held_i = 0, held_w = 0;
-      for (int v : piece) held_i += nf[size_t(v)] - ni[size_t(v)], held_w += nf[size_t(v)] - nw[size_t(v)];
-      auto i_ready = [&](int v) {
-        const int m = ni[size_t(v)];
-        return m < nf[size_t(v)] && f_end[size_t(v)][size_t(m)] <= t && (v == n - 1 || i_end[size_t(v) + 1][size_t(m)] <= t);
+      auto &f = nf[size_t(s)], &i = ni[size_t(s)], &w = nw[size_t(s)];
+      const int w_chunk = w[1] < i[1] && w[1] <= w[0] ? 1 : w[0] < i[0] && w[0] < w[1] ? 0 : -1;
+      auto may = [&](ActionKind k, int c) {
+        if (k == kF) return f[size_t(c)] < M && (c == 0 || f[1] < f[0]);
+        if (k == kI) return i[size_t(c)] < f[size_t(c)] && (c == 1 || i[0] < i[1]);
+        return w_chunk >= 0 && (c == -1 || f[0] < M || f[1] < M);
       };
-      auto f_ready = [&](int v) {
-        const int m = nf[size_t(v)];
-        return m < M && (v == 0 || f_end[size_t(v) - 1][size_t(m)] <= t) && held_i < cap_i && held_w < cap_w;
+      auto ready = [&](ActionKind k, int c) {
+        const int v = L.vs(s, c);
+        if (k == kF) return v == 0 || f_end[size_t(v) - 1][size_t(f[size_t(c)])] <= t;
+        if (k == kI) return f_end[size_t(v)][size_t(i[size_t(c)])] <= t && (v == n - 1 || i_end[size_t(v) + 1][size_t(i[size_t(c)])] <= t);
+        return true;
       };
-      auto w_ready = [&](int v) { return nw[size_t(v)] < ni[size_t(v)]; };
-      // The chunk to run for a kind: ready, the earlier micro-batch, then chunk 1; -1 if none.
-      auto pick = [&](auto ready, const std::vector<int>& next) {
-        int best = -1;
-        for (int c : {1, 0})
-          if (ready(piece[c]) && (best < 0 || next[size_t(piece[c])] < next[size_t(piece[best])])) best = c;
-        return best;
-      };
-      int c = -1;
-      if ((c = pick(i_ready, ni)) >= 0) {
-        const int v = piece[c];
-        out[size_t(s)].push_back({kI, ni[size_t(v)], c, false, t});
-        i_end[size_t(v)][size_t(ni[size_t(v)]++)] = t + 1;
-      } else if ((c = pick(f_ready, nf)) >= 0) {
-        const int v = piece[c];
-        out[size_t(s)].push_back({kF, nf[size_t(v)], c, false, t});
-        f_end[size_t(v)][size_t(nf[size_t(v)]++)] = t + 1;
-      } else if ((c = pick(w_ready, nw)) >= 0) {
-        out[size_t(s)].push_back({kW, nw[size_t(piece[c])]++, c, false, t});
-      } else {
-        continue;
-      }
+      auto& tk = tmpl[size_t(s)];
+      while (next[size_t(s)] < tk.size() && !may(tk[next[size_t(s)]].first, tk[next[size_t(s)]].second)) ++next[size_t(s)];
+      ActionKind k = kW;
+      int c = w_chunk;
+      if (next[size_t(s)] < tk.size() && ready(tk[next[size_t(s)]].first, tk[next[size_t(s)]].second))
+        std::tie(k, c) = tk[next[size_t(s)]++];
+      if (k == kW) c = w_chunk;
+      if (c < 0) continue;  // waits, with no W to run meanwhile
+      const int v = L.vs(s, c);
+      int& count = (k == kF ? f : k == kI ? i : w)[size_t(c)];
+      out[size_t(s)].push_back({k, count, c, false, t});
+      if (k == kF) f_end[size_t(v)][size_t(count)] = t + 1;
+      if (k == kI) i_end[size_t(v)][size_t(count)] = t + 1;
+      ++count;
       started = true;
       --left;
     }
@@ -334,14 +360,12 @@ struct Message {
   bool operator==(const Message&) const = default;
 };
 
-bool is_send(const Action& a) { return a.kind == ActionKind::send_act || a.kind == ActionKind::send_grad; }
-
 // What a comm action on `stage` carries: a send names itself, a receive the piece before (act) or
 // after (grad) its own.
 Message message_of(const Action& a, const Layout& L, int stage) {
   const int vs = L.vs(stage, a.chunk);
   const bool act = a.kind == ActionKind::send_act || a.kind == ActionKind::recv_act;
-  if (is_send(a)) return {act, a.micro, vs};
+  if (a.is_send()) return {act, a.micro, vs};
   return {act, a.micro, act ? vs - 1 : vs + 1};
 }
 
@@ -374,7 +398,7 @@ std::optional<Action> recv_before(const Layout& L, int stage, const Step& c) {
 void sort_group(std::vector<Action>& group, const Layout& L, int stage) {
   auto key = [&](const Action& a) {
     const Message m = message_of(a, L, stage);
-    return std::tuple(!is_send(a), !m.act, m.sender_vs, m.micro);
+    return std::tuple(!a.is_send(), !m.act, m.sender_vs, m.micro);
   };
   std::sort(group.begin(), group.end(), [&](const Action& x, const Action& y) { return key(x) < key(y); });
 }
@@ -413,22 +437,24 @@ Action recv_of(const Layout& L, const Message& m, int from) {
   return Action{m.act ? ActionKind::recv_act : ActionKind::recv_grad, m.micro, L.chunk(vs), from};
 }
 
-// zb-v's list, from the generator's timed steps of every stage: each step's send in the group after
-// it (as with_comms), and each message received in the group before the first step of this stage
-// that starts once it is sent, whether that step needs it or a later one does. In a V each link
-// carries activations one way and gradients the other, for both chunks, and a stage may want a
-// gradient before an activation its neighbour sent earlier; taken on arrival, the messages between
-// two stages are received in the order they are sent (they match in posting order), every send
-// finds its receive posted when it is made, and the list runs (in the simulator, at unit costs) on
-// the generator's timeline: no stage waits for a neighbour to post. A received input's context is
-// taken from its receive on (train/plan.cpp's timeline).
+// zb-v's list, from the unit-cost timeline of every stage's order: each step's send in the group
+// after it (as with_comms), and each message received in the group before the first step of this
+// stage that starts once its sender starts the step that sends it, whether that step needs it or
+// a later one does. In a V each link carries activations one way and gradients the other, for both
+// chunks, and a stage may want a gradient before an activation its neighbour sent earlier; posted
+// so, the messages between two stages are received in the order they are sent (they match in
+// posting order), and a receive is posted a step ahead of its send on the timeline, so a send
+// rarely waits for its receive when F, I and W do not cost the same (the sender's next compute
+// waits for its sends: contract item 4). Posting a receive early costs no waiting: it is waited for
+// only before the compute that reads it. A received input's context is taken from its receive on
+// (train/plan.cpp's timeline).
 std::vector<Action> with_comms_on_arrival(const Layout& L, int stage, const std::vector<std::vector<Step>>& orders) {
   struct Arrival { int at; int peer; Message m; };
   std::vector<Arrival> arrivals;  // what the other stages send here, by send time (then peer, then order)
   for (int p = 0; p < L.P; ++p)
     if (p != stage)
       for (const Step& c : orders[size_t(p)])
-        if (auto a = send_after(L, p, c); a && a->peer == stage) arrivals.push_back({c.start + 1, p, message_of(*a, L, p)});
+        if (auto a = send_after(L, p, c); a && a->peer == stage) arrivals.push_back({c.start, p, message_of(*a, L, p)});
   std::stable_sort(arrivals.begin(), arrivals.end(),
                    [](const Arrival& x, const Arrival& y) { return std::tie(x.at, x.peer) < std::tie(y.at, y.peer); });
   size_t taken = 0;
@@ -529,18 +555,42 @@ struct SimRank {
   std::vector<int> peer_group;                     // per action: the group of its counterpart
   std::vector<size_t> peer_index;                  // per action: the index of its counterpart
   std::vector<double> posted;                      // per group: when the stage reached it; NaN before
+  std::vector<std::vector<size_t>> waits;          // per action: the comm actions it waits for (contract item 4)
 };
 
+// Contract item 4's waits: a group waits for the sends of the group before it; a compute other
+// than a W for the sends of the last group before it and for its own receive.
 SimRank cut_groups(const std::vector<Action>& list) {
   SimRank r;
   r.group_of.assign(list.size(), -1);
   r.peer_group.assign(list.size(), -1);
   r.peer_index.assign(list.size(), 0);
+  r.waits.assign(list.size(), {});
+  std::map<std::tuple<bool, int, int>, size_t> recv;  // (activation?, micro, chunk) -> its receive
   for (size_t i = 0; i < list.size(); ++i) {
-    if (!list[i].is_comm()) continue;
+    const Action& a = list[i];
+    if (!a.is_comm()) continue;
     if (i == 0 || !list[i - 1].is_comm()) r.groups.push_back({i, i});
     r.groups.back().second = i + 1;
     r.group_of[i] = static_cast<int>(r.groups.size()) - 1;
+    if (!a.is_send()) recv[{a.kind == ActionKind::recv_act, a.micro, a.chunk}] = i;
+  }
+  auto sends_of = [&](int g, std::vector<size_t>& into) {
+    if (g < 0) return;
+    for (size_t k = r.groups[size_t(g)].first; k < r.groups[size_t(g)].second; ++k)
+      if (list[k].is_send()) into.push_back(k);
+  };
+  int last = -1;  // the last group before the action
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.is_comm()) {
+      if (r.group_of[i] != last) sends_of(last, r.waits[i]), last = r.group_of[i];
+      continue;
+    }
+    if (!a.waits_for_sends()) continue;
+    sends_of(last, r.waits[i]);
+    const auto own = recv.find({a.kind == ActionKind::forward, a.micro, a.chunk});
+    if (own != recv.end() && own->second < i) r.waits[i].push_back(own->second);
   }
   r.posted.assign(r.groups.size(), std::numeric_limits<double>::quiet_NaN());
   return r;
@@ -582,7 +632,7 @@ class Simulator {
     std::vector<std::map<int, std::vector<size_t>>> sends(static_cast<size_t>(P_)), recvs(static_cast<size_t>(P_));
     for (int a = 0; a < P_; ++a)
       for (size_t i = 0; i < lists_[a].size(); ++i)
-        if (const Action& x = lists_[a][i]; x.is_comm()) (is_send(x) ? sends : recvs)[size_t(a)][x.peer].push_back(i);
+        if (const Action& x = lists_[a][i]; x.is_comm()) (x.is_send() ? sends : recvs)[size_t(a)][x.peer].push_back(i);
     for (int a = 0; a < P_; ++a)
       for (int b = 0; b < P_; ++b)
         if (a != b)
@@ -617,22 +667,17 @@ class Simulator {
     SimRank& R = ranks_[r];
     bool moved = false;
     while (pos_[r] < list.size()) {
-      const Action& a = list[pos_[r]];
-      if (a.is_comm()) {
-        const int g = R.group_of[pos_[r]];
-        if (std::isnan(R.posted[g])) R.posted[g] = t_[r], moved = true;
-        double ready = t_[r];
-        if (!group_ready(r, g, &ready)) break;
-        t_[r] = ready + costs_.transfer;
+      const size_t i = pos_[r];
+      const int g = R.group_of[i];
+      if (g >= 0 && std::isnan(R.posted[g])) R.posted[g] = t_[r], moved = true;
+      double ready = t_[r];
+      if (blocker(r, i, &ready) != kNone) break;
+      t_[r] = ready;
+      if (g >= 0) {
+        t_[r] += costs_.transfer;
         pos_[r] = R.groups[g].second;
       } else {
-        if (a.is_compute() && a.kind != ActionKind::backward_weight) {
-          // Contract item 4: the sends of the group before have completed.
-          double ready = t_[r];
-          if (!sends_done(r, &ready)) break;
-          t_[r] = ready;
-        }
-        if (a.is_compute()) compute(r, a);
+        if (list[i].is_compute()) compute(r, list[i]);
         ++pos_[r];
       }
       moved = true;
@@ -640,22 +685,19 @@ class Simulator {
     return moved;
   }
 
-  // Whether the counterparts of the sends of stage r's last group before its position have been
-  // posted (*ready: then the time the last of them was).
-  bool sends_done(int r, double* ready) const {
+  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+
+  // The first comm action that action i of stage r waits for (contract item 4: SimRank::waits)
+  // whose counterpart is not posted yet, kNone if none; *ready is then when the stage may go on:
+  // once each send's receive is posted, and a transfer after each receive's send is.
+  size_t blocker(int r, size_t i, double* ready) const {
     const SimRank& R = ranks_[r];
-    for (size_t k = pos_[r]; k-- > 0;) {
-      const int g = R.group_of[k];
-      if (g < 0) continue;
-      for (size_t i = R.groups[g].first; i < R.groups[g].second; ++i) {
-        if (!is_send(lists_[r][i])) continue;
-        const double p = ranks_[lists_[r][i].peer].posted[R.peer_group[i]];
-        if (std::isnan(p)) return false;
-        *ready = std::max(*ready, p);
-      }
-      break;
+    for (size_t k : R.waits[i]) {
+      const double p = ranks_[lists_[r][k].peer].posted[R.peer_group[k]];
+      if (std::isnan(p)) return k;
+      *ready = std::max(*ready, lists_[r][k].is_send() ? p : p + costs_.transfer);
     }
-    return true;
+    return kNone;
   }
 
   void compute(int r, const Action& a) {
@@ -669,39 +711,17 @@ class Simulator {
     t_[r] += d;
   }
 
-  // Whether the counterparts of what group g waits for have been posted (contract item 4: its
-  // receives, and the sends of the stage's group before it); *ready is then the time the last
-  // of them was.
-  bool group_ready(int r, int g, double* ready) const {
-    const SimRank& R = ranks_[r];
-    auto posted = [&](size_t i) {
-      const double p = ranks_[lists_[r][i].peer].posted[R.peer_group[i]];
-      if (std::isnan(p)) return false;
-      *ready = std::max(*ready, p);
-      return true;
-    };
-    for (size_t i = R.groups[g].first; i < R.groups[g].second; ++i)
-      if (!is_send(lists_[r][i]) && !posted(i)) return false;
-    if (g > 0)
-      for (size_t i = R.groups[g - 1].first; i < R.groups[g - 1].second; ++i)
-        if (is_send(lists_[r][i]) && !posted(i)) return false;
-    return true;
-  }
-
   void report_deadlock() {
     for (int r = 0; r < P_; ++r) {
       if (pos_[r] == lists_[r].size()) continue;
       sim_.deadlock = true;
-      const SimRank& R = ranks_[r];
-      const auto [begin, end] = R.groups[R.group_of[pos_[r]]];
-      for (size_t i = begin; i < end; ++i) {
-        const int peer = lists_[r][i].peer;
-        if (!std::isnan(ranks_[peer].posted[R.peer_group[i]])) continue;
-        sim_.problem += str_cat(sim_.problem.empty() ? "deadlock: " : "; ", "stage ", r, " waits at ",
-                                pytorch_name(lists_[r][i], P_, r, L_.v_shape), " for stage ", peer, " to post ",
-                                pytorch_name(lists_[peer][R.peer_index[i]], P_, peer, L_.v_shape));
-        break;
-      }
+      double ready = 0;
+      const size_t k = blocker(r, pos_[r], &ready);
+      if (k == kNone) continue;
+      const int peer = lists_[r][k].peer;
+      sim_.problem += str_cat(sim_.problem.empty() ? "deadlock: " : "; ", "stage ", r, " waits at ",
+                              pytorch_name(lists_[r][k], P_, r, L_.v_shape), " for stage ", peer, " to post ",
+                              pytorch_name(lists_[peer][ranks_[r].peer_index[k]], P_, peer, L_.v_shape));
     }
   }
 
@@ -869,12 +889,9 @@ std::string format_schedule(const ScheduleSpec& s) {
   if (s.kind == PipeSchedule::interleaved && s.micro % s.stages != 0)
     out += str_cat("--accum ", s.micro, " is not a multiple of --pp ", s.stages, ": the last group of micro-batches is ",
                    "short and each missing one leaves holes, so the bubble is above the textbook's\n");
-  if (s.kind == PipeSchedule::zb_v && (s.micro < s.stages || s.stages > 4))
-    out += str_cat("the textbook figure is the least any order idles (the last stage starts P-1 chunk forwards late); ",
-                   "this order reaches it on up to 4 stages with --accum >= --pp\n");
-  if (s.kind == PipeSchedule::zb_h1 && s.stages > 1 && (s.micro < s.stages || s.micro > 2 * s.stages))
-    out += str_cat("the textbook figure holds for --pp ", s.stages, " <= --accum <= ", 2 * s.stages, ": with fewer ",
-                   "micro-batches the cool-down cannot be filled, with more this order's steady state idles\n");
+  if (splits_backward(s.kind) && s.stages > 1 && s.micro < s.stages)
+    out += str_cat("the textbook figure holds for --accum >= --pp ", s.stages, ": with fewer micro-batches the ",
+                   "warm-up and cool-down cannot be filled\n");
   out += in_flight_line(s);
   if (s.micro == 1 && s.stages > 1)
     out += str_cat("--accum 1: this is model parallelism (layers on different devices, one micro-batch in flight),",

@@ -17,11 +17,11 @@
 //    to the owner of vs-1; a comm action's chunk is this rank's chunk the data belongs to. In a V
 //    (zb-v) the last stage holds pieces P-1 and P: between them nothing is sent (the runtime hands
 //    the values on within the rank);
-// 4. a maximal run of comm actions is one group, posted together; the stage waits there for the
-//    group's receives, and for its sends before its next compute other than a weight gradient W
-//    (or its next group): a stage runs its Ws while the receiver of what it just sent is still
-//    computing (a W reads no buffer a send reads; the send's buffers stay live until then:
-//    train/plan.cpp). Compute
+// 4. a maximal run of comm actions is one group, posted together. A receive is waited for before
+//    the compute that reads it (F its input, I or B its output's gradient), and a group's sends
+//    before the stage's next compute other than a weight gradient W, or its next group: a stage
+//    runs its Ws while the receiver of what it just sent is still computing (a W reads no buffer
+//    a send reads; the send's buffers stay live until then: train/plan.cpp). Compute
 //    actions run in units: one compute, or in interleaved's steady state a forward and a backward
 //    back to back (Megatron runs them so and posts one send_forward_backward_recv_forward_backward
 //    after each pair). Between two units one group: the sends of the unit before, then the
@@ -31,9 +31,9 @@
 //    ranks the sends one posts to the other come in the order the other posts the receives
 //    (NCCL, and MPI with one tag, match in posting order). zb-v: a stage may need a message before
 //    one its peer sent earlier (a V carries activations and gradients both ways on each link), so
-//    it receives each message on arrival, in the group before its first compute that starts once
-//    the message is sent by the generator's timeline (a receive may come groups before its
-//    compute, never after);
+//    it posts each receive ahead, in the group before its first compute that starts once the
+//    sender starts the step that sends it on the unit-cost timeline (a receive may come groups
+//    before its compute, never after);
 // 5. deadlock-free when a stage passes each of those waits once the counterparts of what it waits
 //    for have been posted.
 #pragma once
@@ -75,6 +75,8 @@ struct Action {
   int peer = -1;   // send/recv: the pipeline stage (rank in the pipeline group) on the other side
   bool is_comm() const;     // send_act, recv_act, send_grad, recv_grad
   bool is_compute() const;  // forward, backward, backward_input, backward_weight
+  bool is_send() const;     // send_act, send_grad
+  bool waits_for_sends() const;  // contract item 4: a compute other than a weight gradient W
   std::string str() const;  // short form for grids: "F3", "B3", "I3", "W3", "SEND_F3", "RECV_B3", "REDUCE", "OPT" (chunk appended as a letter "F3b" only when the caller asks: see format)
   bool operator==(const Action&) const = default;
 };
@@ -158,7 +160,7 @@ SimCosts unit_costs(int P, int V, double fwd_cost = 1, double bwd_cost = 2);
 // zb-h1 at T_F = T_I = T_W (the paper's (P-1)(T_F+T_I-T_W) idle per stage against M(T_F+T_I+T_W) work):
 // (P-1)/(3M+P-1), when M >= P; zb-v: (P-1)/(6M+P-1), each chunk's F = I = W a sixth of a micro-batch's
 // work on a stage: the last stage starts P-1 chunk forwards late, the least any order of balanced
-// stages idles; zb-v's order reaches it for P <= 4, M >= P.
+// stages idles; zb-v's order reaches it once M >= P.
 double theoretical_bubble(const ScheduleSpec& s);
 // The text `saturate schedule` prints: the per-rank grid with time running left to right (so the bubble shows),
 // then the simulated and textbook bubble, the peak micro-batches in flight per stage, and, when M == 1 and P > 1,
