@@ -151,7 +151,8 @@ bool sends_grad(ActionKind k) { return k == kB || k == kI; }
 // ZB-V's order for stage s (the paper's hand-built V, section 6) as a template of (kind, chunk)
 // tokens; a W token stands for the oldest input gradient without its weight gradient:
 //   warm-up:   2(P-s)-1 F0, then s pairs F1 F0, then P-s triples F1 I1 W;
-//   steady:    M-P turns F0 I0 W F1 I1 W (one micro-batch of both chunks per turn);
+//   steady:    M-P turns I0 W F0 F1 I1 W (one micro-batch of both chunks per turn; chunk 0's
+//              input gradient before its next forward, which frees an activation first);
 //   cool-down: s pairs I0 I1, then P-s pairs I0 W, then what is left (Is, then Ws).
 // With fewer than 2P micro-batches some tokens find nothing to run (order_zb_v skips them).
 std::vector<std::pair<ActionKind, int>> zb_v_template(int P, int s, int M) {
@@ -163,7 +164,7 @@ std::vector<std::pair<ActionKind, int>> zb_v_template(int P, int s, int M) {
   add(2 * (P - s) - 1, {{kF, 0}});
   add(s, {{kF, 1}, {kF, 0}});
   add(P - s, {{kF, 1}, {kI, 1}, {kW, W_fill}});
-  add(M - P, {{kF, 0}, {kI, 0}, {kW, W}, {kF, 1}, {kI, 1}, {kW, W}});
+  add(M - P, {{kI, 0}, {kW, W}, {kF, 0}, {kF, 1}, {kI, 1}, {kW, W}});
   add(s, {{kI, 0}, {kI, 1}});
   add(P - s, {{kI, 0}, {kW, W}});
   add(M, {{kI, 1}, {kI, 0}});
