@@ -149,7 +149,8 @@ constexpr ActionKind kF = ActionKind::forward, kB = ActionKind::backward, kI = A
 bool sends_grad(ActionKind k) { return k == kB || k == kI; }
 
 // ZB-V's order for stage s (the paper's hand-built V, section 6) as a template of (kind, chunk)
-// tokens; a W token stands for the oldest input gradient without its weight gradient:
+// tokens; a W token stands for the oldest input gradient without its weight gradient (in the
+// warm-up's triples only while forwards are left: with none left, the I0 after it comes first):
 //   warm-up:   2(P-s)-1 F0, then s pairs F1 F0, then P-s triples F1 I1 W;
 //   steady:    M-P turns I0 W F0 F1 I1 W (one micro-batch of both chunks per turn; chunk 0's
 //              input gradient before its next forward, which frees an activation first);
