@@ -81,6 +81,7 @@ bool Profiler::begin_step(int64_t step, bool measured) {
   now_ = o_.trace_dir.empty() ? A::none : o_.schedule.at(run_steps_++);
   if ((now_ == A::record || now_ == A::record_and_save) && before != A::record) {
     ev_.clear();  // a new window: what warm-up recorded is thrown away
+    comm_spans_.clear();
     window_steps_ = 0, peak_bytes_ = 0, last_bytes_ = 0;
   }
   return measuring_ || now_ != A::none;
@@ -194,6 +195,7 @@ void Profiler::save() {
   write_file_atomic("--trace", path, ev_.json(info));
   files_.push_back(path);
   ev_.clear();
+  comm_spans_.clear();  // the next window's spans come after these
   window_steps_ = 0, peak_bytes_ = 0, last_bytes_ = 0;
 }
 

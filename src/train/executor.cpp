@@ -93,7 +93,7 @@ double Executor::post_group(size_t first, size_t end) {
     ops.clear();
     post(a, ops);
     if (!ops.empty())
-      receives_[{a.kind == ActionKind::recv_act, a.micro, a.chunk}] = {k, pp_->p2p(ops, engine_.graph().act())};
+      receives_[a.message_key()] = {k, pp_->p2p(ops, engine_.graph().act())};
   }
   wait_sends();
   sends_ = std::move(sent);
@@ -106,7 +106,7 @@ double Executor::post_group(size_t first, size_t end) {
 
 double Executor::wait_receive(size_t index) {
   const Action& a = actions_[index];
-  const auto r = receives_.find({a.kind == ActionKind::forward, a.micro, a.chunk});
+  const auto r = receives_.find(a.message_key());
   if (r == receives_.end()) return 0;
   const double t0 = now_seconds();
   r->second.work->wait();

@@ -112,7 +112,7 @@ class Executor {
     size_t index;  // the receive action
     dist::WorkPtr work;
   };
-  std::map<std::tuple<bool, int, int>, Pending> receives_;  // posted, by (activation?, micro, chunk)
+  std::map<std::tuple<bool, int, int>, Pending> receives_;  // posted, by Action::message_key
 };
 
 }  // namespace sat

@@ -32,6 +32,10 @@ bool Action::is_send() const { return kind == ActionKind::send_act || kind == Ac
 
 bool Action::waits_for_sends() const { return is_compute() && kind != ActionKind::backward_weight; }
 
+std::tuple<bool, int, int> Action::message_key() const {
+  return {kind == ActionKind::recv_act || kind == ActionKind::forward, micro, chunk};
+}
+
 namespace {
 
 // The type part of an action's name, shared by str() and pytorch_name() (PyTorch's
@@ -575,7 +579,7 @@ SimRank cut_groups(const std::vector<Action>& list) {
     if (i == 0 || !list[i - 1].is_comm()) r.groups.push_back({i, i});
     r.groups.back().second = i + 1;
     r.group_of[i] = static_cast<int>(r.groups.size()) - 1;
-    if (!a.is_send()) recv[{a.kind == ActionKind::recv_act, a.micro, a.chunk}] = i;
+    if (!a.is_send()) recv[a.message_key()] = i;
   }
   auto sends_of = [&](int g, std::vector<size_t>& into) {
     if (g < 0) return;
@@ -591,7 +595,7 @@ SimRank cut_groups(const std::vector<Action>& list) {
     }
     if (!a.waits_for_sends()) continue;
     sends_of(last, r.waits[i]);
-    const auto own = recv.find({a.kind == ActionKind::forward, a.micro, a.chunk});
+    const auto own = recv.find(a.message_key());
     if (own != recv.end() && own->second < i) r.waits[i].push_back(own->second);
   }
   r.posted.assign(r.groups.size(), std::numeric_limits<double>::quiet_NaN());

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace sat {
@@ -77,6 +78,9 @@ struct Action {
   bool is_compute() const;  // forward, backward, backward_input, backward_weight
   bool is_send() const;     // send_act, send_grad
   bool waits_for_sends() const;  // contract item 4: a compute other than a weight gradient W
+  // The message a receive brings, or the one a compute reads (F its input; I or B its output's
+  // gradient): (activation?, micro-batch, chunk). Contract item 4 matches them by it.
+  std::tuple<bool, int, int> message_key() const;
   std::string str() const;  // short form for grids: "F3", "B3", "I3", "W3", "SEND_F3", "RECV_B3", "REDUCE", "OPT" (chunk appended as a letter "F3b" only when the caller asks: see format)
   bool operator==(const Action&) const = default;
 };
